@@ -1,0 +1,364 @@
+//! File contents: one chunk, or a list of fixed-size chunks.
+//!
+//! A file of at most [`CHUNK_SIZE`] bytes is one object and its [`FileId`] is that
+//! object's hash. A larger file is cut into chunks of exactly `CHUNK_SIZE` bytes (the last
+//! one shorter) and its `FileId` is the hash of its encoded [`ChunkList`]. Fixed offsets
+//! mean a write inside a big file touches only the chunks under it: they alone are
+//! re-hashed and stored. `benches/chunking.rs` measured the choice of size and of fixed
+//! against content-defined chunking; the README has the figures.
+
+use std::io::{Read, Write};
+use std::path::Path;
+
+use super::encoding::{put_varint, Reader};
+use super::{CasError, CasResult, ChunkId, FileId, Hash, ObjectId, ObjectStore, PutOutcome};
+
+/// The chunk size for large files (1 MiB).
+pub const CHUNK_SIZE: usize = 1 << 20;
+
+const CHUNK_LIST_VERSION: u8 = 1;
+
+/// A file's content as the tree names it: its id and its length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileRef {
+    pub id: FileId,
+    pub size: u64,
+}
+
+impl FileRef {
+    pub fn is_chunked(&self) -> bool {
+        self.size > CHUNK_SIZE as u64
+    }
+}
+
+/// The ordered chunks of a large file. All but the last are exactly [`CHUNK_SIZE`] long.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChunkList {
+    pub chunks: Vec<(ChunkId, u32)>,
+}
+
+impl ChunkList {
+    pub fn total_len(&self) -> u64 {
+        self.chunks.iter().map(|c| c.1 as u64).sum()
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(2 + self.chunks.len() * 36);
+        out.push(CHUNK_LIST_VERSION);
+        put_varint(&mut out, self.chunks.len() as u64);
+        for (id, len) in &self.chunks {
+            out.extend_from_slice(id.0.as_bytes());
+            put_varint(&mut out, *len as u64);
+        }
+        out
+    }
+
+    /// Decodes and checks the fixed-size chunking invariant.
+    pub fn decode(bytes: &[u8]) -> Result<ChunkList, String> {
+        let mut r = Reader::new(bytes);
+        let version = r.u8()?;
+        if version != CHUNK_LIST_VERSION {
+            return Err(format!("unknown chunk list version {version}"));
+        }
+        let n = r.len(bytes.len() / 33 + 1, "chunk count")?;
+        if n < 2 {
+            return Err(format!("a chunk list needs at least 2 chunks, has {n}"));
+        }
+        let mut chunks = Vec::with_capacity(n);
+        for i in 0..n {
+            let id = ChunkId(r.hash()?);
+            let len = r.len(CHUNK_SIZE, "chunk length")?;
+            let last = i + 1 == n;
+            if (!last && len != CHUNK_SIZE) || len == 0 {
+                return Err(format!("chunk {i} has length {len}"));
+            }
+            chunks.push((id, len as u32));
+        }
+        r.finish()?;
+        Ok(ChunkList { chunks })
+    }
+}
+
+/// Totals of what storing some content wrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    pub new_objects: u64,
+    pub new_bytes: u64,
+    pub reused_objects: u64,
+}
+
+impl StoreStats {
+    pub fn record(&mut self, p: &PutOutcome) {
+        if p.new {
+            self.new_objects += 1;
+            self.new_bytes += p.stored_len;
+        } else {
+            self.reused_objects += 1;
+        }
+    }
+
+    pub fn add(&mut self, o: &StoreStats) {
+        self.new_objects += o.new_objects;
+        self.new_bytes += o.new_bytes;
+        self.reused_objects += o.reused_objects;
+    }
+}
+
+/// Stores `data` (a whole file held in memory) and returns its reference.
+pub fn store_bytes(
+    store: &dyn ObjectStore,
+    data: &[u8],
+    stats: &mut StoreStats,
+) -> CasResult<FileRef> {
+    if data.len() <= CHUNK_SIZE {
+        let p = store.put(data)?;
+        stats.record(&p);
+        return Ok(FileRef {
+            id: FileId(p.id.0),
+            size: data.len() as u64,
+        });
+    }
+    let mut list = ChunkList { chunks: Vec::new() };
+    for chunk in data.chunks(CHUNK_SIZE) {
+        let p = store.put(chunk)?;
+        stats.record(&p);
+        list.chunks.push((ChunkId(p.id.0), chunk.len() as u32));
+    }
+    let p = store.put(&list.encode())?;
+    stats.record(&p);
+    Ok(FileRef {
+        id: FileId(p.id.0),
+        size: data.len() as u64,
+    })
+}
+
+/// Stores everything `reader` yields, holding at most two chunks in memory.
+/// A read error is reported against `path`.
+pub fn store_reader(
+    store: &dyn ObjectStore,
+    reader: &mut dyn Read,
+    path: &Path,
+    stats: &mut StoreStats,
+) -> CasResult<FileRef> {
+    let io = |e| CasError::io(path, e);
+    let mut pending = vec![0u8; CHUNK_SIZE];
+    let mut pending_len = read_full(reader, &mut pending).map_err(io)?;
+    if pending_len < CHUNK_SIZE {
+        return store_bytes(store, &pending[..pending_len], stats);
+    }
+    let mut next = vec![0u8; CHUNK_SIZE];
+    let mut list = ChunkList { chunks: Vec::new() };
+    loop {
+        let m = read_full(reader, &mut next).map_err(io)?;
+        if m == 0 && list.chunks.is_empty() {
+            // Exactly one chunk long: a single object.
+            return store_bytes(store, &pending, stats);
+        }
+        let p = store.put(&pending[..pending_len])?;
+        stats.record(&p);
+        list.chunks.push((ChunkId(p.id.0), pending_len as u32));
+        if m == 0 {
+            break;
+        }
+        std::mem::swap(&mut pending, &mut next);
+        pending_len = m;
+        if m < CHUNK_SIZE {
+            let p = store.put(&pending[..m])?;
+            stats.record(&p);
+            list.chunks.push((ChunkId(p.id.0), m as u32));
+            break;
+        }
+    }
+    let size = list.total_len();
+    let p = store.put(&list.encode())?;
+    stats.record(&p);
+    Ok(FileRef {
+        id: FileId(p.id.0),
+        size,
+    })
+}
+
+fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// Loads a large file's chunk list and checks it against the expected size.
+pub fn load_chunk_list(store: &dyn ObjectStore, file: &FileRef) -> CasResult<ChunkList> {
+    let bytes = store.get(&ObjectId(file.id.0), "chunk list")?;
+    let list = ChunkList::decode(&bytes).map_err(|detail| CasError::Decode {
+        what: "chunk list",
+        id: file.id.0,
+        detail,
+    })?;
+    if list.total_len() != file.size {
+        return Err(CasError::Decode {
+            what: "chunk list",
+            id: file.id.0,
+            detail: format!(
+                "chunks add up to {} bytes, the tree says {}",
+                list.total_len(),
+                file.size
+            ),
+        });
+    }
+    Ok(list)
+}
+
+/// Reads one chunk and checks its length.
+pub fn read_chunk(store: &dyn ObjectStore, id: &ChunkId, expected_len: u64) -> CasResult<Vec<u8>> {
+    let data = store.get(&ObjectId(id.0), "chunk")?;
+    if data.len() as u64 != expected_len {
+        return Err(CasError::Decode {
+            what: "chunk",
+            id: id.0,
+            detail: format!("{} bytes, expected {expected_len}", data.len()),
+        });
+    }
+    Ok(data)
+}
+
+/// Writes a file's whole content to `out`, verifying every object before it is
+/// written. A write error is reported against `path`.
+pub fn write_file_to(
+    store: &dyn ObjectStore,
+    file: &FileRef,
+    out: &mut dyn Write,
+    path: &Path,
+) -> CasResult<()> {
+    if !file.is_chunked() {
+        let data = read_chunk(store, &ChunkId(file.id.0), file.size)?;
+        return out.write_all(&data).map_err(|e| CasError::io(path, e));
+    }
+    let list = load_chunk_list(store, file)?;
+    for (id, len) in &list.chunks {
+        let data = read_chunk(store, id, *len as u64)?;
+        out.write_all(&data).map_err(|e| CasError::io(path, e))?;
+    }
+    Ok(())
+}
+
+/// Reads a whole file into memory.
+pub fn read_file(store: &dyn ObjectStore, file: &FileRef) -> CasResult<Vec<u8>> {
+    let mut out = Vec::with_capacity(file.size as usize);
+    write_file_to(store, file, &mut out, Path::new("<memory>"))?;
+    Ok(out)
+}
+
+/// Every object a file needs: its chunk list (if any) and chunks.
+pub fn file_objects(store: &dyn ObjectStore, file: &FileRef) -> CasResult<Vec<ObjectId>> {
+    if !file.is_chunked() {
+        return Ok(vec![ObjectId(file.id.0)]);
+    }
+    let list = load_chunk_list(store, file)?;
+    let mut ids = vec![ObjectId(file.id.0)];
+    ids.extend(list.chunks.iter().map(|(c, _)| ObjectId(c.0)));
+    Ok(ids)
+}
+
+/// The id a file with this content would get, without storing anything.
+pub fn file_id_of(data: &[u8]) -> FileId {
+    if data.len() <= CHUNK_SIZE {
+        return FileId(Hash::of(data));
+    }
+    let list = ChunkList {
+        chunks: data
+            .chunks(CHUNK_SIZE)
+            .map(|c| (ChunkId(Hash::of(c)), c.len() as u32))
+            .collect(),
+    };
+    FileId(Hash::of(&list.encode()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cas::{Database, RocksObjectStore};
+    use std::sync::Arc;
+
+    fn store() -> (tempfile::TempDir, RocksObjectStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Arc::new(Database::open(&dir.path().join("db"), &[]).unwrap());
+        (dir, RocksObjectStore::new(db))
+    }
+
+    fn pattern(len: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn sizes_around_the_chunk_boundary_round_trip() {
+        let (_d, s) = store();
+        for len in [
+            0,
+            1,
+            CHUNK_SIZE - 1,
+            CHUNK_SIZE,
+            CHUNK_SIZE + 1,
+            2 * CHUNK_SIZE,
+            2 * CHUNK_SIZE + 7,
+        ] {
+            let data = pattern(len, len as u64);
+            let mut st = StoreStats::default();
+            let a = store_bytes(&s, &data, &mut st).unwrap();
+            let b = store_reader(&s, &mut &data[..], Path::new("x"), &mut st).unwrap();
+            assert_eq!(a, b, "len {len}");
+            assert_eq!(a.id, file_id_of(&data));
+            assert_eq!(a.size, len as u64);
+            assert_eq!(read_file(&s, &a).unwrap(), data, "len {len}");
+        }
+    }
+
+    #[test]
+    fn a_write_inside_a_large_file_stores_only_its_chunk() {
+        let (_d, s) = store();
+        let mut data = pattern(5 * CHUNK_SIZE + 100, 1);
+        let mut st = StoreStats::default();
+        store_bytes(&s, &data, &mut st).unwrap();
+        assert_eq!(st.new_objects, 7);
+        data[3 * CHUNK_SIZE + 10] ^= 0xff;
+        let mut st = StoreStats::default();
+        store_bytes(&s, &data, &mut st).unwrap();
+        // The changed chunk and the new chunk list.
+        assert_eq!(st.new_objects, 2);
+        assert_eq!(st.reused_objects, 5);
+    }
+
+    #[test]
+    fn chunk_list_decoder_refuses_bad_input() {
+        let list = ChunkList {
+            chunks: vec![
+                (ChunkId(Hash::of(b"a")), CHUNK_SIZE as u32),
+                (ChunkId(Hash::of(b"b")), 5),
+            ],
+        };
+        let enc = list.encode();
+        assert_eq!(ChunkList::decode(&enc).unwrap(), list);
+        for cut in 0..enc.len() {
+            assert!(ChunkList::decode(&enc[..cut]).is_err());
+        }
+        let mut bad = enc.clone();
+        bad.push(0);
+        assert!(ChunkList::decode(&bad).is_err());
+        let short_first = ChunkList {
+            chunks: vec![(ChunkId(Hash::of(b"a")), 10), (ChunkId(Hash::of(b"b")), 5)],
+        };
+        assert!(ChunkList::decode(&short_first.encode()).is_err());
+    }
+}

@@ -1,0 +1,130 @@
+//! How an object's bytes are kept on disk: one header byte (raw or zstd), then the
+//! payload. Compression is used only when it saves space. Every read decodes and
+//! checks that the bytes hash to the object's key, so damage is an error, never data.
+
+use std::cell::RefCell;
+
+use super::encoding::{put_varint, Reader};
+use super::{CasError, CasResult, Hash};
+
+const RAW: u8 = 0;
+const ZSTD: u8 = 1;
+
+/// Objects smaller than this are stored raw: compression cannot pay for its frame.
+const MIN_COMPRESS_LEN: usize = 64;
+
+/// The largest object the store accepts (a chunk, a chunk list or a tree).
+pub const MAX_OBJECT_LEN: usize = 256 << 20;
+
+/// zstd level for stored objects.
+pub const ZSTD_LEVEL: i32 = 3;
+
+thread_local! {
+    static COMPRESSOR: RefCell<Option<zstd::bulk::Compressor<'static>>> = const { RefCell::new(None) };
+    static DECOMPRESSOR: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
+}
+
+/// Encodes `data` for storage: zstd when that is smaller, raw otherwise.
+pub fn encode_stored(data: &[u8]) -> Vec<u8> {
+    if data.len() >= MIN_COMPRESS_LEN {
+        let compressed = COMPRESSOR.with(|c| {
+            let mut c = c.borrow_mut();
+            if c.is_none() {
+                *c = zstd::bulk::Compressor::new(ZSTD_LEVEL).ok();
+            }
+            c.as_mut().and_then(|c| c.compress(data).ok())
+        });
+        if let Some(z) = compressed {
+            if z.len() + 10 < data.len() {
+                let mut out = Vec::with_capacity(z.len() + 10);
+                out.push(ZSTD);
+                put_varint(&mut out, data.len() as u64);
+                out.extend_from_slice(&z);
+                return out;
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(data.len() + 1);
+    out.push(RAW);
+    out.extend_from_slice(data);
+    out
+}
+
+/// Decodes stored bytes and verifies them against `id`.
+pub fn decode_stored(id: &Hash, stored: &[u8]) -> CasResult<Vec<u8>> {
+    let corrupt = |detail: String| CasError::Corrupt { id: *id, detail };
+    let (&header, rest) = stored
+        .split_first()
+        .ok_or_else(|| corrupt("empty stored value".into()))?;
+    let data = match header {
+        RAW => rest.to_vec(),
+        ZSTD => {
+            let mut r = Reader::new(rest);
+            let len = r
+                .len(MAX_OBJECT_LEN, "object length")
+                .map_err(|e| corrupt(format!("bad length header: {e}")))?;
+            let frame = &rest[r.position()..];
+            let out = DECOMPRESSOR.with(|d| {
+                let mut d = d.borrow_mut();
+                if d.is_none() {
+                    *d = zstd::bulk::Decompressor::new().ok();
+                }
+                match d.as_mut() {
+                    Some(d) => d.decompress(frame, len),
+                    None => zstd::bulk::decompress(frame, len),
+                }
+            });
+            let out = out.map_err(|e| corrupt(format!("zstd: {e}")))?;
+            if out.len() != len {
+                return Err(corrupt(format!(
+                    "decompressed to {} bytes, header says {len}",
+                    out.len()
+                )));
+            }
+            out
+        }
+        other => return Err(corrupt(format!("unknown header byte {other}"))),
+    };
+    let actual = Hash::of(&data);
+    if actual != *id {
+        return Err(corrupt(format!("content hashes to {actual}")));
+    }
+    Ok(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_raw_and_compressed() {
+        for data in [
+            b"tiny".to_vec(),
+            vec![7u8; 100_000],
+            (0..100_000u32)
+                .map(|i| i.wrapping_mul(2654435761) as u8)
+                .collect(),
+        ] {
+            let id = Hash::of(&data);
+            let stored = encode_stored(&data);
+            assert_eq!(decode_stored(&id, &stored).unwrap(), data);
+        }
+        assert_eq!(encode_stored(&[7u8; 100_000])[0], ZSTD);
+        assert!(encode_stored(&[7u8; 100_000]).len() < 1000);
+    }
+
+    #[test]
+    fn any_flipped_byte_is_an_integrity_error() {
+        let data: Vec<u8> = b"hello world, hello casfs. ".repeat(50);
+        let id = Hash::of(&data);
+        let stored = encode_stored(&data);
+        for i in 0..stored.len() {
+            let mut bad = stored.clone();
+            bad[i] ^= 0x5a;
+            let err = decode_stored(&id, &bad).unwrap_err();
+            assert!(err.is_integrity(), "byte {i}: {err}");
+            assert!(err.to_string().contains(&id.to_hex()));
+        }
+        assert!(decode_stored(&id, &[]).is_err());
+    }
+}

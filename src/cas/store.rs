@@ -1,0 +1,141 @@
+//! The [`ObjectStore`] trait and its embedded RocksDB implementation.
+
+use std::sync::Arc;
+
+use super::object::{decode_stored, encode_stored, MAX_OBJECT_LEN};
+use super::rocks::{Database, OBJECTS_CF};
+use super::{CasError, CasResult, Hash, ObjectId};
+
+/// What a `put` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PutOutcome {
+    pub id: ObjectId,
+    /// False when the store already held the object (deduplicated).
+    pub new: bool,
+    /// Bytes written to the store (after compression); 0 when not new.
+    pub stored_len: u64,
+}
+
+/// A content-addressed object store. Keys are blake3 hashes of the objects' bytes;
+/// every read is verified against its key.
+pub trait ObjectStore: Send + Sync {
+    /// Stores `data` under its hash, unless already present.
+    fn put(&self, data: &[u8]) -> CasResult<PutOutcome>;
+
+    /// Reads and verifies an object. `what` names its type for the not-found error.
+    fn get(&self, id: &ObjectId, what: &'static str) -> CasResult<Vec<u8>>;
+
+    /// Whether the object is present (not verified).
+    fn contains(&self, id: &ObjectId) -> CasResult<bool>;
+
+    /// Makes every object stored so far durable.
+    fn sync(&self) -> CasResult<()>;
+}
+
+/// Objects in the `objects` column family of the store's RocksDB.
+pub struct RocksObjectStore {
+    db: Arc<Database>,
+}
+
+impl RocksObjectStore {
+    pub fn new(db: Arc<Database>) -> Self {
+        RocksObjectStore { db }
+    }
+
+    pub fn database(&self) -> &Arc<Database> {
+        &self.db
+    }
+}
+
+impl ObjectStore for RocksObjectStore {
+    fn put(&self, data: &[u8]) -> CasResult<PutOutcome> {
+        if data.len() > MAX_OBJECT_LEN {
+            return Err(CasError::Invalid(format!(
+                "object of {} bytes exceeds the limit of {MAX_OBJECT_LEN}",
+                data.len()
+            )));
+        }
+        let id = ObjectId(Hash::of(data));
+        if self.contains(&id)? {
+            return Ok(PutOutcome {
+                id,
+                new: false,
+                stored_len: 0,
+            });
+        }
+        let stored = encode_stored(data);
+        let cf = self.db.cf(OBJECTS_CF);
+        self.db
+            .raw()
+            .put_cf(cf, id.0.as_bytes(), &stored)
+            .map_err(|e| self.db.err(e))?;
+        Ok(PutOutcome {
+            id,
+            new: true,
+            stored_len: stored.len() as u64,
+        })
+    }
+
+    fn get(&self, id: &ObjectId, what: &'static str) -> CasResult<Vec<u8>> {
+        let cf = self.db.cf(OBJECTS_CF);
+        let stored = self
+            .db
+            .raw()
+            .get_pinned_cf(cf, id.0.as_bytes())
+            .map_err(|e| self.db.err(e))?
+            .ok_or(CasError::NotFound { what, id: id.0 })?;
+        decode_stored(&id.0, &stored)
+    }
+
+    fn contains(&self, id: &ObjectId) -> CasResult<bool> {
+        let cf = self.db.cf(OBJECTS_CF);
+        let key = id.0.as_bytes();
+        if !self.db.raw().key_may_exist_cf(cf, key) {
+            return Ok(false);
+        }
+        Ok(self
+            .db
+            .raw()
+            .get_pinned_cf(cf, key)
+            .map_err(|e| self.db.err(e))?
+            .is_some())
+    }
+
+    fn sync(&self) -> CasResult<()> {
+        self.db.sync()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn put_get_dedup_and_corruption() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Arc::new(Database::open(&dir.path().join("db"), &[]).unwrap());
+        let store = RocksObjectStore::new(db.clone());
+        let data = b"some content ".repeat(1000);
+        let a = store.put(&data).unwrap();
+        assert!(a.new);
+        assert!(a.stored_len < data.len() as u64);
+        let b = store.put(&data).unwrap();
+        assert!(!b.new);
+        assert_eq!(a.id, b.id);
+        assert_eq!(store.get(&a.id, "blob").unwrap(), data);
+
+        let missing = ObjectId(Hash::of(b"nope"));
+        let err = store.get(&missing, "blob").unwrap_err();
+        assert!(matches!(err, CasError::NotFound { .. }), "{err}");
+
+        // Flip a byte of the stored value: the read is an integrity error naming the hash.
+        let cf = db.cf(OBJECTS_CF);
+        let mut raw = db.raw().get_cf(cf, a.id.0.as_bytes()).unwrap().unwrap();
+        let last = raw.len() - 1;
+        raw[last] ^= 1;
+        db.raw().put_cf(cf, a.id.0.as_bytes(), &raw).unwrap();
+        let err = store.get(&a.id, "blob").unwrap_err();
+        assert!(err.is_integrity(), "{err}");
+        assert!(err.to_string().contains(&a.id.to_hex()));
+    }
+}
