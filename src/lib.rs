@@ -5,3 +5,4 @@
 //! command line in `cli`. A layer never reaches up.
 
 pub mod cas;
+pub mod checkpoint;

@@ -42,10 +42,6 @@ impl<'a> Reader<'a> {
         self.pos
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.pos >= self.buf.len()
-    }
-
     pub fn u8(&mut self) -> DecodeResult<u8> {
         let b = *self
             .buf

@@ -1,0 +1,161 @@
+//! Differences between two trees, skipping identical subtrees by hash: the cost is
+//! proportional to what changed, not to the size of the trees.
+
+use serde::Serialize;
+
+use super::CheckpointResult;
+use crate::cas::{load_tree, EntryContent, ObjectStore, Tree, TreeEntry, TreeId};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChangeKind {
+    Added,
+    Removed,
+    Modified,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Change {
+    pub kind: ChangeKind,
+    pub path: String,
+    /// For modifications: which of content, kind, mode, mtime, xattrs changed.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub what: Vec<&'static str>,
+}
+
+/// Every added, removed and modified path from `a` to `b`, in path order. A directory
+/// added or removed lists itself and everything in it.
+pub fn diff_trees(store: &dyn ObjectStore, a: TreeId, b: TreeId) -> CheckpointResult<Vec<Change>> {
+    let mut out = Vec::new();
+    if a != b {
+        let ta = load_tree(store, &a)?;
+        let tb = load_tree(store, &b)?;
+        diff_into(store, &ta, &tb, "", &mut out)?;
+    }
+    Ok(out)
+}
+
+fn join(prefix: &str, e: &TreeEntry) -> String {
+    if prefix.is_empty() {
+        e.name_lossy()
+    } else {
+        format!("{prefix}/{}", e.name_lossy())
+    }
+}
+
+fn diff_into(
+    store: &dyn ObjectStore,
+    a: &Tree,
+    b: &Tree,
+    prefix: &str,
+    out: &mut Vec<Change>,
+) -> CheckpointResult<()> {
+    let (ea, eb) = (a.entries(), b.entries());
+    let (mut i, mut j) = (0, 0);
+    while i < ea.len() || j < eb.len() {
+        let ord = match (ea.get(i), eb.get(j)) {
+            (Some(x), Some(y)) => x.name.cmp(&y.name),
+            (Some(_), None) => std::cmp::Ordering::Less,
+            _ => std::cmp::Ordering::Greater,
+        };
+        match ord {
+            std::cmp::Ordering::Less => {
+                whole(store, &ea[i], prefix, ChangeKind::Removed, out)?;
+                i += 1;
+            }
+            std::cmp::Ordering::Greater => {
+                whole(store, &eb[j], prefix, ChangeKind::Added, out)?;
+                j += 1;
+            }
+            std::cmp::Ordering::Equal => {
+                entry_pair(store, &ea[i], &eb[j], prefix, out)?;
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn entry_pair(
+    store: &dyn ObjectStore,
+    x: &TreeEntry,
+    y: &TreeEntry,
+    prefix: &str,
+    out: &mut Vec<Change>,
+) -> CheckpointResult<()> {
+    let path = join(prefix, x);
+    match (&x.content, &y.content) {
+        (EntryContent::Dir(ta), EntryContent::Dir(tb)) => {
+            let mut what = Vec::new();
+            if x.mode != y.mode {
+                what.push("mode");
+            }
+            if x.xattrs != y.xattrs {
+                what.push("xattrs");
+            }
+            if !what.is_empty() {
+                out.push(Change {
+                    kind: ChangeKind::Modified,
+                    path: path.clone(),
+                    what,
+                });
+            }
+            if ta != tb {
+                let (a, b) = (load_tree(store, ta)?, load_tree(store, tb)?);
+                diff_into(store, &a, &b, &path, out)?;
+            }
+        }
+        (EntryContent::Dir(_), _) | (_, EntryContent::Dir(_)) => {
+            whole(store, x, prefix, ChangeKind::Removed, out)?;
+            whole(store, y, prefix, ChangeKind::Added, out)?;
+        }
+        (cx, cy) => {
+            let mut what = Vec::new();
+            if std::mem::discriminant(cx) != std::mem::discriminant(cy) {
+                what.push("kind");
+            } else if cx != cy {
+                what.push("content");
+            }
+            if x.mode != y.mode {
+                what.push("mode");
+            }
+            if x.mtime_ns != y.mtime_ns {
+                what.push("mtime");
+            }
+            if x.xattrs != y.xattrs {
+                what.push("xattrs");
+            }
+            if !what.is_empty() {
+                out.push(Change {
+                    kind: ChangeKind::Modified,
+                    path,
+                    what,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+fn whole(
+    store: &dyn ObjectStore,
+    e: &TreeEntry,
+    prefix: &str,
+    kind: ChangeKind,
+    out: &mut Vec<Change>,
+) -> CheckpointResult<()> {
+    let path = join(prefix, e);
+    out.push(Change {
+        kind,
+        path: path.clone(),
+        what: Vec::new(),
+    });
+    if let EntryContent::Dir(t) = &e.content {
+        let tree = load_tree(store, t)?;
+        for child in tree.entries() {
+            whole(store, child, &path, kind, out)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,31 @@
+//! Checkpoints: immutable records naming a root tree, on threads whose heads move by
+//! compare-and-swap under a writer lease with a fencing token. Also the capture and
+//! restore of plain directories, and tree diffs.
+//!
+//! Depends on `cas`; knows nothing of FUSE, runs or the command line.
+
+pub mod capture;
+pub mod diff;
+mod error;
+mod lease;
+mod record;
+pub mod restore;
+mod rocks_store;
+mod store;
+mod store_dir;
+pub mod xattr;
+
+pub use capture::{
+    capture_dir, capture_to_thread, AppendOptions, CaptureOptions, CaptureProgress, Captured,
+    ExpectedHead,
+};
+pub use error::{CheckpointError, CheckpointResult};
+pub use lease::{holder_name, WriterLease};
+pub use record::{
+    Artifact, CaptureStats, Checkpoint, CheckpointBody, CheckpointId, ContentRef, NewCheckpoint,
+    ThreadId,
+};
+pub use restore::{restore_tree, RestoreOptions, RestoreProgress, RestoreStats};
+pub use rocks_store::RocksCheckpointStore;
+pub use store::CheckpointStore;
+pub use store_dir::{OpenMode, Store};

@@ -1,0 +1,275 @@
+//! The checkpoint record, thread names and checkpoint ids.
+
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use super::{CheckpointError, CheckpointResult};
+use crate::cas::{FileId, FileRef, Hash, TreeId};
+
+crate::typed_id!(
+    /// A checkpoint: the blake3 hash of its record's canonical JSON (without the id).
+    CheckpointId,
+    "checkpoint"
+);
+
+/// A thread: a line of checkpoints with one head (for example one conversation).
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ThreadId(String);
+
+impl ThreadId {
+    pub const MAX_LEN: usize = 200;
+
+    /// A thread name: 1 to 200 bytes of printable characters, no whitespace or '/'.
+    pub fn new(name: &str) -> CheckpointResult<ThreadId> {
+        let ok = !name.is_empty()
+            && name.len() <= Self::MAX_LEN
+            && !name.starts_with('@')
+            && name
+                .chars()
+                .all(|c| !c.is_control() && !c.is_whitespace() && c != '/' && c != '~');
+        if !ok {
+            return Err(CheckpointError::Invalid(format!(
+                "thread name {name:?}: use 1 to {} printable characters without whitespace, '/', '~' or a leading '@'",
+                Self::MAX_LEN
+            )));
+        }
+        Ok(ThreadId(name.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for ThreadId {
+    type Error = CheckpointError;
+    fn try_from(s: String) -> CheckpointResult<ThreadId> {
+        ThreadId::new(&s)
+    }
+}
+
+impl From<ThreadId> for String {
+    fn from(t: ThreadId) -> String {
+        t.0
+    }
+}
+
+impl fmt::Display for ThreadId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for ThreadId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+/// Stored content named by the record: the conversation, or an artifact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContentRef {
+    pub id: FileId,
+    pub size: u64,
+}
+
+impl From<FileRef> for ContentRef {
+    fn from(f: FileRef) -> Self {
+        ContentRef {
+            id: f.id,
+            size: f.size,
+        }
+    }
+}
+
+impl From<ContentRef> for FileRef {
+    fn from(c: ContentRef) -> Self {
+        FileRef {
+            id: c.id,
+            size: c.size,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Artifact {
+    pub name: String,
+    pub content: ContentRef,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub media_type: Option<String>,
+}
+
+/// What a capture did, kept with the checkpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CaptureStats {
+    /// Regular files in the captured tree.
+    pub files: u64,
+    pub dirs: u64,
+    pub symlinks: u64,
+    /// Fifos and device nodes.
+    pub special: u64,
+    /// Total bytes of regular files.
+    pub bytes: u64,
+    /// Files whose content was read and hashed.
+    pub files_hashed: u64,
+    pub bytes_hashed: u64,
+    /// Files taken from the stat cache without reading them.
+    pub files_skipped: u64,
+    /// Sockets and other entries that cannot be stored (left out, with a warning).
+    pub unsupported: u64,
+    pub new_objects: u64,
+    /// Bytes added to the store (compressed).
+    pub new_bytes: u64,
+    pub reused_objects: u64,
+    pub duration_ms: u64,
+}
+
+/// A checkpoint's content before it is appended: the store assigns the parent (the
+/// expected head), the creation time and the id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewCheckpoint {
+    pub thread_id: ThreadId,
+    pub reason: String,
+    pub source_run_id: Option<String>,
+    pub root: TreeId,
+    pub conversation: Option<ContentRef>,
+    pub artifacts: Vec<Artifact>,
+    pub workspace_hash: Option<String>,
+    pub stats: CaptureStats,
+}
+
+impl NewCheckpoint {
+    pub fn new(thread_id: ThreadId, root: TreeId, reason: impl Into<String>) -> NewCheckpoint {
+        NewCheckpoint {
+            thread_id,
+            reason: reason.into(),
+            source_run_id: None,
+            root,
+            conversation: None,
+            artifacts: Vec::new(),
+            workspace_hash: None,
+            stats: CaptureStats::default(),
+        }
+    }
+}
+
+/// The hashed body of a checkpoint record. Field order is the canonical JSON order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointBody {
+    pub version: u32,
+    pub thread_id: ThreadId,
+    pub parent_id: Option<CheckpointId>,
+    /// Unix time in milliseconds.
+    pub created_at_ms: u64,
+    pub reason: String,
+    pub source_run_id: Option<String>,
+    pub root: TreeId,
+    pub conversation: Option<ContentRef>,
+    pub artifacts: Vec<Artifact>,
+    pub workspace_hash: Option<String>,
+    pub stats: CaptureStats,
+}
+
+/// A checkpoint: an immutable record naming a root tree, its parent and its thread.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub id: CheckpointId,
+    #[serde(flatten)]
+    pub body: CheckpointBody,
+}
+
+pub const RECORD_VERSION: u32 = 1;
+
+impl Checkpoint {
+    pub fn from_new(
+        new: NewCheckpoint,
+        parent_id: Option<CheckpointId>,
+        now: SystemTime,
+    ) -> Checkpoint {
+        let body = CheckpointBody {
+            version: RECORD_VERSION,
+            thread_id: new.thread_id,
+            parent_id,
+            created_at_ms: now
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis() as u64,
+            reason: new.reason,
+            source_run_id: new.source_run_id,
+            root: new.root,
+            conversation: new.conversation,
+            artifacts: new.artifacts,
+            workspace_hash: new.workspace_hash,
+            stats: new.stats,
+        };
+        let id = CheckpointId(Hash::of(&body_bytes(&body)));
+        Checkpoint { id, body }
+    }
+
+    pub fn created_at(&self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_millis(self.body.created_at_ms)
+    }
+
+    /// The stored form: the body's canonical JSON (the id is its hash).
+    pub fn encode(&self) -> Vec<u8> {
+        body_bytes(&self.body)
+    }
+
+    /// Decodes a stored record and checks that it hashes to `id`.
+    pub fn decode(id: &CheckpointId, bytes: &[u8]) -> CheckpointResult<Checkpoint> {
+        let corrupt = |detail: String| CheckpointError::Corrupt {
+            id: id.to_hex(),
+            detail,
+        };
+        let actual = Hash::of(bytes);
+        if actual != id.0 {
+            return Err(corrupt(format!("record hashes to {actual}")));
+        }
+        let body: CheckpointBody =
+            serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))?;
+        if body.version != RECORD_VERSION {
+            return Err(corrupt(format!("unknown record version {}", body.version)));
+        }
+        Ok(Checkpoint { id: *id, body })
+    }
+}
+
+fn body_bytes(body: &CheckpointBody) -> Vec<u8> {
+    serde_json::to_vec(body).expect("a checkpoint body always serializes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thread_names() {
+        assert!(ThreadId::new("main").is_ok());
+        assert!(ThreadId::new("conv-123_x.y:z").is_ok());
+        for bad in ["", "a b", "a/b", "@x", "a~1", "tab\t", &"x".repeat(201)] {
+            assert!(ThreadId::new(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn record_id_is_the_hash_of_its_body() {
+        let t = ThreadId::new("t").unwrap();
+        let cp = Checkpoint::from_new(
+            NewCheckpoint::new(t, TreeId(Hash::of(b"root")), "test"),
+            None,
+            SystemTime::now(),
+        );
+        let bytes = cp.encode();
+        assert_eq!(Checkpoint::decode(&cp.id, &bytes).unwrap(), cp);
+        let mut bad = bytes.clone();
+        let n = bad.len() / 2;
+        bad[n] ^= 1;
+        assert!(matches!(
+            Checkpoint::decode(&cp.id, &bad),
+            Err(CheckpointError::Corrupt { .. })
+        ));
+    }
+}

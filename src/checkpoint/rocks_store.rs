@@ -1,0 +1,373 @@
+//! [`CheckpointStore`] on the store's embedded RocksDB.
+//!
+//! Column families: `checkpoints` (id -> canonical JSON record), `heads` (thread -> id),
+//! `leases` (thread -> live lease), `fencing` (thread -> last token handed out, never
+//! decreasing). The store directory's lock file keeps other processes out while this
+//! one has the database open; within the process a mutex makes each read-check-write a
+//! single step, and every change is one synced `WriteBatch`.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use rocksdb::{WriteBatch, WriteOptions};
+
+use super::lease::millis;
+use super::{
+    Checkpoint, CheckpointError, CheckpointId, CheckpointResult, CheckpointStore, NewCheckpoint,
+    ThreadId, WriterLease,
+};
+use crate::cas::{decode_hex, Database, Hash};
+
+pub const CHECKPOINTS_CF: &str = "checkpoints";
+pub const HEADS_CF: &str = "heads";
+pub const LEASES_CF: &str = "leases";
+pub const FENCING_CF: &str = "fencing";
+
+/// The column families this store needs opened.
+pub const COLUMN_FAMILIES: &[&str] = &[CHECKPOINTS_CF, HEADS_CF, LEASES_CF, FENCING_CF];
+
+pub struct RocksCheckpointStore {
+    db: Arc<Database>,
+    lock: Mutex<()>,
+}
+
+impl RocksCheckpointStore {
+    pub fn new(db: Arc<Database>) -> Self {
+        RocksCheckpointStore {
+            db,
+            lock: Mutex::new(()),
+        }
+    }
+
+    fn get_raw(&self, cf: &str, key: &[u8]) -> CheckpointResult<Option<Vec<u8>>> {
+        Ok(self
+            .db
+            .raw()
+            .get_cf(self.db.cf(cf), key)
+            .map_err(|e| self.db.err(e))?)
+    }
+
+    fn write(&self, batch: WriteBatch) -> CheckpointResult<()> {
+        let mut opts = WriteOptions::default();
+        opts.set_sync(true);
+        self.db
+            .raw()
+            .write_opt(batch, &opts)
+            .map_err(|e| self.db.err(e).into())
+    }
+
+    fn current_lease(&self, thread: &ThreadId) -> CheckpointResult<Option<WriterLease>> {
+        match self.get_raw(LEASES_CF, thread.as_str().as_bytes())? {
+            None => Ok(None),
+            Some(bytes) => {
+                serde_json::from_slice(&bytes)
+                    .map(Some)
+                    .map_err(|e| CheckpointError::Corrupt {
+                        id: format!("lease of thread {thread:?}"),
+                        detail: e.to_string(),
+                    })
+            }
+        }
+    }
+
+    fn last_token(&self, thread: &ThreadId) -> CheckpointResult<u64> {
+        match self.get_raw(FENCING_CF, thread.as_str().as_bytes())? {
+            None => Ok(0),
+            Some(b) => <[u8; 8]>::try_from(b.as_slice())
+                .map(u64::from_be_bytes)
+                .map_err(|_| CheckpointError::Corrupt {
+                    id: format!("fencing token of thread {thread:?}"),
+                    detail: format!("{} bytes", b.len()),
+                }),
+        }
+    }
+
+    /// Checks that `lease` is the thread's live, current lease.
+    fn check_lease(&self, lease: &WriterLease, now: SystemTime) -> CheckpointResult<()> {
+        let lost = |detail: String| CheckpointError::LeaseLost {
+            thread: lease.thread.clone(),
+            token: lease.token,
+            detail,
+        };
+        match self.current_lease(&lease.thread)? {
+            None => Err(lost(
+                "no lease is held (released or expired and cleared)".into(),
+            )),
+            Some(cur) if cur.token != lease.token => Err(lost(format!(
+                "taken over by {:?} with token {}",
+                cur.holder, cur.token
+            ))),
+            Some(cur) if cur.is_expired_at(now) => Err(CheckpointError::LeaseExpired {
+                thread: lease.thread.clone(),
+                token: lease.token,
+                expired_at: cur.expires_at(),
+            }),
+            Some(_) => Ok(()),
+        }
+    }
+
+    fn put_lease(&self, batch: &mut WriteBatch, lease: &WriterLease) {
+        batch.put_cf(
+            self.db.cf(LEASES_CF),
+            lease.thread.as_str().as_bytes(),
+            serde_json::to_vec(lease).expect("a lease serializes"),
+        );
+    }
+
+    fn put_checkpoint(&self, batch: &mut WriteBatch, cp: &Checkpoint) {
+        batch.put_cf(self.db.cf(CHECKPOINTS_CF), cp.id.0.as_bytes(), cp.encode());
+        batch.put_cf(
+            self.db.cf(HEADS_CF),
+            cp.body.thread_id.as_str().as_bytes(),
+            cp.id.0.as_bytes(),
+        );
+    }
+
+    fn expect_head(
+        &self,
+        thread: &ThreadId,
+        expected: Option<CheckpointId>,
+    ) -> CheckpointResult<()> {
+        let actual = self.head(thread)?;
+        if actual != expected {
+            return Err(CheckpointError::HeadMismatch {
+                thread: thread.clone(),
+                expected,
+                actual,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl CheckpointStore for RocksCheckpointStore {
+    fn acquire_writer(
+        &self,
+        thread: &ThreadId,
+        holder: &str,
+        ttl: Duration,
+    ) -> CheckpointResult<WriterLease> {
+        if ttl.is_zero() || ttl > Duration::from_secs(24 * 3600) {
+            return Err(CheckpointError::Invalid(format!(
+                "lease TTL {ttl:?}: use more than 0 and at most 24 hours"
+            )));
+        }
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let now = SystemTime::now();
+        if let Some(cur) = self.current_lease(thread)? {
+            if !cur.is_expired_at(now) {
+                return Err(CheckpointError::LeaseHeld {
+                    thread: thread.clone(),
+                    until: cur.expires_at(),
+                    holder: cur.holder,
+                });
+            }
+        }
+        let token = self.last_token(thread)? + 1;
+        let ttl_ms = ttl.as_millis().max(1) as u64;
+        let lease = WriterLease {
+            thread: thread.clone(),
+            holder: holder.to_string(),
+            token,
+            acquired_at_ms: millis(now),
+            expires_at_ms: millis(now) + ttl_ms,
+            ttl_ms,
+        };
+        let mut batch = WriteBatch::default();
+        self.put_lease(&mut batch, &lease);
+        batch.put_cf(
+            self.db.cf(FENCING_CF),
+            thread.as_str().as_bytes(),
+            token.to_be_bytes(),
+        );
+        self.write(batch)?;
+        Ok(lease)
+    }
+
+    fn renew(&self, lease: &WriterLease) -> CheckpointResult<WriterLease> {
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let now = SystemTime::now();
+        self.check_lease(lease, now)?;
+        let mut renewed = lease.clone();
+        renewed.expires_at_ms = millis(now) + lease.ttl_ms;
+        let mut batch = WriteBatch::default();
+        self.put_lease(&mut batch, &renewed);
+        self.write(batch)?;
+        Ok(renewed)
+    }
+
+    fn release(&self, lease: &WriterLease) -> CheckpointResult<()> {
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        match self.current_lease(&lease.thread)? {
+            Some(cur) if cur.token == lease.token => {
+                let mut batch = WriteBatch::default();
+                batch.delete_cf(self.db.cf(LEASES_CF), lease.thread.as_str().as_bytes());
+                self.write(batch)
+            }
+            Some(cur) => Err(CheckpointError::LeaseLost {
+                thread: lease.thread.clone(),
+                token: lease.token,
+                detail: format!("taken over by {:?} with token {}", cur.holder, cur.token),
+            }),
+            // Nobody holds it: releasing again is harmless unless someone took it since.
+            None if self.last_token(&lease.thread)? == lease.token => Ok(()),
+            None => Err(CheckpointError::LeaseLost {
+                thread: lease.thread.clone(),
+                token: lease.token,
+                detail: "a later writer took and released the thread".into(),
+            }),
+        }
+    }
+
+    fn head(&self, thread: &ThreadId) -> CheckpointResult<Option<CheckpointId>> {
+        match self.get_raw(HEADS_CF, thread.as_str().as_bytes())? {
+            None => Ok(None),
+            Some(b) => Hash::from_slice(&b)
+                .map(|h| Some(CheckpointId(h)))
+                .ok_or_else(|| CheckpointError::Corrupt {
+                    id: format!("head of thread {thread:?}"),
+                    detail: format!("{} bytes", b.len()),
+                }),
+        }
+    }
+
+    fn get(&self, id: &CheckpointId) -> CheckpointResult<Checkpoint> {
+        let bytes = self
+            .get_raw(CHECKPOINTS_CF, id.0.as_bytes())?
+            .ok_or_else(|| CheckpointError::NotFound(id.to_hex()))?;
+        Checkpoint::decode(id, &bytes)
+    }
+
+    fn append(
+        &self,
+        new: NewCheckpoint,
+        expected_head: Option<CheckpointId>,
+        lease: &WriterLease,
+    ) -> CheckpointResult<Checkpoint> {
+        if lease.thread != new.thread_id {
+            return Err(CheckpointError::Invalid(format!(
+                "lease is for thread {:?}, checkpoint for {:?}",
+                lease.thread, new.thread_id
+            )));
+        }
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let now = SystemTime::now();
+        self.check_lease(lease, now)?;
+        self.expect_head(&new.thread_id, expected_head)?;
+        if let Some(parent) = expected_head {
+            self.get(&parent)?;
+        }
+        let cp = Checkpoint::from_new(new, expected_head, now);
+        let mut batch = WriteBatch::default();
+        self.put_checkpoint(&mut batch, &cp);
+        self.write(batch)?;
+        Ok(cp)
+    }
+
+    fn log(&self, thread: &ThreadId, limit: usize) -> CheckpointResult<Vec<Checkpoint>> {
+        let mut out = Vec::new();
+        let mut next = self.head(thread)?;
+        while let Some(id) = next {
+            if out.len() >= limit {
+                break;
+            }
+            let cp = self.get(&id)?;
+            next = cp.body.parent_id;
+            out.push(cp);
+        }
+        Ok(out)
+    }
+
+    fn fork(&self, new_thread: &ThreadId, from: &CheckpointId) -> CheckpointResult<Checkpoint> {
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        if self.head(new_thread)?.is_some() {
+            return Err(CheckpointError::ThreadExists(new_thread.clone()));
+        }
+        if let Some(cur) = self.current_lease(new_thread)? {
+            if !cur.is_expired_at(SystemTime::now()) {
+                return Err(CheckpointError::LeaseHeld {
+                    thread: new_thread.clone(),
+                    until: cur.expires_at(),
+                    holder: cur.holder,
+                });
+            }
+        }
+        let src = self.get(from)?;
+        let new = NewCheckpoint {
+            thread_id: new_thread.clone(),
+            reason: format!("fork of {} ({})", from.short(), src.body.thread_id),
+            source_run_id: None,
+            root: src.body.root,
+            conversation: src.body.conversation,
+            artifacts: src.body.artifacts.clone(),
+            workspace_hash: src.body.workspace_hash.clone(),
+            stats: src.body.stats.clone(),
+        };
+        let cp = Checkpoint::from_new(new, Some(*from), SystemTime::now());
+        let mut batch = WriteBatch::default();
+        self.put_checkpoint(&mut batch, &cp);
+        self.write(batch)?;
+        Ok(cp)
+    }
+
+    fn threads(&self) -> CheckpointResult<Vec<(ThreadId, CheckpointId)>> {
+        let mut out = Vec::new();
+        for item in self
+            .db
+            .raw()
+            .iterator_cf(self.db.cf(HEADS_CF), rocksdb::IteratorMode::Start)
+        {
+            let (k, v) = item.map_err(|e| self.db.err(e))?;
+            let name = String::from_utf8_lossy(&k).into_owned();
+            let thread = ThreadId::new(&name)?;
+            let id = Hash::from_slice(&v).ok_or_else(|| CheckpointError::Corrupt {
+                id: format!("head of thread {name:?}"),
+                detail: format!("{} bytes", v.len()),
+            })?;
+            out.push((thread, CheckpointId(id)));
+        }
+        Ok(out)
+    }
+
+    fn resolve_prefix(&self, prefix: &str) -> CheckpointResult<CheckpointId> {
+        let p = prefix.to_ascii_lowercase();
+        if p.len() < 4 || p.len() > 64 || !p.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(CheckpointError::Invalid(format!(
+                "checkpoint {prefix:?}: expected at least 4 hex digits"
+            )));
+        }
+        if let Some(h) = Hash::from_hex(&p) {
+            let id = CheckpointId(h);
+            self.get(&id)?;
+            return Ok(id);
+        }
+        let even = decode_hex(&p[..p.len() / 2 * 2]).unwrap_or_default();
+        let mut candidates = Vec::new();
+        let iter = self.db.raw().iterator_cf(
+            self.db.cf(CHECKPOINTS_CF),
+            rocksdb::IteratorMode::From(&even, rocksdb::Direction::Forward),
+        );
+        for item in iter {
+            let (k, _) = item.map_err(|e| self.db.err(e))?;
+            if !k.starts_with(&even) {
+                break;
+            }
+            if let Some(h) = Hash::from_slice(&k) {
+                if h.to_hex().starts_with(&p) {
+                    candidates.push(CheckpointId(h));
+                    if candidates.len() > 8 {
+                        break;
+                    }
+                }
+            }
+        }
+        match candidates.len() {
+            0 => Err(CheckpointError::NotFound(prefix.to_string())),
+            1 => Ok(candidates[0]),
+            _ => Err(CheckpointError::Ambiguous {
+                prefix: prefix.to_string(),
+                candidates,
+            }),
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! The command line: parsing (clap), store location, output as text or JSON, progress.
+//! All behaviour lives in the library; this module only parses, calls and prints.
+
+mod commands;
+mod output;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+use casfs::checkpoint::{OpenMode, Store};
+
+#[derive(Parser)]
+#[command(
+    name = "casfs",
+    version,
+    about = "A content-addressed workspace filesystem: capture, checkpoint and restore workspaces",
+    propagate_version = true
+)]
+pub struct Cli {
+    /// Store directory [default: $XDG_DATA_HOME/casfs, else ~/.local/share/casfs]
+    #[arg(long, global = true, env = "CASFS_STORE", value_name = "DIR")]
+    store: Option<PathBuf>,
+
+    /// Print machine-readable JSON instead of text
+    #[arg(long, global = true)]
+    json: bool,
+
+    /// Seconds to wait for another casfs process that has the store open
+    #[arg(long, global = true, default_value_t = 60.0, value_name = "SECS")]
+    lock_timeout: f64,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// A checkpoint reference: a hex id or unique prefix (at least 4 digits), or `@THREAD`
+/// for a thread's head; either may end in `~N` for the Nth parent.
+pub type Ref = String;
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Create a store (other commands that write create it too)
+    Init,
+
+    /// Capture a directory as a new checkpoint on a thread
+    Capture {
+        dir: PathBuf,
+        #[arg(long, short)]
+        thread: String,
+        #[arg(long, short, default_value = "capture")]
+        reason: String,
+        /// Append only if the thread's head is this checkpoint (`none`: only if the
+        /// thread is empty); default: the head when the capture starts
+        #[arg(long, value_name = "REF|none")]
+        expected_head: Option<String>,
+        /// Read every file, ignoring the stat cache
+        #[arg(long)]
+        no_stat_cache: bool,
+        /// Writer lease time-to-live in seconds (renewed while the capture runs)
+        #[arg(long, default_value_t = 30.0, value_name = "SECS")]
+        lease_ttl: f64,
+    },
+
+    /// Make a directory match a checkpoint exactly (extra files are removed)
+    Restore {
+        dir: PathBuf,
+        /// Restore this thread's head (or, with --at, a checkpoint of the thread)
+        #[arg(long, short)]
+        thread: Option<String>,
+        /// The checkpoint to restore
+        #[arg(long, value_name = "REF")]
+        at: Option<Ref>,
+        /// Rewrite every file, ignoring the stat cache
+        #[arg(long)]
+        no_stat_cache: bool,
+    },
+
+    /// List a thread's checkpoints, newest first
+    Log {
+        #[arg(long, short)]
+        thread: String,
+        /// At most this many
+        #[arg(long, short = 'n', default_value_t = 50)]
+        limit: usize,
+    },
+
+    /// List threads and their heads
+    Threads,
+
+    /// Show one checkpoint record
+    Show { checkpoint: Ref },
+
+    /// List a directory of a checkpoint
+    Ls {
+        checkpoint: Ref,
+        /// Path inside the checkpoint
+        #[arg(default_value = "")]
+        path: String,
+        /// List subdirectories too
+        #[arg(long, short = 'r')]
+        recursive: bool,
+    },
+
+    /// Write a file of a checkpoint to standard output
+    Cat { checkpoint: Ref, path: String },
+
+    /// Paths added, removed and modified from checkpoint A to checkpoint B
+    Diff { a: Ref, b: Ref },
+
+    /// Start a new thread from any checkpoint
+    Fork {
+        new_thread: String,
+        #[arg(long, value_name = "REF")]
+        from: Ref,
+    },
+}
+
+fn default_store() -> PathBuf {
+    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|x| !x.is_empty()) {
+        return PathBuf::from(x).join("casfs");
+    }
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    PathBuf::from(home).join(".local/share/casfs")
+}
+
+impl Cli {
+    fn open_store(&self, mode: OpenMode) -> anyhow::Result<Store> {
+        let root = self.store.clone().unwrap_or_else(default_store);
+        let timeout = Duration::from_secs_f64(self.lock_timeout.max(0.0));
+        Ok(Store::open(&root, mode, timeout)?)
+    }
+}
+
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    match commands::run(&cli) {
+        Ok(()) => 0,
+        Err(e) => {
+            let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+            let mut msg = chain[0].clone();
+            for c in &chain[1..] {
+                if !msg.contains(c.as_str()) {
+                    msg.push_str(": ");
+                    msg.push_str(c);
+                }
+            }
+            eprintln!("casfs: error: {msg}");
+            1
+        }
+    }
+}
