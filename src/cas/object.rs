@@ -17,16 +17,40 @@ const MIN_COMPRESS_LEN: usize = 64;
 pub const MAX_OBJECT_LEN: usize = 256 << 20;
 
 /// zstd level for stored objects.
-pub const ZSTD_LEVEL: i32 = 3;
+pub const ZSTD_LEVEL: i32 = 1;
 
 thread_local! {
     static COMPRESSOR: RefCell<Option<zstd::bulk::Compressor<'static>>> = const { RefCell::new(None) };
     static DECOMPRESSOR: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
 }
 
+/// Whether `data` starts like a compressed format (gzip, zlib, zstd, xz, bzip2, zip,
+/// PNG, JPEG, GIF, WebP): compressing it again costs time and saves nothing.
+pub fn looks_compressed(data: &[u8]) -> bool {
+    const MAGIC: &[&[u8]] = &[
+        b"\x1f\x8b",
+        b"\x28\xb5\x2f\xfd",
+        b"\xfd7zXZ\x00",
+        b"BZh",
+        b"PK\x03\x04",
+        b"\x89PNG\r\n\x1a\n",
+        b"\xff\xd8\xff",
+        b"GIF8",
+        b"7z\xbc\xaf\x27\x1c",
+    ];
+    if MAGIC.iter().any(|m| data.starts_with(m)) {
+        return true;
+    }
+    if data.len() >= 12 && &data[..4] == b"RIFF" && &data[8..12] == b"WEBP" {
+        return true;
+    }
+    // zlib (git objects): CMF 0x78 and a header checksum that divides by 31.
+    data.len() >= 2 && data[0] == 0x78 && (u16::from(data[0]) << 8 | u16::from(data[1])) % 31 == 0
+}
+
 /// Encodes `data` for storage: zstd when that is smaller, raw otherwise.
 pub fn encode_stored(data: &[u8]) -> Vec<u8> {
-    if data.len() >= MIN_COMPRESS_LEN {
+    if data.len() >= MIN_COMPRESS_LEN && !looks_compressed(data) {
         let compressed = COMPRESSOR.with(|c| {
             let mut c = c.borrow_mut();
             if c.is_none() {
@@ -111,6 +135,16 @@ mod tests {
         }
         assert_eq!(encode_stored(&[7u8; 100_000])[0], ZSTD);
         assert!(encode_stored(&[7u8; 100_000]).len() < 1000);
+    }
+
+    #[test]
+    fn compressed_formats_are_stored_raw() {
+        let mut gz = vec![0x1f, 0x8b];
+        gz.extend(std::iter::repeat_n(b'a', 1000));
+        assert_eq!(encode_stored(&gz)[0], RAW);
+        let zlib = [0x78, 0x9c, 1, 2, 3];
+        assert!(looks_compressed(&zlib));
+        assert!(!looks_compressed(b"xyz plain text"));
     }
 
     #[test]

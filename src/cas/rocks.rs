@@ -20,6 +20,7 @@ pub const OBJECTS_CF: &str = "objects";
 pub struct Database {
     db: DB,
     path: PathBuf,
+    cf_names: Vec<String>,
 }
 
 impl Database {
@@ -43,9 +44,12 @@ impl Database {
             path: path.to_path_buf(),
             source,
         })?;
+        let mut cf_names = vec![OBJECTS_CF.to_string()];
+        cf_names.extend(extra_cfs.iter().map(|s| s.to_string()));
         Ok(Database {
             db,
             path: path.to_path_buf(),
+            cf_names,
         })
     }
 
@@ -76,6 +80,20 @@ impl Database {
     /// Makes every write so far durable (syncs the write-ahead log).
     pub fn sync(&self) -> CasResult<()> {
         self.db.flush_wal(true).map_err(|e| self.err(e))
+    }
+}
+
+impl Drop for Database {
+    /// Flushes the memtables so the next open does not replay the write-ahead log
+    /// (which holds every object written since the last flush).
+    fn drop(&mut self) {
+        for name in &self.cf_names {
+            if let Some(cf) = self.db.cf_handle(name) {
+                if let Err(e) = self.db.flush_cf(cf) {
+                    tracing::warn!("flushing column family {name} at close: {e}");
+                }
+            }
+        }
     }
 }
 

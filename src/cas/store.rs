@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use rocksdb::WriteOptions;
+
 use super::object::{decode_stored, encode_stored, MAX_OBJECT_LEN};
 use super::rocks::{Database, OBJECTS_CF};
 use super::{CasError, CasResult, Hash, ObjectId};
@@ -28,7 +30,8 @@ pub trait ObjectStore: Send + Sync {
     /// Whether the object is present (not verified).
     fn contains(&self, id: &ObjectId) -> CasResult<bool>;
 
-    /// Makes every object stored so far durable.
+    /// Makes every object stored so far durable. Until it returns, objects written since
+    /// the last sync may be lost in a crash, so nothing may refer to them before.
     fn sync(&self) -> CasResult<()>;
 }
 
@@ -65,9 +68,13 @@ impl ObjectStore for RocksObjectStore {
         }
         let stored = encode_stored(data);
         let cf = self.db.cf(OBJECTS_CF);
+        // No write-ahead log for objects: they are written once, to blob files, when the
+        // memtable is flushed; `sync` flushes before anything may refer to them.
+        let mut opts = WriteOptions::default();
+        opts.disable_wal(true);
         self.db
             .raw()
-            .put_cf(cf, id.0.as_bytes(), &stored)
+            .put_cf_opt(cf, id.0.as_bytes(), &stored, &opts)
             .map_err(|e| self.db.err(e))?;
         Ok(PutOutcome {
             id,
@@ -102,6 +109,8 @@ impl ObjectStore for RocksObjectStore {
     }
 
     fn sync(&self) -> CasResult<()> {
+        let cf = self.db.cf(OBJECTS_CF);
+        self.db.raw().flush_cf(cf).map_err(|e| self.db.err(e))?;
         self.db.sync()
     }
 }
