@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs what building and testing casfs needs on Debian 12 (run as root, or with
+# sudo available). Idempotent: packages already present are not reinstalled.
+set -euo pipefail
+
+# Build: Debian's RocksDB (linked instead of compiling RocksDB's C++), libclang for
+# bindgen, pkg-config and a C toolchain. Mount: fuse3 (fusermount3). Benchmarks and
+# tests compare with git, zstd, tar, rsync and restic; attr gives getfattr/setfattr.
+PACKAGES=(librocksdb-dev libclang-dev clang pkg-config build-essential fuse3
+          git zstd tar rsync restic attr)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "casfs setup: installing ${missing[*]}" >&2
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  for d in "$HOME/.cargo/bin" /usr/local/cargo/bin; do
+    [ -x "$d/cargo" ] && export PATH="$d:$PATH"
+  done
+fi
+command -v cargo >/dev/null 2>&1 || {
+  echo "casfs setup: cargo (Rust >= 1.85) is required and was not found on PATH" >&2
+  exit 1
+}
+
+# Where Debian puts librocksdb for this architecture (see .cargo/config.toml).
+if [ -z "${ROCKSDB_LIB_DIR:-}" ]; then
+  multiarch="$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)"
+  export ROCKSDB_LIB_DIR="/usr/lib/$multiarch"
+fi
