@@ -1,7 +1,7 @@
 //! Printing helpers: sizes, times, JSON, and a progress spinner that draws only on a
 //! terminal.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -51,17 +51,21 @@ pub fn with_spinner<T>(
             .unwrap_or_else(|_| ProgressStyle::default_spinner()),
     );
     bar.set_prefix(label.to_string());
-    let done = AtomicBool::new(false);
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
     let result = std::thread::scope(|s| {
-        s.spawn(|| {
-            while !done.load(Ordering::Relaxed) {
+        let bar = &bar;
+        let status = &status;
+        s.spawn(move || {
+            // Ends as soon as the work does (the sender is dropped), not a tick later.
+            while let Err(RecvTimeoutError::Timeout) =
+                done_rx.recv_timeout(Duration::from_millis(100))
+            {
                 bar.set_message(status());
                 bar.tick();
-                std::thread::sleep(Duration::from_millis(100));
             }
         });
         let r = work();
-        done.store(true, Ordering::Relaxed);
+        drop(done_tx);
         r
     });
     bar.finish_and_clear();
