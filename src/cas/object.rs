@@ -50,28 +50,38 @@ pub fn looks_compressed(data: &[u8]) -> bool {
 
 /// Encodes `data` for storage: zstd when that is smaller, raw otherwise.
 pub fn encode_stored(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_stored_into(data, &mut out);
+    out
+}
+
+/// Encodes `data` for storage into `out` (cleared first), reusing its allocation.
+pub fn encode_stored_into(data: &[u8], out: &mut Vec<u8>) {
+    out.clear();
     if data.len() >= MIN_COMPRESS_LEN && !looks_compressed(data) {
-        let compressed = COMPRESSOR.with(|c| {
+        out.push(ZSTD);
+        put_varint(out, data.len() as u64);
+        let start = out.len();
+        out.resize(start + zstd::zstd_safe::compress_bound(data.len()), 0);
+        let written = COMPRESSOR.with(|c| {
             let mut c = c.borrow_mut();
             if c.is_none() {
                 *c = zstd::bulk::Compressor::new(ZSTD_LEVEL).ok();
             }
-            c.as_mut().and_then(|c| c.compress(data).ok())
+            c.as_mut()
+                .and_then(|c| c.compress_to_buffer(data, &mut out[start..]).ok())
         });
-        if let Some(z) = compressed {
-            if z.len() + 10 < data.len() {
-                let mut out = Vec::with_capacity(z.len() + 10);
-                out.push(ZSTD);
-                put_varint(&mut out, data.len() as u64);
-                out.extend_from_slice(&z);
-                return out;
+        if let Some(n) = written {
+            if start + n + 8 < data.len() {
+                out.truncate(start + n);
+                return;
             }
         }
+        out.clear();
     }
-    let mut out = Vec::with_capacity(data.len() + 1);
+    out.reserve(data.len() + 1);
     out.push(RAW);
     out.extend_from_slice(data);
-    out
 }
 
 /// Decodes stored bytes and verifies them against `id`.

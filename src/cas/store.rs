@@ -4,9 +4,13 @@ use std::sync::Arc;
 
 use rocksdb::WriteOptions;
 
-use super::object::{decode_stored, encode_stored, MAX_OBJECT_LEN};
+use super::object::{decode_stored, encode_stored_into, MAX_OBJECT_LEN};
 use super::rocks::{Database, OBJECTS_CF};
 use super::{CasError, CasResult, Hash, ObjectId};
+
+thread_local! {
+    static ENCODE_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// What a `put` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,20 +70,25 @@ impl ObjectStore for RocksObjectStore {
                 stored_len: 0,
             });
         }
-        let stored = encode_stored(data);
         let cf = self.db.cf(OBJECTS_CF);
         // No write-ahead log for objects: they are written once, to blob files, when the
         // memtable is flushed; `sync` flushes before anything may refer to them.
         let mut opts = WriteOptions::default();
         opts.disable_wal(true);
-        self.db
-            .raw()
-            .put_cf_opt(cf, id.0.as_bytes(), &stored, &opts)
-            .map_err(|e| self.db.err(e))?;
+        let stored_len = ENCODE_BUF.with(|b| {
+            let mut buf = b.borrow_mut();
+            encode_stored_into(data, &mut buf);
+            let r = self.db.raw().put_cf_opt(cf, id.0.as_bytes(), &*buf, &opts);
+            let len = buf.len() as u64;
+            if buf.capacity() > 4 << 20 {
+                *buf = Vec::new();
+            }
+            r.map(|()| len)
+        });
         Ok(PutOutcome {
             id,
             new: true,
-            stored_len: stored.len() as u64,
+            stored_len: stored_len.map_err(|e| self.db.err(e))?,
         })
     }
 

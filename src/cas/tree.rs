@@ -94,43 +94,39 @@ impl TreeEntry {
     /// Checks everything about one entry that does not depend on its neighbours.
     pub fn validate(&self) -> Result<(), String> {
         validate_name(&self.name)?;
-        let name = self.name_lossy();
+        self.check_fields()
+            .map_err(|what| format!("entry {:?}: {what}", self.name_lossy()))
+    }
+
+    fn check_fields(&self) -> Result<(), String> {
         if self.mode > 0o7777 {
-            return Err(format!(
-                "entry {name:?}: mode {:o} has bits beyond 0o7777",
-                self.mode
-            ));
+            return Err(format!("mode {:o} has bits beyond 0o7777", self.mode));
         }
         match &self.content {
             EntryContent::Symlink(target) => {
                 if target.is_empty() || target.len() > MAX_SYMLINK_LEN || target.contains(&0) {
-                    return Err(format!("entry {name:?}: invalid symlink target"));
+                    return Err("invalid symlink target".into());
                 }
                 if self.size != target.len() as u64 {
-                    return Err(format!(
-                        "entry {name:?}: symlink size does not match its target"
-                    ));
+                    return Err("symlink size does not match its target".into());
                 }
             }
             EntryContent::File(_) => {}
             _ if self.size != 0 => {
-                return Err(format!(
-                    "entry {name:?}: a {} has no size",
-                    self.content.kind_name()
-                ))
+                return Err(format!("a {} has no size", self.content.kind_name()));
             }
             _ => {}
         }
         let mut prev: Option<&[u8]> = None;
         for (k, v) in &self.xattrs {
             if k.is_empty() || k.len() > MAX_XATTR_NAME_LEN || k.contains(&0) {
-                return Err(format!("entry {name:?}: invalid xattr name"));
+                return Err("invalid xattr name".into());
             }
             if v.len() > MAX_XATTR_VALUE_LEN {
-                return Err(format!("entry {name:?}: xattr value too long"));
+                return Err("xattr value too long".into());
             }
             if prev.is_some_and(|p| p >= k.as_slice()) {
-                return Err(format!("entry {name:?}: xattrs not sorted and unique"));
+                return Err("xattrs not sorted and unique".into());
             }
             prev = Some(k);
         }
@@ -140,25 +136,23 @@ impl TreeEntry {
 
 /// A name that may stand in a directory: not empty, not `.` or `..`, no `/`, no NUL.
 pub fn validate_name(name: &[u8]) -> Result<(), String> {
-    let shown = String::from_utf8_lossy(name);
-    if name.is_empty() {
+    let problem = if name.is_empty() {
         return Err("empty entry name".into());
-    }
-    if name == b"." || name == b".." {
-        return Err(format!("entry name {shown:?} is not allowed"));
-    }
-    if name.contains(&b'/') {
-        return Err(format!("entry name {shown:?} contains '/'"));
-    }
-    if name.contains(&0) {
-        return Err(format!("entry name {shown:?} contains NUL"));
-    }
-    if name.len() > MAX_NAME_LEN {
-        return Err(format!(
-            "entry name {shown:?} is longer than {MAX_NAME_LEN} bytes"
-        ));
-    }
-    Ok(())
+    } else if name == b"." || name == b".." {
+        "is not allowed"
+    } else if name.contains(&b'/') {
+        "contains '/'"
+    } else if name.contains(&0) {
+        "contains NUL"
+    } else if name.len() > MAX_NAME_LEN {
+        "is longer than 255 bytes"
+    } else {
+        return Ok(());
+    };
+    Err(format!(
+        "entry name {:?} {problem}",
+        String::from_utf8_lossy(name)
+    ))
 }
 
 /// A directory: entries sorted by name, names unique.

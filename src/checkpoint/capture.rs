@@ -1,40 +1,36 @@
 //! Capture of a plain directory (no mount) into trees, and its append to a thread.
 //!
-//! Directories are walked in parallel (rayon), bottom-up: each directory's tree is
-//! stored once its children are. A stat cache, kept in the store per captured
-//! directory, remembers each file's (dev, inode, size, mode, mtime, ctime) and content
-//! id, so a re-capture reads only files whose stat changed. An entry is cached only when
-//! its ctime is older than the capture's start by more than the timestamp granularity,
-//! so a file changed within the same clock tick as its capture is read again next time
-//! (git's "racily clean" problem).
+//! Directories are walked in parallel (rayon) through directory file descriptors
+//! (`openat`, `fstatat`: no path is resolved twice and no symlink followed), bottom-up:
+//! each directory's tree is stored once its children are. The directory cache
+//! ([`super::dircache`]) lets a re-capture skip every file whose fingerprint (inode,
+//! size, mode, mtime, ctime) is unchanged, and every directory whose entries all are.
 
-use std::collections::HashMap;
-use std::fs::{self, File, Metadata};
+use std::fs::{self, File};
 use std::io::Read;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rayon::prelude::*;
-use rocksdb::WriteBatch;
 
+use super::dircache::{DirCache, DirCacheSet};
+use super::fsutil::{
+    child, cstr, ctime_ns, file_type, fstat, list_dir, lstat_at, mtime_ns, open_at, open_dir,
+    open_dir_at, readlink_at, Fingerprint,
+};
 use super::{
     xattr, CaptureStats, Checkpoint, CheckpointError, CheckpointId, CheckpointResult,
     NewCheckpoint, Store, ThreadId, WriterLease,
 };
 use crate::cas::file::{store_bytes, store_reader};
 use crate::cas::{
-    store_tree, CasError, EntryContent, FileId, Hash, StoreStats, Tree, TreeEntry, TreeId,
-    CHUNK_SIZE,
+    store_tree, CasError, EntryContent, StoreStats, Tree, TreeEntry, TreeId, CHUNK_SIZE,
 };
 
-/// Column family of the stat cache: `scope(16) ++ relative path` -> [`StatEntry`].
-pub const STATCACHE_CF: &str = "statcache";
-
-/// Files whose ctime is this close to the capture's start are not cached.
+/// Files whose ctime is this close to the capture's start are not trusted next time.
 const RACY_MARGIN: Duration = Duration::from_millis(100);
 
 /// Counters a progress display can read while a capture runs.
@@ -46,7 +42,7 @@ pub struct CaptureProgress {
 
 #[derive(Default)]
 pub struct CaptureOptions<'a> {
-    /// Skip the stat cache and read every file.
+    /// Ignore the directory cache and read every file.
     pub no_stat_cache: bool,
     pub progress: Option<&'a CaptureProgress>,
 }
@@ -59,80 +55,6 @@ pub struct Captured {
     pub warnings: Vec<String>,
 }
 
-/// What the stat cache remembers of one file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StatEntry {
-    pub dev: u64,
-    pub ino: u64,
-    pub size: u64,
-    pub mode: u32,
-    pub mtime_ns: i64,
-    pub ctime_ns: i64,
-    pub id: FileId,
-}
-
-const STAT_ENTRY_LEN: usize = 8 * 5 + 4 + 32;
-
-impl StatEntry {
-    pub fn of(m: &Metadata, id: FileId) -> StatEntry {
-        StatEntry {
-            dev: m.dev(),
-            ino: m.ino(),
-            size: m.size(),
-            mode: m.mode(),
-            mtime_ns: mtime_ns(m),
-            ctime_ns: ctime_ns(m),
-            id,
-        }
-    }
-
-    /// Whether `m` describes the file this entry was made from, unchanged.
-    pub fn matches(&self, m: &Metadata) -> bool {
-        self.dev == m.dev()
-            && self.ino == m.ino()
-            && self.size == m.size()
-            && self.mode == m.mode()
-            && self.mtime_ns == mtime_ns(m)
-            && self.ctime_ns == ctime_ns(m)
-    }
-
-    pub fn encode(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(STAT_ENTRY_LEN);
-        v.extend_from_slice(&self.dev.to_le_bytes());
-        v.extend_from_slice(&self.ino.to_le_bytes());
-        v.extend_from_slice(&self.size.to_le_bytes());
-        v.extend_from_slice(&self.mtime_ns.to_le_bytes());
-        v.extend_from_slice(&self.ctime_ns.to_le_bytes());
-        v.extend_from_slice(&self.mode.to_le_bytes());
-        v.extend_from_slice(self.id.0.as_bytes());
-        v
-    }
-
-    pub fn decode(b: &[u8]) -> Option<StatEntry> {
-        if b.len() != STAT_ENTRY_LEN {
-            return None;
-        }
-        let u = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
-        Some(StatEntry {
-            dev: u(0),
-            ino: u(8),
-            size: u(16),
-            mtime_ns: u(24) as i64,
-            ctime_ns: u(32) as i64,
-            mode: u32::from_le_bytes(b[40..44].try_into().unwrap()),
-            id: FileId(Hash::from_slice(&b[44..76])?),
-        })
-    }
-}
-
-pub fn mtime_ns(m: &Metadata) -> i64 {
-    m.mtime() * 1_000_000_000 + m.mtime_nsec()
-}
-
-pub fn ctime_ns(m: &Metadata) -> i64 {
-    m.ctime() * 1_000_000_000 + m.ctime_nsec()
-}
-
 fn now_ns() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -140,102 +62,8 @@ fn now_ns() -> i64 {
         .as_nanos() as i64
 }
 
-/// The stat cache of one captured (or restored) directory.
-pub struct StatCache {
-    scope: [u8; 16],
-    entries: HashMap<Vec<u8>, (StatEntry, AtomicBool)>,
-    updates: Mutex<Vec<(Vec<u8>, StatEntry)>>,
-    enabled: bool,
-}
-
-impl StatCache {
-    /// Loads the cache of the directory `dir` (an absolute, canonical path).
-    pub fn load(store: &Store, dir: &Path, enabled: bool) -> CheckpointResult<StatCache> {
-        let mut scope = [0u8; 16];
-        scope.copy_from_slice(&Hash::of(dir.as_os_str().as_bytes()).0[..16]);
-        let mut entries = HashMap::new();
-        if enabled {
-            let db = store.database();
-            let iter = db.raw().iterator_cf(
-                db.cf(STATCACHE_CF),
-                rocksdb::IteratorMode::From(&scope, rocksdb::Direction::Forward),
-            );
-            for item in iter {
-                let (k, v) = item.map_err(|e| CheckpointError::Cas(db.err(e)))?;
-                if !k.starts_with(&scope) {
-                    break;
-                }
-                if let Some(e) = StatEntry::decode(&v) {
-                    entries.insert(k[16..].to_vec(), (e, AtomicBool::new(false)));
-                }
-            }
-        }
-        Ok(StatCache {
-            scope,
-            entries,
-            updates: Mutex::new(Vec::new()),
-            enabled,
-        })
-    }
-
-    /// The cached content id of `rel` if `m` shows it unchanged.
-    pub fn lookup(&self, rel: &[u8], m: &Metadata) -> Option<FileId> {
-        let (e, seen) = self.entries.get(rel)?;
-        seen.store(true, Ordering::Relaxed);
-        e.matches(m).then_some(e.id)
-    }
-
-    /// Marks `rel` as still present without a usable entry.
-    fn touch(&self, rel: &[u8]) {
-        if let Some((_, seen)) = self.entries.get(rel) {
-            seen.store(true, Ordering::Relaxed);
-        }
-    }
-
-    pub fn record(&self, rel: &[u8], entry: StatEntry) {
-        if self.enabled {
-            self.updates
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push((rel.to_vec(), entry));
-        }
-    }
-
-    /// Writes new entries and drops entries of paths that were not seen.
-    pub fn save(self, store: &Store, forget_unseen: bool) -> CheckpointResult<()> {
-        if !self.enabled {
-            return Ok(());
-        }
-        let db = store.database();
-        let cf = db.cf(STATCACHE_CF);
-        let mut batch = WriteBatch::default();
-        let key = |rel: &[u8]| {
-            let mut k = self.scope.to_vec();
-            k.extend_from_slice(rel);
-            k
-        };
-        let updates = self.updates.into_inner().unwrap_or_else(|p| p.into_inner());
-        if forget_unseen {
-            for (rel, (_, seen)) in &self.entries {
-                if !seen.load(Ordering::Relaxed) {
-                    batch.delete_cf(cf, key(rel));
-                }
-            }
-        }
-        for (rel, e) in &updates {
-            batch.put_cf(cf, key(rel), e.encode());
-        }
-        db.raw()
-            .write(batch)
-            .map_err(|e| CheckpointError::Cas(db.err(e)))
-    }
-}
-
-struct Ctx<'a> {
-    store: &'a Store,
-    cache: StatCache,
-    racy_after_ns: i64,
-    progress: Option<&'a CaptureProgress>,
+#[derive(Default)]
+struct Counters {
     files: AtomicU64,
     dirs: AtomicU64,
     symlinks: AtomicU64,
@@ -245,6 +73,14 @@ struct Ctx<'a> {
     bytes_hashed: AtomicU64,
     files_skipped: AtomicU64,
     unsupported: AtomicU64,
+}
+
+struct Ctx<'a> {
+    store: &'a Store,
+    cache: DirCacheSet<'a>,
+    racy_after_ns: i64,
+    progress: Option<&'a CaptureProgress>,
+    n: Counters,
     objects: Mutex<StoreStats>,
     warnings: Mutex<Vec<String>>,
 }
@@ -264,6 +100,19 @@ impl Ctx<'_> {
             .unwrap_or_else(|p| p.into_inner())
             .push(w);
     }
+
+    fn count_file(&self, size: u64) {
+        self.n.files.fetch_add(1, Ordering::Relaxed);
+        self.n.bytes.fetch_add(size, Ordering::Relaxed);
+        if let Some(p) = self.progress {
+            p.files.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A fingerprint to remember, if the entry is old enough to be trusted.
+    fn trusted(&self, st: &libc::stat) -> Option<Fingerprint> {
+        (ctime_ns(st) < self.racy_after_ns).then(|| Fingerprint::of(st))
+    }
 }
 
 fn join_rel(parent: &[u8], name: &[u8]) -> Vec<u8> {
@@ -278,7 +127,7 @@ fn join_rel(parent: &[u8], name: &[u8]) -> Vec<u8> {
 }
 
 fn vanished(e: &std::io::Error) -> bool {
-    e.kind() == std::io::ErrorKind::NotFound
+    matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR))
 }
 
 /// Captures the directory `dir` into trees in the store.
@@ -289,220 +138,307 @@ pub fn capture_dir(
 ) -> CheckpointResult<Captured> {
     let start = Instant::now();
     let dir = fs::canonicalize(dir).map_err(|e| CheckpointError::io(dir, e))?;
-    let meta = fs::metadata(&dir).map_err(|e| CheckpointError::io(&dir, e))?;
-    if !meta.is_dir() {
-        return Err(CheckpointError::path(&dir, "not a directory"));
-    }
+    let fd = open_dir(&dir)?;
     let ctx = Ctx {
         store,
-        cache: StatCache::load(store, &dir, !opts.no_stat_cache)?,
+        cache: DirCacheSet::new(store, &dir, !opts.no_stat_cache),
         racy_after_ns: now_ns() - RACY_MARGIN.as_nanos() as i64,
         progress: opts.progress,
-        files: AtomicU64::new(0),
-        dirs: AtomicU64::new(0),
-        symlinks: AtomicU64::new(0),
-        special: AtomicU64::new(0),
-        bytes: AtomicU64::new(0),
-        files_hashed: AtomicU64::new(0),
-        bytes_hashed: AtomicU64::new(0),
-        files_skipped: AtomicU64::new(0),
-        unsupported: AtomicU64::new(0),
+        n: Counters::default(),
         objects: Mutex::new(StoreStats::default()),
         warnings: Mutex::new(Vec::new()),
     };
-    let root = capture_tree(&ctx, &dir, b"")?;
+    let root = capture_tree(&ctx, fd.as_raw_fd(), &dir, b"")?;
     store.objects().sync()?;
     let o = *ctx.objects.lock().unwrap_or_else(|p| p.into_inner());
+    let n = &ctx.n;
     let stats = CaptureStats {
-        files: ctx.files.into_inner(),
-        dirs: ctx.dirs.into_inner(),
-        symlinks: ctx.symlinks.into_inner(),
-        special: ctx.special.into_inner(),
-        bytes: ctx.bytes.into_inner(),
-        files_hashed: ctx.files_hashed.into_inner(),
-        bytes_hashed: ctx.bytes_hashed.into_inner(),
-        files_skipped: ctx.files_skipped.into_inner(),
-        unsupported: ctx.unsupported.into_inner(),
+        files: n.files.load(Ordering::Relaxed),
+        dirs: n.dirs.load(Ordering::Relaxed),
+        symlinks: n.symlinks.load(Ordering::Relaxed),
+        special: n.special.load(Ordering::Relaxed),
+        bytes: n.bytes.load(Ordering::Relaxed),
+        files_hashed: n.files_hashed.load(Ordering::Relaxed),
+        bytes_hashed: n.bytes_hashed.load(Ordering::Relaxed),
+        files_skipped: n.files_skipped.load(Ordering::Relaxed),
+        unsupported: n.unsupported.load(Ordering::Relaxed),
         new_objects: o.new_objects,
         new_bytes: o.new_bytes,
         reused_objects: o.reused_objects,
         duration_ms: start.elapsed().as_millis() as u64,
     };
-    ctx.cache.save(store, true)?;
+    let warnings = ctx.warnings.into_inner().unwrap_or_else(|p| p.into_inner());
+    ctx.cache.save()?;
     Ok(Captured {
         root,
         stats,
-        warnings: ctx.warnings.into_inner().unwrap_or_else(|p| p.into_inner()),
+        warnings,
     })
 }
 
-fn capture_tree(ctx: &Ctx<'_>, abs: &Path, rel: &[u8]) -> CheckpointResult<TreeId> {
-    let mut names = Vec::new();
-    for item in fs::read_dir(abs).map_err(|e| CheckpointError::io(abs, e))? {
-        let item = item.map_err(|e| CheckpointError::io(abs, e))?;
-        names.push(item.file_name());
-    }
-    let entries: Vec<Option<TreeEntry>> = names
+/// Captures the open directory `fd` (at `path`, `rel` below the root); returns its tree.
+fn capture_tree(ctx: &Ctx<'_>, fd: RawFd, path: &Path, rel: &[u8]) -> CheckpointResult<TreeId> {
+    let names = list_dir(fd).map_err(|e| CheckpointError::io(path, e))?;
+    let cached = ctx.cache.get(rel)?;
+    let results: Vec<Option<Seen>> = names
         .par_iter()
-        .map(|name| {
-            let path = abs.join(name);
-            let child_rel = join_rel(rel, name.as_bytes());
-            capture_entry(ctx, &path, &child_rel, name.as_bytes())
-        })
+        .with_min_len(4)
+        .map(|name| capture_entry(ctx, fd, path, rel, name, cached.as_ref()))
         .collect::<CheckpointResult<_>>()?;
-    let tree = Tree::from_entries(entries.into_iter().flatten().collect())
-        .map_err(|detail| CheckpointError::path(abs, detail))?;
+    let results: Vec<Seen> = results.into_iter().flatten().collect();
+    if let Some(c) = &cached {
+        // Every entry as cached, in the same places: the tree is the same.
+        let unchanged = results.len() == c.tree.len()
+            && results
+                .iter()
+                .enumerate()
+                .all(|(i, r)| matches!(r, Seen::Cached(j, _) if *j == i));
+        if unchanged {
+            let fps: Vec<_> = results.iter().map(|r| r.fingerprint()).collect();
+            if fps != c.fingerprints {
+                ctx.cache.put(
+                    rel,
+                    &DirCache {
+                        fingerprints: fps,
+                        ..c.clone()
+                    },
+                );
+            }
+            return Ok(c.tree_id);
+        }
+    }
+    let mut entries = Vec::with_capacity(results.len());
+    let mut fingerprints = Vec::with_capacity(results.len());
+    for r in results {
+        fingerprints.push(r.fingerprint());
+        entries.push(match r {
+            Seen::Cached(i, _) => cached.as_ref().expect("a cache hit").tree.entries()[i].clone(),
+            Seen::New(e, _) => e,
+        });
+    }
+    let tree = Tree::from_sorted_entries(entries).map_err(|d| CheckpointError::path(path, d))?;
+    if let Some(c) = &cached {
+        // Directories that disappeared (or stopped being directories) lose their cache.
+        for e in c.tree.entries() {
+            if e.tree_id().is_some() && tree.get(&e.name).and_then(|n| n.tree_id()).is_none() {
+                ctx.cache.forget_subtree(&join_rel(rel, &e.name));
+            }
+        }
+    }
     let (id, put) = store_tree(ctx.store.objects(), &tree)?;
     let mut s = StoreStats::default();
     s.record(&put);
     ctx.add_objects(&s);
+    ctx.cache.put(
+        rel,
+        &DirCache {
+            tree_id: id,
+            tree,
+            fingerprints,
+        },
+    );
     Ok(id)
 }
 
-fn capture_entry(
-    ctx: &Ctx<'_>,
-    path: &Path,
-    rel: &[u8],
-    name: &[u8],
-) -> CheckpointResult<Option<TreeEntry>> {
-    let m = match fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if vanished(&e) => return Ok(None),
-        Err(e) => return Err(CheckpointError::io(path, e)),
-    };
-    let ft = m.file_type();
-    let (content, size, m) = if ft.is_file() {
-        match capture_file(ctx, path, rel, &m)? {
-            Some((id, m)) => (EntryContent::File(id), m.size(), m),
-            None => return Ok(None),
-        }
-    } else if ft.is_dir() {
-        let id = capture_tree(ctx, path, rel)?;
-        ctx.dirs.fetch_add(1, Ordering::Relaxed);
-        (EntryContent::Dir(id), 0, m)
-    } else if ft.is_symlink() {
-        let target = match fs::read_link(path) {
-            Ok(t) => t,
-            Err(e) if vanished(&e) => return Ok(None),
-            Err(e) => return Err(CheckpointError::io(path, e)),
-        };
-        ctx.symlinks.fetch_add(1, Ordering::Relaxed);
-        let t = target.as_os_str().as_bytes().to_vec();
-        let len = t.len() as u64;
-        (EntryContent::Symlink(t), len, m)
-    } else if ft.is_fifo() {
-        ctx.special.fetch_add(1, Ordering::Relaxed);
-        (EntryContent::Fifo, 0, m)
-    } else if ft.is_char_device() {
-        ctx.special.fetch_add(1, Ordering::Relaxed);
-        (EntryContent::CharDevice { rdev: m.rdev() }, 0, m)
-    } else if ft.is_block_device() {
-        ctx.special.fetch_add(1, Ordering::Relaxed);
-        (EntryContent::BlockDevice { rdev: m.rdev() }, 0, m)
-    } else {
-        ctx.unsupported.fetch_add(1, Ordering::Relaxed);
-        ctx.warn(format!(
-            "{}: a socket cannot be stored; left out",
-            path.display()
-        ));
-        return Ok(None);
-    };
-    let xattrs = match xattr::list(path) {
-        Ok(x) => x,
-        Err(e) if vanished(&e) => return Ok(None),
-        Err(e) => return Err(CheckpointError::io(path, e)),
-    };
-    Ok(Some(TreeEntry {
-        name: name.to_vec(),
-        content,
-        mode: m.mode() & 0o7777,
-        mtime_ns: mtime_ns(&m),
-        size,
-        xattrs,
-    }))
+/// An entry as a capture found it: the same as the cached entry at an index, or new.
+enum Seen {
+    Cached(usize, Fingerprint),
+    New(TreeEntry, Option<Fingerprint>),
 }
 
-/// Hashes and stores a regular file, or takes it from the stat cache. Returns the
-/// content id and the metadata the content belongs to; `None` if the file vanished.
-fn capture_file(
+impl Seen {
+    fn fingerprint(&self) -> Option<Fingerprint> {
+        match self {
+            Seen::Cached(_, f) => Some(*f),
+            Seen::New(_, f) => *f,
+        }
+    }
+}
+
+/// One entry of a directory: from the cache if its fingerprint is unchanged, else read.
+fn capture_entry(
     ctx: &Ctx<'_>,
-    path: &Path,
-    rel: &[u8],
-    lstat: &Metadata,
-) -> CheckpointResult<Option<(FileId, Metadata)>> {
-    let count = |size: u64| {
-        ctx.files.fetch_add(1, Ordering::Relaxed);
-        ctx.bytes.fetch_add(size, Ordering::Relaxed);
-        if let Some(p) = ctx.progress {
-            p.files.fetch_add(1, Ordering::Relaxed);
+    dir: RawFd,
+    dir_path: &Path,
+    dir_rel: &[u8],
+    name: &[u8],
+    cached: Option<&DirCache>,
+) -> CheckpointResult<Option<Seen>> {
+    let path = child(dir_path, name);
+    let cname = cstr(name, &path)?;
+    let st = match lstat_at(dir, &cname) {
+        Ok(Some(st)) => st,
+        Ok(None) => return Ok(None),
+        Err(e) => return Err(CheckpointError::io(&path, e)),
+    };
+    let fp = Fingerprint::of(&st);
+    let found = cached.and_then(|c| c.find(name));
+    let hit = found
+        .filter(|(_, _, f)| *f == Some(fp))
+        .map(|(i, e, _)| (i, e));
+    let kind = file_type(&st);
+    let entry = |content, size, xattrs| TreeEntry {
+        name: name.to_vec(),
+        content,
+        mode: st.st_mode & 0o7777,
+        mtime_ns: mtime_ns(&st),
+        size,
+        xattrs,
+    };
+    let e = match kind {
+        libc::S_IFREG => {
+            if let Some((i, e)) = hit.filter(|(_, e)| e.file_ref().is_some()) {
+                ctx.n.files_skipped.fetch_add(1, Ordering::Relaxed);
+                ctx.count_file(e.size);
+                return Ok(Some(Seen::Cached(i, fp)));
+            }
+            return capture_file(ctx, dir, &cname, &path, name, &st);
+        }
+        libc::S_IFDIR => {
+            let sub = match open_dir_at(dir, &cname) {
+                Ok(f) => f,
+                Err(e) if vanished(&e) => return Ok(None),
+                Err(e) => return Err(CheckpointError::io(&path, e)),
+            };
+            let id = capture_tree(ctx, sub.as_raw_fd(), &path, &join_rel(dir_rel, name))?;
+            ctx.n.dirs.fetch_add(1, Ordering::Relaxed);
+            match hit.filter(|(_, e)| e.tree_id().is_some()) {
+                Some((i, e))
+                    if e.tree_id() == Some(id)
+                        && e.mode == st.st_mode & 0o7777
+                        && e.mtime_ns == mtime_ns(&st) =>
+                {
+                    return Ok(Some(Seen::Cached(i, fp)));
+                }
+                Some((_, e)) => entry(EntryContent::Dir(id), 0, e.xattrs.clone()),
+                None => {
+                    let x =
+                        xattr::flist(sub.as_raw_fd()).map_err(|e| CheckpointError::io(&path, e))?;
+                    entry(EntryContent::Dir(id), 0, x)
+                }
+            }
+        }
+        libc::S_IFLNK => {
+            ctx.n.symlinks.fetch_add(1, Ordering::Relaxed);
+            if let Some((i, _)) = hit.filter(|(_, e)| matches!(e.content, EntryContent::Symlink(_)))
+            {
+                return Ok(Some(Seen::Cached(i, fp)));
+            }
+            let target = match readlink_at(dir, &cname) {
+                Ok(t) => t,
+                Err(e) if vanished(&e) => return Ok(None),
+                Err(e) => return Err(CheckpointError::io(&path, e)),
+            };
+            let len = target.len() as u64;
+            let xattrs = path_xattrs(&path)?;
+            entry(EntryContent::Symlink(target), len, xattrs)
+        }
+        libc::S_IFIFO | libc::S_IFCHR | libc::S_IFBLK => {
+            ctx.n.special.fetch_add(1, Ordering::Relaxed);
+            let content = match kind {
+                libc::S_IFIFO => EntryContent::Fifo,
+                libc::S_IFCHR => EntryContent::CharDevice { rdev: st.st_rdev },
+                _ => EntryContent::BlockDevice { rdev: st.st_rdev },
+            };
+            if let Some((i, _)) = hit.filter(|(_, e)| e.content == content) {
+                return Ok(Some(Seen::Cached(i, fp)));
+            }
+            let xattrs = path_xattrs(&path)?;
+            entry(content, 0, xattrs)
+        }
+        _ => {
+            ctx.n.unsupported.fetch_add(1, Ordering::Relaxed);
+            ctx.warn(format!(
+                "{}: a socket cannot be stored; left out",
+                path.display()
+            ));
+            return Ok(None);
         }
     };
-    if let Some(id) = ctx.cache.lookup(rel, lstat) {
-        ctx.files_skipped.fetch_add(1, Ordering::Relaxed);
-        count(lstat.size());
-        return Ok(Some((id, lstat.clone())));
+    Ok(Some(Seen::New(e, ctx.trusted(&st))))
+}
+
+/// Xattrs of an entry that cannot be opened (symlink, fifo, device).
+fn path_xattrs(path: &Path) -> CheckpointResult<Vec<(Vec<u8>, Vec<u8>)>> {
+    match xattr::list(path) {
+        Ok(x) => Ok(x),
+        Err(e) if vanished(&e) => Ok(Vec::new()),
+        Err(e) => Err(CheckpointError::io(path, e)),
     }
-    ctx.cache.touch(rel);
-    let mut file = match fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NOCTTY)
-        .open(path)
-    {
+}
+
+thread_local! {
+    static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Reads, hashes and stores a regular file.
+fn capture_file(
+    ctx: &Ctx<'_>,
+    dir: RawFd,
+    cname: &std::ffi::CStr,
+    path: &Path,
+    name: &[u8],
+    lstat: &libc::stat,
+) -> CheckpointResult<Option<Seen>> {
+    let fd = match open_at(dir, cname, libc::O_RDONLY | libc::O_NOCTTY, 0) {
         Ok(f) => f,
         Err(e) if vanished(&e) => return Ok(None),
         Err(e) => return Err(CheckpointError::io(path, e)),
     };
-    let before = file.metadata().map_err(|e| CheckpointError::io(path, e))?;
-    if !before.is_file() {
-        return Err(CheckpointError::path(path, "changed type during capture"));
+    let before = fstat(fd.as_raw_fd()).map_err(|e| CheckpointError::io(path, e))?;
+    if file_type(&before) != libc::S_IFREG || before.st_ino != lstat.st_ino {
+        return Err(CheckpointError::path(path, "replaced while being captured"));
     }
+    let mut file = File::from(fd);
     let mut stats = StoreStats::default();
-    let fref = read_and_store(ctx, &mut file, path, &before, &mut stats)?;
-    let after = file.metadata().map_err(|e| CheckpointError::io(path, e))?;
+    let objects = ctx.store.objects();
+    let fref = if before.st_size as u64 <= CHUNK_SIZE as u64 {
+        READ_BUF.with(|b| -> CheckpointResult<_> {
+            let mut buf = b.borrow_mut();
+            buf.clear();
+            buf.reserve(before.st_size as usize + 1);
+            file.read_to_end(&mut buf)
+                .map_err(|e| CheckpointError::io(path, e))?;
+            let f = store_bytes(objects, &buf, &mut stats)?;
+            // Don't keep a large buffer around per thread.
+            if buf.capacity() > 4 * CHUNK_SIZE {
+                *buf = Vec::new();
+            }
+            Ok(f)
+        })?
+    } else {
+        store_reader(objects, &mut file, path, &mut stats).map_err(|e| match e {
+            CasError::Io { path, source } => CheckpointError::io(path, source),
+            other => other.into(),
+        })?
+    };
+    let xattrs = xattr::flist(file.as_raw_fd()).map_err(|e| CheckpointError::io(path, e))?;
+    let after = fstat(file.as_raw_fd()).map_err(|e| CheckpointError::io(path, e))?;
     ctx.add_objects(&stats);
-    ctx.files_hashed.fetch_add(1, Ordering::Relaxed);
-    ctx.bytes_hashed.fetch_add(fref.1, Ordering::Relaxed);
+    ctx.n.files_hashed.fetch_add(1, Ordering::Relaxed);
+    ctx.n.bytes_hashed.fetch_add(fref.size, Ordering::Relaxed);
     if let Some(p) = ctx.progress {
-        p.bytes_hashed.fetch_add(fref.1, Ordering::Relaxed);
+        p.bytes_hashed.fetch_add(fref.size, Ordering::Relaxed);
     }
-    count(fref.1);
-    let entry = StatEntry::of(&before, fref.0);
-    if entry.matches(&after) && entry.ctime_ns < ctx.racy_after_ns && fref.1 == before.size() {
-        ctx.cache.record(rel, entry);
-    } else if !entry.matches(&after) {
+    ctx.count_file(fref.size);
+    let steady =
+        Fingerprint::of(&before) == Fingerprint::of(&after) && fref.size == before.st_size as u64;
+    if !steady {
         ctx.warn(format!(
             "{}: changed while it was being captured; stored as read",
             path.display()
         ));
     }
-    Ok(Some((fref.0, before)))
-}
-
-fn read_and_store(
-    ctx: &Ctx<'_>,
-    file: &mut File,
-    path: &Path,
-    meta: &Metadata,
-    stats: &mut StoreStats,
-) -> CheckpointResult<(FileId, u64)> {
-    let objects = ctx.store.objects();
-    if meta.size() <= CHUNK_SIZE as u64 {
-        let mut buf = Vec::with_capacity(meta.size() as usize + 1);
-        file.read_to_end(&mut buf)
-            .map_err(|e| CheckpointError::io(path, e))?;
-        if buf.len() <= CHUNK_SIZE {
-            let f = store_bytes(objects, &buf, stats)?;
-            return Ok((f.id, f.size));
-        }
-        // It grew since the stat: store what we read.
-        let f = store_bytes(objects, &buf, stats)?;
-        return Ok((f.id, f.size));
-    }
-    let f = store_reader(objects, file, path, stats).map_err(|e| match e {
-        CasError::Io { path, source } => CheckpointError::io(path, source),
-        other => other.into(),
-    })?;
-    Ok((f.id, f.size))
+    let entry = TreeEntry {
+        name: name.to_vec(),
+        content: EntryContent::File(fref.id),
+        mode: before.st_mode & 0o7777,
+        mtime_ns: mtime_ns(&before),
+        size: fref.size,
+        xattrs,
+    };
+    let fp = if steady { ctx.trusted(&before) } else { None };
+    Ok(Some(Seen::New(entry, fp)))
 }
 
 /// Which head an append must find.

@@ -6,7 +6,9 @@
 
 pub mod capture;
 pub mod diff;
+pub mod dircache;
 mod error;
+pub mod fsutil;
 mod lease;
 mod record;
 pub mod restore;

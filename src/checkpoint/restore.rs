@@ -8,14 +8,13 @@
 //! `..` or NUL (the tree decoder refuses them). Files are written to a temporary name
 //! and renamed into place only after every object they are made of has been verified.
 //! Before anything is touched, every tree is loaded and every object checked to exist.
-//! Files that the stat cache shows unchanged are not rewritten.
+//! Entries that the directory cache shows unchanged since the last capture or restore
+//! are not touched.
 
 use std::collections::HashMap;
-use std::ffi::{CStr, CString};
+use std::ffi::CStr;
 use std::fs::{self, File};
-use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -23,7 +22,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rayon::prelude::*;
 use serde::Serialize;
 
-use super::capture::{StatCache, StatEntry};
+use super::dircache::{DirCache, DirCacheSet};
+use super::fsutil::{
+    child, cstr, file_type, fstat, is_dir, last_err, list_dir, lstat_at, open_at, open_dir,
+    open_dir_at, readlink_at, remove_at, Fingerprint,
+};
 use super::{xattr, CheckpointError, CheckpointResult, Store};
 use crate::cas::file::{file_objects, write_file_to};
 use crate::cas::{load_tree, CasError, EntryContent, ObjectId, Tree, TreeEntry, TreeId};
@@ -67,7 +70,7 @@ struct Counters {
 struct Ctx<'a> {
     store: &'a Store,
     trees: HashMap<TreeId, Tree>,
-    cache: StatCache,
+    cache: DirCacheSet<'a>,
     fresh_before_ns: i64,
     progress: Option<&'a RestoreProgress>,
     n: Counters,
@@ -85,34 +88,21 @@ pub fn restore_tree(
     let trees = preflight(store, root)?;
     fs::create_dir_all(dest).map_err(|e| CheckpointError::io(dest, e))?;
     let dest = fs::canonicalize(dest).map_err(|e| CheckpointError::io(dest, e))?;
-    let c = cstr(dest.as_os_str().as_bytes(), &dest)?;
-    // SAFETY: a NUL-terminated path; the result is checked.
-    let fd = unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(CheckpointError::io(&dest, io::Error::last_os_error()));
-    }
-    // SAFETY: fd was just opened and is owned here.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let fd = open_dir(&dest)?;
     let now_ns = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
         .as_nanos() as i64;
     let ctx = Ctx {
         store,
-        cache: StatCache::load(store, &dest, !opts.no_stat_cache)?,
+        cache: DirCacheSet::new(store, &dest, !opts.no_stat_cache),
         trees,
         fresh_before_ns: now_ns - Duration::from_secs(2).as_nanos() as i64,
         progress: opts.progress,
         n: Counters::default(),
         tmp_counter: AtomicU64::new(0),
     };
-    let tree = &ctx.trees[&root];
-    restore_dir(&ctx, fd.as_raw_fd(), &dest, b"", tree)?;
+    restore_dir(&ctx, fd.as_raw_fd(), &dest, b"", root)?;
     let n = &ctx.n;
     let stats = RestoreStats {
         files_written: n.files_written.load(Ordering::Relaxed),
@@ -124,7 +114,7 @@ pub fn restore_tree(
         removed: n.removed.load(Ordering::Relaxed),
         duration_ms: start.elapsed().as_millis() as u64,
     };
-    ctx.cache.save(store, true)?;
+    ctx.cache.save()?;
     Ok(stats)
 }
 
@@ -169,111 +159,6 @@ fn preflight(store: &Store, root: TreeId) -> CheckpointResult<HashMap<TreeId, Tr
         level = next;
     }
     Ok(trees)
-}
-
-fn cstr(b: &[u8], path: &Path) -> CheckpointResult<CString> {
-    CString::new(b).map_err(|_| CheckpointError::path(path, "name contains NUL"))
-}
-
-fn last_err(path: &Path) -> CheckpointError {
-    CheckpointError::io(path, io::Error::last_os_error())
-}
-
-fn lstat_at(dir: RawFd, name: &CStr) -> io::Result<Option<libc::stat>> {
-    // SAFETY: zeroed stat is a valid out-parameter.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid dirfd, NUL-terminated name, valid out pointer.
-    let rc = unsafe { libc::fstatat(dir, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
-    if rc == 0 {
-        return Ok(Some(st));
-    }
-    let e = io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::ENOENT) {
-        Ok(None)
-    } else {
-        Err(e)
-    }
-}
-
-fn open_dir_at(dir: RawFd, name: &CStr) -> io::Result<OwnedFd> {
-    // SAFETY: valid dirfd and name; O_NOFOLLOW refuses a symlink in place of a directory.
-    let fd = unsafe {
-        libc::openat(
-            dir,
-            name.as_ptr(),
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd was just opened and is owned by the caller.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// The names in an open directory (without `.` and `..`).
-fn list_dir(dir: RawFd) -> io::Result<Vec<Vec<u8>>> {
-    // SAFETY: dup of a valid fd; fdopendir takes ownership of the duplicate.
-    let dup = unsafe { libc::fcntl(dir, libc::F_DUPFD_CLOEXEC, 0) };
-    if dup < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: dup is a valid directory fd we own.
-    let d = unsafe { libc::fdopendir(dup) };
-    if d.is_null() {
-        let e = io::Error::last_os_error();
-        // SAFETY: closing the fd fdopendir did not take.
-        unsafe { libc::close(dup) };
-        return Err(e);
-    }
-    // SAFETY: rewind in case the fd was read before.
-    unsafe { libc::rewinddir(d) };
-    let mut names = Vec::new();
-    loop {
-        // SAFETY: d is a valid DIR*; errno is reset to tell end from error.
-        unsafe { *libc::__errno_location() = 0 };
-        let ent = unsafe { libc::readdir64(d) };
-        if ent.is_null() {
-            let errno = unsafe { *libc::__errno_location() };
-            // SAFETY: d is valid and closed once.
-            unsafe { libc::closedir(d) };
-            if errno != 0 {
-                return Err(io::Error::from_raw_os_error(errno));
-            }
-            return Ok(names);
-        }
-        // SAFETY: d_name is NUL-terminated within the entry.
-        let name = unsafe { CStr::from_ptr((*ent).d_name.as_ptr()) }.to_bytes();
-        if name != b"." && name != b".." {
-            names.push(name.to_vec());
-        }
-    }
-}
-
-fn is_dir(st: &libc::stat) -> bool {
-    st.st_mode & libc::S_IFMT == libc::S_IFDIR
-}
-
-/// Removes `name` in `dir`, recursively for directories, never following symlinks.
-fn remove_at(dir: RawFd, name: &CStr, path: &Path) -> CheckpointResult<()> {
-    let Some(st) = lstat_at(dir, name).map_err(|e| CheckpointError::io(path, e))? else {
-        return Ok(());
-    };
-    if is_dir(&st) {
-        let sub = open_dir_at(dir, name).map_err(|e| CheckpointError::io(path, e))?;
-        for child in list_dir(sub.as_raw_fd()).map_err(|e| CheckpointError::io(path, e))? {
-            let cpath = path.join(std::ffi::OsStr::from_bytes(&child));
-            remove_at(sub.as_raw_fd(), &cstr(&child, &cpath)?, &cpath)?;
-        }
-        // SAFETY: valid dirfd and name.
-        if unsafe { libc::unlinkat(dir, name.as_ptr(), libc::AT_REMOVEDIR) } != 0 {
-            return Err(last_err(path));
-        }
-    } else if unsafe { libc::unlinkat(dir, name.as_ptr(), 0) } != 0 {
-        // SAFETY (above): valid dirfd and name.
-        return Err(last_err(path));
-    }
-    Ok(())
 }
 
 fn timespec(ns: i64) -> libc::timespec {
@@ -327,6 +212,12 @@ fn set_fd_meta(fd: RawFd, e: &TreeEntry, path: &Path) -> CheckpointResult<()> {
 }
 
 impl Ctx<'_> {
+    /// A restored entry's fingerprint can be trusted when its mtime is old: a later
+    /// change would set a new mtime and so a new fingerprint.
+    fn trusted(&self, e: &TreeEntry, st: &libc::stat) -> Option<Fingerprint> {
+        (e.mtime_ns < self.fresh_before_ns).then(|| Fingerprint::of(st))
+    }
+
     fn tmp_name(&self) -> Vec<u8> {
         let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
         format!(".casfs-restore-{}-{n}", std::process::id()).into_bytes()
@@ -338,37 +229,75 @@ fn restore_dir(
     fd: RawFd,
     path: &Path,
     rel: &[u8],
-    tree: &Tree,
+    tree_id: TreeId,
 ) -> CheckpointResult<()> {
+    let tree = ctx
+        .trees
+        .get(&tree_id)
+        .ok_or_else(|| CheckpointError::path(path, format!("tree {tree_id} not loaded")))?;
+    let cached = ctx.cache.get(rel)?;
     // Remove what the tree does not have.
-    let names = list_dir(fd).map_err(|e| CheckpointError::io(path, e))?;
-    for name in names {
+    for name in list_dir(fd).map_err(|e| CheckpointError::io(path, e))? {
         if tree.get(&name).is_none() {
-            let p = path.join(std::ffi::OsStr::from_bytes(&name));
+            let p = child(path, &name);
             remove_at(fd, &cstr(&name, &p)?, &p)?;
             ctx.n.removed.fetch_add(1, Ordering::Relaxed);
         }
     }
-    tree.entries().par_iter().try_for_each(|e| {
-        let p = path.join(std::ffi::OsStr::from_bytes(&e.name));
-        let mut child_rel = rel.to_vec();
-        if !child_rel.is_empty() {
-            child_rel.push(b'/');
+    if let Some(c) = &cached {
+        for e in c.tree.entries() {
+            if e.tree_id().is_some() && tree.get(&e.name).and_then(|n| n.tree_id()).is_none() {
+                ctx.cache.forget_subtree(&join_rel(rel, &e.name));
+            }
         }
-        child_rel.extend_from_slice(&e.name);
-        restore_entry(ctx, fd, &p, &child_rel, e)
-    })
+    }
+    let fingerprints = tree
+        .entries()
+        .par_iter()
+        .with_min_len(4)
+        .map(|e| {
+            let p = child(path, &e.name);
+            restore_entry(ctx, fd, &p, &join_rel(rel, &e.name), e, cached.as_ref())
+        })
+        .collect::<CheckpointResult<Vec<_>>>()?;
+    ctx.cache.put(
+        rel,
+        &DirCache {
+            tree_id,
+            tree: tree.clone(),
+            fingerprints,
+        },
+    );
+    Ok(())
 }
 
+fn join_rel(parent: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut r = parent.to_vec();
+    if !r.is_empty() {
+        r.push(b'/');
+    }
+    r.extend_from_slice(name);
+    r
+}
+
+/// Makes one entry match `e`; returns the fingerprint to remember for it.
 fn restore_entry(
     ctx: &Ctx<'_>,
     dir: RawFd,
     path: &Path,
     rel: &[u8],
     e: &TreeEntry,
-) -> CheckpointResult<()> {
+    cached: Option<&DirCache>,
+) -> CheckpointResult<Option<Fingerprint>> {
     let name = cstr(&e.name, path)?;
     let existing = lstat_at(dir, &name).map_err(|err| CheckpointError::io(path, err))?;
+    // The cached entry, if the thing on disk is still exactly what the cache saw.
+    let seen = existing.and_then(|st| {
+        cached
+            .and_then(|c| c.find(&e.name))
+            .filter(|(_, _, f)| *f == Some(Fingerprint::of(&st)))
+            .map(|(_, c, f)| (c, f.expect("filtered")))
+    });
     match &e.content {
         EntryContent::Dir(id) => {
             let sub = match existing {
@@ -386,45 +315,42 @@ fn restore_entry(
                     open_dir_at(dir, &name).map_err(|err| CheckpointError::io(path, err))?
                 }
             };
-            let tree = ctx
-                .trees
-                .get(id)
-                .ok_or_else(|| CheckpointError::path(path, format!("tree {id} not loaded")))?;
-            restore_dir(ctx, sub.as_raw_fd(), path, rel, tree)?;
+            restore_dir(ctx, sub.as_raw_fd(), path, rel, *id)?;
             set_fd_meta(sub.as_raw_fd(), e, path)?;
             ctx.n.dirs.fetch_add(1, Ordering::Relaxed);
+            let st = fstat(sub.as_raw_fd()).map_err(|err| CheckpointError::io(path, err))?;
+            Ok(ctx.trusted(e, &st))
         }
-        EntryContent::File(id) => {
-            let unchanged = existing.is_some_and(|st| {
-                st.st_mode & libc::S_IFMT == libc::S_IFREG && {
-                    // The cache decides on the same stat fields the capture uses.
-                    let m = fs::symlink_metadata(path).ok();
-                    m.is_some_and(|m| ctx.cache.lookup(rel, &m) == Some(*id))
-                }
-            });
-            if unchanged {
-                let f = fs::OpenOptions::new()
-                    .read(true)
-                    .custom_flags_nofollow()
-                    .open(path)
-                    .map_err(|err| CheckpointError::io(path, err))?;
-                let before = f.metadata().map_err(|err| CheckpointError::io(path, err))?;
-                set_fd_meta(f.as_raw_fd(), e, path)?;
-                let after = f.metadata().map_err(|err| CheckpointError::io(path, err))?;
-                if !StatEntry::of(&before, *id).matches(&after) {
-                    record(ctx, rel, &after, e);
-                }
-                ctx.n.files_unchanged.fetch_add(1, Ordering::Relaxed);
-            } else {
-                write_file(ctx, dir, &name, path, rel, e, existing)?;
-            }
+        EntryContent::File(_) => {
             if let Some(p) = ctx.progress {
                 p.files.fetch_add(1, Ordering::Relaxed);
             }
+            match seen {
+                Some((c, fp)) if c == e => {
+                    ctx.n.files_unchanged.fetch_add(1, Ordering::Relaxed);
+                    Ok(Some(fp))
+                }
+                Some((c, _)) if c.content == e.content && c.size == e.size => {
+                    // Same content, other metadata: fix it in place.
+                    let f = open_at(dir, &name, libc::O_RDONLY, 0)
+                        .map_err(|err| CheckpointError::io(path, err))?;
+                    set_fd_meta(f.as_raw_fd(), e, path)?;
+                    let st = fstat(f.as_raw_fd()).map_err(|err| CheckpointError::io(path, err))?;
+                    ctx.n.files_unchanged.fetch_add(1, Ordering::Relaxed);
+                    Ok(ctx.trusted(e, &st))
+                }
+                _ => write_file(ctx, dir, &name, path, e, existing),
+            }
         }
         EntryContent::Symlink(target) => {
-            let same = existing.is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFLNK)
-                && fs::read_link(path).is_ok_and(|t| t.as_os_str().as_bytes() == target.as_slice());
+            ctx.n.symlinks.fetch_add(1, Ordering::Relaxed);
+            if let Some((c, fp)) = seen {
+                if c == e {
+                    return Ok(Some(fp));
+                }
+            }
+            let same = existing.is_some_and(|st| file_type(&st) == libc::S_IFLNK)
+                && readlink_at(dir, &name).is_ok_and(|t| &t == target);
             if !same {
                 let tmp = cstr(&ctx.tmp_name(), path)?;
                 let t = cstr(target, path)?;
@@ -435,17 +361,23 @@ fn restore_entry(
                 replace(dir, &tmp, &name, path, existing)?;
             }
             set_mtime_at(dir, &name, e.mtime_ns, path)?;
-            ctx.n.symlinks.fetch_add(1, Ordering::Relaxed);
+            let st = lstat_at(dir, &name).map_err(|err| CheckpointError::io(path, err))?;
+            Ok(st.and_then(|st| ctx.trusted(e, &st)))
         }
         EntryContent::Fifo | EntryContent::CharDevice { .. } | EntryContent::BlockDevice { .. } => {
+            ctx.n.special.fetch_add(1, Ordering::Relaxed);
+            if let Some((c, fp)) = seen {
+                if c == e {
+                    return Ok(Some(fp));
+                }
+            }
             let (kind, rdev) = match e.content {
                 EntryContent::Fifo => (libc::S_IFIFO, 0),
                 EntryContent::CharDevice { rdev } => (libc::S_IFCHR, rdev),
                 EntryContent::BlockDevice { rdev } => (libc::S_IFBLK, rdev),
-                _ => unreachable!(),
+                _ => unreachable!("matched above"),
             };
-            let same =
-                existing.is_some_and(|st| st.st_mode & libc::S_IFMT == kind && st.st_rdev == rdev);
+            let same = existing.is_some_and(|st| file_type(&st) == kind && st.st_rdev == rdev);
             if !same {
                 let tmp = cstr(&ctx.tmp_name(), path)?;
                 // SAFETY: valid dirfd and name.
@@ -459,20 +391,9 @@ fn restore_entry(
                 return Err(last_err(path));
             }
             set_mtime_at(dir, &name, e.mtime_ns, path)?;
-            ctx.n.special.fetch_add(1, Ordering::Relaxed);
+            let st = lstat_at(dir, &name).map_err(|err| CheckpointError::io(path, err))?;
+            Ok(st.and_then(|st| ctx.trusted(e, &st)))
         }
-    }
-    Ok(())
-}
-
-trait NoFollow {
-    fn custom_flags_nofollow(&mut self) -> &mut Self;
-}
-
-impl NoFollow for fs::OpenOptions {
-    fn custom_flags_nofollow(&mut self) -> &mut Self {
-        use std::os::unix::fs::OpenOptionsExt;
-        self.custom_flags(libc::O_NOFOLLOW | libc::O_NOCTTY)
     }
 }
 
@@ -497,73 +418,49 @@ fn replace(
     Ok(())
 }
 
-fn record(ctx: &Ctx<'_>, rel: &[u8], m: &fs::Metadata, e: &TreeEntry) {
-    // A file whose restored mtime is recent could be changed again within the same
-    // timestamp tick without notice; leave it for the next capture to read.
-    if let EntryContent::File(id) = e.content {
-        if e.mtime_ns < ctx.fresh_before_ns {
-            ctx.cache.record(rel, StatEntry::of(m, id));
-        }
-    }
-}
-
 fn write_file(
     ctx: &Ctx<'_>,
     dir: RawFd,
     name: &CStr,
     path: &Path,
-    rel: &[u8],
     e: &TreeEntry,
     existing: Option<libc::stat>,
-) -> CheckpointResult<()> {
+) -> CheckpointResult<Option<Fingerprint>> {
     let fref = e.file_ref().expect("a file entry");
-    let tmp = loop {
+    let (tmp, fd) = loop {
         let tmp = cstr(&ctx.tmp_name(), path)?;
-        // SAFETY: valid dirfd and name; O_EXCL|O_NOFOLLOW never opens an existing entry.
-        let fd = unsafe {
-            libc::openat(
-                dir,
-                tmp.as_ptr(),
-                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                0o600,
-            )
-        };
-        if fd >= 0 {
-            // SAFETY: fd was just opened and is owned here.
-            break (tmp, unsafe { File::from_raw_fd(fd) });
-        }
-        let err = io::Error::last_os_error();
-        if err.raw_os_error() != Some(libc::EEXIST) {
-            return Err(CheckpointError::io(path, err));
+        // O_EXCL never opens an existing entry.
+        match open_at(
+            dir,
+            &tmp,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
+            0o600,
+        ) {
+            Ok(fd) => break (tmp, fd),
+            Err(err) if err.raw_os_error() == Some(libc::EEXIST) => continue,
+            Err(err) => return Err(CheckpointError::io(path, err)),
         }
     };
-    let (tmp_name, mut file) = tmp;
-    let result = (|| -> CheckpointResult<fs::Metadata> {
+    let mut file = File::from(fd);
+    let result = (|| -> CheckpointResult<()> {
         write_file_to(ctx.store.objects(), &fref, &mut file, path)?;
-        set_fd_meta(file.as_raw_fd(), e, path)?;
-        file.metadata()
-            .map_err(|err| CheckpointError::io(path, err))
+        set_fd_meta(file.as_raw_fd(), e, path)
     })();
     drop(file);
-    match result {
-        Ok(_) => {}
-        Err(err) => {
-            // SAFETY: valid dirfd and name.
-            unsafe { libc::unlinkat(dir, tmp_name.as_ptr(), 0) };
-            return Err(err);
-        }
-    };
-    replace(dir, &tmp_name, name, path, existing)?;
-    // The rename changed the inode's ctime: take the stat the next capture will see.
-    if let Ok(meta) = fs::symlink_metadata(path) {
-        record(ctx, rel, &meta, e);
+    if let Err(err) = result {
+        // SAFETY: valid dirfd and name.
+        unsafe { libc::unlinkat(dir, tmp.as_ptr(), 0) };
+        return Err(err);
     }
+    replace(dir, &tmp, name, path, existing)?;
     ctx.n.files_written.fetch_add(1, Ordering::Relaxed);
     ctx.n.bytes_written.fetch_add(fref.size, Ordering::Relaxed);
     if let Some(p) = ctx.progress {
         p.bytes_written.fetch_add(fref.size, Ordering::Relaxed);
     }
-    Ok(())
+    // The rename changed the inode's ctime: take the stat the next capture will see.
+    let st = lstat_at(dir, name).map_err(|err| CheckpointError::io(path, err))?;
+    Ok(st.and_then(|st| ctx.trusted(e, &st)))
 }
 
 /// The checkpoint's files that a restore would need, as object ids (for tests and fsck).

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::capture::STATCACHE_CF;
+use super::dircache::DIRCACHE_CF;
 use super::rocks_store::COLUMN_FAMILIES;
 use super::{CheckpointError, CheckpointResult, CheckpointStore, RocksCheckpointStore};
 use crate::cas::{Database, ObjectStore, RocksObjectStore};
@@ -74,7 +74,7 @@ impl Store {
         }
         let lock = lock_store(root, lock_timeout)?;
         let mut cfs: Vec<&str> = COLUMN_FAMILIES.to_vec();
-        cfs.push(STATCACHE_CF);
+        cfs.push(DIRCACHE_CF);
         let db = Arc::new(Database::open(&root.join("db"), &cfs)?);
         Ok(Store {
             root: root.to_path_buf(),

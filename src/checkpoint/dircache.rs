@@ -1,0 +1,193 @@
+//! The directory cache: what casfs last saw of each directory of a captured or restored
+//! plain directory, kept in the store like git's index with its cache-tree.
+//!
+//! For each directory it keeps the tree last stored for it and, per entry, the
+//! [`Fingerprint`] the entry had then. A capture that finds an entry's fingerprint
+//! unchanged reuses the stored entry without reading the file or listing its xattrs;
+//! a directory whose entries all come out the same reuses its tree id without encoding
+//! or storing anything. A restore that finds a file's fingerprint unchanged and its
+//! stored entry equal to the wanted one does not touch it.
+//!
+//! A fingerprint is recorded only when it is trustworthy: for a capture, when the
+//! entry's ctime is older than the capture's start by more than the timestamp
+//! granularity (otherwise a write within the same clock tick could go unseen, git's
+//! "racily clean" problem); for a restore, when the restored mtime is old. Otherwise the
+//! entry is kept without a fingerprint and is read again next time.
+//!
+//! Column family `dircache`: key `scope(16) ++ relative directory path` (the root is the
+//! empty path, children `a`, `a/b`, ...), value `version | tree id | count |
+//! (flag fingerprint?)* | encoded tree`.
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use rocksdb::WriteBatch;
+
+use super::fsutil::Fingerprint;
+use super::{CheckpointError, CheckpointResult, Store};
+use crate::cas::{Hash, Tree, TreeEntry, TreeId};
+
+pub const DIRCACHE_CF: &str = "dircache";
+const VERSION: u8 = 1;
+
+/// What the cache holds for one directory.
+#[derive(Debug, Clone)]
+pub struct DirCache {
+    pub tree_id: TreeId,
+    pub tree: Tree,
+    /// One per tree entry, in order; `None` where the entry must be looked at again.
+    pub fingerprints: Vec<Option<Fingerprint>>,
+}
+
+impl DirCache {
+    /// The cached entry named `name`: its index, the entry and its fingerprint.
+    pub fn find(&self, name: &[u8]) -> Option<(usize, &TreeEntry, Option<Fingerprint>)> {
+        let i = self
+            .tree
+            .entries()
+            .binary_search_by(|e| e.name.as_slice().cmp(name))
+            .ok()?;
+        Some((i, &self.tree.entries()[i], self.fingerprints[i]))
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(40 + self.fingerprints.len() * 45);
+        v.push(VERSION);
+        v.extend_from_slice(self.tree_id.0.as_bytes());
+        v.extend_from_slice(&(self.fingerprints.len() as u32).to_le_bytes());
+        for f in &self.fingerprints {
+            match f {
+                Some(f) => {
+                    v.push(1);
+                    f.encode_into(&mut v);
+                }
+                None => v.push(0),
+            }
+        }
+        v.extend_from_slice(&self.tree.encode());
+        v
+    }
+
+    fn decode(b: &[u8]) -> Option<DirCache> {
+        if b.first() != Some(&VERSION) || b.len() < 37 {
+            return None;
+        }
+        let tree_id = TreeId(Hash::from_slice(&b[1..33])?);
+        let n = u32::from_le_bytes(b[33..37].try_into().ok()?) as usize;
+        let mut pos = 37;
+        let mut fingerprints = Vec::with_capacity(n.min(b.len()));
+        for _ in 0..n {
+            match *b.get(pos)? {
+                0 => {
+                    fingerprints.push(None);
+                    pos += 1;
+                }
+                1 => {
+                    let f = Fingerprint::decode(b.get(pos + 1..pos + 1 + Fingerprint::LEN)?)?;
+                    fingerprints.push(Some(f));
+                    pos += 1 + Fingerprint::LEN;
+                }
+                _ => return None,
+            }
+        }
+        let tree = Tree::decode(&b[pos..]).ok()?;
+        if tree.len() != n || tree.id() != tree_id {
+            return None;
+        }
+        Some(DirCache {
+            tree_id,
+            tree,
+            fingerprints,
+        })
+    }
+}
+
+/// The cache of one captured or restored directory, read lazily and written at the end.
+pub struct DirCacheSet<'a> {
+    store: &'a Store,
+    scope: [u8; 16],
+    enabled: bool,
+    updates: Mutex<Vec<(Vec<u8>, Option<Vec<u8>>)>>,
+}
+
+impl<'a> DirCacheSet<'a> {
+    /// The cache of the directory at `root` (absolute and canonical).
+    pub fn new(store: &'a Store, root: &Path, enabled: bool) -> Self {
+        use std::os::unix::ffi::OsStrExt;
+        let mut scope = [0u8; 16];
+        scope.copy_from_slice(&Hash::of(root.as_os_str().as_bytes()).0[..16]);
+        DirCacheSet {
+            store,
+            scope,
+            enabled,
+            updates: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn key(&self, rel: &[u8]) -> Vec<u8> {
+        let mut k = Vec::with_capacity(16 + rel.len());
+        k.extend_from_slice(&self.scope);
+        k.extend_from_slice(rel);
+        k
+    }
+
+    /// What the cache holds for the directory `rel`; an unreadable entry is ignored.
+    pub fn get(&self, rel: &[u8]) -> CheckpointResult<Option<DirCache>> {
+        if !self.enabled {
+            return Ok(None);
+        }
+        let db = self.store.database();
+        let v = db
+            .raw()
+            .get_pinned_cf(db.cf(DIRCACHE_CF), self.key(rel))
+            .map_err(|e| CheckpointError::Cas(db.err(e)))?;
+        Ok(v.and_then(|v| DirCache::decode(&v)))
+    }
+
+    pub fn put(&self, rel: &[u8], c: &DirCache) {
+        if self.enabled {
+            self.updates
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((self.key(rel), Some(c.encode())));
+        }
+    }
+
+    /// Forgets the directory `rel` and everything below it.
+    pub fn forget_subtree(&self, rel: &[u8]) {
+        if self.enabled {
+            let mut u = self.updates.lock().unwrap_or_else(|p| p.into_inner());
+            u.push((self.key(rel), None));
+            let mut below = rel.to_vec();
+            below.push(b'/');
+            u.push((self.key(&below), None));
+        }
+    }
+
+    /// Writes what changed. The cache is only an accelerator: it is written without
+    /// syncing, and a lost update just means reading some files again.
+    pub fn save(self) -> CheckpointResult<()> {
+        let updates = self.updates.into_inner().unwrap_or_else(|p| p.into_inner());
+        if updates.is_empty() {
+            return Ok(());
+        }
+        let db = self.store.database();
+        let cf = db.cf(DIRCACHE_CF);
+        let mut batch = WriteBatch::default();
+        for (k, v) in updates {
+            match v {
+                Some(v) => batch.put_cf(cf, k, v),
+                None if k.last() == Some(&b'/') => {
+                    // Everything under "dir/": the range ["dir/", "dir0").
+                    let mut end = k.clone();
+                    *end.last_mut().expect("non-empty") = b'/' + 1;
+                    batch.delete_range_cf(cf, k, end);
+                }
+                None => batch.delete_cf(cf, k),
+            }
+        }
+        db.raw()
+            .write(batch)
+            .map_err(|e| CheckpointError::Cas(db.err(e)))
+    }
+}
