@@ -102,12 +102,15 @@ impl DirCache {
     }
 }
 
+/// A pending write: key and new value, or `None` to delete.
+type Update = (Vec<u8>, Option<Vec<u8>>);
+
 /// The cache of one captured or restored directory, read lazily and written at the end.
 pub struct DirCacheSet<'a> {
     store: &'a Store,
     scope: [u8; 16],
     enabled: bool,
-    updates: Mutex<Vec<(Vec<u8>, Option<Vec<u8>>)>>,
+    updates: Mutex<Vec<Update>>,
 }
 
 impl<'a> DirCacheSet<'a> {
