@@ -157,6 +157,14 @@ const GIT_ENV: &[(&str, &str)] = &[
     ("RESTIC_PASSWORD", "bench"),
 ];
 
+/// Environment for git with its repository at `git_dir` and work tree at `tree`.
+fn git_env<'a>(git_dir: &'a Path, tree: &'a Path) -> Vec<(&'a str, &'a str)> {
+    let mut env = GIT_ENV.to_vec();
+    env.push(("GIT_DIR", git_dir.to_str().unwrap()));
+    env.push(("GIT_WORK_TREE", tree.to_str().unwrap()));
+    env
+}
+
 struct Row {
     tool: &'static str,
     scenario: &'static str,
@@ -237,17 +245,13 @@ fn main() {
             add("restic", "initial capture", t);
         }
         if git {
+            // The repository lives outside the tree, so no tool ever sees another's files.
             let mut t = Vec::new();
             for _ in 0..args.reps {
-                let _ = fs::remove_dir_all(tree.join(".git"));
-                sh(
-                    &format!("git -C {tree_s} init -q && git -C {tree_s} config gc.auto 0"),
-                    &[],
-                );
-                t.push(sh(
-                    &format!("cd {tree_s} && git add -A && git commit -q -m initial"),
-                    GIT_ENV,
-                ));
+                let _ = fs::remove_dir_all(&out);
+                let env = git_env(&out, &tree);
+                sh("git init -q && git config gc.auto 0", &env);
+                t.push(sh("git add -A && git commit -q -m initial", &env));
             }
             add("git", "initial capture", t);
         }
@@ -262,6 +266,12 @@ fn main() {
             &format!("{casfs} --store {store_s} capture {tree_s} -t b"),
             &[],
         );
+        let git_dir = tmp.path().join("git");
+        let genv = git_env(&git_dir, &tree);
+        if git {
+            sh("git init -q && git config gc.auto 0", &genv);
+            sh("git add -A && git commit -q -m initial", &genv);
+        }
         if restic {
             sh(&format!("restic init -q -r {restic_s}"), GIT_ENV);
             sh(
@@ -282,10 +292,7 @@ fn main() {
                 &[],
             ));
             if git {
-                tg.push(sh(
-                    &format!("cd {tree_s} && git add -A && git commit -q -m change"),
-                    GIT_ENV,
-                ));
+                tg.push(sh("git add -A && git commit -q -m change", &genv));
             }
             if restic {
                 tr.push(sh(

@@ -20,7 +20,6 @@ pub const OBJECTS_CF: &str = "objects";
 pub struct Database {
     db: DB,
     path: PathBuf,
-    cf_names: Vec<String>,
 }
 
 impl Database {
@@ -33,23 +32,35 @@ impl Database {
         opts.set_max_background_jobs(2);
         opts.set_keep_log_file_num(3);
         opts.set_compression_type(DBCompressionType::None);
+        // Opening is on every command's path: don't start 16 threads per column family
+        // to open a handful of files, and don't read every file's statistics.
+        opts.set_max_file_opening_threads(1);
+        opts.set_skip_stats_update_on_db_open(true);
+        opts.set_stats_dump_period_sec(0);
 
+        let mut names: Vec<String> = extra_cfs.iter().map(|s| s.to_string()).collect();
+        // Column families a store already has must be opened too (RocksDB refuses to open
+        // a database otherwise), even ones this version does not use.
+        if let Ok(existing) = DB::list_cf(&opts, path) {
+            for name in existing {
+                if name != OBJECTS_CF && !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+        }
         let mut cfs = vec![ColumnFamilyDescriptor::new(OBJECTS_CF, objects_options())];
-        for name in extra_cfs {
+        for name in names {
             let mut o = Options::default();
             o.set_compression_type(DBCompressionType::None);
-            cfs.push(ColumnFamilyDescriptor::new(*name, o));
+            cfs.push(ColumnFamilyDescriptor::new(name, o));
         }
         let db = DB::open_cf_descriptors(&opts, path, cfs).map_err(|source| CasError::Db {
             path: path.to_path_buf(),
             source,
         })?;
-        let mut cf_names = vec![OBJECTS_CF.to_string()];
-        cf_names.extend(extra_cfs.iter().map(|s| s.to_string()));
         Ok(Database {
             db,
             path: path.to_path_buf(),
-            cf_names,
         })
     }
 
@@ -80,20 +91,6 @@ impl Database {
     /// Makes every write so far durable (syncs the write-ahead log).
     pub fn sync(&self) -> CasResult<()> {
         self.db.flush_wal(true).map_err(|e| self.err(e))
-    }
-}
-
-impl Drop for Database {
-    /// Flushes the memtables so the next open does not replay the write-ahead log
-    /// (which holds every object written since the last flush).
-    fn drop(&mut self) {
-        for name in &self.cf_names {
-            if let Some(cf) = self.db.cf_handle(name) {
-                if let Err(e) = self.db.flush_cf(cf) {
-                    tracing::warn!("flushing column family {name} at close: {e}");
-                }
-            }
-        }
     }
 }
 
