@@ -1,5 +1,6 @@
 //! The [`ObjectStore`] trait and its embedded RocksDB implementation.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use rocksdb::WriteOptions;
@@ -42,11 +43,26 @@ pub trait ObjectStore: Send + Sync {
 /// Objects in the `objects` column family of the store's RocksDB.
 pub struct RocksObjectStore {
     db: Arc<Database>,
+    /// Whether objects were written without the write-ahead log since the last sync.
+    unlogged: AtomicBool,
 }
+
+/// Objects at least this large (the size from which RocksDB keeps values in blob files)
+/// skip the write-ahead log: they are written once, when the
+/// memtable is flushed, instead of twice. Smaller ones go through the log, so a capture
+/// of a few small changes syncs the log instead of flushing a memtable.
+const UNLOGGED_MIN: usize = 4 << 10;
+
+/// At a sync, flush anyway when the memtable holds more than this, so the next open does
+/// not replay a long log.
+const FLUSH_AT_SYNC_BYTES: u64 = 16 << 20;
 
 impl RocksObjectStore {
     pub fn new(db: Arc<Database>) -> Self {
-        RocksObjectStore { db }
+        RocksObjectStore {
+            db,
+            unlogged: AtomicBool::new(false),
+        }
     }
 
     pub fn database(&self) -> &Arc<Database> {
@@ -71,10 +87,13 @@ impl ObjectStore for RocksObjectStore {
             });
         }
         let cf = self.db.cf(OBJECTS_CF);
-        // No write-ahead log for objects: they are written once, to blob files, when the
-        // memtable is flushed; `sync` flushes before anything may refer to them.
         let mut opts = WriteOptions::default();
-        opts.disable_wal(true);
+        if data.len() >= UNLOGGED_MIN {
+            // Written once, to a blob file, when the memtable is flushed; `sync` flushes
+            // before anything may refer to it.
+            opts.disable_wal(true);
+            self.unlogged.store(true, Ordering::SeqCst);
+        }
         let stored_len = ENCODE_BUF.with(|b| {
             let mut buf = b.borrow_mut();
             encode_stored_into(data, &mut buf);
@@ -119,7 +138,15 @@ impl ObjectStore for RocksObjectStore {
 
     fn sync(&self) -> CasResult<()> {
         let cf = self.db.cf(OBJECTS_CF);
-        self.db.raw().flush_cf(cf).map_err(|e| self.db.err(e))?;
+        let pending = self
+            .db
+            .raw()
+            .property_int_value_cf(cf, "rocksdb.cur-size-active-mem-table")
+            .map_err(|e| self.db.err(e))?
+            .unwrap_or(0);
+        if self.unlogged.swap(false, Ordering::SeqCst) || pending > FLUSH_AT_SYNC_BYTES {
+            self.db.raw().flush_cf(cf).map_err(|e| self.db.err(e))?;
+        }
         self.db.sync()
     }
 }
