@@ -165,7 +165,7 @@ fn capture(
         s.symlinks
     );
     println!(
-        "  hashed {} files ({}), {} unchanged by stat cache; {} new objects ({})",
+        "  hashed {} files ({}), {} unchanged (directory cache); {} new objects ({})",
         s.files_hashed,
         bytes(s.bytes_hashed),
         s.files_skipped,
