@@ -50,7 +50,17 @@ fn round_trip_restores_every_byte_mode_mtime_symlink_and_xattr() {
         std::os::unix::fs::PermissionsExt::from_mode(0o600),
     )
     .unwrap();
-    ok(&store, &["restore", s(&dest), "--thread", "main"]);
+    // Those changes were never captured: a restore refuses to lose them.
+    let err = fails(&store, &["restore", s(&dest), "--thread", "main"]);
+    assert!(err.contains("changes no capture recorded"), "{err}");
+    for p in ["README.md/", "empty", "extra", "extra-dir/", "..."] {
+        assert!(err.contains(p), "{p} not named in: {err}");
+    }
+    assert_eq!(fs::read(dest.join("extra")).unwrap(), b"remove me");
+    ok(
+        &store,
+        &["restore", s(&dest), "--thread", "main", "--force"],
+    );
     assert_same_tree(&work, &dest);
     assert_eq!(fs::read_dir(&outside).unwrap().count(), 0, "wrote outside");
 }
@@ -148,6 +158,40 @@ fn log_show_ls_cat_fork_and_refs() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     let err = fails(&work.join("no-store"), &["log", "-t", "main"]);
     assert!(err.contains("no casfs store"), "{err}");
+}
+
+#[test]
+fn restore_refuses_uncaptured_work_but_not_captured_or_deleted_files() {
+    let (t, store, work) = setup();
+    fs::create_dir(work.join("d")).unwrap();
+    fs::write(work.join("d/a.txt"), b"one").unwrap();
+    fs::write(work.join("b.txt"), b"two").unwrap();
+    ok(&store, &["capture", s(&work), "-t", "w"]);
+    // Captured just now (fingerprints not yet trusted): still recognized as captured.
+    ok(&store, &["restore", s(&work), "-t", "w"]);
+    fs::write(work.join("b.txt"), b"changed").unwrap();
+    ok(&store, &["capture", s(&work), "-t", "w"]);
+    // Everything captured: restoring the older checkpoint is allowed.
+    ok(&store, &["restore", s(&work), "--at", "@w~1"]);
+    assert_eq!(fs::read(work.join("b.txt")).unwrap(), b"two");
+    // A deleted file is no loss; an edit is.
+    fs::remove_file(work.join("b.txt")).unwrap();
+    ok(&store, &["restore", s(&work), "--at", "@w"]);
+    assert_eq!(fs::read(work.join("b.txt")).unwrap(), b"changed");
+    fs::write(work.join("d/a.txt"), b"edited, not captured").unwrap();
+    let err = fails(&store, &["restore", s(&work), "--at", "@w~1"]);
+    assert!(err.contains("d/a.txt"), "{err}");
+    assert_eq!(
+        fs::read(work.join("d/a.txt")).unwrap(),
+        b"edited, not captured"
+    );
+    // A directory casfs never saw is not overwritten either; an empty or missing one is fine.
+    let other = t.path().join("other");
+    fs::create_dir(&other).unwrap();
+    fs::write(other.join("mine"), b"x").unwrap();
+    let err = fails(&store, &["restore", s(&other), "-t", "w"]);
+    assert!(err.contains("mine"), "{err}");
+    ok(&store, &["restore", s(&t.path().join("new")), "-t", "w"]);
 }
 
 #[test]

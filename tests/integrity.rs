@@ -129,7 +129,7 @@ fn hostile_names_in_a_stored_tree_are_refused_before_writing() {
         }
         let err = fails(
             &store_dir,
-            &["restore", dest.to_str().unwrap(), "-t", &thread],
+            &["restore", dest.to_str().unwrap(), "-t", &thread, "--force"],
         );
         assert!(
             err.contains(msg),
@@ -160,7 +160,7 @@ fn a_symlinked_parent_in_the_destination_is_never_followed() {
     std::os::unix::fs::symlink(&outside, dest.join("sub")).unwrap();
     ok(
         &store_dir,
-        &["restore", dest.to_str().unwrap(), "-t", "main"],
+        &["restore", dest.to_str().unwrap(), "-t", "main", "--force"],
     );
     assert!(!fs::symlink_metadata(dest.join("sub")).unwrap().is_symlink());
     assert_eq!(fs::read(dest.join("sub/inner/file")).unwrap(), b"data");

@@ -264,6 +264,35 @@ pub fn file_objects(store: &dyn ObjectStore, file: &FileRef) -> CasResult<Vec<Ob
     Ok(ids)
 }
 
+/// The reference a file read from `reader` would get, without storing anything; holds
+/// one chunk in memory at a time.
+pub fn hash_reader(reader: &mut dyn Read) -> std::io::Result<FileRef> {
+    let mut buf = vec![0u8; CHUNK_SIZE];
+    let mut chunks = Vec::new();
+    loop {
+        let n = read_full(reader, &mut buf)?;
+        if n == 0 && !chunks.is_empty() {
+            break;
+        }
+        chunks.push((ChunkId(Hash::of(&buf[..n])), n as u32));
+        if n < CHUNK_SIZE {
+            break;
+        }
+    }
+    let size: u64 = chunks.iter().map(|c| c.1 as u64).sum();
+    if chunks.len() == 1 {
+        return Ok(FileRef {
+            id: FileId(chunks[0].0 .0),
+            size,
+        });
+    }
+    let list = ChunkList { chunks };
+    Ok(FileRef {
+        id: FileId(Hash::of(&list.encode())),
+        size,
+    })
+}
+
 /// The id a file with this content would get, without storing anything.
 pub fn file_id_of(data: &[u8]) -> FileId {
     if data.len() <= CHUNK_SIZE {
@@ -320,6 +349,7 @@ mod tests {
             let b = store_reader(&s, &mut &data[..], Path::new("x"), &mut st).unwrap();
             assert_eq!(a, b, "len {len}");
             assert_eq!(a.id, file_id_of(&data));
+            assert_eq!(hash_reader(&mut &data[..]).unwrap(), a);
             assert_eq!(a.size, len as u64);
             assert_eq!(read_file(&s, &a).unwrap(), data, "len {len}");
         }

@@ -27,7 +27,9 @@ pub use record::{
     Artifact, CaptureStats, Checkpoint, CheckpointBody, CheckpointId, ContentRef, NewCheckpoint,
     ThreadId,
 };
-pub use restore::{restore_tree, RestoreOptions, RestoreProgress, RestoreStats};
+pub use restore::{
+    restore_tree, uncaptured_changes, RestoreOptions, RestoreProgress, RestoreStats,
+};
 pub use rocks_store::RocksCheckpointStore;
 pub use store::CheckpointStore;
 pub use store_dir::{OpenMode, Store};

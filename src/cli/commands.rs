@@ -12,9 +12,9 @@ use casfs::cas::file::write_file_to;
 use casfs::cas::{load_tree, EntryContent, Tree, TreeEntry, TreeId};
 use casfs::checkpoint::diff::{diff_trees, ChangeKind};
 use casfs::checkpoint::{
-    capture_to_thread, holder_name, restore_tree, AppendOptions, CaptureOptions, CaptureProgress,
-    Checkpoint, CheckpointError, CheckpointId, ExpectedHead, OpenMode, RestoreOptions,
-    RestoreProgress, Store, ThreadId,
+    capture_to_thread, holder_name, restore_tree, uncaptured_changes, AppendOptions,
+    CaptureOptions, CaptureProgress, Checkpoint, CheckpointError, CheckpointId, ExpectedHead,
+    OpenMode, RestoreOptions, RestoreProgress, Store, ThreadId,
 };
 
 use super::output::{bytes, json, millis, time_ms, with_spinner};
@@ -52,7 +52,15 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
             thread,
             at,
             no_stat_cache,
-        } => restore(cli, dir, thread.as_deref(), at.as_deref(), *no_stat_cache),
+            force,
+        } => restore(
+            cli,
+            dir,
+            thread.as_deref(),
+            at.as_deref(),
+            *no_stat_cache,
+            *force,
+        ),
         Command::Log { thread, limit } => log(cli, thread, *limit),
         Command::Threads => threads(cli),
         Command::Show { checkpoint } => show(cli, checkpoint),
@@ -185,6 +193,7 @@ fn restore(
     thread: Option<&str>,
     at: Option<&str>,
     no_stat_cache: bool,
+    force: bool,
 ) -> anyhow::Result<()> {
     let store = cli.open_store(OpenMode::MustExist)?;
     let id = match (thread, at) {
@@ -206,6 +215,18 @@ fn restore(
                     id.short()
                 );
             }
+        }
+    }
+    if !force {
+        const SHOWN: usize = 5;
+        let changes = uncaptured_changes(&store, dir, SHOWN + 1)?;
+        if !changes.is_empty() {
+            let more = if changes.len() > SHOWN { ", ..." } else { "" };
+            bail!(
+                "{} has changes no capture recorded ({}{more}); capture them first, or pass --force to overwrite them",
+                dir.display(),
+                changes[..changes.len().min(SHOWN)].join(", ")
+            );
         }
     }
     let progress = RestoreProgress::default();

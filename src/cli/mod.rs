@@ -63,7 +63,8 @@ pub enum Command {
         lease_ttl: f64,
     },
 
-    /// Make a directory match a checkpoint exactly (extra files are removed)
+    /// Make a directory match a checkpoint exactly (extra files are removed); refuses
+    /// to overwrite uncaptured changes unless --force
     Restore {
         dir: PathBuf,
         /// Restore this thread's head (or, with --at, a checkpoint of the thread)
@@ -72,9 +73,12 @@ pub enum Command {
         /// The checkpoint to restore
         #[arg(long, value_name = "REF")]
         at: Option<Ref>,
-        /// Rewrite every file, ignoring the stat cache
+        /// Rewrite every file, ignoring the directory cache
         #[arg(long)]
         no_stat_cache: bool,
+        /// Overwrite changes in DIR that no capture recorded (otherwise refused)
+        #[arg(long)]
+        force: bool,
     },
 
     /// List a thread's checkpoints, newest first
