@@ -101,6 +101,14 @@ fn recapture_reads_only_changed_files() {
 
     let diff = ok(&store, &["diff", "@t~1", "@t"]);
     assert_eq!(diff.lines().count(), 10, "{diff}");
+
+    // Ignoring the cache reads everything and finds the same tree.
+    let full = json(
+        &store,
+        &["capture", s(&work), "--thread", "t", "--no-stat-cache"],
+    );
+    assert_eq!(full["checkpoint"]["stats"]["files_hashed"], 200);
+    assert_eq!(full["checkpoint"]["root"], third["checkpoint"]["root"]);
     assert!(diff.lines().all(|l| l.starts_with("M ")), "{diff}");
 
     // Deleting and adding files is seen too.

@@ -109,20 +109,22 @@ type Update = (Vec<u8>, Option<Vec<u8>>);
 pub struct DirCacheSet<'a> {
     store: &'a Store,
     scope: [u8; 16],
-    enabled: bool,
+    /// Whether to use what the cache holds (it is always updated).
+    read: bool,
     updates: Mutex<Vec<Update>>,
 }
 
 impl<'a> DirCacheSet<'a> {
-    /// The cache of the directory at `root` (absolute and canonical).
-    pub fn new(store: &'a Store, root: &Path, enabled: bool) -> Self {
+    /// The cache of the directory at `root` (absolute and canonical). With `read` false
+    /// the cache is ignored but still rewritten with what is seen.
+    pub fn new(store: &'a Store, root: &Path, read: bool) -> Self {
         use std::os::unix::ffi::OsStrExt;
         let mut scope = [0u8; 16];
         scope.copy_from_slice(&Hash::of(root.as_os_str().as_bytes()).0[..16]);
         DirCacheSet {
             store,
             scope,
-            enabled,
+            read,
             updates: Mutex::new(Vec::new()),
         }
     }
@@ -136,7 +138,7 @@ impl<'a> DirCacheSet<'a> {
 
     /// What the cache holds for the directory `rel`; an unreadable entry is ignored.
     pub fn get(&self, rel: &[u8]) -> CheckpointResult<Option<DirCache>> {
-        if !self.enabled {
+        if !self.read {
             return Ok(None);
         }
         let db = self.store.database();
@@ -148,23 +150,19 @@ impl<'a> DirCacheSet<'a> {
     }
 
     pub fn put(&self, rel: &[u8], c: &DirCache) {
-        if self.enabled {
-            self.updates
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push((self.key(rel), Some(c.encode())));
-        }
+        self.updates
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((self.key(rel), Some(c.encode())));
     }
 
     /// Forgets the directory `rel` and everything below it.
     pub fn forget_subtree(&self, rel: &[u8]) {
-        if self.enabled {
-            let mut u = self.updates.lock().unwrap_or_else(|p| p.into_inner());
-            u.push((self.key(rel), None));
-            let mut below = rel.to_vec();
-            below.push(b'/');
-            u.push((self.key(&below), None));
-        }
+        let mut u = self.updates.lock().unwrap_or_else(|p| p.into_inner());
+        u.push((self.key(rel), None));
+        let mut below = rel.to_vec();
+        below.push(b'/');
+        u.push((self.key(&below), None));
     }
 
     /// Writes what changed. The cache is only an accelerator: it is written without
