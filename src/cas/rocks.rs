@@ -64,6 +64,32 @@ impl Database {
         })
     }
 
+    /// Opens an existing database read-only: no lock is taken, so this works while
+    /// another process has it open for writing, and sees what was durable at open.
+    pub fn open_read_only(path: &Path) -> CasResult<Database> {
+        let mut opts = Options::default();
+        opts.set_max_file_opening_threads(1);
+        opts.set_skip_stats_update_on_db_open(true);
+        let err = |source| CasError::Db {
+            path: path.to_path_buf(),
+            source,
+        };
+        let names = DB::list_cf(&opts, path).map_err(err)?;
+        let cfs = names.into_iter().map(|name| {
+            let o = if name == OBJECTS_CF {
+                objects_options()
+            } else {
+                Options::default()
+            };
+            ColumnFamilyDescriptor::new(name, o)
+        });
+        let db = DB::open_cf_descriptors_read_only(&opts, path, cfs, false).map_err(err)?;
+        Ok(Database {
+            db,
+            path: path.to_path_buf(),
+        })
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }

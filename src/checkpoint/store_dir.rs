@@ -27,9 +27,10 @@ pub enum OpenMode {
 pub struct Store {
     root: PathBuf,
     db: Arc<Database>,
-    objects: RocksObjectStore,
+    objects: Arc<RocksObjectStore>,
     checkpoints: RocksCheckpointStore,
-    _lock: File,
+    /// `None` for a read-only open, which takes no lock.
+    _lock: Option<File>,
 }
 
 impl Store {
@@ -78,10 +79,30 @@ impl Store {
         let db = Arc::new(Database::open(&root.join("db"), &cfs)?);
         Ok(Store {
             root: root.to_path_buf(),
-            objects: RocksObjectStore::new(db.clone()),
+            objects: Arc::new(RocksObjectStore::new(db.clone())),
             checkpoints: RocksCheckpointStore::new(db.clone()),
             db,
-            _lock: lock,
+            _lock: Some(lock),
+        })
+    }
+
+    /// Opens an existing store read-only, without waiting for or taking its lock: a
+    /// writer may have it open. Sees what was durable when it was opened, which includes
+    /// every appended checkpoint and its objects.
+    pub fn open_read_only(root: &Path) -> CheckpointResult<Store> {
+        if !root.join(MARKER).exists() {
+            return Err(CheckpointError::path(
+                root,
+                "no casfs store here (run `casfs init`, or pass --store / set CASFS_STORE)",
+            ));
+        }
+        let db = Arc::new(Database::open_read_only(&root.join("db"))?);
+        Ok(Store {
+            root: root.to_path_buf(),
+            objects: Arc::new(RocksObjectStore::new(db.clone())),
+            checkpoints: RocksCheckpointStore::new(db.clone()),
+            db,
+            _lock: None,
         })
     }
 
@@ -94,7 +115,12 @@ impl Store {
     }
 
     pub fn objects(&self) -> &dyn ObjectStore {
-        &self.objects
+        self.objects.as_ref()
+    }
+
+    /// The object store, shareable with threads that outlive a borrow (the mount).
+    pub fn objects_shared(&self) -> Arc<dyn ObjectStore> {
+        self.objects.clone()
     }
 
     pub fn checkpoints(&self) -> &dyn CheckpointStore {

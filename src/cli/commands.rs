@@ -72,11 +72,28 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         Command::Cat { checkpoint, path } => cat(cli, checkpoint, path),
         Command::Diff { a, b } => diff(cli, a, b),
         Command::Fork { new_thread, from } => fork(cli, new_thread, from),
+        Command::Mount {
+            mountpoint,
+            thread,
+            at,
+            read_only,
+            foreground,
+            allow_other,
+        } => super::mount::mount(
+            cli,
+            mountpoint,
+            thread.as_deref(),
+            at.as_deref(),
+            *read_only,
+            *foreground,
+            *allow_other,
+        ),
+        Command::Unmount { mountpoint, lazy } => super::mount::unmount(mountpoint, *lazy),
     }
 }
 
 /// Resolves `@thread`, a hex id or prefix, each optionally followed by `~N`.
-fn resolve(store: &Store, r: &str) -> anyhow::Result<CheckpointId> {
+pub(super) fn resolve(store: &Store, r: &str) -> anyhow::Result<CheckpointId> {
     let (base, up) = match r.rsplit_once('~') {
         Some((b, n)) => (
             b,

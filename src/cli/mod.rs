@@ -2,6 +2,7 @@
 //! All behaviour lives in the library; this module only parses, calls and prints.
 
 mod commands;
+mod mount;
 mod output;
 
 use std::path::PathBuf;
@@ -113,6 +114,34 @@ pub enum Command {
     /// Paths added, removed and modified from checkpoint A to checkpoint B
     Diff { a: Ref, b: Ref },
 
+    /// Mount a checkpoint read-only; contents load lazily from the store
+    Mount {
+        mountpoint: PathBuf,
+        /// Mount this thread's head (or, with --at, a checkpoint of the thread)
+        #[arg(long, short)]
+        thread: Option<String>,
+        /// The checkpoint to mount
+        #[arg(long, value_name = "REF")]
+        at: Option<Ref>,
+        /// Serve the checkpoint read-only (required for now: writable mounts are next)
+        #[arg(long)]
+        read_only: bool,
+        /// Stay in the foreground (otherwise return once the mount answers)
+        #[arg(long)]
+        foreground: bool,
+        /// Let other users in (permissions still apply)
+        #[arg(long)]
+        allow_other: bool,
+    },
+
+    /// Unmount a casfs mount
+    Unmount {
+        mountpoint: PathBuf,
+        /// Detach now even if files are open (lazy unmount)
+        #[arg(long)]
+        lazy: bool,
+    },
+
     /// Start a new thread from any checkpoint
     Fork {
         new_thread: String,
@@ -130,8 +159,12 @@ fn default_store() -> PathBuf {
 }
 
 impl Cli {
+    fn store_root(&self) -> PathBuf {
+        self.store.clone().unwrap_or_else(default_store)
+    }
+
     fn open_store(&self, mode: OpenMode) -> anyhow::Result<Store> {
-        let root = self.store.clone().unwrap_or_else(default_store);
+        let root = self.store_root();
         let timeout = Duration::from_secs_f64(self.lock_timeout.max(0.0));
         Ok(Store::open(&root, mode, timeout)?)
     }

@@ -1,0 +1,33 @@
+//! The FUSE filesystem.
+//!
+//! This first part serves any stored tree read-only ([`TreeView`]): directories and
+//! file contents are loaded lazily from the object store when the kernel asks, every
+//! object is verified (damage is EIO, never wrong bytes), and large files are read chunk
+//! by chunk through a bounded chunk cache. The writable overlay (copy-up, dirty set,
+//! O(changed) checkpoint, root swap) builds on the same inode table.
+//!
+//! Depends on `cas` only: it knows trees and objects, not checkpoints or threads.
+
+mod chunk_cache;
+mod view;
+
+pub use chunk_cache::ChunkCache;
+pub use view::{mount_tree, MountedTree, TreeView, ViewOptions};
+
+/// `statfs` magic number of FUSE filesystems.
+pub const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+
+/// Whether `path` is the root of a FUSE mount (used to wait for a mount to answer).
+pub fn is_fuse_mount(path: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: zeroed statfs is a valid out-parameter; the path is NUL-terminated.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return false;
+    }
+    st.f_type == FUSE_SUPER_MAGIC
+}

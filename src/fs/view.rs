@@ -1,0 +1,460 @@
+//! A read-only FUSE view of a stored tree: the inode table answers each request and
+//! loads what it needs from the object store on demand.
+//!
+//! Inode numbers are handed out the first time a name is looked up or listed and stay
+//! stable for the life of the mount (same parent and name, same number). Directories'
+//! trees and large files' chunk lists are loaded once and kept with their inode; chunk
+//! contents go through a bounded [`ChunkCache`]. Content never changes under a view, so
+//! the kernel may cache attributes and pages freely.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, UNIX_EPOCH};
+
+use fuser::{
+    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyXattr, Request,
+};
+
+use super::ChunkCache;
+use crate::cas::file::{load_chunk_list, read_chunk, ChunkList};
+use crate::cas::{
+    load_tree, CasError, ChunkId, EntryContent, ObjectStore, Tree, TreeEntry, TreeId, CHUNK_SIZE,
+};
+
+/// How a view is served.
+#[derive(Debug, Clone)]
+pub struct ViewOptions {
+    pub chunk_cache_bytes: usize,
+    pub threads: usize,
+    /// Let other users in (as `allow_other`); permissions are still enforced.
+    pub allow_other: bool,
+}
+
+impl Default for ViewOptions {
+    fn default() -> Self {
+        ViewOptions {
+            chunk_cache_bytes: 64 << 20,
+            threads: 4,
+            allow_other: false,
+        }
+    }
+}
+
+/// Immutable content: the kernel may keep attributes and entries this long.
+const TTL: Duration = Duration::from_secs(60);
+
+struct Node {
+    parent: u64,
+    entry: Arc<TreeEntry>,
+    tree: Option<Arc<Tree>>,
+    chunks: Option<Arc<ChunkList>>,
+}
+
+#[derive(Default)]
+struct Inodes {
+    /// Index `ino - 1`.
+    nodes: Vec<Node>,
+    by_name: HashMap<(u64, Vec<u8>), u64>,
+}
+
+/// The filesystem: a stored tree, its inode table and a chunk cache.
+pub struct TreeView {
+    objects: Arc<dyn ObjectStore>,
+    inodes: RwLock<Inodes>,
+    chunks: ChunkCache,
+    uid: u32,
+    gid: u32,
+}
+
+fn eio(e: CasError) -> Errno {
+    tracing::error!("{e}");
+    Errno::EIO
+}
+
+fn kind_of(c: &EntryContent) -> FileType {
+    match c {
+        EntryContent::File(_) => FileType::RegularFile,
+        EntryContent::Dir(_) => FileType::Directory,
+        EntryContent::Symlink(_) => FileType::Symlink,
+        EntryContent::Fifo => FileType::NamedPipe,
+        EntryContent::CharDevice { .. } => FileType::CharDevice,
+        EntryContent::BlockDevice { .. } => FileType::BlockDevice,
+    }
+}
+
+impl TreeView {
+    pub fn new(objects: Arc<dyn ObjectStore>, root: TreeId, opts: &ViewOptions) -> TreeView {
+        let root_entry = TreeEntry {
+            name: Vec::new(),
+            content: EntryContent::Dir(root),
+            mode: 0o755,
+            mtime_ns: 0,
+            size: 0,
+            xattrs: Vec::new(),
+        };
+        let inodes = Inodes {
+            nodes: vec![Node {
+                parent: 1,
+                entry: Arc::new(root_entry),
+                tree: None,
+                chunks: None,
+            }],
+            by_name: HashMap::new(),
+        };
+        TreeView {
+            objects,
+            inodes: RwLock::new(inodes),
+            chunks: ChunkCache::new(opts.chunk_cache_bytes),
+            // SAFETY: getuid and getgid cannot fail.
+            uid: unsafe { libc::getuid() },
+            // SAFETY: as above.
+            gid: unsafe { libc::getgid() },
+        }
+    }
+
+    fn entry(&self, ino: u64) -> Result<(Arc<TreeEntry>, u64), Errno> {
+        let g = self.inodes.read().unwrap_or_else(|p| p.into_inner());
+        let n = g
+            .nodes
+            .get((ino as usize).wrapping_sub(1))
+            .ok_or(Errno::ENOENT)?;
+        Ok((n.entry.clone(), n.parent))
+    }
+
+    /// The tree of directory `ino`, loaded (and verified) on first use.
+    fn dir_tree(&self, ino: u64) -> Result<Arc<Tree>, Errno> {
+        let (entry, _) = self.entry(ino)?;
+        let EntryContent::Dir(id) = entry.content else {
+            return Err(Errno::ENOTDIR);
+        };
+        {
+            let g = self.inodes.read().unwrap_or_else(|p| p.into_inner());
+            if let Some(t) = &g.nodes[ino as usize - 1].tree {
+                return Ok(t.clone());
+            }
+        }
+        let tree = Arc::new(load_tree(self.objects.as_ref(), &id).map_err(eio)?);
+        let mut g = self.inodes.write().unwrap_or_else(|p| p.into_inner());
+        Ok(g.nodes[ino as usize - 1]
+            .tree
+            .get_or_insert_with(|| tree.clone())
+            .clone())
+    }
+
+    /// The inode of `entry` in directory `parent`, allocated on first sight.
+    fn child(&self, parent: u64, entry: &TreeEntry) -> u64 {
+        let key = (parent, entry.name.clone());
+        if let Some(&ino) = self
+            .inodes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .by_name
+            .get(&key)
+        {
+            return ino;
+        }
+        let mut g = self.inodes.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(&ino) = g.by_name.get(&key) {
+            return ino;
+        }
+        g.nodes.push(Node {
+            parent,
+            entry: Arc::new(entry.clone()),
+            tree: None,
+            chunks: None,
+        });
+        let ino = g.nodes.len() as u64;
+        g.by_name.insert(key, ino);
+        ino
+    }
+
+    fn attr(&self, ino: u64, e: &TreeEntry) -> FileAttr {
+        let mtime = if e.mtime_ns >= 0 {
+            UNIX_EPOCH + Duration::from_nanos(e.mtime_ns as u64)
+        } else {
+            UNIX_EPOCH - Duration::from_nanos(e.mtime_ns.unsigned_abs())
+        };
+        let rdev = match e.content {
+            EntryContent::CharDevice { rdev } | EntryContent::BlockDevice { rdev } => rdev as u32,
+            _ => 0,
+        };
+        let dir = matches!(e.content, EntryContent::Dir(_));
+        FileAttr {
+            ino: INodeNo(ino),
+            size: e.size,
+            blocks: e.size.div_ceil(512),
+            atime: mtime,
+            mtime,
+            ctime: mtime,
+            crtime: mtime,
+            kind: kind_of(&e.content),
+            perm: e.mode as u16,
+            nlink: if dir { 2 } else { 1 },
+            uid: self.uid,
+            gid: self.gid,
+            rdev,
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+
+    fn chunk(&self, id: ChunkId, len: u64) -> Result<Arc<Vec<u8>>, Errno> {
+        if let Some(c) = self.chunks.get(&id) {
+            return Ok(c);
+        }
+        let data = Arc::new(read_chunk(self.objects.as_ref(), &id, len).map_err(eio)?);
+        self.chunks.insert(id, data.clone());
+        Ok(data)
+    }
+
+    fn chunk_list(&self, ino: u64, e: &TreeEntry) -> Result<Arc<ChunkList>, Errno> {
+        {
+            let g = self.inodes.read().unwrap_or_else(|p| p.into_inner());
+            if let Some(c) = &g.nodes[ino as usize - 1].chunks {
+                return Ok(c.clone());
+            }
+        }
+        let fref = e.file_ref().ok_or(Errno::EISDIR)?;
+        let list = Arc::new(load_chunk_list(self.objects.as_ref(), &fref).map_err(eio)?);
+        let mut g = self.inodes.write().unwrap_or_else(|p| p.into_inner());
+        Ok(g.nodes[ino as usize - 1]
+            .chunks
+            .get_or_insert_with(|| list.clone())
+            .clone())
+    }
+
+    /// Up to `size` bytes of file `ino` from `offset`.
+    fn read_range(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+        let (e, _) = self.entry(ino)?;
+        let fref = e.file_ref().ok_or(Errno::EISDIR)?;
+        if offset >= fref.size {
+            return Ok(Vec::new());
+        }
+        let end = (offset + size as u64).min(fref.size);
+        if !fref.is_chunked() {
+            let data = self.chunk(ChunkId(fref.id.0), fref.size)?;
+            return Ok(data[offset as usize..end as usize].to_vec());
+        }
+        let list = self.chunk_list(ino, &e)?;
+        let cs = CHUNK_SIZE as u64;
+        let mut out = Vec::with_capacity((end - offset) as usize);
+        let mut pos = offset;
+        while pos < end {
+            let i = (pos / cs) as usize;
+            let (id, len) = list.chunks[i];
+            let data = self.chunk(id, len as u64)?;
+            let start = (pos - i as u64 * cs) as usize;
+            let stop = ((end - i as u64 * cs) as usize).min(data.len());
+            out.extend_from_slice(&data[start..stop]);
+            pos = i as u64 * cs + stop as u64;
+        }
+        Ok(out)
+    }
+}
+
+fn reply_xattr(reply: ReplyXattr, size: u32, data: &[u8]) {
+    if size == 0 {
+        reply.size(data.len() as u32);
+    } else if data.len() > size as usize {
+        reply.error(Errno::ERANGE);
+    } else {
+        reply.data(data);
+    }
+}
+
+impl Filesystem for TreeView {
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let parent = parent.0;
+        let result = self.dir_tree(parent).and_then(|tree| {
+            let e = tree.get(name.as_bytes()).ok_or(Errno::ENOENT)?;
+            let ino = self.child(parent, e);
+            Ok(self.attr(ino, e))
+        });
+        match result {
+            Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.entry(ino.0) {
+            Ok((e, _)) => reply.attr(&TTL, &self.attr(ino.0, &e)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.entry(ino.0) {
+            Ok((e, _)) => match &e.content {
+                EntryContent::Symlink(t) => reply.data(t),
+                _ => reply.error(Errno::EINVAL),
+            },
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
+            return reply.error(Errno::EROFS);
+        }
+        match self.entry(ino.0) {
+            // Content never changes under a view: let the kernel keep its pages.
+            Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.read_range(ino.0, offset, size) {
+            Ok(data) => reply.data(&data),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let ino = ino.0;
+        let (tree, parent) = match self.dir_tree(ino).and_then(|t| Ok((t, self.entry(ino)?.1))) {
+            Ok(x) => x,
+            Err(e) => return reply.error(e),
+        };
+        let dots = [
+            (ino, FileType::Directory, &b"."[..]),
+            (parent, FileType::Directory, b".."),
+        ];
+        for (i, (child, kind, name)) in dots.into_iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(child), i as u64 + 1, kind, OsStr::from_bytes(name)) {
+                return reply.ok();
+            }
+        }
+        let skip = (offset as usize).saturating_sub(2);
+        for (i, e) in tree.entries().iter().enumerate().skip(skip) {
+            let child = self.child(ino, e);
+            let next = i as u64 + 3;
+            if reply.add(
+                INodeNo(child),
+                next,
+                kind_of(&e.content),
+                OsStr::from_bytes(&e.name),
+            ) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let files = self
+            .inodes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .nodes
+            .len() as u64;
+        reply.statfs(0, 0, 0, files, 0, 4096, 255, 4096);
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.entry(ino.0) {
+            Ok((e, _)) => match e
+                .xattrs
+                .iter()
+                .find(|(k, _)| k.as_slice() == name.as_bytes())
+            {
+                Some((_, v)) => reply_xattr(reply, size, v),
+                None => reply.error(Errno::NO_XATTR),
+            },
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.entry(ino.0) {
+            Ok((e, _)) => {
+                let mut names = Vec::new();
+                for (k, _) in &e.xattrs {
+                    names.extend_from_slice(k);
+                    names.push(0);
+                }
+                reply_xattr(reply, size, &names);
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+}
+
+/// A mounted view; unmounted when dropped or by [`MountedTree::unmount`].
+pub struct MountedTree {
+    session: Option<fuser::BackgroundSession>,
+}
+
+impl MountedTree {
+    /// Unmounts and waits for the serving threads to end.
+    pub fn unmount(mut self) -> std::io::Result<()> {
+        match self.session.take() {
+            Some(s) => s.umount_and_join(),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the kernel side is gone (someone unmounted it).
+    pub fn is_finished(&self) -> bool {
+        self.session.as_ref().is_none_or(|s| s.guard.is_finished())
+    }
+}
+
+impl Drop for MountedTree {
+    fn drop(&mut self) {
+        if let Some(s) = self.session.take() {
+            if let Err(e) = s.umount_and_join() {
+                tracing::warn!("unmounting: {e}");
+            }
+        }
+    }
+}
+
+/// Mounts the tree `root` read-only at `mountpoint`, served by background threads.
+pub fn mount_tree(
+    objects: Arc<dyn ObjectStore>,
+    root: TreeId,
+    mountpoint: &Path,
+    opts: &ViewOptions,
+) -> std::io::Result<MountedTree> {
+    let view = TreeView::new(objects, root, opts);
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::RO,
+        MountOption::FSName("casfs".into()),
+        MountOption::Subtype("casfs".into()),
+        MountOption::DefaultPermissions,
+        MountOption::NoAtime,
+    ];
+    if opts.allow_other {
+        config.acl = fuser::SessionACL::All;
+    }
+    config.n_threads = Some(opts.threads.max(1));
+    let session = fuser::spawn_mount(view, mountpoint, &config)?;
+    Ok(MountedTree {
+        session: Some(session),
+    })
+}
