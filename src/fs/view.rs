@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::{
@@ -67,6 +67,7 @@ pub struct TreeView {
     objects: Arc<dyn ObjectStore>,
     inodes: RwLock<Inodes>,
     chunks: ChunkCache,
+    fetching: Mutex<HashMap<ChunkId, Arc<Mutex<()>>>>,
     uid: u32,
     gid: u32,
 }
@@ -110,6 +111,7 @@ impl TreeView {
             objects,
             inodes: RwLock::new(inodes),
             chunks: ChunkCache::new(opts.chunk_cache_bytes),
+            fetching: Mutex::new(HashMap::new()),
             // SAFETY: getuid and getgid cannot fail.
             uid: unsafe { libc::getuid() },
             // SAFETY: as above.
@@ -207,9 +209,28 @@ impl TreeView {
         if let Some(c) = self.chunks.get(&id) {
             return Ok(c);
         }
-        let data = Arc::new(read_chunk(self.objects.as_ref(), &id, len).map_err(eio)?);
-        self.chunks.insert(id, data.clone());
-        Ok(data)
+        // One fetch per chunk: the kernel sends several read requests for the same
+        // chunk at once (readahead); the others wait for the first.
+        let slot = {
+            let mut f = self.fetching.lock().unwrap_or_else(|p| p.into_inner());
+            f.entry(id).or_default().clone()
+        };
+        let _turn = slot.lock().unwrap_or_else(|p| p.into_inner());
+        let result = match self.chunks.get(&id) {
+            Some(c) => Ok(c),
+            None => read_chunk(self.objects.as_ref(), &id, len)
+                .map(|d| {
+                    let d = Arc::new(d);
+                    self.chunks.insert(id, d.clone());
+                    d
+                })
+                .map_err(eio),
+        };
+        self.fetching
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        result
     }
 
     fn chunk_list(&self, ino: u64, e: &TreeEntry) -> Result<Arc<ChunkList>, Errno> {
