@@ -194,7 +194,7 @@ fn main() {
             bytes as f64 / 1e6,
             args.reps
         );
-        // Let the clock pass the files' timestamps (see the stat cache's racy rule).
+        // Let the clock pass the files' timestamps (see the directory cache's racy rule).
         std::thread::sleep(Duration::from_millis(200));
         let tree_s = tree.to_str().unwrap();
         let out = tmp.path().join("out");

@@ -116,7 +116,7 @@ pub struct CaptureStats {
     /// Files whose content was read and hashed.
     pub files_hashed: u64,
     pub bytes_hashed: u64,
-    /// Files taken from the stat cache without reading them.
+    /// Files taken from the directory cache without reading them.
     pub files_skipped: u64,
     /// Sockets and other entries that cannot be stored (left out, with a warning).
     pub unsupported: u64,

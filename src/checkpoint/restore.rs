@@ -29,7 +29,7 @@ use super::fsutil::{
 };
 use super::{xattr, CheckpointError, CheckpointResult, Store};
 use crate::cas::file::{file_objects, hash_reader, write_file_to};
-use crate::cas::{load_tree, CasError, EntryContent, ObjectId, Tree, TreeEntry, TreeId};
+use crate::cas::{load_tree, CasError, EntryContent, Tree, TreeEntry, TreeId};
 
 #[derive(Debug, Default)]
 pub struct RestoreProgress {
@@ -561,20 +561,4 @@ fn write_file(
     // The rename changed the inode's ctime: take the stat the next capture will see.
     let st = lstat_at(dir, name).map_err(|err| CheckpointError::io(path, err))?;
     Ok(st.and_then(|st| ctx.trusted(e, &st)))
-}
-
-/// The checkpoint's files that a restore would need, as object ids (for tests and fsck).
-pub fn objects_of_tree(store: &Store, root: TreeId) -> CheckpointResult<Vec<ObjectId>> {
-    let trees = preflight(store, root)?;
-    let mut out: Vec<ObjectId> = trees.keys().map(|t| ObjectId(t.0)).collect();
-    for t in trees.values() {
-        for e in t.entries() {
-            if let Some(f) = e.file_ref() {
-                out.extend(file_objects(store.objects(), &f)?);
-            }
-        }
-    }
-    out.sort();
-    out.dedup();
-    Ok(out)
 }

@@ -56,7 +56,7 @@ pub enum Command {
         /// thread is empty); default: the head when the capture starts
         #[arg(long, value_name = "REF|none")]
         expected_head: Option<String>,
-        /// Read every file, ignoring the stat cache
+        /// Read every file, ignoring the directory cache (which is still updated)
         #[arg(long)]
         no_stat_cache: bool,
         /// Writer lease time-to-live in seconds (renewed while the capture runs)
