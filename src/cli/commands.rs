@@ -92,6 +92,20 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
     }
 }
 
+/// The checkpoint reference a command given `--thread T` and/or `--at REF` means:
+/// REF if given, else the head of T.
+pub(super) fn thread_or_at(
+    command: &str,
+    thread: Option<&str>,
+    at: Option<&str>,
+) -> anyhow::Result<String> {
+    match (thread, at) {
+        (_, Some(r)) => Ok(r.to_string()),
+        (Some(t), None) => Ok(format!("@{t}")),
+        (None, None) => bail!("{command} needs --thread T (its head) or --at CHECKPOINT"),
+    }
+}
+
 /// Resolves `@thread`, a hex id or prefix, each optionally followed by `~N`.
 pub(super) fn resolve(store: &Store, r: &str) -> anyhow::Result<CheckpointId> {
     let (base, up) = match r.rsplit_once('~') {
@@ -213,11 +227,7 @@ fn restore(
     force: bool,
 ) -> anyhow::Result<()> {
     let store = cli.open_store(OpenMode::MustExist)?;
-    let id = match (thread, at) {
-        (_, Some(r)) => resolve(&store, r)?,
-        (Some(t), None) => resolve(&store, &format!("@{t}"))?,
-        (None, None) => bail!("restore needs --thread T (its head) or --at CHECKPOINT"),
-    };
+    let id = resolve(&store, &thread_or_at("restore", thread, at)?)?;
     let cp = store.checkpoints().get(&id)?;
     if let Some(t) = thread {
         if cp.body.thread_id.as_str() != t {

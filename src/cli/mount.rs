@@ -12,7 +12,7 @@ use anyhow::{anyhow, bail, Context};
 use casfs::checkpoint::Store;
 use casfs::fs::{is_fuse_mount, mount_tree, ViewOptions};
 
-use super::commands::resolve;
+use super::commands::{resolve, thread_or_at};
 use super::Cli;
 
 /// How long a background mount may take to answer.
@@ -39,12 +39,7 @@ pub fn mount(
     }
     // Read-only, without the store lock: a writer may keep using the store.
     let store = Store::open_read_only(&cli.store_root())?;
-    let r = match (thread, at) {
-        (_, Some(r)) => r.to_string(),
-        (Some(t), None) => format!("@{t}"),
-        (None, None) => bail!("mount needs --thread T (its head) or --at CHECKPOINT"),
-    };
-    let id = resolve(&store, &r)?;
+    let id = resolve(&store, &thread_or_at("mount", thread, at)?)?;
     let cp = store.checkpoints().get(&id)?;
     if !foreground {
         return spawn_background(mountpoint, &id.to_hex());
