@@ -253,15 +253,22 @@ pub fn read_file(store: &dyn ObjectStore, file: &FileRef) -> CasResult<Vec<u8>> 
     Ok(out)
 }
 
-/// Every object a file needs: its chunk list (if any) and chunks.
-pub fn file_objects(store: &dyn ObjectStore, file: &FileRef) -> CasResult<Vec<ObjectId>> {
+/// Checks that every object a file needs is in the store: its single chunk, or its
+/// chunk list (read and verified) and every chunk it names. Chunks are not read.
+pub fn check_present(store: &dyn ObjectStore, file: &FileRef) -> CasResult<()> {
+    let missing = |what, id: Hash| CasError::NotFound { what, id };
     if !file.is_chunked() {
-        return Ok(vec![ObjectId(file.id.0)]);
+        if !store.contains(&ObjectId(file.id.0))? {
+            return Err(missing("file", file.id.0));
+        }
+        return Ok(());
     }
-    let list = load_chunk_list(store, file)?;
-    let mut ids = vec![ObjectId(file.id.0)];
-    ids.extend(list.chunks.iter().map(|(c, _)| ObjectId(c.0)));
-    Ok(ids)
+    for (id, _) in load_chunk_list(store, file)?.chunks {
+        if !store.contains(&ObjectId(id.0))? {
+            return Err(missing("chunk", id.0));
+        }
+    }
+    Ok(())
 }
 
 /// The reference a file read from `reader` would get, without storing anything; holds

@@ -385,10 +385,9 @@ fn capture_file(
         Err(e) if vanished(&e) => return Ok(None),
         Err(e) => return Err(CheckpointError::io(path, e)),
     };
-    let before = fstat(fd.as_raw_fd()).map_err(|e| CheckpointError::io(path, e))?;
-    if file_type(&before) != libc::S_IFREG || before.st_ino != lstat.st_ino {
-        return Err(CheckpointError::path(path, "replaced while being captured"));
-    }
+    // The walk's lstat is the stat before reading; one fstat after reading tells whether
+    // the file stayed the same (and is the same file) meanwhile.
+    let before = lstat;
     let mut file = File::from(fd);
     let mut stats = StoreStats::default();
     let objects = ctx.store.objects();
@@ -414,6 +413,9 @@ fn capture_file(
     };
     let xattrs = xattr::flist(file.as_raw_fd()).map_err(|e| CheckpointError::io(path, e))?;
     let after = fstat(file.as_raw_fd()).map_err(|e| CheckpointError::io(path, e))?;
+    if file_type(&after) != libc::S_IFREG || after.st_ino != before.st_ino {
+        return Err(CheckpointError::path(path, "replaced while being captured"));
+    }
     ctx.add_objects(&stats);
     ctx.n.files_hashed.fetch_add(1, Ordering::Relaxed);
     ctx.n.bytes_hashed.fetch_add(fref.size, Ordering::Relaxed);
@@ -422,7 +424,7 @@ fn capture_file(
     }
     ctx.count_file(fref.size);
     let steady =
-        Fingerprint::of(&before) == Fingerprint::of(&after) && fref.size == before.st_size as u64;
+        Fingerprint::of(before) == Fingerprint::of(&after) && fref.size == before.st_size as u64;
     if !steady {
         ctx.warn(format!(
             "{}: changed while it was being captured; stored as read",
@@ -433,11 +435,11 @@ fn capture_file(
         name: name.to_vec(),
         content: EntryContent::File(fref.id),
         mode: before.st_mode & 0o7777,
-        mtime_ns: mtime_ns(&before),
+        mtime_ns: mtime_ns(before),
         size: fref.size,
         xattrs,
     };
-    let fp = if steady { ctx.trusted(&before) } else { None };
+    let fp = if steady { ctx.trusted(before) } else { None };
     Ok(Some(Seen::New(entry, fp)))
 }
 

@@ -85,57 +85,53 @@ fn entry_pair(
     out: &mut Vec<Change>,
 ) -> CheckpointResult<()> {
     let path = join(prefix, x);
-    match (&x.content, &y.content) {
-        (EntryContent::Dir(ta), EntryContent::Dir(tb)) => {
-            let mut what = Vec::new();
-            if x.mode != y.mode {
-                what.push("mode");
-            }
-            if x.xattrs != y.xattrs {
-                what.push("xattrs");
-            }
-            if !what.is_empty() {
-                out.push(Change {
-                    kind: ChangeKind::Modified,
-                    path: path.clone(),
-                    what,
-                });
-            }
-            if ta != tb {
-                let (a, b) = (load_tree(store, ta)?, load_tree(store, tb)?);
-                diff_into(store, &a, &b, &path, out)?;
-            }
-        }
+    let (ta, tb) = match (&x.content, &y.content) {
+        (EntryContent::Dir(ta), EntryContent::Dir(tb)) => (Some(ta), Some(tb)),
         (EntryContent::Dir(_), _) | (_, EntryContent::Dir(_)) => {
             whole(store, x, prefix, ChangeKind::Removed, out)?;
-            whole(store, y, prefix, ChangeKind::Added, out)?;
+            return whole(store, y, prefix, ChangeKind::Added, out);
         }
-        (cx, cy) => {
-            let mut what = Vec::new();
-            if std::mem::discriminant(cx) != std::mem::discriminant(cy) {
-                what.push("kind");
-            } else if cx != cy {
-                what.push("content");
-            }
-            if x.mode != y.mode {
-                what.push("mode");
-            }
-            if x.mtime_ns != y.mtime_ns {
-                what.push("mtime");
-            }
-            if x.xattrs != y.xattrs {
-                what.push("xattrs");
-            }
-            if !what.is_empty() {
-                out.push(Change {
-                    kind: ChangeKind::Modified,
-                    path,
-                    what,
-                });
-            }
+        _ => (None, None),
+    };
+    let what = what_changed(x, y);
+    if !what.is_empty() {
+        out.push(Change {
+            kind: ChangeKind::Modified,
+            path: path.clone(),
+            what,
+        });
+    }
+    if let (Some(ta), Some(tb)) = (ta, tb) {
+        if ta != tb {
+            let (a, b) = (load_tree(store, ta)?, load_tree(store, tb)?);
+            diff_into(store, &a, &b, &path, out)?;
         }
     }
     Ok(())
+}
+
+/// What differs between two same-named entries that are both directories or both not.
+/// A directory's content and mtime follow from its entries, so they are not listed.
+fn what_changed(x: &TreeEntry, y: &TreeEntry) -> Vec<&'static str> {
+    let dir = matches!(x.content, EntryContent::Dir(_));
+    let mut what = Vec::new();
+    if !dir {
+        if std::mem::discriminant(&x.content) != std::mem::discriminant(&y.content) {
+            what.push("kind");
+        } else if x.content != y.content {
+            what.push("content");
+        }
+    }
+    if x.mode != y.mode {
+        what.push("mode");
+    }
+    if !dir && x.mtime_ns != y.mtime_ns {
+        what.push("mtime");
+    }
+    if x.xattrs != y.xattrs {
+        what.push("xattrs");
+    }
+    what
 }
 
 fn whole(

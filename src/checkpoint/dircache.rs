@@ -90,8 +90,12 @@ impl DirCache {
                 _ => return None,
             }
         }
-        let tree = Tree::decode(&b[pos..]).ok()?;
-        if tree.len() != n || tree.id() != tree_id {
+        let tree_bytes = &b[pos..];
+        if Hash::of(tree_bytes) != tree_id.0 {
+            return None;
+        }
+        let tree = Tree::decode(tree_bytes).ok()?;
+        if tree.len() != n {
             return None;
         }
         Some(DirCache {

@@ -28,8 +28,8 @@ use super::fsutil::{
     open_dir_at, readlink_at, remove_at, Fingerprint,
 };
 use super::{xattr, CheckpointError, CheckpointResult, Store};
-use crate::cas::file::{file_objects, hash_reader, write_file_to};
-use crate::cas::{load_tree, CasError, EntryContent, Tree, TreeEntry, TreeId};
+use crate::cas::file::{check_present, hash_reader, write_file_to};
+use crate::cas::{load_tree, EntryContent, Tree, TreeEntry, TreeId};
 
 #[derive(Debug, Default)]
 pub struct RestoreProgress {
@@ -242,18 +242,9 @@ fn preflight(store: &Store, root: TreeId) -> CheckpointResult<HashMap<TreeId, Tr
         }
         files.sort_by_key(|f| f.id);
         files.dedup();
-        files.par_iter().try_for_each(|f| -> CheckpointResult<()> {
-            for id in file_objects(store.objects(), f)? {
-                if !store.objects().contains(&id)? {
-                    return Err(CasError::NotFound {
-                        what: "chunk",
-                        id: id.0,
-                    }
-                    .into());
-                }
-            }
-            Ok(())
-        })?;
+        files
+            .par_iter()
+            .try_for_each(|f| check_present(store.objects(), f))?;
         next.sort();
         next.dedup();
         level = next;

@@ -51,8 +51,14 @@ const TTL: Duration = Duration::from_secs(60);
 struct Node {
     parent: u64,
     entry: Arc<TreeEntry>,
-    tree: Option<Arc<Tree>>,
-    chunks: Option<Arc<ChunkList>>,
+    /// What was loaded for it: a directory's tree or a large file's chunk list.
+    loaded: Option<Loaded>,
+}
+
+#[derive(Clone)]
+enum Loaded {
+    Tree(Arc<Tree>),
+    Chunks(Arc<ChunkList>),
 }
 
 #[derive(Default)]
@@ -102,8 +108,7 @@ impl TreeView {
             nodes: vec![Node {
                 parent: 1,
                 entry: Arc::new(root_entry),
-                tree: None,
-                chunks: None,
+                loaded: None,
             }],
             by_name: HashMap::new(),
         };
@@ -128,24 +133,36 @@ impl TreeView {
         Ok((n.entry.clone(), n.parent))
     }
 
-    /// The tree of directory `ino`, loaded (and verified) on first use.
+    /// What inode `ino` needs loaded, loaded (and verified) on first use; `load` runs
+    /// without the table locked.
+    fn loaded(
+        &self,
+        ino: u64,
+        load: impl FnOnce() -> Result<Loaded, Errno>,
+    ) -> Result<Loaded, Errno> {
+        let i = ino as usize - 1;
+        if let Some(l) = &self.inodes.read().unwrap_or_else(|p| p.into_inner()).nodes[i].loaded {
+            return Ok(l.clone());
+        }
+        let l = load()?;
+        let mut g = self.inodes.write().unwrap_or_else(|p| p.into_inner());
+        Ok(g.nodes[i].loaded.get_or_insert(l).clone())
+    }
+
+    /// The tree of directory `ino`.
     fn dir_tree(&self, ino: u64) -> Result<Arc<Tree>, Errno> {
         let (entry, _) = self.entry(ino)?;
         let EntryContent::Dir(id) = entry.content else {
             return Err(Errno::ENOTDIR);
         };
-        {
-            let g = self.inodes.read().unwrap_or_else(|p| p.into_inner());
-            if let Some(t) = &g.nodes[ino as usize - 1].tree {
-                return Ok(t.clone());
-            }
+        let load = || {
+            let tree = load_tree(self.objects.as_ref(), &id).map_err(eio)?;
+            Ok(Loaded::Tree(Arc::new(tree)))
+        };
+        match self.loaded(ino, load)? {
+            Loaded::Tree(t) => Ok(t),
+            Loaded::Chunks(_) => Err(Errno::ENOTDIR),
         }
-        let tree = Arc::new(load_tree(self.objects.as_ref(), &id).map_err(eio)?);
-        let mut g = self.inodes.write().unwrap_or_else(|p| p.into_inner());
-        Ok(g.nodes[ino as usize - 1]
-            .tree
-            .get_or_insert_with(|| tree.clone())
-            .clone())
     }
 
     /// The inode of `entry` in directory `parent`, allocated on first sight.
@@ -167,8 +184,7 @@ impl TreeView {
         g.nodes.push(Node {
             parent,
             entry: Arc::new(entry.clone()),
-            tree: None,
-            chunks: None,
+            loaded: None,
         });
         let ino = g.nodes.len() as u64;
         g.by_name.insert(key, ino);
@@ -233,20 +249,17 @@ impl TreeView {
         result
     }
 
+    /// The chunk list of large file `ino`.
     fn chunk_list(&self, ino: u64, e: &TreeEntry) -> Result<Arc<ChunkList>, Errno> {
-        {
-            let g = self.inodes.read().unwrap_or_else(|p| p.into_inner());
-            if let Some(c) = &g.nodes[ino as usize - 1].chunks {
-                return Ok(c.clone());
-            }
-        }
         let fref = e.file_ref().ok_or(Errno::EISDIR)?;
-        let list = Arc::new(load_chunk_list(self.objects.as_ref(), &fref).map_err(eio)?);
-        let mut g = self.inodes.write().unwrap_or_else(|p| p.into_inner());
-        Ok(g.nodes[ino as usize - 1]
-            .chunks
-            .get_or_insert_with(|| list.clone())
-            .clone())
+        let load = || {
+            let list = load_chunk_list(self.objects.as_ref(), &fref).map_err(eio)?;
+            Ok(Loaded::Chunks(Arc::new(list)))
+        };
+        match self.loaded(ino, load)? {
+            Loaded::Chunks(c) => Ok(c),
+            Loaded::Tree(_) => Err(Errno::EISDIR),
+        }
     }
 
     /// Up to `size` bytes of file `ino` from `offset`.
