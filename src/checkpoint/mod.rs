@@ -2,7 +2,8 @@
 //! compare-and-swap under a writer lease with a fencing token. Also the capture and
 //! restore of plain directories, and tree diffs.
 //!
-//! Depends on `cas`; knows nothing of FUSE, runs or the command line.
+//! Depends on `cas` and `fs` (a mounted workspace checkpoints through this layer);
+//! knows nothing of runs or the command line.
 
 pub mod capture;
 pub mod diff;
@@ -10,6 +11,7 @@ pub mod dircache;
 mod error;
 pub mod fsutil;
 mod lease;
+pub mod mountd;
 mod record;
 pub mod restore;
 mod rocks_store;
@@ -23,6 +25,7 @@ pub use capture::{
 };
 pub use error::{CheckpointError, CheckpointResult};
 pub use lease::{holder_name, WriterLease};
+pub use mountd::{MountCheckpoint, MountTag, MountedThread};
 pub use record::{
     Artifact, CaptureStats, Checkpoint, CheckpointBody, CheckpointId, ContentRef, NewCheckpoint,
     ThreadId,

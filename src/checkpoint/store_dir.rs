@@ -76,6 +76,7 @@ impl Store {
         let lock = lock_store(root, lock_timeout)?;
         let mut cfs: Vec<&str> = COLUMN_FAMILIES.to_vec();
         cfs.push(DIRCACHE_CF);
+        cfs.push(crate::fs::MOUNTS_CF);
         let db = Arc::new(Database::open(&root.join("db"), &cfs)?);
         Ok(Store {
             root: root.to_path_buf(),

@@ -49,18 +49,27 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         ),
         Command::Restore {
             dir,
+            checkpoint,
             thread,
             at,
             no_stat_cache,
             force,
-        } => restore(
-            cli,
-            dir,
-            thread.as_deref(),
-            at.as_deref(),
-            *no_stat_cache,
-            *force,
-        ),
+        } => {
+            if checkpoint.is_some() && at.is_some() {
+                bail!("give the checkpoint either as an argument or with --at, not both");
+            }
+            let at = checkpoint.as_deref().or(at.as_deref());
+            match super::mount::socket_of(cli, dir) {
+                Some(socket) => {
+                    super::mount::restore_mount(cli, &socket, dir, at, thread.as_deref(), *force)
+                }
+                None => restore(cli, dir, thread.as_deref(), at, *no_stat_cache, *force),
+            }
+        }
+        Command::Status { mountpoint } => super::mount::status(cli, mountpoint),
+        Command::Checkpoint { mountpoint, reason } => {
+            super::mount::checkpoint(cli, mountpoint, reason)
+        }
         Command::Log { thread, limit } => log(cli, thread, *limit),
         Command::Threads => threads(cli),
         Command::Show { checkpoint } => show(cli, checkpoint),
@@ -77,6 +86,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
             thread,
             at,
             read_only,
+            no_passthrough,
             foreground,
             allow_other,
         } => super::mount::mount(
@@ -87,6 +97,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
             *read_only,
             *foreground,
             *allow_other,
+            *no_passthrough,
         ),
         Command::Unmount { mountpoint, lazy } => super::mount::unmount(mountpoint, *lazy),
     }
@@ -302,7 +313,7 @@ fn summary_line(cp: &Checkpoint) -> String {
 }
 
 fn log(cli: &Cli, thread: &str, limit: usize) -> anyhow::Result<()> {
-    let store = cli.open_store(OpenMode::MustExist)?;
+    let store = cli.open_store_read()?;
     let thread = ThreadId::new(thread)?;
     let log = store.checkpoints().log(&thread, limit)?;
     if log.is_empty() {
@@ -318,7 +329,7 @@ fn log(cli: &Cli, thread: &str, limit: usize) -> anyhow::Result<()> {
 }
 
 fn threads(cli: &Cli) -> anyhow::Result<()> {
-    let store = cli.open_store(OpenMode::MustExist)?;
+    let store = cli.open_store_read()?;
     let threads = store.checkpoints().threads()?;
     if cli.json {
         let v: Vec<_> = threads
@@ -334,7 +345,7 @@ fn threads(cli: &Cli) -> anyhow::Result<()> {
 }
 
 fn show(cli: &Cli, r: &str) -> anyhow::Result<()> {
-    let store = cli.open_store(OpenMode::MustExist)?;
+    let store = cli.open_store_read()?;
     let cp = store.checkpoints().get(&resolve(&store, r)?)?;
     if cli.json {
         return json(&cp);
@@ -449,7 +460,7 @@ fn entry_json(e: &TreeEntry, path: &str) -> serde_json::Value {
 }
 
 fn ls(cli: &Cli, r: &str, path: &str, recursive: bool) -> anyhow::Result<()> {
-    let store = cli.open_store(OpenMode::MustExist)?;
+    let store = cli.open_store_read()?;
     let cp = store.checkpoints().get(&resolve(&store, r)?)?;
     let tree_id = match lookup(&store, cp.body.root, path)? {
         None => cp.body.root,
@@ -520,7 +531,7 @@ fn print_entries(cli: &Cli, rows: &[(String, TreeEntry)]) -> anyhow::Result<()> 
 }
 
 fn cat(cli: &Cli, r: &str, path: &str) -> anyhow::Result<()> {
-    let store = cli.open_store(OpenMode::MustExist)?;
+    let store = cli.open_store_read()?;
     let cp = store.checkpoints().get(&resolve(&store, r)?)?;
     let e = lookup(&store, cp.body.root, path)?
         .ok_or_else(|| anyhow!("{path}: name a file inside the checkpoint"))?;
@@ -537,7 +548,7 @@ fn cat(cli: &Cli, r: &str, path: &str) -> anyhow::Result<()> {
 }
 
 fn diff(cli: &Cli, a: &str, b: &str) -> anyhow::Result<()> {
-    let store = cli.open_store(OpenMode::MustExist)?;
+    let store = cli.open_store_read()?;
     let ca = store.checkpoints().get(&resolve(&store, a)?)?;
     let cb = store.checkpoints().get(&resolve(&store, b)?)?;
     let changes = diff_trees(store.objects(), ca.body.root, cb.body.root)?;

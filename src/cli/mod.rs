@@ -66,8 +66,14 @@ pub enum Command {
 
     /// Make a directory match a checkpoint exactly (extra files are removed); refuses
     /// to overwrite uncaptured changes unless --force
+    ///
+    /// On a writable casfs mount, swaps the mount's root to the checkpoint (default:
+    /// the mount's base) instantly, copying nothing; --thread then also moves the
+    /// mount to that thread.
     Restore {
         dir: PathBuf,
+        /// The checkpoint to restore (same as --at)
+        checkpoint: Option<Ref>,
         /// Restore this thread's head (or, with --at, a checkpoint of the thread)
         #[arg(long, short)]
         thread: Option<String>,
@@ -114,24 +120,38 @@ pub enum Command {
     /// Paths added, removed and modified from checkpoint A to checkpoint B
     Diff { a: Ref, b: Ref },
 
-    /// Mount a checkpoint read-only; contents load lazily from the store
+    /// Mount a thread's workspace: contents load lazily from the store, writes go to
+    /// local upper files, `casfs checkpoint` captures only what changed
     Mount {
         mountpoint: PathBuf,
-        /// Mount this thread's head (or, with --at, a checkpoint of the thread)
+        /// The thread whose head is mounted and on which checkpoints are appended
         #[arg(long, short)]
         thread: Option<String>,
-        /// The checkpoint to mount
+        /// Start from this checkpoint instead of the thread's head
         #[arg(long, value_name = "REF")]
         at: Option<Ref>,
-        /// Serve the checkpoint read-only (required for now: writable mounts are next)
+        /// Serve the checkpoint read-only, without taking the store's lock
         #[arg(long)]
         read_only: bool,
+        /// Serve every read through the daemon, even where FUSE passthrough works
+        #[arg(long)]
+        no_passthrough: bool,
         /// Stay in the foreground (otherwise return once the mount answers)
         #[arg(long)]
         foreground: bool,
         /// Let other users in (permissions still apply)
         #[arg(long)]
         allow_other: bool,
+    },
+
+    /// Show a writable mount's thread, base checkpoint and uncaptured changes
+    Status { mountpoint: PathBuf },
+
+    /// Checkpoint a writable mount: only the files changed since its base are read
+    Checkpoint {
+        mountpoint: PathBuf,
+        #[arg(long, short, default_value = "checkpoint")]
+        reason: String,
     },
 
     /// Unmount a casfs mount
@@ -161,6 +181,12 @@ fn default_store() -> PathBuf {
 impl Cli {
     fn store_root(&self) -> PathBuf {
         self.store.clone().unwrap_or_else(default_store)
+    }
+
+    /// Opens the store for reading only: no lock, so this works while a mount or a
+    /// capture has it open.
+    fn open_store_read(&self) -> anyhow::Result<Store> {
+        Ok(Store::open_read_only(&self.store_root())?)
     }
 
     fn open_store(&self, mode: OpenMode) -> anyhow::Result<Store> {

@@ -9,8 +9,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 
-use casfs::checkpoint::Store;
-use casfs::fs::{is_fuse_mount, mount_tree, ViewOptions};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+use casfs::checkpoint::mountd::{control_request, control_socket, mount_dir, Request};
+use casfs::checkpoint::{MountedThread, OpenMode, Store, ThreadId};
+use casfs::fs::{is_fuse_mount, mount_tree, ViewOptions, WorkspaceOptions};
+
+use super::output::bytes;
 
 use super::commands::{resolve, thread_or_at};
 use super::Cli;
@@ -27,22 +33,40 @@ pub fn mount(
     read_only: bool,
     foreground: bool,
     allow_other: bool,
+    no_passthrough: bool,
 ) -> anyhow::Result<()> {
-    if !read_only {
-        bail!("writable mounts are not available yet; pass --read-only to serve a checkpoint");
-    }
     if !mountpoint.is_dir() {
+        if mountpoint_is_dead(mountpoint) {
+            bail!(
+                "{}: a casfs mount whose daemon is gone is still attached; run `casfs unmount --lazy {}` first",
+                mountpoint.display(),
+                mountpoint.display()
+            );
+        }
         bail!("{}: not a directory", mountpoint.display());
     }
     if is_fuse_mount(mountpoint) {
         bail!("{}: already a FUSE mount", mountpoint.display());
+    }
+    let mountpoint = &std::fs::canonicalize(mountpoint)
+        .with_context(|| format!("resolving {}", mountpoint.display()))?;
+    if !read_only {
+        return mount_writable(
+            cli,
+            mountpoint,
+            thread,
+            at,
+            foreground,
+            allow_other,
+            no_passthrough,
+        );
     }
     // Read-only, without the store lock: a writer may keep using the store.
     let store = Store::open_read_only(&cli.store_root())?;
     let id = resolve(&store, &thread_or_at("mount", thread, at)?)?;
     let cp = store.checkpoints().get(&id)?;
     if !foreground {
-        return spawn_background(mountpoint, &id.to_hex());
+        return spawn_background(mountpoint, &format!("{} read-only", id.short()), None);
     }
     let signals = block_signals();
     let opts = ViewOptions {
@@ -58,19 +82,218 @@ pub fn mount(
     );
     // Until a signal arrives or someone unmounts it.
     while !mounted.is_finished() {
-        let ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 200_000_000,
-        };
-        // SAFETY: a valid signal set and timeout; the signals are blocked in this thread.
-        let sig = unsafe { libc::sigtimedwait(&signals, std::ptr::null_mut(), &ts) };
-        if sig > 0 {
+        if wait_signal(&signals, 200) {
             break;
         }
     }
     mounted
         .unmount()
         .with_context(|| format!("unmounting {}", mountpoint.display()))
+}
+
+/// Whether `path` is a mount whose FUSE daemon is gone ("transport endpoint is not
+/// connected").
+fn mountpoint_is_dead(path: &Path) -> bool {
+    matches!(std::fs::metadata(path), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN))
+}
+
+fn wait_signal(signals: &libc::sigset_t, ms: i64) -> bool {
+    let ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: ms * 1_000_000,
+    };
+    // SAFETY: a valid signal set and timeout; the signals are blocked in this thread.
+    let sig = unsafe { libc::sigtimedwait(signals, std::ptr::null_mut(), &ts) };
+    sig > 0
+}
+
+#[allow(clippy::too_many_arguments)]
+fn mount_writable(
+    cli: &Cli,
+    mountpoint: &Path,
+    thread: Option<&str>,
+    at: Option<&str>,
+    foreground: bool,
+    allow_other: bool,
+    no_passthrough: bool,
+) -> anyhow::Result<()> {
+    if thread.is_none() && at.is_none() {
+        bail!("mount needs --thread (or --at CHECKPOINT) unless --read-only");
+    }
+    if !foreground {
+        let socket = control_socket(&cli.store_root(), mountpoint);
+        let what = format!("thread {}", thread.or(at).unwrap_or("?"));
+        return spawn_background(mountpoint, &what, Some(&socket));
+    }
+    let signals = block_signals();
+    let store = Arc::new(cli.open_store(OpenMode::Create)?);
+    let at = at.map(|r| resolve(&store, r)).transpose()?;
+    let thread = match (thread, at) {
+        (Some(t), _) => ThreadId::new(t)?,
+        (None, Some(id)) => store.checkpoints().get(&id)?.body.thread_id,
+        (None, None) => bail!("mount needs --thread (or --at CHECKPOINT) unless --read-only"),
+    };
+    let opts = WorkspaceOptions {
+        allow_other,
+        passthrough: !no_passthrough,
+        ..WorkspaceOptions::default()
+    };
+    let dir = mount_dir(store.root(), mountpoint);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let socket = control_socket(store.root(), mountpoint);
+    if socket.as_os_str().len() >= 100 {
+        bail!(
+            "{}: control socket path too long for a Unix socket; use a shorter --store path",
+            socket.display()
+        );
+    }
+    let mounted = MountedThread::mount(store, mountpoint, thread, at, &opts)
+        .with_context(|| format!("mounting {}", mountpoint.display()))?;
+    std::fs::write(dir.join("pid"), std::process::id().to_string())
+        .with_context(|| format!("writing {}", dir.join("pid").display()))?;
+    let tag = mounted.tag();
+    eprintln!(
+        "casfs: serving thread {} at {} (base {})",
+        tag.thread,
+        mountpoint.display(),
+        tag.base
+            .map(|b| b.short())
+            .unwrap_or_else(|| "empty".into())
+    );
+    let stop = || wait_signal(&signals, 0);
+    let served = mounted.serve_control(&socket, &stop);
+    let _ = std::fs::remove_file(dir.join("pid"));
+    mounted
+        .unmount()
+        .with_context(|| format!("unmounting {}", mountpoint.display()))?;
+    served.with_context(|| format!("control socket {}", socket.display()))
+}
+
+/// The control socket of the casfs mount at `path`, if it is one.
+pub fn socket_of(cli: &Cli, path: &Path) -> Option<std::path::PathBuf> {
+    if !is_fuse_mount(path) {
+        return None;
+    }
+    let canon = std::fs::canonicalize(path).ok()?;
+    let s = control_socket(&cli.store_root(), &canon);
+    s.exists().then_some(s)
+}
+
+fn require_socket(cli: &Cli, path: &Path) -> anyhow::Result<std::path::PathBuf> {
+    socket_of(cli, path).ok_or_else(|| {
+        anyhow!(
+            "{}: not a writable casfs mount of store {}",
+            path.display(),
+            cli.store_root().display()
+        )
+    })
+}
+
+fn request(socket: &Path, req: &Request) -> anyhow::Result<serde_json::Value> {
+    control_request(socket, req).map_err(|e| anyhow!(e))
+}
+
+pub fn status(cli: &Cli, mountpoint: &Path) -> anyhow::Result<()> {
+    let socket = require_socket(cli, mountpoint)?;
+    let v = request(&socket, &Request::Status)?;
+    if cli.json {
+        return super::output::json(&v);
+    }
+    println!("{} (pid {})", mountpoint.display(), v["pid"]);
+    println!("  thread:     {}", v["thread"].as_str().unwrap_or("?"));
+    println!(
+        "  base:       {}",
+        v["base"].as_str().map(|s| &s[..12]).unwrap_or("(empty)")
+    );
+    println!(
+        "  dirty:      {} files, {}",
+        v["dirty_files"],
+        bytes(v["dirty_bytes"].as_u64().unwrap_or(0))
+    );
+    println!("  reads:      {}", v["read_mode"].as_str().unwrap_or("?"));
+    if let Some(paths) = v["dirty_paths"].as_array() {
+        for p in paths.iter().take(20) {
+            println!("    M {}", p.as_str().unwrap_or(""));
+        }
+    }
+    Ok(())
+}
+
+pub fn checkpoint(cli: &Cli, mountpoint: &Path, reason: &str) -> anyhow::Result<()> {
+    let socket = require_socket(cli, mountpoint)?;
+    // Writes the kernel still holds go to the daemon first.
+    let dir = std::fs::File::open(mountpoint)
+        .with_context(|| format!("opening {}", mountpoint.display()))?;
+    // SAFETY: a valid fd.
+    if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
+        return Err(anyhow!(std::io::Error::last_os_error()))
+            .with_context(|| format!("syncfs {}", mountpoint.display()));
+    }
+    let v = request(
+        &socket,
+        &Request::Checkpoint {
+            reason: Some(reason.to_string()),
+        },
+    )?;
+    if cli.json {
+        return super::output::json(&v);
+    }
+    println!("{}", v["checkpoint"].as_str().unwrap_or("?"));
+    println!(
+        "  {} changed files ({} hashed, {}), {} dirs written, took {:.1} ms",
+        v["changed_files"],
+        v["stats"]["files_hashed"],
+        bytes(v["stats"]["bytes_hashed"].as_u64().unwrap_or(0)),
+        v["stats"]["dirs_written"],
+        v["duration_us"].as_u64().unwrap_or(0) as f64 / 1000.0
+    );
+    Ok(())
+}
+
+/// Restore of a mount: swaps its root to `checkpoint` (default: its base).
+pub fn restore_mount(
+    cli: &Cli,
+    socket: &Path,
+    mountpoint: &Path,
+    checkpoint: Option<&str>,
+    thread: Option<&str>,
+    force: bool,
+) -> anyhow::Result<()> {
+    let id = match (checkpoint, thread) {
+        (Some(r), _) => {
+            let store = Store::open_read_only(&cli.store_root())?;
+            resolve(&store, r)?
+        }
+        (None, Some(t)) => {
+            let store = Store::open_read_only(&cli.store_root())?;
+            resolve(&store, &format!("@{t}"))?
+        }
+        (None, None) => {
+            let v = request(socket, &Request::Status)?;
+            let base = v["base"].as_str().ok_or_else(|| {
+                anyhow!("{}: the mount has no base checkpoint", mountpoint.display())
+            })?;
+            base.parse()?
+        }
+    };
+    let v = request(
+        socket,
+        &Request::Restore {
+            checkpoint: id,
+            thread: thread.map(str::to_string),
+            force,
+        },
+    )?;
+    if cli.json {
+        return super::output::json(&v);
+    }
+    println!(
+        "restored {} at {} in {:.1} ms",
+        id,
+        mountpoint.display(),
+        v["duration_us"].as_u64().unwrap_or(0) as f64 / 1000.0
+    );
+    Ok(())
 }
 
 /// Blocks SIGINT, SIGTERM and SIGHUP in this thread (and the threads it starts), so
@@ -90,7 +313,7 @@ fn block_signals() -> libc::sigset_t {
 
 /// Starts `casfs mount --foreground` as a detached process and waits until the mount
 /// answers; a child that fails first has its error reported.
-fn spawn_background(mountpoint: &Path, checkpoint: &str) -> anyhow::Result<()> {
+fn spawn_background(mountpoint: &Path, what: &str, socket: Option<&Path>) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("finding the casfs executable")?;
     let log = tempfile_path(mountpoint);
     let err = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
@@ -111,10 +334,9 @@ fn spawn_background(mountpoint: &Path, checkpoint: &str) -> anyhow::Result<()> {
     let mut child = cmd.spawn().context("starting the mount process")?;
     let start = Instant::now();
     loop {
-        if is_fuse_mount(mountpoint) {
+        if is_fuse_mount(mountpoint) && socket.is_none_or(|s| s.exists()) {
             println!(
-                "mounted {} read-only at {} (pid {})",
-                &checkpoint[..12],
+                "mounted {what} at {} (pid {})",
                 mountpoint.display(),
                 child.id()
             );
@@ -144,7 +366,7 @@ fn tempfile_path(mountpoint: &Path) -> std::path::PathBuf {
 }
 
 pub fn unmount(mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
-    if !is_fuse_mount(mountpoint) {
+    if !is_fuse_mount(mountpoint) && !mountpoint_is_dead(mountpoint) {
         bail!("{}: not a FUSE mount", mountpoint.display());
     }
     let c = CString::new(mountpoint.as_os_str().as_bytes())

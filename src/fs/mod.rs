@@ -9,10 +9,17 @@
 //! Depends on `cas` only: it knows trees and objects, not checkpoints or threads.
 
 mod chunk_cache;
+pub mod dirty;
 mod view;
+mod workspace;
 
 pub use chunk_cache::ChunkCache;
+pub use dirty::MOUNTS_CF;
 pub use view::{mount_tree, MountedTree, TreeView, ViewOptions};
+pub use workspace::{
+    mount_key, mount_workspace, MountedWorkspace, SnapshotStats, Workspace, WorkspaceError,
+    WorkspaceFs, WorkspaceOptions, WorkspaceStatus,
+};
 
 /// `statfs` magic number of FUSE filesystems.
 pub const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;

@@ -6,6 +6,7 @@
 mod common;
 
 mod read_only;
+mod workspace;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

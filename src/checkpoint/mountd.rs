@@ -1,0 +1,375 @@
+//! A mounted workspace on a thread: the [`Workspace`] of `fs` plus what it is a
+//! checkpoint of (thread, base checkpoint, the head the next append expects), its
+//! checkpoint and restore operations, and the control socket (JSON lines) through which
+//! the CLI and the middleware drive it.
+//!
+//! Files of a mount live under `<store>/mounts/<key>/`: `upper/` (local copies of dirty
+//! files), `control.sock` and `pid`. Its dirty set lives in the store's `mounts` column
+//! family, keyed by the same 8-byte key (from the mountpoint's canonical path), so
+//! mounting the same mountpoint again after a crash picks the uncaptured work back up.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::capture::with_renewed_lease;
+use super::{
+    holder_name, CheckpointError, CheckpointId, CheckpointResult, NewCheckpoint, Store, ThreadId,
+};
+use crate::cas::{store_tree, Tree, TreeId};
+use crate::fs::{
+    mount_key, mount_workspace, MountedWorkspace, SnapshotStats, Workspace, WorkspaceError,
+    WorkspaceOptions, WorkspaceStatus,
+};
+
+/// What the workspace's base is, kept with it in the dirty set's mount record.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct MountTag {
+    pub thread: ThreadId,
+    /// The checkpoint the content started from (`None`: an empty workspace).
+    pub base: Option<CheckpointId>,
+    /// The head the next checkpoint is appended on (the thread's head when the base
+    /// was set; after a checkpoint, that checkpoint).
+    pub expected_head: Option<CheckpointId>,
+}
+
+/// Where a mount's files live in the store.
+pub fn mount_dir(store_root: &Path, mountpoint: &Path) -> PathBuf {
+    let key = mount_key(mountpoint);
+    let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    store_root.join("mounts").join(hex)
+}
+
+/// The control socket of the mount at `mountpoint` (canonical path).
+pub fn control_socket(store_root: &Path, mountpoint: &Path) -> PathBuf {
+    mount_dir(store_root, mountpoint).join("control.sock")
+}
+
+fn ws_err(e: WorkspaceError) -> CheckpointError {
+    match e {
+        WorkspaceError::Cas(c) => CheckpointError::Cas(c),
+        other => CheckpointError::Invalid(other.to_string()),
+    }
+}
+
+/// The outcome of a checkpoint of a mount.
+#[derive(Debug, Clone, Serialize)]
+pub struct MountCheckpoint {
+    pub checkpoint: CheckpointId,
+    pub thread: ThreadId,
+    pub parent: Option<CheckpointId>,
+    pub changed_files: u64,
+    pub stats: SnapshotStats,
+    pub duration_us: u64,
+}
+
+/// A workspace being served for a thread.
+pub struct MountedThread {
+    store: Arc<Store>,
+    mounted: MountedWorkspace,
+    mountpoint: PathBuf,
+    pub lease_ttl: Duration,
+}
+
+impl MountedThread {
+    /// Mounts the workspace of `mountpoint` (canonical). With a persisted dirty set for
+    /// it, the uncaptured work is picked up if it belongs to the same thread (and `at`
+    /// names its base or nothing); otherwise it starts at `at` or the thread's head.
+    pub fn mount(
+        store: Arc<Store>,
+        mountpoint: &Path,
+        thread: ThreadId,
+        at: Option<CheckpointId>,
+        opts: &WorkspaceOptions,
+    ) -> CheckpointResult<MountedThread> {
+        let cps = store.checkpoints();
+        let head = cps.head(&thread)?;
+        let base = at.or(head);
+        let root = match base {
+            Some(id) => cps.get(&id)?.body.root,
+            None => empty_tree(&store)?,
+        };
+        let tag = MountTag {
+            thread: thread.clone(),
+            base,
+            expected_head: head,
+        };
+        let dir = mount_dir(store.root(), mountpoint);
+        let ws = Workspace::open(
+            store.objects_shared(),
+            store.database().clone(),
+            mount_key(mountpoint),
+            &dir.join("upper"),
+            root,
+            serde_json::to_value(&tag).expect("tag serializes"),
+            opts,
+        )
+        .map_err(ws_err)?;
+        let (_, found) = ws.base();
+        let found: Option<MountTag> = serde_json::from_value(found).ok();
+        let keep = match &found {
+            Some(f) => f.thread == thread && (at.is_none() || at == f.base),
+            None => false,
+        };
+        if !keep {
+            // A different thread or checkpoint: start there, unless that would drop
+            // uncaptured work.
+            let st = ws.status();
+            if st.dirty_files > 0 {
+                let f = found.as_ref();
+                return Err(CheckpointError::Invalid(format!(
+                    "{} has {} uncaptured change(s) from an earlier mount on thread {} \
+                     (for example {}); mount it on that thread and checkpoint them first",
+                    mountpoint.display(),
+                    st.dirty_files,
+                    f.map(|f| f.thread.as_str().to_string())
+                        .unwrap_or_else(|| "?".into()),
+                    st.dirty_paths.first().cloned().unwrap_or_default()
+                )));
+            }
+            ws.swap_root(
+                root,
+                serde_json::to_value(&tag).expect("tag serializes"),
+                true,
+            )
+            .map_err(ws_err)?;
+        }
+        let ws = Arc::new(ws);
+        let mounted = mount_workspace(ws, mountpoint, opts)
+            .map_err(|e| CheckpointError::io(mountpoint, e))?;
+        Ok(MountedThread {
+            store,
+            mounted,
+            mountpoint: mountpoint.to_path_buf(),
+            lease_ttl: Duration::from_secs(30),
+        })
+    }
+
+    pub fn workspace(&self) -> &Arc<Workspace> {
+        &self.mounted.workspace
+    }
+
+    pub fn tag(&self) -> MountTag {
+        let (_, t) = self.workspace().base();
+        serde_json::from_value(t).expect("the daemon wrote it")
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.mounted.is_finished()
+    }
+
+    pub fn unmount(self) -> std::io::Result<()> {
+        self.mounted.unmount()
+    }
+
+    /// Checkpoints the dirty set: under the thread's writer lease, appends a checkpoint
+    /// whose parent must be the head this workspace expects.
+    pub fn checkpoint(&self, reason: &str) -> CheckpointResult<MountCheckpoint> {
+        let start = Instant::now();
+        let tag = self.tag();
+        let cps = self.store.checkpoints();
+        let lease = cps.acquire_writer(&tag.thread, &holder_name("casfs-mount"), self.lease_ttl)?;
+        let (result, lease) = with_renewed_lease(&self.store, lease, |lease| {
+            let r = self.workspace().snapshot(|root, stats| {
+                let mut new = NewCheckpoint::new(tag.thread.clone(), root, reason);
+                new.stats.files_hashed = stats.files_hashed;
+                new.stats.bytes_hashed = stats.bytes_hashed;
+                new.stats.new_objects = stats.new_objects;
+                new.stats.new_bytes = stats.new_bytes;
+                new.stats.reused_objects = stats.reused_objects;
+                new.stats.unsupported = stats.skipped;
+                new.stats.duration_ms = start.elapsed().as_millis() as u64;
+                let cp = cps.append(
+                    new,
+                    tag.expected_head,
+                    &lease.lock().unwrap_or_else(|p| p.into_inner()),
+                )?;
+                let next = MountTag {
+                    thread: tag.thread.clone(),
+                    base: Some(cp.id),
+                    expected_head: Some(cp.id),
+                };
+                Ok::<_, CheckpointError>((cp, serde_json::to_value(&next).expect("tag")))
+            });
+            match r {
+                Ok(Ok(x)) => Ok(x),
+                Ok(Err(e)) => Err(e),
+                Err(e) => Err(ws_err(e)),
+            }
+        });
+        if let Err(e) = cps.release(&lease) {
+            tracing::warn!("releasing the writer lease after a checkpoint: {e}");
+        }
+        let (cp, stats) = result?;
+        Ok(MountCheckpoint {
+            checkpoint: cp.id,
+            thread: tag.thread,
+            parent: cp.body.parent_id,
+            changed_files: stats.changed_paths.len() as u64,
+            stats,
+            duration_us: start.elapsed().as_micros() as u64,
+        })
+    }
+
+    /// Makes the workspace show checkpoint `id` (of any thread): the next checkpoint
+    /// goes on `thread` (default: the mount's) after its current head.
+    pub fn restore(
+        &self,
+        id: CheckpointId,
+        thread: Option<ThreadId>,
+        force: bool,
+    ) -> CheckpointResult<(MountTag, u64)> {
+        let start = Instant::now();
+        let cps = self.store.checkpoints();
+        let cp = cps.get(&id)?;
+        let thread = thread.unwrap_or_else(|| self.tag().thread);
+        let tag = MountTag {
+            expected_head: cps.head(&thread)?,
+            thread,
+            base: Some(id),
+        };
+        self.workspace()
+            .swap_root(
+                cp.body.root,
+                serde_json::to_value(&tag).expect("tag"),
+                force,
+            )
+            .map_err(ws_err)?;
+        Ok((tag, start.elapsed().as_micros() as u64))
+    }
+
+    pub fn status(&self) -> (MountTag, WorkspaceStatus) {
+        (self.tag(), self.workspace().status())
+    }
+
+    /// Serves control requests on `socket` until `stop` returns true (checked between
+    /// requests and every 200 ms).
+    pub fn serve_control(&self, socket: &Path, stop: &dyn Fn() -> bool) -> std::io::Result<()> {
+        let _ = std::fs::remove_file(socket);
+        let listener = UnixListener::bind(socket)?;
+        listener.set_nonblocking(true)?;
+        loop {
+            if stop() || self.is_finished() {
+                break;
+            }
+            match listener.accept() {
+                Ok((stream, _)) => {
+                    stream.set_nonblocking(false)?;
+                    if let Err(e) = self.handle(stream) {
+                        tracing::warn!("control connection: {e}");
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let _ = std::fs::remove_file(socket);
+        Ok(())
+    }
+
+    fn handle(&self, stream: UnixStream) -> std::io::Result<()> {
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let mut reader = BufReader::new(stream.try_clone()?);
+        let mut line = String::new();
+        reader.read_line(&mut line)?;
+        let reply = match serde_json::from_str::<Request>(&line) {
+            Ok(req) => self.answer(req),
+            Err(e) => json!({"ok": false, "error": format!("bad request {:?}: {e}", line.trim())}),
+        };
+        let mut w = stream;
+        let mut out = serde_json::to_vec(&reply).expect("json");
+        out.push(b'\n');
+        w.write_all(&out)
+    }
+
+    fn answer(&self, req: Request) -> Value {
+        let r: CheckpointResult<Value> = (|| match req {
+            Request::Status => {
+                let (tag, st) = self.status();
+                Ok(json!({
+                    "mountpoint": self.mountpoint,
+                    "pid": std::process::id(),
+                    "thread": tag.thread,
+                    "base": tag.base,
+                    "expected_head": tag.expected_head,
+                    "dirty_files": st.dirty_files,
+                    "dirty_bytes": st.dirty_bytes,
+                    "dirty_nodes": st.dirty_nodes,
+                    "dirty_paths": st.dirty_paths,
+                    "nodes_loaded": st.nodes_loaded,
+                    "read_mode": st.read_mode,
+                    "root": st.base,
+                }))
+            }
+            Request::Checkpoint { reason } => {
+                let c = self.checkpoint(reason.as_deref().unwrap_or("checkpoint"))?;
+                Ok(serde_json::to_value(&c).expect("json"))
+            }
+            Request::Restore {
+                checkpoint,
+                thread,
+                force,
+            } => {
+                let thread = thread.map(|t| ThreadId::new(&t)).transpose()?;
+                let (tag, us) = self.restore(checkpoint, thread, force)?;
+                Ok(json!({"thread": tag.thread, "base": tag.base,
+                          "expected_head": tag.expected_head, "duration_us": us}))
+            }
+        })();
+        match r {
+            Ok(mut v) => {
+                v["ok"] = json!(true);
+                v
+            }
+            Err(e) => json!({"ok": false, "error": e.to_string()}),
+        }
+    }
+}
+
+/// A control request.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "lowercase")]
+pub enum Request {
+    Status,
+    Checkpoint {
+        reason: Option<String>,
+    },
+    Restore {
+        checkpoint: CheckpointId,
+        thread: Option<String>,
+        #[serde(default)]
+        force: bool,
+    },
+}
+
+/// Sends one request to the control socket and returns the reply (an error reply
+/// becomes `Err` with its message).
+pub fn control_request(socket: &Path, req: &Request) -> Result<Value, String> {
+    let mut s = UnixStream::connect(socket)
+        .map_err(|e| format!("{}: no casfs mount answers here ({e})", socket.display()))?;
+    let mut line = serde_json::to_vec(req).expect("json");
+    line.push(b'\n');
+    s.write_all(&line).map_err(|e| e.to_string())?;
+    let mut reply = String::new();
+    BufReader::new(s)
+        .read_line(&mut reply)
+        .map_err(|e| e.to_string())?;
+    let v: Value = serde_json::from_str(&reply).map_err(|e| format!("bad reply {reply:?}: {e}"))?;
+    if v["ok"] == json!(true) {
+        Ok(v)
+    } else {
+        Err(v["error"].as_str().unwrap_or("unknown error").to_string())
+    }
+}
+
+fn empty_tree(store: &Store) -> CheckpointResult<TreeId> {
+    let t = Tree::from_sorted_entries(Vec::new()).expect("empty tree");
+    Ok(store_tree(store.objects(), &t)?.0)
+}

@@ -1,0 +1,227 @@
+//! The persistent dirty set of a writable mount, in the `mounts` column family.
+//!
+//! Keys start with the mount's 8-byte key, then:
+//! - `M`: the mount's base tree and an opaque tag the layer above keeps with it;
+//! - `N` + inode (big-endian u64): the record of a node that differs from the base (or
+//!   is referenced from a directory that does);
+//! - `E` + directory inode + name: an override of one entry of a dirty directory, either
+//!   a whiteout (the base entry is gone) or the inode of a node record.
+//!
+//! A directory's listing is its base tree's entries with its overrides applied, so making
+//! a directory dirty writes one record, not its listing. Every mutation is one atomic
+//! write batch through the write-ahead log (not synced: a killed daemon loses nothing
+//! the kernel had accepted; `fsync` syncs the log).
+
+use std::sync::Arc;
+
+use rocksdb::{Direction, IteratorMode, WriteBatch, WriteOptions};
+use serde::{Deserialize, Serialize};
+
+use crate::cas::{CasError, CasResult, Database, FileId, TreeId};
+
+/// The column family holding every mount's dirty set.
+pub const MOUNTS_CF: &str = "mounts";
+
+/// What kind of node a record describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    File,
+    Dir,
+    Symlink,
+    Fifo,
+    CharDev,
+    BlockDev,
+    Socket,
+}
+
+/// A dirty node as persisted.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub kind: Kind,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u64,
+    pub atime_ns: i64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    /// Size of a file without an upper file, or of a symlink's target.
+    pub size: u64,
+    pub nlink: u32,
+    pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    /// A directory's base tree (`None`: created in this mount).
+    pub tree: Option<TreeId>,
+    /// A file's stored content, when it has no upper file.
+    pub clean: Option<FileId>,
+    /// Whether the file's content is its upper file.
+    pub upper: bool,
+    pub target: Option<Vec<u8>>,
+}
+
+/// An override of one directory entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Override {
+    Whiteout,
+    Node(u64),
+}
+
+/// What the layer above keeps with the base: for checkpoints, the thread and base
+/// checkpoint.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MountMeta {
+    pub base: TreeId,
+    #[serde(default)]
+    pub tag: serde_json::Value,
+}
+
+/// One mount's slice of the `mounts` column family.
+pub struct DirtyStore {
+    db: Arc<Database>,
+    key: [u8; 8],
+}
+
+fn decode_err(what: &str, detail: impl std::fmt::Display) -> CasError {
+    CasError::Invalid(format!("dirty set: bad {what}: {detail}"))
+}
+
+impl DirtyStore {
+    pub fn new(db: Arc<Database>, key: [u8; 8]) -> DirtyStore {
+        DirtyStore { db, key }
+    }
+
+    fn k(&self, tag: u8, rest: &[&[u8]]) -> Vec<u8> {
+        let mut k = Vec::with_capacity(32);
+        k.extend_from_slice(&self.key);
+        k.push(tag);
+        for r in rest {
+            k.extend_from_slice(r);
+        }
+        k
+    }
+
+    pub fn batch(&self) -> WriteBatch {
+        WriteBatch::default()
+    }
+
+    /// Applies `batch` through the write-ahead log, without syncing it.
+    pub fn commit(&self, batch: WriteBatch) -> CasResult<()> {
+        let mut o = WriteOptions::default();
+        o.set_sync(false);
+        self.db
+            .raw()
+            .write_opt(batch, &o)
+            .map_err(|e| self.db.err(e))
+    }
+
+    /// Makes every committed batch durable.
+    pub fn sync(&self) -> CasResult<()> {
+        self.db.sync()
+    }
+
+    pub fn put_meta(&self, b: &mut WriteBatch, meta: &MountMeta) {
+        let v = serde_json::to_vec(meta).expect("meta serializes");
+        b.put_cf(self.db.cf(MOUNTS_CF), self.k(b'M', &[]), v);
+    }
+
+    pub fn meta(&self) -> CasResult<Option<MountMeta>> {
+        let v = self
+            .db
+            .raw()
+            .get_cf(self.db.cf(MOUNTS_CF), self.k(b'M', &[]))
+            .map_err(|e| self.db.err(e))?;
+        v.map(|v| serde_json::from_slice(&v).map_err(|e| decode_err("mount record", e)))
+            .transpose()
+    }
+
+    pub fn put_node(&self, b: &mut WriteBatch, ino: u64, rec: &NodeRecord) {
+        let v = serde_json::to_vec(rec).expect("record serializes");
+        b.put_cf(
+            self.db.cf(MOUNTS_CF),
+            self.k(b'N', &[&ino.to_be_bytes()]),
+            v,
+        );
+    }
+
+    pub fn delete_node(&self, b: &mut WriteBatch, ino: u64) {
+        b.delete_cf(self.db.cf(MOUNTS_CF), self.k(b'N', &[&ino.to_be_bytes()]));
+    }
+
+    pub fn put_entry(&self, b: &mut WriteBatch, dir: u64, name: &[u8], o: Override) {
+        let v = match o {
+            Override::Whiteout => vec![0u8],
+            Override::Node(ino) => {
+                let mut v = vec![1u8];
+                v.extend_from_slice(&ino.to_be_bytes());
+                v
+            }
+        };
+        b.put_cf(
+            self.db.cf(MOUNTS_CF),
+            self.k(b'E', &[&dir.to_be_bytes(), name]),
+            v,
+        );
+    }
+
+    /// Forgets every node record and override (the base keeps its record).
+    pub fn clear(&self, b: &mut WriteBatch) {
+        let cf = self.db.cf(MOUNTS_CF);
+        b.delete_range_cf(cf, self.k(b'E', &[]), self.k(b'E' + 1, &[]));
+        b.delete_range_cf(cf, self.k(b'N', &[]), self.k(b'N' + 1, &[]));
+    }
+
+    /// Forgets this mount entirely.
+    pub fn clear_all(&self, b: &mut WriteBatch) {
+        let cf = self.db.cf(MOUNTS_CF);
+        let mut end = self.key.to_vec();
+        end.push(0xff);
+        b.delete_range_cf(cf, self.key.to_vec(), end);
+    }
+
+    fn scan(&self, prefix: Vec<u8>) -> CasResult<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut out = Vec::new();
+        let it = self.db.raw().iterator_cf(
+            self.db.cf(MOUNTS_CF),
+            IteratorMode::From(&prefix, Direction::Forward),
+        );
+        for item in it {
+            let (k, v) = item.map_err(|e| self.db.err(e))?;
+            if !k.starts_with(&prefix) {
+                break;
+            }
+            out.push((k[prefix.len()..].to_vec(), v.to_vec()));
+        }
+        Ok(out)
+    }
+
+    /// Every node record.
+    pub fn nodes(&self) -> CasResult<Vec<(u64, NodeRecord)>> {
+        let mut out = Vec::new();
+        for (k, v) in self.scan(self.k(b'N', &[]))? {
+            let ino = u64::from_be_bytes(
+                k.as_slice()
+                    .try_into()
+                    .map_err(|_| decode_err("node key", k.len()))?,
+            );
+            let rec = serde_json::from_slice(&v).map_err(|e| decode_err("node record", e))?;
+            out.push((ino, rec));
+        }
+        Ok(out)
+    }
+
+    /// The overrides of directory `dir`.
+    pub fn entries(&self, dir: u64) -> CasResult<Vec<(Vec<u8>, Override)>> {
+        let mut out = Vec::new();
+        for (name, v) in self.scan(self.k(b'E', &[&dir.to_be_bytes()]))? {
+            let o = match v.as_slice() {
+                [0] => Override::Whiteout,
+                [1, rest @ ..] if rest.len() == 8 => {
+                    Override::Node(u64::from_be_bytes(rest.try_into().expect("8 bytes")))
+                }
+                _ => return Err(decode_err("entry override", format!("{v:?}"))),
+            };
+            out.push((name, o));
+        }
+        Ok(out)
+    }
+}

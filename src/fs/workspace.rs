@@ -1,0 +1,2545 @@
+//! The writable workspace: an overlay of clean nodes (content in the object store) and
+//! dirty nodes (content in a local upper file), with a persistent dirty set, an
+//! O(dirty) snapshot and an O(1) root swap.
+//!
+//! One mutex guards the inode table; file data moves outside it (reads of clean files
+//! through the chunk cache, reads and writes of upper files with pread/pwrite, or by the
+//! kernel itself through FUSE passthrough). Every metadata change writes the nodes it
+//! touched to the dirty set in the same step, so a killed daemon loses nothing the
+//! kernel had been told was done.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ffi::{CString, OsStr};
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use rocksdb::WriteBatch;
+
+use super::dirty::{DirtyStore, Kind, MountMeta, NodeRecord, Override};
+use super::ChunkCache;
+use crate::cas::file::{load_chunk_list, read_chunk, store_reader, ChunkList};
+use crate::cas::tree::{MAX_NAME_LEN, MAX_SYMLINK_LEN, MAX_XATTR_NAME_LEN, MAX_XATTR_VALUE_LEN};
+use crate::cas::{
+    load_tree, store_tree, CasError, ChunkId, EntryContent, FileRef, ObjectStore, StoreStats, Tree,
+    TreeEntry, TreeId, CHUNK_SIZE,
+};
+
+/// How long the kernel may trust attributes and entries. Every change passes through
+/// the daemon, so this only bounds how long a root swap's invalidation could be missed.
+const TTL: Duration = Duration::from_secs(1);
+
+const ROOT: u64 = 1;
+
+/// How a workspace is served.
+#[derive(Debug, Clone)]
+pub struct WorkspaceOptions {
+    pub chunk_cache_bytes: usize,
+    pub threads: usize,
+    pub allow_other: bool,
+    /// Use FUSE passthrough for files with a local copy when the kernel offers it.
+    pub passthrough: bool,
+}
+
+impl Default for WorkspaceOptions {
+    fn default() -> Self {
+        WorkspaceOptions {
+            chunk_cache_bytes: 64 << 20,
+            threads: 4,
+            allow_other: false,
+            passthrough: true,
+        }
+    }
+}
+
+/// Errors of the workspace's own operations (the FUSE side answers with errno).
+#[derive(Debug, thiserror::Error)]
+pub enum WorkspaceError {
+    #[error(transparent)]
+    Cas(#[from] CasError),
+    #[error(
+        "{count} uncaptured change(s) (for example {example}); checkpoint them first or force"
+    )]
+    Uncaptured { count: usize, example: String },
+    #[error("{0}")]
+    Io(String),
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Meta {
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    rdev: u64,
+    atime: i64,
+    mtime: i64,
+    ctime: i64,
+    size: u64,
+}
+
+enum Body {
+    Dir {
+        tree: Option<TreeId>,
+        children: Option<BTreeMap<Vec<u8>, u64>>,
+        subdirs: u32,
+    },
+    File {
+        clean: Option<FileRef>,
+        upper: Option<Arc<File>>,
+        chunks: Option<Arc<ChunkList>>,
+    },
+    Symlink(Vec<u8>),
+    Other,
+}
+
+struct Node {
+    kind: Kind,
+    meta: Meta,
+    nlink: u32,
+    /// Where it is linked: (directory, name). A directory has exactly one.
+    links: Vec<(u64, Vec<u8>)>,
+    xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    body: Body,
+    /// In the dirty set: it (or something below it) differs from the base.
+    dirty: bool,
+    /// The stored entry this node equals while it is not dirty.
+    base: Option<Arc<TreeEntry>>,
+    /// Open handles served by the daemon, and by passthrough.
+    open_plain: u32,
+    open_passthrough: u32,
+    writers: u32,
+    backing: Option<Arc<BackingId>>,
+}
+
+impl Node {
+    fn parent(&self) -> u64 {
+        self.links.first().map(|l| l.0).unwrap_or(ROOT)
+    }
+}
+
+/// What a file handle reads when its node is gone (after a root swap).
+#[derive(Clone)]
+enum Src {
+    Upper(Arc<File>),
+    Clean(FileRef),
+    None,
+}
+
+struct Handle {
+    ino: u64,
+    src: Src,
+    backing: Option<Arc<BackingId>>,
+}
+
+struct DirHandle {
+    entries: Vec<(u64, FileType, Vec<u8>)>,
+}
+
+struct State {
+    nodes: HashMap<u64, Node>,
+    next_ino: u64,
+    base: TreeId,
+    tag: serde_json::Value,
+    dirty: BTreeSet<u64>,
+}
+
+/// Counts of what a snapshot did.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct SnapshotStats {
+    pub files_hashed: u64,
+    pub bytes_hashed: u64,
+    pub dirs_written: u64,
+    pub new_objects: u64,
+    pub new_bytes: u64,
+    pub reused_objects: u64,
+    /// Sockets left out (they cannot be stored).
+    pub skipped: u64,
+    pub changed_paths: Vec<String>,
+}
+
+/// The dirty set at a glance.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct WorkspaceStatus {
+    pub base: TreeId,
+    pub dirty_nodes: usize,
+    pub dirty_files: usize,
+    pub dirty_bytes: u64,
+    pub dirty_paths: Vec<String>,
+    pub nodes_loaded: usize,
+    pub read_mode: &'static str,
+}
+
+/// The shared core of a mounted workspace: the FUSE side and the control side both
+/// hold it.
+pub struct Workspace {
+    objects: Arc<dyn ObjectStore>,
+    dirty: DirtyStore,
+    upper_dir: PathBuf,
+    upper_fd: OwnedFd,
+    state: Mutex<State>,
+    /// Writes hold it shared; a snapshot holds it exclusively.
+    barrier: RwLock<()>,
+    chunks: ChunkCache,
+    fetching: Mutex<HashMap<ChunkId, Arc<Mutex<()>>>>,
+    handles: Mutex<HashMap<u64, Handle>>,
+    dir_handles: Mutex<HashMap<u64, DirHandle>>,
+    next_fh: AtomicU64,
+    want_passthrough: bool,
+    passthrough: AtomicBool,
+    notifier: OnceLock<Notifier>,
+    owner: (u32, u32),
+    mounted_at: i64,
+}
+
+fn now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+fn to_time(ns: i64) -> SystemTime {
+    if ns >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
+    }
+}
+
+fn time_ns(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_nanos() as i64,
+        Err(e) => -(e.duration().as_nanos() as i64),
+    }
+}
+
+fn eio(e: CasError) -> Errno {
+    tracing::error!("{e}");
+    Errno::EIO
+}
+
+fn io_errno(e: std::io::Error) -> Errno {
+    Errno::from(e)
+}
+
+fn file_type(k: Kind) -> FileType {
+    match k {
+        Kind::File => FileType::RegularFile,
+        Kind::Dir => FileType::Directory,
+        Kind::Symlink => FileType::Symlink,
+        Kind::Fifo => FileType::NamedPipe,
+        Kind::CharDev => FileType::CharDevice,
+        Kind::BlockDev => FileType::BlockDevice,
+        Kind::Socket => FileType::Socket,
+    }
+}
+
+fn kind_of_mode(mode: u32) -> Option<Kind> {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG => Some(Kind::File),
+        libc::S_IFDIR => Some(Kind::Dir),
+        libc::S_IFLNK => Some(Kind::Symlink),
+        libc::S_IFIFO => Some(Kind::Fifo),
+        libc::S_IFCHR => Some(Kind::CharDev),
+        libc::S_IFBLK => Some(Kind::BlockDev),
+        libc::S_IFSOCK => Some(Kind::Socket),
+        _ => None,
+    }
+}
+
+fn fstat(f: &File) -> std::io::Result<libc::stat> {
+    // SAFETY: zeroed stat is a valid out-parameter for fstat on an open fd.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(f.as_raw_fd(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
+fn set_file_times(f: &File, atime: Option<i64>, mtime: Option<i64>) -> std::io::Result<()> {
+    let ts = |t: Option<i64>| match t {
+        Some(ns) => libc::timespec {
+            tv_sec: ns.div_euclid(1_000_000_000),
+            tv_nsec: ns.rem_euclid(1_000_000_000),
+        },
+        None => libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+    };
+    let times = [ts(atime), ts(mtime)];
+    // SAFETY: a valid fd and two timespecs.
+    if unsafe { libc::futimens(f.as_raw_fd(), times.as_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn check_name(name: &[u8]) -> Result<(), Errno> {
+    if name.len() > MAX_NAME_LEN {
+        return Err(Errno::ENAMETOOLONG);
+    }
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') {
+        return Err(Errno::EINVAL);
+    }
+    Ok(())
+}
+
+fn node_from_entry(e: &TreeEntry, dir: u64, owner: (u32, u32)) -> Node {
+    let (kind, body, rdev) = match &e.content {
+        EntryContent::File(_) => (
+            Kind::File,
+            Body::File {
+                clean: e.file_ref(),
+                upper: None,
+                chunks: None,
+            },
+            0,
+        ),
+        EntryContent::Dir(t) => (
+            Kind::Dir,
+            Body::Dir {
+                tree: Some(*t),
+                children: None,
+                subdirs: 0,
+            },
+            0,
+        ),
+        EntryContent::Symlink(t) => (Kind::Symlink, Body::Symlink(t.clone()), 0),
+        EntryContent::Fifo => (Kind::Fifo, Body::Other, 0),
+        EntryContent::CharDevice { rdev } => (Kind::CharDev, Body::Other, *rdev),
+        EntryContent::BlockDevice { rdev } => (Kind::BlockDev, Body::Other, *rdev),
+    };
+    Node {
+        kind,
+        meta: Meta {
+            mode: e.mode,
+            uid: owner.0,
+            gid: owner.1,
+            rdev,
+            atime: e.mtime_ns,
+            mtime: e.mtime_ns,
+            ctime: e.mtime_ns,
+            size: e.size,
+        },
+        nlink: if kind == Kind::Dir { 2 } else { 1 },
+        links: vec![(dir, e.name.clone())],
+        xattrs: e.xattrs.clone(),
+        body,
+        dirty: false,
+        base: Some(Arc::new(e.clone())),
+        open_plain: 0,
+        open_passthrough: 0,
+        writers: 0,
+        backing: None,
+    }
+}
+
+fn record_of(n: &Node) -> NodeRecord {
+    let (tree, clean, upper, target) = match &n.body {
+        Body::Dir { tree, .. } => (*tree, None, false, None),
+        Body::File { clean, upper, .. } => (
+            None,
+            if upper.is_some() {
+                None
+            } else {
+                clean.map(|c| c.id)
+            },
+            upper.is_some(),
+            None,
+        ),
+        Body::Symlink(t) => (None, None, false, Some(t.clone())),
+        Body::Other => (None, None, false, None),
+    };
+    NodeRecord {
+        kind: n.kind,
+        mode: n.meta.mode,
+        uid: n.meta.uid,
+        gid: n.meta.gid,
+        rdev: n.meta.rdev,
+        atime_ns: n.meta.atime,
+        mtime_ns: n.meta.mtime,
+        ctime_ns: n.meta.ctime,
+        size: n.meta.size,
+        nlink: n.nlink,
+        xattrs: n.xattrs.clone(),
+        tree,
+        clean,
+        upper,
+        target,
+    }
+}
+
+/// A locked state with what it needs to persist changes.
+struct Tx<'a> {
+    ws: &'a Workspace,
+    st: MutexGuard<'a, State>,
+    batch: WriteBatch,
+}
+
+impl<'a> Tx<'a> {
+    fn node(&self, ino: u64) -> Result<&Node, Errno> {
+        self.st.nodes.get(&ino).ok_or(Errno::ESTALE)
+    }
+
+    fn node_mut(&mut self, ino: u64) -> Result<&mut Node, Errno> {
+        self.st.nodes.get_mut(&ino).ok_or(Errno::ESTALE)
+    }
+
+    fn alloc(&mut self, node: Node) -> u64 {
+        let ino = self.st.next_ino;
+        self.st.next_ino += 1;
+        self.st.nodes.insert(ino, node);
+        ino
+    }
+
+    /// The children of directory `ino`, loaded from its tree and overrides on first use.
+    fn children(&mut self, ino: u64) -> Result<&BTreeMap<Vec<u8>, u64>, Errno> {
+        self.load_dir(ino)?;
+        match &self.node(ino)?.body {
+            Body::Dir {
+                children: Some(c), ..
+            } => Ok(c),
+            _ => Err(Errno::ENOTDIR),
+        }
+    }
+
+    fn load_dir(&mut self, ino: u64) -> Result<(), Errno> {
+        let n = self.node(ino)?;
+        let (tree, dirty) = match &n.body {
+            Body::Dir {
+                children: Some(_), ..
+            } => return Ok(()),
+            Body::Dir { tree, .. } => (*tree, n.dirty),
+            _ => return Err(Errno::ENOTDIR),
+        };
+        let mut children = BTreeMap::new();
+        if let Some(t) = tree {
+            let tree = load_tree(self.ws.objects.as_ref(), &t).map_err(eio)?;
+            for e in tree.into_entries() {
+                let node = node_from_entry(&e, ino, self.ws.owner);
+                let child = self.alloc(node);
+                children.insert(e.name, child);
+            }
+        }
+        if dirty {
+            for (name, o) in self.ws.dirty.entries(ino).map_err(eio)? {
+                if let Some(old) = children.remove(&name) {
+                    self.st.nodes.remove(&old);
+                }
+                if let Override::Node(c) = o {
+                    match self.st.nodes.get_mut(&c) {
+                        Some(child) => {
+                            if !child.links.iter().any(|l| l.0 == ino && l.1 == name) {
+                                child.links.push((ino, name.clone()));
+                            }
+                            children.insert(name, c);
+                        }
+                        None => tracing::error!(
+                            "dirty set: entry {:?} of directory {ino} names missing node {c}",
+                            String::from_utf8_lossy(&name)
+                        ),
+                    }
+                }
+            }
+        }
+        let subdirs = children
+            .values()
+            .filter(|c| self.st.nodes.get(c).is_some_and(|n| n.kind == Kind::Dir))
+            .count() as u32;
+        let n = self.node_mut(ino)?;
+        n.nlink = 2 + subdirs;
+        if let Body::Dir {
+            children: c,
+            subdirs: s,
+            ..
+        } = &mut n.body
+        {
+            *c = Some(children);
+            *s = subdirs;
+        }
+        Ok(())
+    }
+
+    fn lookup(&mut self, parent: u64, name: &[u8]) -> Result<Option<u64>, Errno> {
+        Ok(self.children(parent)?.get(name).copied())
+    }
+
+    /// Writes node `ino`'s record and makes sure every directory that links it is dirty
+    /// and points at it.
+    fn persist(&mut self, ino: u64) -> Result<(), Errno> {
+        let n = self.node(ino)?;
+        let rec = record_of(n);
+        let was_dirty = n.dirty;
+        let links = n.links.clone();
+        self.ws.dirty.put_node(&mut self.batch, ino, &rec);
+        if was_dirty {
+            return Ok(());
+        }
+        self.node_mut(ino)?.dirty = true;
+        self.st.dirty.insert(ino);
+        for (dir, name) in links {
+            self.ws
+                .dirty
+                .put_entry(&mut self.batch, dir, &name, Override::Node(ino));
+            if !self.node(dir)?.dirty {
+                self.persist(dir)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks directory `dir`'s content changed now and persists it.
+    fn touch_dir(&mut self, dir: u64) -> Result<(), Errno> {
+        let t = now_ns();
+        let n = self.node_mut(dir)?;
+        n.meta.mtime = t;
+        n.meta.ctime = t;
+        self.persist(dir)
+    }
+
+    fn attach(&mut self, dir: u64, name: &[u8], child: u64) -> Result<(), Errno> {
+        let is_dir = self.node(child)?.kind == Kind::Dir;
+        {
+            let c = self.node_mut(child)?;
+            c.links.push((dir, name.to_vec()));
+        }
+        let d = self.node_mut(dir)?;
+        if let Body::Dir {
+            children: Some(ch),
+            subdirs,
+            ..
+        } = &mut d.body
+        {
+            ch.insert(name.to_vec(), child);
+            if is_dir {
+                *subdirs += 1;
+                d.nlink += 1;
+            }
+        }
+        if self.node(child)?.dirty {
+            self.ws
+                .dirty
+                .put_entry(&mut self.batch, dir, name, Override::Node(child));
+        }
+        self.touch_dir(dir)?;
+        self.persist(child)
+    }
+
+    /// Removes entry `name` from `dir` (the node stays in the table).
+    fn detach(&mut self, dir: u64, name: &[u8]) -> Result<u64, Errno> {
+        let child = self.lookup(dir, name)?.ok_or(Errno::ENOENT)?;
+        let is_dir = self.node(child)?.kind == Kind::Dir;
+        let d = self.node_mut(dir)?;
+        if let Body::Dir {
+            children: Some(ch),
+            subdirs,
+            ..
+        } = &mut d.body
+        {
+            ch.remove(name);
+            if is_dir {
+                *subdirs -= 1;
+                d.nlink -= 1;
+            }
+        }
+        let c = self.node_mut(child)?;
+        c.links.retain(|l| !(l.0 == dir && l.1 == name));
+        self.ws
+            .dirty
+            .put_entry(&mut self.batch, dir, name, Override::Whiteout);
+        self.touch_dir(dir)?;
+        Ok(child)
+    }
+
+    /// Drops a node that no directory links any more, unless it is open.
+    fn maybe_free(&mut self, ino: u64) {
+        let Some(n) = self.st.nodes.get(&ino) else {
+            return;
+        };
+        if !n.links.is_empty() || n.open_plain + n.open_passthrough > 0 {
+            return;
+        }
+        let n = self.st.nodes.remove(&ino).expect("present");
+        if n.dirty {
+            self.ws.dirty.delete_node(&mut self.batch, ino);
+        }
+        self.st.dirty.remove(&ino);
+        if let Body::File { upper: Some(_), .. } = n.body {
+            self.ws.remove_upper(ino);
+        }
+        if let Body::Dir {
+            children: Some(ch), ..
+        } = n.body
+        {
+            // An empty directory has no children; a replaced tree's clean nodes go too.
+            for c in ch.values() {
+                self.st.nodes.remove(c);
+            }
+        }
+    }
+
+    fn commit(self) -> Result<(), Errno> {
+        self.ws.dirty.commit(self.batch).map_err(eio)
+    }
+
+    fn attr(&self, ino: u64) -> Result<FileAttr, Errno> {
+        Ok(self.ws.attr_of(ino, self.node(ino)?))
+    }
+
+    /// Gives file `ino` an upper file holding its current content.
+    fn copy_up(&mut self, ino: u64, truncate: bool) -> Result<Arc<File>, Errno> {
+        let n = self.node(ino)?;
+        let (clean, mtime, atime) = match &n.body {
+            Body::File { upper: Some(u), .. } => {
+                let u = u.clone();
+                if truncate {
+                    u.set_len(0).map_err(io_errno)?;
+                }
+                if !n.dirty {
+                    self.persist(ino)?;
+                }
+                return Ok(u);
+            }
+            Body::File { clean, .. } => (*clean, n.meta.mtime, n.meta.atime),
+            Body::Dir { .. } => return Err(Errno::EISDIR),
+            _ => return Err(Errno::EINVAL),
+        };
+        let f = self.ws.create_upper(ino).map_err(io_errno)?;
+        if let (Some(c), false) = (clean, truncate) {
+            self.ws.fill_upper(&f, &c)?;
+        }
+        if !truncate {
+            set_file_times(&f, Some(atime), Some(mtime)).map_err(io_errno)?;
+        }
+        let f = Arc::new(f);
+        if let Body::File { upper, clean, .. } = &mut self.node_mut(ino)?.body {
+            *upper = Some(f.clone());
+            *clean = None;
+        }
+        let n = self.node_mut(ino)?;
+        n.base = None;
+        if truncate {
+            n.meta.ctime = now_ns();
+        }
+        // The record changes even when already dirty: it now has an upper file.
+        self.persist(ino)?;
+        Ok(f)
+    }
+
+    fn make_node(&self, kind: Kind, mode: u32, req: &Request, parent: u64, body: Body) -> Node {
+        let t = now_ns();
+        let pm = self
+            .st
+            .nodes
+            .get(&parent)
+            .map(|p| p.meta)
+            .unwrap_or_default();
+        let mut mode = mode & 0o7777;
+        let gid = if pm.mode & libc::S_ISGID != 0 {
+            if kind == Kind::Dir {
+                mode |= libc::S_ISGID;
+            }
+            pm.gid
+        } else {
+            req.gid()
+        };
+        Node {
+            kind,
+            meta: Meta {
+                mode,
+                uid: req.uid(),
+                gid,
+                rdev: 0,
+                atime: t,
+                mtime: t,
+                ctime: t,
+                size: 0,
+            },
+            nlink: if kind == Kind::Dir { 2 } else { 1 },
+            links: Vec::new(),
+            xattrs: Vec::new(),
+            body,
+            dirty: false,
+            base: None,
+            open_plain: 0,
+            open_passthrough: 0,
+            writers: 0,
+            backing: None,
+        }
+    }
+
+    fn path_of(&self, ino: u64) -> String {
+        let mut parts = Vec::new();
+        let mut cur = ino;
+        let mut guard = 0;
+        while cur != ROOT && guard < 4096 {
+            let Some(n) = self.st.nodes.get(&cur) else {
+                break;
+            };
+            let Some((p, name)) = n.links.first() else {
+                return format!("(unlinked inode {ino})");
+            };
+            parts.push(String::from_utf8_lossy(name).into_owned());
+            cur = *p;
+            guard += 1;
+        }
+        parts.reverse();
+        parts.join("/")
+    }
+
+    /// Builds and stores the tree of dirty directory `ino`; returns its id.
+    fn build(
+        &mut self,
+        ino: u64,
+        stats: &mut SnapshotStats,
+        done: &mut Vec<(u64, Arc<TreeEntry>)>,
+    ) -> Result<TreeId, WorkspaceError> {
+        self.load_dir(ino)
+            .map_err(|e| WorkspaceError::Io(format!("loading {}: {e:?}", self.path_of(ino))))?;
+        let children: Vec<(Vec<u8>, u64)> = match &self.st.nodes[&ino].body {
+            Body::Dir {
+                children: Some(c), ..
+            } => c.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            _ => unreachable!("loaded above"),
+        };
+        let mut entries = Vec::with_capacity(children.len());
+        let mut cas = StoreStats::default();
+        for (name, child) in children {
+            let n = &self.st.nodes[&child];
+            if !n.dirty {
+                let base = n.base.as_ref().expect("a clean node has a base entry");
+                if base.name == name {
+                    entries.push((**base).clone());
+                } else {
+                    let mut e = (**base).clone();
+                    e.name = name;
+                    entries.push(e);
+                }
+                continue;
+            }
+            let meta = n.meta;
+            let xattrs = n.xattrs.clone();
+            let (content, size, mtime, mode) = match n.kind {
+                Kind::Dir => {
+                    let id = self.build(child, stats, done)?;
+                    (EntryContent::Dir(id), 0, meta.mtime, meta.mode)
+                }
+                Kind::File => {
+                    let (clean, upper) = match &n.body {
+                        Body::File { clean, upper, .. } => (*clean, upper.clone()),
+                        _ => unreachable!(),
+                    };
+                    let (fref, mtime) = match (upper, clean) {
+                        (Some(u), _) => {
+                            let st = fstat(&u).map_err(|e| {
+                                WorkspaceError::Io(format!("{}: {e}", self.path_of(child)))
+                            })?;
+                            let path = self.ws.upper_path(child);
+                            let mut f = File::open(&path).map_err(|e| {
+                                WorkspaceError::Io(format!("{}: {e}", path.display()))
+                            })?;
+                            let fref =
+                                store_reader(self.ws.objects.as_ref(), &mut f, &path, &mut cas)?;
+                            stats.files_hashed += 1;
+                            stats.bytes_hashed += fref.size;
+                            stats.changed_paths.push(self.path_of(child));
+                            let mtime = st.st_mtime * 1_000_000_000 + st.st_mtime_nsec;
+                            (fref, mtime)
+                        }
+                        (None, Some(c)) => {
+                            stats.changed_paths.push(self.path_of(child));
+                            (c, meta.mtime)
+                        }
+                        (None, None) => {
+                            return Err(WorkspaceError::Io(format!(
+                                "{}: content lost (no upper file)",
+                                self.path_of(child)
+                            )))
+                        }
+                    };
+                    (EntryContent::File(fref.id), fref.size, mtime, meta.mode)
+                }
+                Kind::Symlink => {
+                    stats.changed_paths.push(self.path_of(child));
+                    let t = match &n.body {
+                        Body::Symlink(t) => t.clone(),
+                        _ => unreachable!(),
+                    };
+                    let len = t.len() as u64;
+                    (EntryContent::Symlink(t), len, meta.mtime, 0o777)
+                }
+                Kind::Fifo => (EntryContent::Fifo, 0, meta.mtime, meta.mode),
+                Kind::CharDev => (
+                    EntryContent::CharDevice { rdev: meta.rdev },
+                    0,
+                    meta.mtime,
+                    meta.mode,
+                ),
+                Kind::BlockDev => (
+                    EntryContent::BlockDevice { rdev: meta.rdev },
+                    0,
+                    meta.mtime,
+                    meta.mode,
+                ),
+                Kind::Socket => {
+                    stats.skipped += 1;
+                    continue;
+                }
+            };
+            let e = TreeEntry {
+                name,
+                content,
+                mode,
+                mtime_ns: mtime,
+                size,
+                xattrs,
+            };
+            done.push((child, Arc::new(e.clone())));
+            entries.push(e);
+        }
+        let tree = Tree::from_sorted_entries(entries)
+            .map_err(|e| WorkspaceError::Io(format!("directory {}: {e}", self.path_of(ino))))?;
+        let (id, p) = store_tree(self.ws.objects.as_ref(), &tree)?;
+        cas.record(&p);
+        stats.dirs_written += 1;
+        stats.new_objects += cas.new_objects;
+        stats.new_bytes += cas.new_bytes;
+        stats.reused_objects += cas.reused_objects;
+        Ok(id)
+    }
+}
+
+impl Workspace {
+    /// Opens the workspace of mount `key`: picks up its dirty set if it has one (its base
+    /// wins over `base`; [`Workspace::base`] tells), else starts clean at `base`.
+    pub fn open(
+        objects: Arc<dyn ObjectStore>,
+        db: Arc<crate::cas::Database>,
+        key: [u8; 8],
+        upper_dir: &Path,
+        base: TreeId,
+        tag: serde_json::Value,
+        opts: &WorkspaceOptions,
+    ) -> Result<Workspace, WorkspaceError> {
+        std::fs::create_dir_all(upper_dir)
+            .map_err(|e| WorkspaceError::Io(format!("{}: {e}", upper_dir.display())))?;
+        let upper_file = File::open(upper_dir)
+            .map_err(|e| WorkspaceError::Io(format!("{}: {e}", upper_dir.display())))?;
+        let dirty = DirtyStore::new(db, key);
+        let meta = dirty.meta()?;
+        let (base, tag, records) = match meta {
+            Some(m) => (m.base, m.tag, dirty.nodes()?),
+            None => {
+                let mut b = dirty.batch();
+                dirty.clear_all(&mut b);
+                dirty.put_meta(
+                    &mut b,
+                    &MountMeta {
+                        base,
+                        tag: tag.clone(),
+                    },
+                );
+                dirty.commit(b)?;
+                (base, tag, Vec::new())
+            }
+        };
+        // SAFETY: getuid and getgid cannot fail.
+        let owner = unsafe { (libc::getuid(), libc::getgid()) };
+        let t = now_ns();
+        let ws = Workspace {
+            objects,
+            dirty,
+            upper_dir: upper_dir.to_path_buf(),
+            upper_fd: OwnedFd::from(upper_file),
+            state: Mutex::new(State {
+                nodes: HashMap::new(),
+                next_ino: 2,
+                base,
+                tag,
+                dirty: BTreeSet::new(),
+            }),
+            barrier: RwLock::new(()),
+            chunks: ChunkCache::new(opts.chunk_cache_bytes),
+            fetching: Mutex::new(HashMap::new()),
+            handles: Mutex::new(HashMap::new()),
+            dir_handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            want_passthrough: opts.passthrough,
+            passthrough: AtomicBool::new(false),
+            notifier: OnceLock::new(),
+            owner,
+            mounted_at: t,
+        };
+        ws.load(base, records)?;
+        Ok(ws)
+    }
+
+    fn root_node(&self, base: TreeId) -> Node {
+        Node {
+            kind: Kind::Dir,
+            meta: Meta {
+                mode: 0o755,
+                uid: self.owner.0,
+                gid: self.owner.1,
+                rdev: 0,
+                atime: self.mounted_at,
+                mtime: self.mounted_at,
+                ctime: self.mounted_at,
+                size: 0,
+            },
+            nlink: 2,
+            links: Vec::new(),
+            xattrs: Vec::new(),
+            body: Body::Dir {
+                tree: Some(base),
+                children: None,
+                subdirs: 0,
+            },
+            dirty: false,
+            base: None,
+            open_plain: 0,
+            open_passthrough: 0,
+            writers: 0,
+            backing: None,
+        }
+    }
+
+    /// Builds the inode table from the base and the persisted records, and removes
+    /// upper files no record needs.
+    fn load(&self, base: TreeId, records: Vec<(u64, NodeRecord)>) -> Result<(), WorkspaceError> {
+        let mut st = self.lock();
+        st.nodes.insert(ROOT, self.root_node(base));
+        let mut wanted = BTreeSet::new();
+        for (ino, r) in records {
+            let body = match r.kind {
+                Kind::Dir => Body::Dir {
+                    tree: r.tree,
+                    children: None,
+                    subdirs: 0,
+                },
+                Kind::File => {
+                    let upper = if r.upper {
+                        wanted.insert(ino);
+                        match self.open_upper(ino) {
+                            Ok(f) => Some(Arc::new(f)),
+                            Err(e) => {
+                                tracing::error!(
+                                    "upper file of inode {ino} ({}): {e}; its content is lost",
+                                    self.upper_path(ino).display()
+                                );
+                                None
+                            }
+                        }
+                    } else {
+                        None
+                    };
+                    Body::File {
+                        clean: r.clean.map(|id| FileRef { id, size: r.size }),
+                        upper,
+                        chunks: None,
+                    }
+                }
+                Kind::Symlink => Body::Symlink(r.target.clone().unwrap_or_default()),
+                _ => Body::Other,
+            };
+            let node = Node {
+                kind: r.kind,
+                meta: Meta {
+                    mode: r.mode,
+                    uid: r.uid,
+                    gid: r.gid,
+                    rdev: r.rdev,
+                    atime: r.atime_ns,
+                    mtime: r.mtime_ns,
+                    ctime: r.ctime_ns,
+                    size: r.size,
+                },
+                nlink: r.nlink,
+                links: Vec::new(),
+                xattrs: r.xattrs,
+                body,
+                dirty: true,
+                base: None,
+                open_plain: 0,
+                open_passthrough: 0,
+                writers: 0,
+                backing: None,
+            };
+            if ino == ROOT {
+                let root = st.nodes.get_mut(&ROOT).expect("root");
+                root.meta = node.meta;
+                root.xattrs = node.xattrs;
+                root.dirty = true;
+                if let (Body::Dir { tree, .. }, Body::Dir { tree: t, .. }) =
+                    (&mut root.body, node.body)
+                {
+                    *tree = t;
+                }
+            } else {
+                st.nodes.insert(ino, node);
+            }
+            st.dirty.insert(ino);
+            st.next_ino = st.next_ino.max(ino + 1);
+        }
+        drop(st);
+        // Upper files of nodes that are gone (or never made it into a record).
+        if let Ok(rd) = std::fs::read_dir(&self.upper_dir) {
+            for e in rd.flatten() {
+                let keep = e
+                    .file_name()
+                    .to_str()
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .is_some_and(|i| wanted.contains(&i));
+                if !keep {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn tx(&self) -> Tx<'_> {
+        Tx {
+            ws: self,
+            st: self.lock(),
+            batch: WriteBatch::default(),
+        }
+    }
+
+    fn upper_path(&self, ino: u64) -> PathBuf {
+        self.upper_dir.join(ino.to_string())
+    }
+
+    fn upper_cname(ino: u64) -> CString {
+        CString::new(ino.to_string()).expect("digits")
+    }
+
+    fn open_upper(&self, ino: u64) -> std::io::Result<File> {
+        let name = Self::upper_cname(ino);
+        // SAFETY: a valid directory fd and NUL-terminated name.
+        let fd = unsafe {
+            libc::openat(
+                self.upper_fd.as_raw_fd(),
+                name.as_ptr(),
+                libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+            )
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a fresh fd we own.
+        Ok(unsafe { File::from_raw_fd(fd) })
+    }
+
+    fn create_upper(&self, ino: u64) -> std::io::Result<File> {
+        let name = Self::upper_cname(ino);
+        // A leftover of an earlier life of this inode number.
+        // SAFETY: as in open_upper.
+        unsafe { libc::unlinkat(self.upper_fd.as_raw_fd(), name.as_ptr(), 0) };
+        // SAFETY: as in open_upper.
+        let fd = unsafe {
+            libc::openat(
+                self.upper_fd.as_raw_fd(),
+                name.as_ptr(),
+                libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
+                0o600 as libc::c_uint,
+            )
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a fresh fd we own.
+        Ok(unsafe { File::from_raw_fd(fd) })
+    }
+
+    fn remove_upper(&self, ino: u64) {
+        let name = Self::upper_cname(ino);
+        // SAFETY: as in open_upper.
+        unsafe { libc::unlinkat(self.upper_fd.as_raw_fd(), name.as_ptr(), 0) };
+    }
+
+    /// Writes stored content `c` into fresh upper file `f`.
+    fn fill_upper(&self, f: &File, c: &FileRef) -> Result<(), Errno> {
+        if !c.is_chunked() {
+            let data = self.chunk(ChunkId(c.id.0), c.size)?;
+            f.write_all_at(&data, 0).map_err(io_errno)?;
+            return Ok(());
+        }
+        let list = load_chunk_list(self.objects.as_ref(), c).map_err(eio)?;
+        let mut off = 0u64;
+        for (id, len) in &list.chunks {
+            let data = read_chunk(self.objects.as_ref(), id, *len as u64).map_err(eio)?;
+            f.write_all_at(&data, off).map_err(io_errno)?;
+            off += *len as u64;
+        }
+        Ok(())
+    }
+
+    fn attr_of(&self, ino: u64, n: &Node) -> FileAttr {
+        let mut m = n.meta;
+        let mut blocks = m.size.div_ceil(512);
+        if let Body::File { upper: Some(u), .. } = &n.body {
+            if let Ok(st) = fstat(u) {
+                m.size = st.st_size as u64;
+                m.mtime = st.st_mtime * 1_000_000_000 + st.st_mtime_nsec;
+                m.atime = st.st_atime * 1_000_000_000 + st.st_atime_nsec;
+                m.ctime = m.ctime.max(st.st_ctime * 1_000_000_000 + st.st_ctime_nsec);
+                blocks = st.st_blocks as u64;
+            }
+        }
+        if let Body::Symlink(t) = &n.body {
+            m.size = t.len() as u64;
+        }
+        FileAttr {
+            ino: INodeNo(ino),
+            size: if n.kind == Kind::Dir { 4096 } else { m.size },
+            blocks,
+            atime: to_time(m.atime),
+            mtime: to_time(m.mtime),
+            ctime: to_time(m.ctime),
+            crtime: to_time(m.ctime),
+            kind: file_type(n.kind),
+            perm: (m.mode & 0o7777) as u16,
+            nlink: n.nlink,
+            uid: m.uid,
+            gid: m.gid,
+            rdev: m.rdev as u32,
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+
+    fn chunk(&self, id: ChunkId, len: u64) -> Result<Arc<Vec<u8>>, Errno> {
+        if let Some(c) = self.chunks.get(&id) {
+            return Ok(c);
+        }
+        let slot = {
+            let mut f = self.fetching.lock().unwrap_or_else(|p| p.into_inner());
+            f.entry(id).or_default().clone()
+        };
+        let _turn = slot.lock().unwrap_or_else(|p| p.into_inner());
+        let result = match self.chunks.get(&id) {
+            Some(c) => Ok(c),
+            None => read_chunk(self.objects.as_ref(), &id, len)
+                .map(|d| {
+                    let d = Arc::new(d);
+                    self.chunks.insert(id, d.clone());
+                    d
+                })
+                .map_err(eio),
+        };
+        self.fetching
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        result
+    }
+
+    fn read_clean(
+        &self,
+        ino: u64,
+        fref: &FileRef,
+        offset: u64,
+        size: u32,
+    ) -> Result<Vec<u8>, Errno> {
+        if offset >= fref.size {
+            return Ok(Vec::new());
+        }
+        let end = (offset + size as u64).min(fref.size);
+        if !fref.is_chunked() {
+            let data = self.chunk(ChunkId(fref.id.0), fref.size)?;
+            return Ok(data[offset as usize..end as usize].to_vec());
+        }
+        let cached = match self.lock().nodes.get(&ino).map(|n| &n.body) {
+            Some(Body::File {
+                chunks: Some(c),
+                clean: Some(cl),
+                ..
+            }) if cl.id == fref.id => Some(c.clone()),
+            _ => None,
+        };
+        let list = match cached {
+            Some(l) => l,
+            None => {
+                let l = Arc::new(load_chunk_list(self.objects.as_ref(), fref).map_err(eio)?);
+                if let Some(Body::File {
+                    chunks,
+                    clean: Some(cl),
+                    ..
+                }) = self.lock().nodes.get_mut(&ino).map(|n| &mut n.body)
+                {
+                    if cl.id == fref.id {
+                        *chunks = Some(l.clone());
+                    }
+                }
+                l
+            }
+        };
+        let cs = CHUNK_SIZE as u64;
+        let mut out = Vec::with_capacity((end - offset) as usize);
+        let mut pos = offset;
+        while pos < end {
+            let i = (pos / cs) as usize;
+            let (id, len) = list.chunks[i];
+            let data = self.chunk(id, len as u64)?;
+            let start = (pos - i as u64 * cs) as usize;
+            let stop = ((end - i as u64 * cs) as usize).min(data.len());
+            out.extend_from_slice(&data[start..stop]);
+            pos = i as u64 * cs + stop as u64;
+        }
+        Ok(out)
+    }
+
+    /// The current base tree and the tag kept with it.
+    pub fn base(&self) -> (TreeId, serde_json::Value) {
+        let st = self.lock();
+        (st.base, st.tag.clone())
+    }
+
+    /// Whether reads of local copies go through FUSE passthrough (known once mounted).
+    pub fn read_mode(&self) -> &'static str {
+        if self.passthrough.load(Ordering::Relaxed) {
+            "passthrough"
+        } else {
+            "fuse"
+        }
+    }
+
+    pub fn status(&self) -> WorkspaceStatus {
+        let tx = self.tx();
+        let mut files = 0;
+        let mut bytes = 0;
+        let mut paths = Vec::new();
+        for ino in &tx.st.dirty {
+            let Some(n) = tx.st.nodes.get(ino) else {
+                continue;
+            };
+            if n.kind != Kind::Dir {
+                files += 1;
+                bytes += self.attr_of(*ino, n).size;
+                if paths.len() < 100 {
+                    paths.push(tx.path_of(*ino));
+                }
+            }
+        }
+        WorkspaceStatus {
+            base: tx.st.base,
+            dirty_nodes: tx.st.dirty.len(),
+            dirty_files: files,
+            dirty_bytes: bytes,
+            dirty_paths: paths,
+            nodes_loaded: tx.st.nodes.len(),
+            read_mode: self.read_mode(),
+        }
+    }
+
+    /// Takes a snapshot: with writes held off, stores every dirty file and directory and
+    /// hands the new root to `publish`. If `publish` succeeds the snapshot becomes the
+    /// base (with the tag it returns) and the dirty set empties, except for files still
+    /// open for writing; if it fails nothing changes.
+    pub fn snapshot<T, E>(
+        &self,
+        publish: impl FnOnce(TreeId, &SnapshotStats) -> Result<(T, serde_json::Value), E>,
+    ) -> Result<Result<(T, SnapshotStats), E>, WorkspaceError> {
+        let _barrier = self.barrier.write().unwrap_or_else(|p| p.into_inner());
+        let mut tx = self.tx();
+        let mut stats = SnapshotStats::default();
+        let mut done = Vec::new();
+        let root_dirty = tx.st.nodes[&ROOT].dirty;
+        let root = if root_dirty {
+            tx.build(ROOT, &mut stats, &mut done)?
+        } else {
+            tx.st.base
+        };
+        self.objects.sync()?;
+        let (out, tag) = match publish(root, &stats) {
+            Ok(x) => x,
+            Err(e) => return Ok(Err(e)),
+        };
+        // The new base: every node written becomes clean, but a file open for writing
+        // may change behind the daemon's back (passthrough) and stays dirty.
+        let mut still = Vec::new();
+        for (ino, entry) in done {
+            let n = tx.st.nodes.get_mut(&ino).expect("built");
+            if let EntryContent::File(id) = entry.content {
+                if let Body::File { clean, chunks, .. } = &mut n.body {
+                    *clean = Some(FileRef {
+                        id,
+                        size: entry.size,
+                    });
+                    *chunks = None;
+                }
+            }
+            if let EntryContent::Dir(id) = entry.content {
+                if let Body::Dir { tree, .. } = &mut n.body {
+                    *tree = Some(id);
+                }
+            }
+            n.base = Some(entry);
+            n.dirty = false;
+            if n.writers > 0 {
+                still.push(ino);
+            }
+        }
+        if let Some(r) = tx.st.nodes.get_mut(&ROOT) {
+            r.dirty = false;
+            if let Body::Dir { tree, .. } = &mut r.body {
+                *tree = Some(root);
+            }
+        }
+        // Nodes in the set that the walk did not reach (sockets) stay as they are in
+        // memory but leave the persisted set: the new base has no place for them.
+        for ino in std::mem::take(&mut tx.st.dirty) {
+            if let Some(n) = tx.st.nodes.get_mut(&ino) {
+                n.dirty = false;
+                if n.base.is_none() && n.kind == Kind::Socket {
+                    // Keep sockets dirty so their directory is written again next time.
+                    still.push(ino);
+                }
+            }
+        }
+        tx.st.base = root;
+        tx.st.tag = tag.clone();
+        self.dirty.clear(&mut tx.batch);
+        self.dirty
+            .put_meta(&mut tx.batch, &MountMeta { base: root, tag });
+        for ino in still {
+            let _ = tx.persist(ino);
+        }
+        tx.commit()
+            .map_err(|_| WorkspaceError::Io("writing the dirty set".into()))?;
+        self.dirty.sync()?;
+        Ok(Ok((out, stats)))
+    }
+
+    /// Makes `root` the workspace's content: the inode table is replaced (files open
+    /// now keep what they had open), the kernel's caches are invalidated, nothing is
+    /// copied. Refused while uncaptured changes exist unless `force`.
+    pub fn swap_root(
+        &self,
+        root: TreeId,
+        tag: serde_json::Value,
+        force: bool,
+    ) -> Result<(), WorkspaceError> {
+        // The new root must be readable before anything is dropped.
+        load_tree(self.objects.as_ref(), &root)?;
+        let _barrier = self.barrier.write().unwrap_or_else(|p| p.into_inner());
+        let mut tx = self.tx();
+        let pending: Vec<u64> = tx
+            .st
+            .dirty
+            .iter()
+            .copied()
+            .filter(|i| tx.st.nodes.get(i).is_some_and(|n| n.kind != Kind::Dir))
+            .collect();
+        if !force && !pending.is_empty() {
+            return Err(WorkspaceError::Uncaptured {
+                count: pending.len(),
+                example: tx.path_of(pending[0]),
+            });
+        }
+        let old_names: Vec<Vec<u8>> = match &tx.st.nodes[&ROOT].body {
+            Body::Dir {
+                children: Some(c), ..
+            } => c.keys().cloned().collect(),
+            _ => Vec::new(),
+        };
+        let old: Vec<u64> = tx.st.nodes.keys().copied().filter(|&i| i != ROOT).collect();
+        for ino in old {
+            let n = tx.st.nodes.get_mut(&ino).expect("listed");
+            if n.open_plain + n.open_passthrough > 0 {
+                // Detached: open handles keep working on it until they close.
+                n.links.clear();
+                n.nlink = 0;
+                n.dirty = false;
+                continue;
+            }
+            let n = tx.st.nodes.remove(&ino).expect("listed");
+            if let Body::File { upper: Some(_), .. } = n.body {
+                self.remove_upper(ino);
+            }
+        }
+        let root_node = self.root_node(root);
+        tx.st.nodes.insert(ROOT, root_node);
+        tx.st.dirty.clear();
+        tx.st.base = root;
+        tx.st.tag = tag.clone();
+        self.dirty.clear(&mut tx.batch);
+        self.dirty
+            .put_meta(&mut tx.batch, &MountMeta { base: root, tag });
+        tx.commit()
+            .map_err(|_| WorkspaceError::Io("writing the dirty set".into()))?;
+        self.dirty.sync()?;
+        drop(_barrier);
+        if let Some(n) = self.notifier.get() {
+            for name in old_names {
+                let _ = n.inval_entry(INodeNo(ROOT), OsStr::from_bytes(&name));
+            }
+            let _ = n.inval_inode(INodeNo(ROOT), 0, 0);
+        }
+        Ok(())
+    }
+
+    /// Gives the workspace the channel for cache invalidations (after mounting).
+    pub fn set_notifier(&self, n: Notifier) {
+        let _ = self.notifier.set(n);
+    }
+
+    fn new_fh(&self) -> u64 {
+        self.next_fh.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn release_handle(&self, fh: u64) {
+        let h = self
+            .handles
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&fh);
+        let Some(h) = h else { return };
+        let mut tx = self.tx();
+        if let Some(n) = tx.st.nodes.get_mut(&h.ino) {
+            if h.backing.is_some() {
+                n.open_passthrough = n.open_passthrough.saturating_sub(1);
+                if n.open_passthrough == 0 {
+                    n.backing = None;
+                }
+            } else {
+                n.open_plain = n.open_plain.saturating_sub(1);
+            }
+        }
+        tx.maybe_free(h.ino);
+        let _ = tx.commit();
+    }
+}
+
+/// The FUSE face of a [`Workspace`].
+pub struct WorkspaceFs(pub Arc<Workspace>);
+
+fn reply_xattr(reply: ReplyXattr, size: u32, data: &[u8]) {
+    if size == 0 {
+        reply.size(data.len() as u32);
+    } else if data.len() > size as usize {
+        reply.error(Errno::ERANGE);
+    } else {
+        reply.data(data);
+    }
+}
+
+impl WorkspaceFs {
+    fn ws(&self) -> &Workspace {
+        &self.0
+    }
+
+    fn entry_reply(&self, r: Result<FileAttr, Errno>, reply: ReplyEntry) {
+        match r {
+            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn create_node(
+        &self,
+        req: &Request,
+        parent: u64,
+        name: &OsStr,
+        kind: Kind,
+        mode: u32,
+        body: impl FnOnce(&Workspace, u64) -> Result<Body, Errno>,
+        rdev: u64,
+    ) -> Result<(u64, FileAttr), Errno> {
+        let name = name.as_bytes();
+        check_name(name)?;
+        let mut tx = self.ws().tx();
+        if tx.node(parent)?.kind != Kind::Dir {
+            return Err(Errno::ENOTDIR);
+        }
+        if tx.lookup(parent, name)?.is_some() {
+            return Err(Errno::EEXIST);
+        }
+        let mut node = tx.make_node(kind, mode, req, parent, Body::Other);
+        node.meta.rdev = rdev;
+        if kind == Kind::Dir {
+            node.body = Body::Dir {
+                tree: None,
+                children: Some(BTreeMap::new()),
+                subdirs: 0,
+            };
+        }
+        let ino = tx.alloc(node);
+        match body(self.ws(), ino) {
+            Ok(Body::Other) => {}
+            Ok(b) => tx.node_mut(ino)?.body = b,
+            Err(e) => {
+                tx.st.nodes.remove(&ino);
+                return Err(e);
+            }
+        }
+        if let Body::Symlink(t) = &tx.node(ino)?.body {
+            let len = t.len() as u64;
+            tx.node_mut(ino)?.meta.size = len;
+        }
+        tx.attach(parent, name, ino)?;
+        let attr = tx.attr(ino)?;
+        tx.commit()?;
+        Ok((ino, attr))
+    }
+
+    /// Opens `ino` (copying up for writing) and returns the handle and, with
+    /// passthrough, the backing to reply with.
+    fn open_node(
+        &self,
+        ino: u64,
+        flags: i32,
+        make_backing: impl FnOnce(&File) -> std::io::Result<BackingId>,
+    ) -> Result<(u64, Option<Arc<BackingId>>), Errno> {
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let trunc = flags & libc::O_TRUNC != 0 && write;
+        let ws = self.ws();
+        let _b = if write {
+            Some(ws.barrier.read().unwrap_or_else(|p| p.into_inner()))
+        } else {
+            None
+        };
+        let mut tx = ws.tx();
+        let n = tx.node(ino)?;
+        match n.kind {
+            Kind::File => {}
+            Kind::Dir => return Err(Errno::EISDIR),
+            _ => return Err(Errno::EINVAL),
+        }
+        if write {
+            tx.copy_up(ino, trunc)?;
+            if trunc {
+                let n = tx.node_mut(ino)?;
+                n.meta.ctime = now_ns();
+            }
+        }
+        let n = tx.node(ino)?;
+        let (upper, clean) = match &n.body {
+            Body::File { upper, clean, .. } => (upper.clone(), *clean),
+            _ => unreachable!(),
+        };
+        let mut backing = n.backing.clone();
+        if let (None, true, 0, Some(u)) = (
+            &backing,
+            ws.passthrough.load(Ordering::Relaxed),
+            n.open_plain,
+            &upper,
+        ) {
+            match make_backing(u) {
+                Ok(b) => backing = Some(Arc::new(b)),
+                Err(e) => tracing::debug!("passthrough unavailable for inode {ino}: {e}"),
+            }
+        }
+        let n = tx.node_mut(ino)?;
+        if write {
+            n.writers += 1;
+        }
+        if backing.is_some() {
+            n.open_passthrough += 1;
+            n.backing = backing.clone();
+        } else {
+            n.open_plain += 1;
+        }
+        let src = match (upper, clean) {
+            (Some(u), _) => Src::Upper(u),
+            (None, Some(c)) => Src::Clean(c),
+            (None, None) => Src::None,
+        };
+        tx.commit()?;
+        let fh = ws.new_fh();
+        ws.handles.lock().unwrap_or_else(|p| p.into_inner()).insert(
+            fh,
+            Handle {
+                ino,
+                src,
+                backing: backing.clone(),
+            },
+        );
+        Ok((fh, backing))
+    }
+
+    fn current_src(&self, ino: u64, fh: u64) -> Src {
+        if let Some(n) = self.ws().lock().nodes.get(&ino) {
+            if let Body::File { upper, clean, .. } = &n.body {
+                return match (upper, clean) {
+                    (Some(u), _) => Src::Upper(u.clone()),
+                    (None, Some(c)) => Src::Clean(*c),
+                    (None, None) => Src::None,
+                };
+            }
+        }
+        self.ws()
+            .handles
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&fh)
+            .map(|h| h.src.clone())
+            .unwrap_or(Src::None)
+    }
+
+    fn writable_upper(&self, ino: u64, fh: u64) -> Result<Arc<File>, Errno> {
+        match self.current_src(ino, fh) {
+            Src::Upper(u) => Ok(u),
+            _ => {
+                let mut tx = self.ws().tx();
+                let u = tx.copy_up(ino, false)?;
+                tx.commit()?;
+                Ok(u)
+            }
+        }
+    }
+}
+
+impl Filesystem for WorkspaceFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        if self.ws().want_passthrough
+            && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+            && config.set_max_stack_depth(1).is_ok()
+        {
+            self.ws().passthrough.store(true, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let r = (|| {
+            let mut tx = self.ws().tx();
+            let ino = tx.lookup(parent.0, name.as_bytes())?.ok_or(Errno::ENOENT)?;
+            if tx.node(ino)?.kind == Kind::Dir {
+                tx.load_dir(ino)?;
+            }
+            tx.attr(ino)
+        })();
+        self.entry_reply(r, reply);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let r = (|| {
+            let mut tx = self.ws().tx();
+            if tx.node(ino.0)?.kind == Kind::Dir {
+                tx.load_dir(ino.0)?;
+            }
+            tx.attr(ino.0)
+        })();
+        match r {
+            Ok(a) => reply.attr(&TTL, &a),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let ino = ino.0;
+        let r = (|| {
+            let ws = self.ws();
+            let _b = ws.barrier.read().unwrap_or_else(|p| p.into_inner());
+            let mut tx = ws.tx();
+            let t = now_ns();
+            let resolve = |x: TimeOrNow| match x {
+                TimeOrNow::Now => t,
+                TimeOrNow::SpecificTime(s) => time_ns(s),
+            };
+            if let Some(sz) = size {
+                let kind = tx.node(ino)?.kind;
+                if kind == Kind::Dir {
+                    return Err(Errno::EISDIR);
+                }
+                if kind != Kind::File {
+                    return Err(Errno::EINVAL);
+                }
+                let _ = fh;
+                let u = tx.copy_up(ino, sz == 0)?;
+                u.set_len(sz).map_err(io_errno)?;
+                tx.node_mut(ino)?.meta.ctime = t;
+            }
+            let has_upper = matches!(tx.node(ino)?.body, Body::File { upper: Some(_), .. });
+            if (atime.is_some() || mtime.is_some()) && has_upper {
+                let u = match &tx.node(ino)?.body {
+                    Body::File { upper: Some(u), .. } => u.clone(),
+                    _ => unreachable!(),
+                };
+                set_file_times(&u, atime.map(resolve), mtime.map(resolve)).map_err(io_errno)?;
+            }
+            let n = tx.node_mut(ino)?;
+            if let Some(m) = mode {
+                n.meta.mode = m & 0o7777;
+            }
+            if let Some(u) = uid {
+                n.meta.uid = u;
+            }
+            if let Some(g) = gid {
+                n.meta.gid = g;
+            }
+            // chown clears setuid/setgid on files (as ext4 does for non-directories).
+            if (uid.is_some() || gid.is_some()) && mode.is_none() && n.kind == Kind::File {
+                n.meta.mode &= !(libc::S_ISUID | libc::S_ISGID);
+            }
+            if let Some(a) = atime {
+                n.meta.atime = resolve(a);
+            }
+            if let Some(m) = mtime {
+                n.meta.mtime = resolve(m);
+            }
+            n.meta.ctime = t;
+            n.base = None;
+            tx.persist(ino)?;
+            let a = tx.attr(ino)?;
+            tx.commit()?;
+            Ok(a)
+        })();
+        match r {
+            Ok(a) => reply.attr(&TTL, &a),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let tx = self.ws().tx();
+        match tx.node(ino.0).map(|n| &n.body) {
+            Ok(Body::Symlink(t)) => reply.data(t),
+            Ok(_) => reply.error(Errno::EINVAL),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let r = (|| {
+            let kind = kind_of_mode(mode).ok_or(Errno::EINVAL)?;
+            let perm = mode & !umask;
+            let (_, a) = match kind {
+                Kind::File => self.create_node(
+                    req,
+                    parent.0,
+                    name,
+                    kind,
+                    perm,
+                    |ws, ino| {
+                        let f = ws.create_upper(ino).map_err(io_errno)?;
+                        Ok(Body::File {
+                            clean: None,
+                            upper: Some(Arc::new(f)),
+                            chunks: None,
+                        })
+                    },
+                    0,
+                )?,
+                Kind::Dir | Kind::Symlink => return Err(Errno::EINVAL),
+                _ => self.create_node(
+                    req,
+                    parent.0,
+                    name,
+                    kind,
+                    perm,
+                    |_, _| Ok(Body::Other),
+                    rdev as u64,
+                )?,
+            };
+            Ok(a)
+        })();
+        self.entry_reply(r, reply);
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let r = self
+            .create_node(
+                req,
+                parent.0,
+                name,
+                Kind::Dir,
+                mode & !umask,
+                |_, _| Ok(Body::Other),
+                0,
+            )
+            .map(|x| x.1);
+        self.entry_reply(r, reply);
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = (|| {
+            let mut tx = self.ws().tx();
+            let child = tx.lookup(parent.0, name.as_bytes())?.ok_or(Errno::ENOENT)?;
+            if tx.node(child)?.kind == Kind::Dir {
+                return Err(Errno::EISDIR);
+            }
+            tx.detach(parent.0, name.as_bytes())?;
+            let n = tx.node_mut(child)?;
+            n.nlink = n.nlink.saturating_sub(1);
+            n.meta.ctime = now_ns();
+            if n.nlink > 0 {
+                n.base = None;
+                tx.persist(child)?;
+            }
+            tx.maybe_free(child);
+            tx.commit()
+        })();
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = (|| {
+            let mut tx = self.ws().tx();
+            if name.as_bytes() == b"." {
+                return Err(Errno::EINVAL);
+            }
+            let child = tx.lookup(parent.0, name.as_bytes())?.ok_or(Errno::ENOENT)?;
+            if tx.node(child)?.kind != Kind::Dir {
+                return Err(Errno::ENOTDIR);
+            }
+            if !tx.children(child)?.is_empty() {
+                return Err(Errno::ENOTEMPTY);
+            }
+            tx.detach(parent.0, name.as_bytes())?;
+            tx.node_mut(child)?.nlink = 0;
+            tx.maybe_free(child);
+            tx.commit()
+        })();
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let t = target.as_os_str().as_bytes().to_vec();
+        if t.len() > MAX_SYMLINK_LEN {
+            return reply.error(Errno::ENAMETOOLONG);
+        }
+        let r = self
+            .create_node(
+                req,
+                parent.0,
+                link_name,
+                Kind::Symlink,
+                0o777,
+                move |_, _| Ok(Body::Symlink(t)),
+                0,
+            )
+            .map(|x| x.1);
+        self.entry_reply(r, reply);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let r = (|| {
+            let (p, np) = (parent.0, newparent.0);
+            let (n1, n2) = (name.as_bytes(), newname.as_bytes());
+            check_name(n2)?;
+            if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+                return Err(Errno::EINVAL);
+            }
+            let exchange = flags.contains(RenameFlags::RENAME_EXCHANGE);
+            let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
+            if exchange && noreplace {
+                return Err(Errno::EINVAL);
+            }
+            let mut tx = self.ws().tx();
+            if tx.node(np)?.kind != Kind::Dir {
+                return Err(Errno::ENOTDIR);
+            }
+            let src = tx.lookup(p, n1)?.ok_or(Errno::ENOENT)?;
+            let dst = tx.lookup(np, n2)?;
+            let src_dir = tx.node(src)?.kind == Kind::Dir;
+            // A directory cannot move below itself.
+            let mut cur = np;
+            loop {
+                if cur == src {
+                    return Err(Errno::EINVAL);
+                }
+                if cur == ROOT {
+                    break;
+                }
+                cur = tx.node(cur)?.parent();
+            }
+            if exchange {
+                let dst = dst.ok_or(Errno::ENOENT)?;
+                if dst == src {
+                    return Ok(());
+                }
+                if tx.node(dst)?.kind == Kind::Dir {
+                    let mut cur = p;
+                    loop {
+                        if cur == dst {
+                            return Err(Errno::EINVAL);
+                        }
+                        if cur == ROOT {
+                            break;
+                        }
+                        cur = tx.node(cur)?.parent();
+                    }
+                }
+                tx.detach(p, n1)?;
+                tx.detach(np, n2)?;
+                tx.attach(np, n2, src)?;
+                tx.attach(p, n1, dst)?;
+                let t = now_ns();
+                for i in [src, dst] {
+                    let n = tx.node_mut(i)?;
+                    n.meta.ctime = t;
+                    n.base = None;
+                    tx.persist(i)?;
+                }
+                return tx.commit();
+            }
+            if let Some(d) = dst {
+                if noreplace {
+                    return Err(Errno::EEXIST);
+                }
+                if d == src {
+                    return Ok(());
+                }
+                let dst_dir = tx.node(d)?.kind == Kind::Dir;
+                if src_dir && !dst_dir {
+                    return Err(Errno::ENOTDIR);
+                }
+                if !src_dir && dst_dir {
+                    return Err(Errno::EISDIR);
+                }
+                if dst_dir && !tx.children(d)?.is_empty() {
+                    return Err(Errno::ENOTEMPTY);
+                }
+                tx.detach(np, n2)?;
+                let n = tx.node_mut(d)?;
+                n.nlink = if dst_dir {
+                    0
+                } else {
+                    n.nlink.saturating_sub(1)
+                };
+                n.meta.ctime = now_ns();
+                if n.nlink > 0 {
+                    n.base = None;
+                    tx.persist(d)?;
+                }
+                tx.maybe_free(d);
+            }
+            tx.detach(p, n1)?;
+            {
+                let n = tx.node_mut(src)?;
+                n.meta.ctime = now_ns();
+                n.base = None;
+            }
+            tx.attach(np, n2, src)?;
+            tx.commit()
+        })();
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let r = (|| {
+            let name = newname.as_bytes();
+            check_name(name)?;
+            let mut tx = self.ws().tx();
+            if tx.node(ino.0)?.kind == Kind::Dir {
+                return Err(Errno::EPERM);
+            }
+            if tx.node(newparent.0)?.kind != Kind::Dir {
+                return Err(Errno::ENOTDIR);
+            }
+            if tx.lookup(newparent.0, name)?.is_some() {
+                return Err(Errno::EEXIST);
+            }
+            // Every link of a linked node is an override, so that all of them follow
+            // its content: make it dirty where it is first.
+            tx.persist(ino.0)?;
+            let n = tx.node_mut(ino.0)?;
+            n.nlink += 1;
+            n.meta.ctime = now_ns();
+            n.base = None;
+            tx.attach(newparent.0, name, ino.0)?;
+            let rec = record_of(tx.node(ino.0)?);
+            self.ws().dirty.put_node(&mut tx.batch, ino.0, &rec);
+            let a = tx.attr(ino.0)?;
+            tx.commit()?;
+            Ok(a)
+        })();
+        self.entry_reply(r, reply);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let r = self.open_node(ino.0, flags.0, |f| reply.open_backing(f));
+        match r {
+            Ok((fh, Some(b))) => reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &b),
+            Ok((fh, None)) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let r = match self.current_src(ino.0, fh.0) {
+            Src::Upper(u) => {
+                let mut buf = vec![0u8; size as usize];
+                let mut n = 0;
+                loop {
+                    match u.read_at(&mut buf[n..], offset + n as u64) {
+                        Ok(0) => break,
+                        Ok(k) => {
+                            n += k;
+                            if n == buf.len() {
+                                break;
+                            }
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => return reply.error(io_errno(e)),
+                    }
+                }
+                buf.truncate(n);
+                Ok(buf)
+            }
+            Src::Clean(c) => self.ws().read_clean(ino.0, &c, offset, size),
+            Src::None => Err(Errno::EIO),
+        };
+        match r {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let ws = self.ws();
+        let _b = ws.barrier.read().unwrap_or_else(|p| p.into_inner());
+        let r = self
+            .writable_upper(ino.0, fh.0)
+            .and_then(|u| u.write_all_at(data, offset).map_err(io_errno));
+        match r {
+            Ok(()) => reply.written(data.len() as u32),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
+            if let Some(n) = self.ws().lock().nodes.get_mut(&ino.0) {
+                n.writers = n.writers.saturating_sub(1);
+            }
+        }
+        self.ws().release_handle(fh.0);
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let r = (|| {
+            if let Src::Upper(u) = self.current_src(ino.0, fh.0) {
+                if datasync {
+                    u.sync_data().map_err(io_errno)?;
+                } else {
+                    u.sync_all().map_err(io_errno)?;
+                }
+            }
+            self.ws().dirty.sync().map_err(eio)
+        })();
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let r = (|| {
+            let mut tx = self.ws().tx();
+            let parent = tx.node(ino.0)?.parent();
+            let children: Vec<(Vec<u8>, u64)> = tx
+                .children(ino.0)?
+                .iter()
+                .map(|(k, v)| (k.clone(), *v))
+                .collect();
+            let mut entries = Vec::with_capacity(children.len() + 2);
+            entries.push((ino.0, FileType::Directory, b".".to_vec()));
+            entries.push((parent, FileType::Directory, b"..".to_vec()));
+            for (name, c) in children {
+                let k = tx.node(c).map(|n| file_type(n.kind))?;
+                entries.push((c, k, name));
+            }
+            Ok(DirHandle { entries })
+        })();
+        match r {
+            Ok(h) => {
+                let fh = self.ws().new_fh();
+                self.ws()
+                    .dir_handles
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(fh, h);
+                reply.opened(FileHandle(fh), FopenFlags::empty());
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let g = self
+            .ws()
+            .dir_handles
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let Some(h) = g.get(&fh.0) else {
+            return reply.error(Errno::EBADF);
+        };
+        for (i, (ino, kind, name)) in h.entries.iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(*ino), i as u64 + 1, *kind, OsStr::from_bytes(name)) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.ws()
+            .dir_handles
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.ws().dirty.sync() {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(eio(e)),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        // SAFETY: zeroed statvfs is a valid out-parameter; the fd is open.
+        let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::fstatvfs(self.ws().upper_fd.as_raw_fd(), &mut s) } != 0 {
+            return reply.error(io_errno(std::io::Error::last_os_error()));
+        }
+        reply.statfs(
+            s.f_blocks,
+            s.f_bfree,
+            s.f_bavail,
+            s.f_files,
+            s.f_ffree,
+            s.f_bsize as u32,
+            MAX_NAME_LEN as u32,
+            s.f_frsize as u32,
+        );
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let r = (|| {
+            let name = name.as_bytes();
+            if name.len() > MAX_XATTR_NAME_LEN || name.is_empty() {
+                return Err(Errno::ERANGE);
+            }
+            if value.len() > MAX_XATTR_VALUE_LEN {
+                return Err(Errno::E2BIG);
+            }
+            // No POSIX ACLs or other system attributes: tools (cp -a, tar) then fall
+            // back to plain modes, as on any filesystem without ACL support.
+            if name.starts_with(b"system.") {
+                return Err(Errno::EOPNOTSUPP);
+            }
+            let mut tx = self.ws().tx();
+            let n = tx.node_mut(ino.0)?;
+            let pos = n.xattrs.binary_search_by(|(k, _)| k.as_slice().cmp(name));
+            match (pos, flags) {
+                (Ok(_), f) if f & libc::XATTR_CREATE != 0 => return Err(Errno::EEXIST),
+                (Err(_), f) if f & libc::XATTR_REPLACE != 0 => return Err(Errno::NO_XATTR),
+                (Ok(i), _) => n.xattrs[i].1 = value.to_vec(),
+                (Err(i), _) => n.xattrs.insert(i, (name.to_vec(), value.to_vec())),
+            }
+            n.meta.ctime = now_ns();
+            n.base = None;
+            tx.persist(ino.0)?;
+            tx.commit()
+        })();
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let tx = self.ws().tx();
+        match tx.node(ino.0) {
+            Ok(n) => match n
+                .xattrs
+                .iter()
+                .find(|(k, _)| k.as_slice() == name.as_bytes())
+            {
+                Some((_, v)) => reply_xattr(reply, size, v),
+                None => reply.error(Errno::NO_XATTR),
+            },
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let tx = self.ws().tx();
+        match tx.node(ino.0) {
+            Ok(n) => {
+                let mut names = Vec::new();
+                for (k, _) in &n.xattrs {
+                    names.extend_from_slice(k);
+                    names.push(0);
+                }
+                reply_xattr(reply, size, &names);
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = (|| {
+            let mut tx = self.ws().tx();
+            let n = tx.node_mut(ino.0)?;
+            let pos = n
+                .xattrs
+                .binary_search_by(|(k, _)| k.as_slice().cmp(name.as_bytes()))
+                .map_err(|_| Errno::NO_XATTR)?;
+            n.xattrs.remove(pos);
+            n.meta.ctime = now_ns();
+            n.base = None;
+            tx.persist(ino.0)?;
+            tx.commit()
+        })();
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // Permissions are checked by the kernel (default_permissions); this only says
+        // whether the node exists.
+        match self.ws().tx().node(ino.0) {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let r = self.create_node(
+            req,
+            parent.0,
+            name,
+            Kind::File,
+            mode & !umask,
+            |ws, ino| {
+                let f = ws.create_upper(ino).map_err(io_errno)?;
+                Ok(Body::File {
+                    clean: None,
+                    upper: Some(Arc::new(f)),
+                    chunks: None,
+                })
+            },
+            0,
+        );
+        let (ino, attr) = match r {
+            Ok(x) => x,
+            Err(e) => return reply.error(e),
+        };
+        match self.open_node(ino, flags & !libc::O_TRUNC, |f| reply.open_backing(f)) {
+            Ok((fh, Some(b))) => reply.created_passthrough(
+                &TTL,
+                &attr,
+                Generation(0),
+                FileHandle(fh),
+                FopenFlags::empty(),
+                &b,
+            ),
+            Ok((fh, None)) => reply.created(
+                &TTL,
+                &attr,
+                Generation(0),
+                FileHandle(fh),
+                FopenFlags::empty(),
+            ),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let ws = self.ws();
+        let _b = ws.barrier.read().unwrap_or_else(|p| p.into_inner());
+        let r = self.writable_upper(ino.0, fh.0).and_then(|u| {
+            // SAFETY: a valid fd; the kernel checks the range and mode.
+            let rc = unsafe { libc::fallocate(u.as_raw_fd(), mode, offset as i64, length as i64) };
+            if rc != 0 {
+                return Err(io_errno(std::io::Error::last_os_error()));
+            }
+            Ok(())
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        let r = match self.current_src(ino.0, fh.0) {
+            Src::Upper(u) => {
+                // SAFETY: a valid fd; lseek on our own descriptor of the upper file.
+                let rc = unsafe { libc::lseek(u.as_raw_fd(), offset, whence) };
+                if rc < 0 {
+                    Err(io_errno(std::io::Error::last_os_error()))
+                } else {
+                    Ok(rc)
+                }
+            }
+            Src::Clean(c) => {
+                let size = c.size as i64;
+                match whence {
+                    libc::SEEK_DATA if offset < size => Ok(offset),
+                    libc::SEEK_HOLE if offset < size => Ok(size),
+                    libc::SEEK_DATA | libc::SEEK_HOLE => Err(Errno::ENXIO),
+                    _ => Err(Errno::EINVAL),
+                }
+            }
+            Src::None => Err(Errno::EIO),
+        };
+        match r {
+            Ok(o) => reply.offset(o),
+            Err(e) => reply.error(e),
+        }
+    }
+}
+
+/// A mounted workspace; unmounted when dropped or by [`MountedWorkspace::unmount`].
+pub struct MountedWorkspace {
+    session: Option<fuser::BackgroundSession>,
+    pub workspace: Arc<Workspace>,
+}
+
+impl MountedWorkspace {
+    pub fn unmount(mut self) -> std::io::Result<()> {
+        match self.session.take() {
+            Some(s) => s.umount_and_join(),
+            None => Ok(()),
+        }
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.session.as_ref().is_none_or(|s| s.guard.is_finished())
+    }
+}
+
+impl Drop for MountedWorkspace {
+    fn drop(&mut self) {
+        if let Some(s) = self.session.take() {
+            if let Err(e) = s.umount_and_join() {
+                tracing::warn!("unmounting: {e}");
+            }
+        }
+    }
+}
+
+/// Mounts `ws` at `mountpoint`, served by background threads.
+pub fn mount_workspace(
+    ws: Arc<Workspace>,
+    mountpoint: &Path,
+    opts: &WorkspaceOptions,
+) -> std::io::Result<MountedWorkspace> {
+    use fuser::{Config, MountOption};
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::FSName("casfs".into()),
+        MountOption::Subtype("casfs".into()),
+        MountOption::DefaultPermissions,
+        MountOption::Suid,
+        MountOption::Dev,
+    ];
+    if opts.allow_other {
+        config.acl = fuser::SessionACL::All;
+    }
+    config.n_threads = Some(opts.threads.max(1));
+    let started = Instant::now();
+    let session = fuser::spawn_mount(WorkspaceFs(ws.clone()), mountpoint, &config)?;
+    ws.set_notifier(session.notifier());
+    tracing::debug!("mounted in {:?}", started.elapsed());
+    Ok(MountedWorkspace {
+        session: Some(session),
+        workspace: ws,
+    })
+}
+
+/// Mount key of a mountpoint: the first 8 bytes of the blake3 of its canonical path.
+pub fn mount_key(mountpoint: &Path) -> [u8; 8] {
+    let h = blake3::hash(mountpoint.as_os_str().as_bytes());
+    h.as_bytes()[..8].try_into().expect("8 bytes")
+}

@@ -1,0 +1,464 @@
+//! Writable mounts: POSIX operations through the mount, O(changed) checkpoints, root
+//! swap restores, and a daemon killed with SIGKILL losing nothing.
+
+use std::ffi::CString;
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::common::*;
+use crate::{wait_for, MountGuard};
+
+struct Ws {
+    _t: tempfile::TempDir,
+    store: PathBuf,
+    mp: PathBuf,
+    guard: MountGuard,
+}
+
+fn mount(thread: &str, extra: &[&str]) -> Ws {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("s");
+    let mp = t.path().join("mnt");
+    fs::create_dir(&mp).unwrap();
+    let guard = MountGuard::new(&mp);
+    let mut args = vec!["mount", mp.to_str().unwrap(), "-t", thread];
+    args.extend_from_slice(extra);
+    ok(&store, &args);
+    assert!(casfs::fs::is_fuse_mount(&mp));
+    Ws {
+        _t: t,
+        store,
+        mp,
+        guard,
+    }
+}
+
+impl Ws {
+    fn p(&self, rel: &str) -> PathBuf {
+        self.mp.join(rel)
+    }
+    fn checkpoint(&self) -> serde_json::Value {
+        json(&self.store, &["checkpoint", self.mp.to_str().unwrap()])
+    }
+    fn status(&self) -> serde_json::Value {
+        json(&self.store, &["status", self.mp.to_str().unwrap()])
+    }
+    fn unmount(&self) {
+        ok(&self.store, &["unmount", self.mp.to_str().unwrap()]);
+        // The daemon lets the store go when it exits.
+        assert!(wait_for(Duration::from_secs(10), || !self
+            .store
+            .join("mounts")
+            .read_dir()
+            .unwrap()
+            .flatten()
+            .any(|d| d.path().join("pid").exists())));
+    }
+}
+
+fn errno_of(r: std::io::Result<impl Sized>) -> i32 {
+    match r {
+        Ok(_) => 0,
+        Err(e) => e.raw_os_error().unwrap_or(-1),
+    }
+}
+
+fn cpath(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).unwrap()
+}
+
+fn renameat2(a: &Path, b: &Path, flags: u32) -> i32 {
+    let (a, b) = (cpath(a), cpath(b));
+    // SAFETY: NUL-terminated paths.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            flags,
+        )
+    };
+    if rc == 0 {
+        0
+    } else {
+        std::io::Error::last_os_error().raw_os_error().unwrap()
+    }
+}
+
+#[test]
+fn a_tree_copied_in_checkpoints_and_restores_exactly() {
+    let ws = mount("copy", &[]);
+    let src = ws._t.path().join("src");
+    fs::create_dir(&src).unwrap();
+    build_sample_tree(&src);
+    // cp -a: create, write, mkdir, symlink, mknod (fifo), chmod, utimens, setxattr.
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(format!("{}/.", src.display()))
+        .arg(&ws.mp)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert_same_tree(&src, &ws.mp);
+    let st = ws.status();
+    assert!(st["dirty_files"].as_u64().unwrap() >= 10, "{st}");
+
+    let cp = ws.checkpoint();
+    assert_eq!(cp["ok"], true);
+    assert_eq!(ws.status()["dirty_files"], 0);
+    // Still the same after the checkpoint (files now clean, served from the store or
+    // their local copies).
+    assert_same_tree(&src, &ws.mp);
+
+    ws.unmount();
+    let out = ws._t.path().join("out");
+    ok(&ws.store, &["restore", out.to_str().unwrap(), "-t", "copy"]);
+    assert_same_tree(&src, &out);
+
+    // Mounting again serves the checkpoint lazily: same tree.
+    ok(&ws.store, &["mount", ws.mp.to_str().unwrap(), "-t", "copy"]);
+    assert_same_tree(&src, &ws.mp);
+    drop(ws.guard);
+}
+
+#[test]
+fn rename_link_unlink_and_xattr_edge_cases() {
+    let ws = mount("edges", &[]);
+    fs::write(ws.p("a"), b"A").unwrap();
+    fs::write(ws.p("b"), b"B").unwrap();
+    fs::create_dir_all(ws.p("d1/sub")).unwrap();
+    fs::create_dir(ws.p("d2")).unwrap();
+    fs::write(ws.p("d2/x"), b"x").unwrap();
+    ws.checkpoint();
+
+    // Rename over an existing file replaces it.
+    fs::rename(ws.p("a"), ws.p("b")).unwrap();
+    assert_eq!(fs::read(ws.p("b")).unwrap(), b"A");
+    assert!(!ws.p("a").exists());
+    // A directory onto a non-empty one; onto a file; a file onto a directory.
+    assert_eq!(
+        renameat2(&ws.p("d1"), &ws.p("d2"), 0),
+        libc::ENOTEMPTY,
+        "dir onto non-empty dir"
+    );
+    assert_eq!(renameat2(&ws.p("d1"), &ws.p("b"), 0), libc::ENOTDIR);
+    assert_eq!(renameat2(&ws.p("b"), &ws.p("d1"), 0), libc::EISDIR);
+    // Into its own subdirectory.
+    assert_eq!(
+        renameat2(&ws.p("d1"), &ws.p("d1/sub/inside"), 0),
+        libc::EINVAL
+    );
+    // RENAME_NOREPLACE and RENAME_EXCHANGE.
+    assert_eq!(
+        renameat2(&ws.p("b"), &ws.p("d2/x"), libc::RENAME_NOREPLACE),
+        libc::EEXIST
+    );
+    assert_eq!(
+        renameat2(&ws.p("b"), &ws.p("d2/x"), libc::RENAME_EXCHANGE),
+        0
+    );
+    assert_eq!(fs::read(ws.p("b")).unwrap(), b"x");
+    assert_eq!(fs::read(ws.p("d2/x")).unwrap(), b"A");
+    assert_eq!(
+        renameat2(&ws.p("d1"), &ws.p("d2"), libc::RENAME_EXCHANGE),
+        0
+    );
+    assert!(ws.p("d2/sub").is_dir());
+    assert!(ws.p("d1/x").is_file());
+    // A directory moves with its content.
+    fs::rename(ws.p("d2"), ws.p("moved")).unwrap();
+    assert!(ws.p("moved/sub").is_dir());
+    assert_eq!(fs::metadata(ws.p("moved")).unwrap().nlink(), 3);
+
+    // Hard links share content and count.
+    fs::write(ws.p("h1"), b"one").unwrap();
+    fs::hard_link(ws.p("h1"), ws.p("moved/h2")).unwrap();
+    assert_eq!(fs::metadata(ws.p("h1")).unwrap().nlink(), 2);
+    assert_eq!(
+        fs::metadata(ws.p("h1")).unwrap().ino(),
+        fs::metadata(ws.p("moved/h2")).unwrap().ino()
+    );
+    fs::OpenOptions::new()
+        .append(true)
+        .open(ws.p("moved/h2"))
+        .unwrap()
+        .write_all(b"+two")
+        .unwrap();
+    assert_eq!(fs::read(ws.p("h1")).unwrap(), b"one+two");
+    fs::remove_file(ws.p("h1")).unwrap();
+    assert_eq!(fs::metadata(ws.p("moved/h2")).unwrap().nlink(), 1);
+    assert_eq!(fs::read(ws.p("moved/h2")).unwrap(), b"one+two");
+    // Directories cannot be hard-linked.
+    assert_ne!(errno_of(fs::hard_link(ws.p("moved"), ws.p("dl"))), 0);
+
+    // An open file that is unlinked stays readable and writable through its fd.
+    let mut f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(ws.p("ghost"))
+        .unwrap();
+    f.write_all(b"boo").unwrap();
+    fs::remove_file(ws.p("ghost")).unwrap();
+    assert!(!ws.p("ghost").exists());
+    f.write_all(b"!").unwrap();
+    f.seek(SeekFrom::Start(0)).unwrap();
+    let mut s = String::new();
+    f.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "boo!");
+    assert_eq!(f.metadata().unwrap().nlink(), 0);
+    drop(f);
+
+    // rmdir of a non-empty directory; unlink of a directory.
+    assert_eq!(errno_of(fs::remove_dir(ws.p("moved"))), libc::ENOTEMPTY);
+    assert_eq!(errno_of(fs::remove_file(ws.p("moved"))), libc::EISDIR);
+
+    // Extended attributes, with create/replace semantics.
+    set_xattr(&ws.p("b"), "user.k", b"v1");
+    set_xattr(&ws.p("b"), "user.k", b"v2");
+    let x = casfs::checkpoint::xattr::list(&ws.p("b")).unwrap();
+    assert_eq!(x, vec![(b"user.k".to_vec(), b"v2".to_vec())]);
+    let (p, n) = (cpath(&ws.p("b")), CString::new("user.k").unwrap());
+    // SAFETY: NUL-terminated strings and a valid buffer.
+    let rc = unsafe {
+        libc::setxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            b"v3".as_ptr().cast(),
+            2,
+            libc::XATTR_CREATE,
+        )
+    };
+    assert_eq!(rc, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EEXIST)
+    );
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::removexattr(p.as_ptr(), n.as_ptr()) }, 0);
+    assert!(casfs::checkpoint::xattr::list(&ws.p("b"))
+        .unwrap()
+        .is_empty());
+
+    // Sparse files: a hole reads as zeros and is found by SEEK_HOLE.
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(ws.p("sparse"))
+        .unwrap();
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(b"end", 10 << 20).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), (10 << 20) + 3);
+    let mut buf = [1u8; 16];
+    f.read_exact_at(&mut buf, 5 << 20).unwrap();
+    assert_eq!(buf, [0u8; 16]);
+    // SAFETY: a valid fd.
+    let hole = unsafe { libc::lseek(f.as_raw_fd_(), 0, libc::SEEK_HOLE) };
+    assert!((0..(10 << 20)).contains(&hole), "hole at {hole}");
+    f.set_len(4).unwrap();
+    assert_eq!(fs::read(ws.p("sparse")).unwrap(), vec![0u8; 4]);
+    drop(f);
+
+    // Everything above survives a checkpoint and a restore into a plain directory.
+    let before = snapshot(&ws.mp);
+    ws.checkpoint();
+    ws.unmount();
+    let out = ws._t.path().join("out");
+    ok(
+        &ws.store,
+        &["restore", out.to_str().unwrap(), "-t", "edges"],
+    );
+    let after = snapshot(&out);
+    assert_eq!(
+        before.keys().collect::<Vec<_>>(),
+        after.keys().collect::<Vec<_>>()
+    );
+    for (k, v) in &before {
+        assert_eq!(v, &after[k], "{}", k.display());
+    }
+    drop(ws.guard);
+}
+
+trait RawFdExt {
+    fn as_raw_fd_(&self) -> i32;
+}
+impl RawFdExt for fs::File {
+    fn as_raw_fd_(&self) -> i32 {
+        use std::os::fd::AsRawFd;
+        self.as_raw_fd()
+    }
+}
+
+#[test]
+fn permissions_are_enforced_for_other_users() {
+    let ws = mount("perm", &["--allow-other"]);
+    fs::write(ws.p("mine"), b"root's").unwrap();
+    fs::set_permissions(ws.p("mine"), fs::Permissions::from_mode(0o644)).unwrap();
+    fs::create_dir(ws.p("closed")).unwrap();
+    fs::set_permissions(ws.p("closed"), fs::Permissions::from_mode(0o700)).unwrap();
+    fs::create_dir(ws.p("open")).unwrap();
+    fs::set_permissions(ws.p("open"), fs::Permissions::from_mode(0o777)).unwrap();
+    let as_nobody = |script: &str| {
+        use std::os::unix::process::CommandExt;
+        Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .current_dir(&ws.mp)
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap()
+    };
+    assert!(as_nobody("cat mine").status.success());
+    let w = as_nobody("echo x >> mine");
+    assert!(!w.status.success());
+    assert!(String::from_utf8_lossy(&w.stderr).contains("Permission denied"));
+    assert!(!as_nobody("ls closed").status.success());
+    assert!(!as_nobody("touch closed/f").status.success());
+    assert!(!as_nobody("chmod 777 mine").status.success());
+    assert!(as_nobody("echo hi > open/theirs").status.success());
+    let m = fs::metadata(ws.p("open/theirs")).unwrap();
+    assert_eq!((m.uid(), m.gid()), (65534, 65534));
+    assert_eq!(fs::read(ws.p("mine")).unwrap(), b"root's");
+    drop(ws.guard);
+}
+
+#[test]
+fn checkpoints_read_only_what_changed_and_restore_swaps_the_root() {
+    let ws = mount("o1", &[]);
+    for i in 0..300 {
+        let d = ws.p(&format!("dir{}", i % 10));
+        fs::create_dir_all(&d).unwrap();
+        fs::write(d.join(format!("f{i}")), format!("v1 {i}")).unwrap();
+    }
+    let first = ws.checkpoint();
+    assert_eq!(first["changed_files"], 300);
+
+    fs::write(ws.p("dir3/f3"), b"v2").unwrap();
+    fs::write(ws.p("dir4/new"), b"new").unwrap();
+    fs::remove_file(ws.p("dir5/f5")).unwrap();
+    let st = ws.status();
+    assert_eq!(st["dirty_files"], 2, "{st}");
+    let second = ws.checkpoint();
+    assert_eq!(second["stats"]["files_hashed"], 2, "{second}");
+    // Only the dirty directories (and the root) got new trees.
+    assert_eq!(second["stats"]["dirs_written"], 4, "{second}");
+    assert_eq!(second["parent"], first["checkpoint"]);
+
+    // An open file keeps what it had open across a restore.
+    let mut held = fs::File::open(ws.p("dir3/f3")).unwrap();
+
+    // Uncaptured work blocks a restore.
+    fs::write(ws.p("dir0/f0"), b"uncaptured").unwrap();
+    let first_id = first["checkpoint"].as_str().unwrap();
+    let err = fails(&ws.store, &["restore", ws.mp.to_str().unwrap(), first_id]);
+    assert!(err.contains("uncaptured"), "{err}");
+    assert_eq!(fs::read(ws.p("dir0/f0")).unwrap(), b"uncaptured");
+
+    let r = json(
+        &ws.store,
+        &["restore", ws.mp.to_str().unwrap(), first_id, "--force"],
+    );
+    assert_eq!(r["base"], first["checkpoint"]);
+    assert_eq!(fs::read(ws.p("dir3/f3")).unwrap(), b"v1 3");
+    assert_eq!(fs::read(ws.p("dir0/f0")).unwrap(), b"v1 0");
+    assert_eq!(fs::read(ws.p("dir5/f5")).unwrap(), b"v1 5");
+    assert!(!ws.p("dir4/new").exists());
+    assert_eq!(ws.status()["dirty_files"], 0);
+    let mut s = String::new();
+    held.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "v2");
+
+    // The next checkpoint goes on the thread after its head, with the restored content.
+    fs::write(ws.p("after"), b"a").unwrap();
+    let third = ws.checkpoint();
+    assert_eq!(third["parent"], second["checkpoint"]);
+    let t3 = third["checkpoint"].as_str().unwrap();
+    drop(held);
+    ws.unmount();
+    let cat = ok(&ws.store, &["cat", t3, "dir3/f3"]);
+    assert_eq!(cat, "v1 3");
+    drop(ws.guard);
+}
+
+#[test]
+fn a_killed_daemon_loses_no_write_that_returned() {
+    let ws = mount("crash", &[]);
+    fs::create_dir_all(ws.p("keep/deep")).unwrap();
+    fs::write(ws.p("keep/deep/clean"), b"captured").unwrap();
+    fs::write(ws.p("keep/gone"), b"to delete").unwrap();
+    fs::write(ws.p("big"), pattern(3 << 20, 9)).unwrap();
+    ws.checkpoint();
+
+    // Uncaptured work of every kind.
+    fs::write(ws.p("keep/deep/clean"), b"changed after checkpoint").unwrap();
+    fs::remove_file(ws.p("keep/gone")).unwrap();
+    fs::rename(ws.p("keep/deep"), ws.p("renamed")).unwrap();
+    fs::create_dir(ws.p("newdir")).unwrap();
+    fs::write(ws.p("newdir/new"), b"new file").unwrap();
+    std::os::unix::fs::symlink("newdir/new", ws.p("ln")).unwrap();
+    fs::set_permissions(ws.p("big"), fs::Permissions::from_mode(0o600)).unwrap();
+    {
+        use std::os::unix::fs::FileExt;
+        let f = fs::OpenOptions::new()
+            .write(true)
+            .open(ws.p("big"))
+            .unwrap();
+        f.write_all_at(b"PATCH", (2 << 20) + 5).unwrap();
+    }
+    // A file still open for writing when the daemon dies.
+    let mut open = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o640)
+        .open(ws.p("open-at-crash"))
+        .unwrap();
+    open.write_all(b"written before the crash").unwrap();
+    let expect = snapshot(&ws.mp);
+
+    let pid = ws.status()["pid"].as_u64().unwrap();
+    // SAFETY: killing the daemon this test started.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    drop(open);
+    assert!(wait_for(Duration::from_secs(10), || {
+        // SAFETY: probing whether the process still exists.
+        unsafe { libc::kill(pid as i32, 0) != 0 }
+    }));
+    // The dead mount says so; `unmount --lazy` clears it.
+    let err = fails(
+        &ws.store,
+        &["mount", ws.mp.to_str().unwrap(), "-t", "crash"],
+    );
+    assert!(err.contains("unmount --lazy"), "{err}");
+    ok(&ws.store, &["unmount", "--lazy", ws.mp.to_str().unwrap()]);
+
+    ok(
+        &ws.store,
+        &["mount", ws.mp.to_str().unwrap(), "-t", "crash"],
+    );
+    let got = snapshot(&ws.mp);
+    assert_eq!(
+        expect.keys().collect::<Vec<_>>(),
+        got.keys().collect::<Vec<_>>()
+    );
+    for (k, v) in &expect {
+        assert_eq!(v, &got[k], "{} after the crash", k.display());
+    }
+    let st = ws.status();
+    assert!(st["dirty_files"].as_u64().unwrap() >= 5, "{st}");
+    // And it checkpoints as usual.
+    let cp = ws.checkpoint();
+    assert_eq!(cp["ok"], true);
+    assert_eq!(ws.status()["dirty_files"], 0);
+    drop(ws.guard);
+}
