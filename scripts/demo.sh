@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The end-to-end demo on the embedded default store: builds casfs, makes a workspace,
 # captures it, changes it, captures again, restores the first checkpoint, mounts it
-# read-only through FUSE, and prints what it did with timings. Everything lives in a
-# temporary directory.
+# read-only through FUSE; then mounts the thread writable, writes into it, checkpoints
+# (only what changed is read), changes more, restores instantly; and prints what it did
+# with timings. Everything lives in a temporary directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
@@ -80,6 +81,33 @@ printf '   first file through the mount: %s bytes\n' "$(wc -c < "$DEMO/mnt/pkg0/
 printf '   model.bin through the mount equals the restored one: '
 cmp -s "$DEMO/mnt/model.bin" "$W/model.bin" && echo yes || { echo NO; exit 1; }
 "$CASFS" unmount "$DEMO/mnt"
+
+step "Mount the thread writable: its head appears at once, contents load lazily"
+M="$DEMO/live"
+mkdir -p "$M"
+trap '"$CASFS" unmount --lazy "$M" >/dev/null 2>&1 || true; rm -rf "$DEMO"' EXIT
+timed "$CASFS" mount "$M" --thread demo
+printf '   %s files visible\n' "$(find "$M" -type f | wc -l)"
+
+step "Work inside the mount: edit 10 files, add a directory, delete one"
+for i in $(seq 0 9); do echo "// agent edit $i" >> "$M/pkg$i/mod$((i % 7))/file$i.rs"; done
+mkdir -p "$M/generated" && seq 1000 > "$M/generated/numbers.txt"
+rm "$M/NOTES.md"
+"$CASFS" status "$M" | sed 's/^/   /'
+
+step "Checkpoint the mount: only the dirty files are read, no walk of the tree"
+timed "$CASFS" checkpoint "$M" --reason "agent run 1"
+
+step "Change more, then restore the checkpoint before it (a root swap: nothing copied)"
+echo "scratch" > "$M/scratch.txt"
+rm -rf "$M/pkg1"
+timed "$CASFS" restore "$M" @demo~1 --force
+printf '   pkg1 is back: %s files; generated/ is gone: ' "$(find "$M/pkg1" -type f | wc -l)"
+[ ! -e "$M/generated" ] && echo yes || { echo NO; exit 1; }
+printf '   restored content equals the captured one: '
+cmp -s "$M/model.bin" "$DEMO/copy/model.bin" && echo "yes (model.bin is checkpoint 2's)" || { echo NO; exit 1; }
+"$CASFS" unmount "$M"
+sleep 0.5
 
 step "History"
 "$CASFS" log --thread demo

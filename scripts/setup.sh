@@ -5,9 +5,10 @@ set -euo pipefail
 
 # Build: Debian's RocksDB (linked instead of compiling RocksDB's C++), libclang for
 # bindgen, pkg-config and a C toolchain. Mount: fuse3 (fusermount3). Benchmarks and
-# tests compare with git, zstd, tar, rsync and restic; attr gives getfattr/setfattr.
+# tests compare with git, zstd, tar, rsync, restic and fuse-overlayfs; attr gives
+# getfattr/setfattr.
 PACKAGES=(librocksdb-dev libclang-dev clang pkg-config build-essential fuse3
-          git zstd tar rsync restic attr)
+          git zstd tar rsync restic attr fuse-overlayfs)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

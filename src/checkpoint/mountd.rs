@@ -267,7 +267,11 @@ impl MountedThread {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     std::thread::sleep(Duration::from_millis(20));
                 }
-                Err(e) => return Err(e),
+                // Out of descriptors and the like: the mount must keep serving.
+                Err(e) => {
+                    tracing::warn!("control socket: {e}");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
             }
         }
         let _ = std::fs::remove_file(socket);

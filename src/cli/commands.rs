@@ -302,12 +302,18 @@ fn restore(
 }
 
 fn summary_line(cp: &Checkpoint) -> String {
+    let st = &cp.body.stats;
+    // A mount's checkpoint never walks the tree, so it counts what changed, not totals.
+    let count = if st.files == 0 && st.dirs == 0 {
+        format!("{} changed", st.files_hashed)
+    } else {
+        format!("{} files", st.files)
+    };
     format!(
-        "{}  {}  {:<10} {} files  {}",
+        "{}  {}  {:<10} {count}  {}",
         cp.id.short(),
         time_ms(cp.body.created_at_ms),
         cp.body.thread_id,
-        cp.body.stats.files,
         cp.body.reason
     )
 }

@@ -13,7 +13,7 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use casfs::checkpoint::mountd::{control_request, control_socket, mount_dir, Request};
-use casfs::checkpoint::{MountedThread, OpenMode, Store, ThreadId};
+use casfs::checkpoint::{CheckpointId, MountedThread, OpenMode, Store, ThreadId};
 use casfs::fs::{is_fuse_mount, mount_tree, ViewOptions, WorkspaceOptions};
 
 use super::output::bytes;
@@ -260,6 +260,8 @@ pub fn restore_mount(
     force: bool,
 ) -> anyhow::Result<()> {
     let id = match (checkpoint, thread) {
+        // A full id needs no lookup (and no opening of the store).
+        (Some(r), _) if r.len() == 64 && r.parse::<CheckpointId>().is_ok() => r.parse()?,
         (Some(r), _) => {
             let store = Store::open_read_only(&cli.store_root())?;
             resolve(&store, r)?

@@ -96,11 +96,19 @@ enum Body {
     },
     File {
         clean: Option<FileRef>,
-        upper: Option<Arc<File>>,
+        /// The local copy; kept open only while handles are, so that a tree of many
+        /// dirty files does not hold a descriptor each.
+        upper: Option<Upper>,
         chunks: Option<Arc<ChunkList>>,
     },
     Symlink(Vec<u8>),
     Other,
+}
+
+#[derive(Clone)]
+enum Upper {
+    Open(Arc<File>),
+    Closed,
 }
 
 struct Node {
@@ -187,6 +195,7 @@ pub struct Workspace {
     dirty: DirtyStore,
     upper_dir: PathBuf,
     upper_fd: OwnedFd,
+    reaper: std::sync::mpsc::Sender<u64>,
     state: Mutex<State>,
     /// Writes hold it shared; a snapshot holds it exclusively.
     barrier: RwLock<()>,
@@ -591,6 +600,17 @@ impl<'a> Tx<'a> {
         }
     }
 
+    /// Closes the upper file of `ino` if no handle needs it open.
+    fn close_if_idle(&mut self, ino: u64) {
+        if let Some(n) = self.st.nodes.get_mut(&ino) {
+            if n.open_plain + n.open_passthrough == 0 {
+                if let Body::File { upper: Some(u), .. } = &mut n.body {
+                    *u = Upper::Closed;
+                }
+            }
+        }
+    }
+
     fn commit(self) -> Result<(), Errno> {
         self.ws.dirty.commit(self.batch).map_err(eio)
     }
@@ -604,7 +624,7 @@ impl<'a> Tx<'a> {
         let n = self.node(ino)?;
         let (clean, mtime, atime) = match &n.body {
             Body::File { upper: Some(u), .. } => {
-                let u = u.clone();
+                let u = self.ws.upper_file(ino, u).map_err(io_errno)?;
                 if truncate {
                     u.set_len(0).map_err(io_errno)?;
                 }
@@ -626,7 +646,7 @@ impl<'a> Tx<'a> {
         }
         let f = Arc::new(f);
         if let Body::File { upper, clean, .. } = &mut self.node_mut(ino)?.body {
-            *upper = Some(f.clone());
+            *upper = Some(Upper::Open(f.clone()));
             *clean = None;
         }
         let n = self.node_mut(ino)?;
@@ -743,12 +763,12 @@ impl<'a> Tx<'a> {
                         _ => unreachable!(),
                     };
                     let (fref, mtime) = match (upper, clean) {
-                        (Some(u), _) => {
-                            let st = fstat(&u).map_err(|e| {
-                                WorkspaceError::Io(format!("{}: {e}", self.path_of(child)))
-                            })?;
+                        (Some(_), _) => {
                             let path = self.ws.upper_path(child);
                             let mut f = File::open(&path).map_err(|e| {
+                                WorkspaceError::Io(format!("{}: {e}", path.display()))
+                            })?;
+                            let st = fstat(&f).map_err(|e| {
                                 WorkspaceError::Io(format!("{}: {e}", path.display()))
                             })?;
                             let fref =
@@ -859,11 +879,27 @@ impl Workspace {
         // SAFETY: getuid and getgid cannot fail.
         let owner = unsafe { (libc::getuid(), libc::getgid()) };
         let t = now_ns();
+        let upper_fd = OwnedFd::from(upper_file);
+        let reaper_fd = upper_fd
+            .try_clone()
+            .map_err(|e| WorkspaceError::Io(format!("{}: {e}", upper_dir.display())))?;
+        let (reaper, reap) = std::sync::mpsc::channel::<u64>();
+        std::thread::Builder::new()
+            .name("casfs-reaper".into())
+            .spawn(move || {
+                for ino in reap {
+                    let name = Self::upper_cname(ino);
+                    // SAFETY: a valid directory fd and NUL-terminated name.
+                    unsafe { libc::unlinkat(reaper_fd.as_raw_fd(), name.as_ptr(), 0) };
+                }
+            })
+            .map_err(|e| WorkspaceError::Io(format!("starting the reaper thread: {e}")))?;
         let ws = Workspace {
             objects,
             dirty,
             upper_dir: upper_dir.to_path_buf(),
-            upper_fd: OwnedFd::from(upper_file),
+            upper_fd,
+            reaper,
             state: Mutex::new(State {
                 nodes: HashMap::new(),
                 next_ino: 2,
@@ -933,8 +969,8 @@ impl Workspace {
                 Kind::File => {
                     let upper = if r.upper {
                         wanted.insert(ino);
-                        match self.open_upper(ino) {
-                            Ok(f) => Some(Arc::new(f)),
+                        match std::fs::symlink_metadata(self.upper_path(ino)) {
+                            Ok(_) => Some(Upper::Closed),
                             Err(e) => {
                                 tracing::error!(
                                     "upper file of inode {ino} ({}): {e}; its content is lost",
@@ -996,16 +1032,22 @@ impl Workspace {
         }
         drop(st);
         // Upper files of nodes that are gone (or never made it into a record).
-        if let Ok(rd) = std::fs::read_dir(&self.upper_dir) {
-            for e in rd.flatten() {
-                let keep = e
-                    .file_name()
-                    .to_str()
-                    .and_then(|s| s.parse::<u64>().ok())
-                    .is_some_and(|i| wanted.contains(&i));
-                if !keep {
-                    let _ = std::fs::remove_file(e.path());
+        for shard in 0..256u32 {
+            let dir = self.upper_dir.join(format!("{shard:02x}"));
+            if let Ok(rd) = std::fs::read_dir(&dir) {
+                for e in rd.flatten() {
+                    let keep = e
+                        .file_name()
+                        .to_str()
+                        .and_then(|s| s.parse::<u64>().ok())
+                        .is_some_and(|i| wanted.contains(&i));
+                    if !keep {
+                        let _ = std::fs::remove_file(e.path());
+                    }
                 }
+            } else {
+                std::fs::create_dir_all(&dir)
+                    .map_err(|e| WorkspaceError::Io(format!("{}: {e}", dir.display())))?;
             }
         }
         Ok(())
@@ -1023,12 +1065,18 @@ impl Workspace {
         }
     }
 
+    /// Upper files are spread over 256 subdirectories: one directory of 100k files
+    /// makes every create slower.
+    fn upper_rel(ino: u64) -> String {
+        format!("{:02x}/{ino}", ino % 256)
+    }
+
     fn upper_path(&self, ino: u64) -> PathBuf {
-        self.upper_dir.join(ino.to_string())
+        self.upper_dir.join(Self::upper_rel(ino))
     }
 
     fn upper_cname(ino: u64) -> CString {
-        CString::new(ino.to_string()).expect("digits")
+        CString::new(Self::upper_rel(ino)).expect("no NUL")
     }
 
     fn open_upper(&self, ino: u64) -> std::io::Result<File> {
@@ -1049,16 +1097,15 @@ impl Workspace {
     }
 
     fn create_upper(&self, ino: u64) -> std::io::Result<File> {
+        // Inode numbers are never reused within a mount, and upper files no record names
+        // are removed at mount: nothing is there to clobber.
         let name = Self::upper_cname(ino);
-        // A leftover of an earlier life of this inode number.
-        // SAFETY: as in open_upper.
-        unsafe { libc::unlinkat(self.upper_fd.as_raw_fd(), name.as_ptr(), 0) };
         // SAFETY: as in open_upper.
         let fd = unsafe {
             libc::openat(
                 self.upper_fd.as_raw_fd(),
                 name.as_ptr(),
-                libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
+                libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
                 0o600 as libc::c_uint,
             )
         };
@@ -1069,10 +1116,43 @@ impl Workspace {
         Ok(unsafe { File::from_raw_fd(fd) })
     }
 
+    /// Removes an upper file in the background: freeing a large file's blocks takes
+    /// time a request should not wait for, and a crash before leaves only an orphan
+    /// that the next mount removes.
     fn remove_upper(&self, ino: u64) {
-        let name = Self::upper_cname(ino);
-        // SAFETY: as in open_upper.
-        unsafe { libc::unlinkat(self.upper_fd.as_raw_fd(), name.as_ptr(), 0) };
+        let _ = self.reaper.send(ino);
+    }
+
+    /// The open upper file of `ino` (opened now if it is closed).
+    fn upper_file(&self, ino: u64, u: &Upper) -> std::io::Result<Arc<File>> {
+        match u {
+            Upper::Open(f) => Ok(f.clone()),
+            Upper::Closed => Ok(Arc::new(self.open_upper(ino)?)),
+        }
+    }
+
+    fn upper_stat(&self, ino: u64, u: &Upper) -> std::io::Result<libc::stat> {
+        match u {
+            Upper::Open(f) => fstat(f),
+            Upper::Closed => {
+                let name = Self::upper_cname(ino);
+                // SAFETY: zeroed stat is a valid out-parameter; fd and name are valid.
+                let mut st: libc::stat = unsafe { std::mem::zeroed() };
+                // SAFETY: as above.
+                let rc = unsafe {
+                    libc::fstatat(
+                        self.upper_fd.as_raw_fd(),
+                        name.as_ptr(),
+                        &mut st,
+                        libc::AT_SYMLINK_NOFOLLOW,
+                    )
+                };
+                if rc != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(st)
+            }
+        }
     }
 
     /// Writes stored content `c` into fresh upper file `f`.
@@ -1096,7 +1176,7 @@ impl Workspace {
         let mut m = n.meta;
         let mut blocks = m.size.div_ceil(512);
         if let Body::File { upper: Some(u), .. } = &n.body {
-            if let Ok(st) = fstat(u) {
+            if let Ok(st) = self.upper_stat(ino, u) {
                 m.size = st.st_size as u64;
                 m.mtime = st.st_mtime * 1_000_000_000 + st.st_mtime_nsec;
                 m.atime = st.st_atime * 1_000_000_000 + st.st_atime_nsec;
@@ -1355,12 +1435,17 @@ impl Workspace {
                 example: tx.path_of(pending[0]),
             });
         }
-        let old_names: Vec<Vec<u8>> = match &tx.st.nodes[&ROOT].body {
+        // The kernel's entries (and cached negative lookups) under the root: the old
+        // names and the new ones.
+        let mut old_names: Vec<Vec<u8>> = match &tx.st.nodes[&ROOT].body {
             Body::Dir {
                 children: Some(c), ..
             } => c.keys().cloned().collect(),
             _ => Vec::new(),
         };
+        if let Ok(t) = load_tree(self.objects.as_ref(), &root) {
+            old_names.extend(t.into_entries().into_iter().map(|e| e.name));
+        }
         let old: Vec<u64> = tx.st.nodes.keys().copied().filter(|&i| i != ROOT).collect();
         for ino in old {
             let n = tx.st.nodes.get_mut(&ino).expect("listed");
@@ -1422,6 +1507,11 @@ impl Workspace {
                 }
             } else {
                 n.open_plain = n.open_plain.saturating_sub(1);
+            }
+            if n.open_plain + n.open_passthrough == 0 {
+                if let Body::File { upper: Some(u), .. } = &mut n.body {
+                    *u = Upper::Closed;
+                }
             }
         }
         tx.maybe_free(h.ino);
@@ -1497,6 +1587,8 @@ impl WorkspaceFs {
             tx.node_mut(ino)?.meta.size = len;
         }
         tx.attach(parent, name, ino)?;
+        // create() opens it right after (and keeps it open); mknod does not.
+        tx.close_if_idle(ino);
         let attr = tx.attr(ino)?;
         tx.commit()?;
         Ok((ino, attr))
@@ -1537,6 +1629,18 @@ impl WorkspaceFs {
             Body::File { upper, clean, .. } => (upper.clone(), *clean),
             _ => unreachable!(),
         };
+        // While a handle is open the upper file stays open.
+        let upper = match upper {
+            Some(u) => {
+                let f = ws.upper_file(ino, &u).map_err(io_errno)?;
+                if let Body::File { upper, .. } = &mut tx.node_mut(ino)?.body {
+                    *upper = Some(Upper::Open(f.clone()));
+                }
+                Some(f)
+            }
+            None => None,
+        };
+        let n = tx.node(ino)?;
         let mut backing = n.backing.clone();
         if let (None, true, 0, Some(u)) = (
             &backing,
@@ -1578,10 +1682,19 @@ impl WorkspaceFs {
     }
 
     fn current_src(&self, ino: u64, fh: u64) -> Src {
-        if let Some(n) = self.ws().lock().nodes.get(&ino) {
-            if let Body::File { upper, clean, .. } = &n.body {
+        if let Some(n) = self.ws().lock().nodes.get_mut(&ino) {
+            if let Body::File { upper, clean, .. } = &mut n.body {
                 return match (upper, clean) {
-                    (Some(u), _) => Src::Upper(u.clone()),
+                    (Some(u), _) => match self.ws().upper_file(ino, u) {
+                        Ok(f) => {
+                            *u = Upper::Open(f.clone());
+                            Src::Upper(f)
+                        }
+                        Err(e) => {
+                            tracing::error!("upper file of inode {ino}: {e}");
+                            Src::None
+                        }
+                    },
                     (None, Some(c)) => Src::Clean(*c),
                     (None, None) => Src::None,
                 };
@@ -1623,13 +1736,27 @@ impl Filesystem for WorkspaceFs {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let r = (|| {
             let mut tx = self.ws().tx();
-            let ino = tx.lookup(parent.0, name.as_bytes())?.ok_or(Errno::ENOENT)?;
+            let Some(ino) = tx.lookup(parent.0, name.as_bytes())? else {
+                return Ok(None);
+            };
             if tx.node(ino)?.kind == Kind::Dir {
                 tx.load_dir(ino)?;
             }
-            tx.attr(ino)
+            tx.attr(ino).map(Some)
         })();
-        self.entry_reply(r, reply);
+        match r {
+            Ok(Some(a)) => reply.entry(&TTL, &a, Generation(0)),
+            // A negative entry the kernel may cache: a create passes through the kernel,
+            // which replaces it, and a root swap invalidates it.
+            Ok(None) => {
+                let mut a = self
+                    .ws()
+                    .attr_of(0, &self.ws().root_node(TreeId(crate::cas::Hash::of(b""))));
+                a.ino = INodeNo(0);
+                reply.entry(&TTL, &a, Generation(0))
+            }
+            Err(e) => reply.error(e),
+        }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -1693,7 +1820,8 @@ impl Filesystem for WorkspaceFs {
                     Body::File { upper: Some(u), .. } => u.clone(),
                     _ => unreachable!(),
                 };
-                set_file_times(&u, atime.map(resolve), mtime.map(resolve)).map_err(io_errno)?;
+                let f = ws.upper_file(ino, &u).map_err(io_errno)?;
+                set_file_times(&f, atime.map(resolve), mtime.map(resolve)).map_err(io_errno)?;
             }
             let n = tx.node_mut(ino)?;
             if let Some(m) = mode {
@@ -1718,6 +1846,7 @@ impl Filesystem for WorkspaceFs {
             n.meta.ctime = t;
             n.base = None;
             tx.persist(ino)?;
+            tx.close_if_idle(ino);
             let a = tx.attr(ino)?;
             tx.commit()?;
             Ok(a)
@@ -1761,7 +1890,7 @@ impl Filesystem for WorkspaceFs {
                         let f = ws.create_upper(ino).map_err(io_errno)?;
                         Ok(Body::File {
                             clean: None,
-                            upper: Some(Arc::new(f)),
+                            upper: Some(Upper::Open(Arc::new(f))),
                             chunks: None,
                         })
                     },
@@ -2387,7 +2516,7 @@ impl Filesystem for WorkspaceFs {
                 let f = ws.create_upper(ino).map_err(io_errno)?;
                 Ok(Body::File {
                     clean: None,
-                    upper: Some(Arc::new(f)),
+                    upper: Some(Upper::Open(Arc::new(f))),
                     chunks: None,
                 })
             },
@@ -2528,6 +2657,7 @@ pub fn mount_workspace(
         config.acl = fuser::SessionACL::All;
     }
     config.n_threads = Some(opts.threads.max(1));
+    raise_fd_limit();
     let started = Instant::now();
     let session = fuser::spawn_mount(WorkspaceFs(ws.clone()), mountpoint, &config)?;
     ws.set_notifier(session.notifier());
@@ -2536,6 +2666,19 @@ pub fn mount_workspace(
         session: Some(session),
         workspace: ws,
     })
+}
+
+/// Open files (passthrough backings, upper files of open handles) count against the
+/// descriptor limit: take the hard limit.
+fn raise_fd_limit() {
+    // SAFETY: getrlimit/setrlimit on a local struct.
+    unsafe {
+        let mut l: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 && l.rlim_cur < l.rlim_max {
+            l.rlim_cur = l.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+        }
+    }
 }
 
 /// Mount key of a mountpoint: the first 8 bytes of the blake3 of its canonical path.

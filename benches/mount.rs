@@ -1,0 +1,437 @@
+//! Mount benchmark: checkpoint and restore of a writable casfs mount against git, restic
+//! and rsync on the same trees, and I/O through the mount against native ext4 and
+//! fuse-overlayfs, all in one run.
+//!
+//! Per tree size (generated source-like trees, as in the capture bench):
+//! - checkpoint after 10 changed files: `casfs checkpoint MP` (the CLI: syncfs, control
+//!   socket, hashing, append) vs `git add -A && git commit` vs `restic backup`;
+//! - restore of the previous checkpoint: `casfs restore MP ID` (root swap) plus the first
+//!   read of a restored file, vs `git checkout` of the previous commit vs
+//!   `rsync -a --delete` from a snapshot copy.
+//!
+//! Then, once: 1 GiB sequential write and read, untar of a 30k-file tree, `git status`,
+//! `find` and `rm -rf` of it, on ext4, through casfs and through fuse-overlayfs; and the
+//! daemon's peak RSS after looking up every file of the largest tree.
+//!
+//! Medians of `--reps` runs; ratios are peer / casfs. Results also go to
+//! `target/bench-mount.json`.
+//!
+//! Run: `cargo bench --bench mount -- [--sizes 1k,10k,100k] [--reps 5] [--no-io]`
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+#[path = "common/mod.rs"]
+mod common;
+use common::*;
+
+struct Args {
+    sizes: Vec<usize>,
+    reps: usize,
+    io: bool,
+}
+
+fn parse_args() -> Args {
+    let mut a = Args {
+        sizes: vec![1_000, 10_000, 100_000],
+        reps: 5,
+        io: true,
+    };
+    let argv: Vec<String> = std::env::args().collect();
+    let mut i = 1;
+    while i < argv.len() {
+        match argv[i].as_str() {
+            "--sizes" => {
+                a.sizes = argv[i + 1]
+                    .split(',')
+                    .map(|s| parse_size(s).unwrap_or_else(|| panic!("bad size {s}")))
+                    .collect();
+                i += 1;
+            }
+            "--reps" => {
+                a.reps = argv[i + 1].parse().expect("--reps N");
+                i += 1;
+            }
+            "--no-io" => a.io = false,
+            _ => {}
+        }
+        i += 1;
+    }
+    a
+}
+
+fn casfs(store: &Path, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_casfs"))
+        .arg("--store")
+        .arg(store)
+        .args(args)
+        .env_remove("CASFS_STORE")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "casfs {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn casfs_json(store: &Path, args: &[&str]) -> serde_json::Value {
+    let mut a = vec!["--json"];
+    a.extend_from_slice(args);
+    serde_json::from_str(&casfs(store, &a)).unwrap()
+}
+
+fn timed(f: impl FnOnce()) -> Duration {
+    let t = Instant::now();
+    f();
+    t.elapsed()
+}
+
+fn lazy_umount(p: &Path) {
+    let _ = Command::new("umount").arg("-l").arg(p).status();
+}
+
+fn touch_files(files: &[PathBuf], round: usize) {
+    for (i, f) in files.iter().enumerate() {
+        fs::write(f, format!("round {round} change {i}\n")).unwrap();
+    }
+}
+
+struct Row {
+    tool: &'static str,
+    scenario: &'static str,
+    size: usize,
+    median: Duration,
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn main() {
+    let args = parse_args();
+    let (git, restic, rsync) = (have("git"), have("restic"), have("rsync"));
+    let overlay = have("fuse-overlayfs");
+    let base = std::env::temp_dir().join(format!("casfs-bench-mount-{}", std::process::id()));
+    fs::create_dir_all(&base).unwrap();
+    let mut rows: Vec<Row> = Vec::new();
+    let mut peak_rss_kb = 0u64;
+
+    for &n in &args.sizes {
+        let dir = base.join(format!("n{n}"));
+        let plain = dir.join("plain");
+        let store = dir.join("store");
+        let mp = dir.join("mnt");
+        fs::create_dir_all(&plain).unwrap();
+        fs::create_dir_all(&mp).unwrap();
+        let (files, bytes) = generate(&plain, n);
+        eprintln!("{n} files, {} MB", bytes / 1_000_000);
+        // The tree enters the store once, then is mounted lazily.
+        casfs(&store, &["capture", plain.to_str().unwrap(), "-t", "b"]);
+        casfs(&store, &["mount", mp.to_str().unwrap(), "-t", "b"]);
+        let step = files.len() / 10;
+        let changed: Vec<PathBuf> = (0..10)
+            .map(|i| mp.join(files[i * step].strip_prefix(&plain).unwrap()))
+            .collect();
+        let (mut cp_times, mut cp_daemon, mut rs_times, mut rs_daemon) =
+            (vec![], vec![], vec![], vec![]);
+        for r in 0..args.reps {
+            touch_files(&changed, r);
+            let mut v = serde_json::Value::Null;
+            cp_times.push(timed(|| {
+                v = casfs_json(&store, &["checkpoint", mp.to_str().unwrap()]);
+            }));
+            assert_eq!(v["changed_files"], 10, "{v}");
+            cp_daemon.push(Duration::from_micros(v["duration_us"].as_u64().unwrap()));
+            let parent = v["parent"].as_str().unwrap().to_string();
+            // Restore the previous checkpoint and read a restored file.
+            let mut rv = serde_json::Value::Null;
+            rs_times.push(timed(|| {
+                rv = casfs_json(&store, &["restore", mp.to_str().unwrap(), &parent]);
+                fs::read(&changed[0]).unwrap();
+            }));
+            rs_daemon.push(Duration::from_micros(rv["duration_us"].as_u64().unwrap()));
+        }
+        // Peak RSS of the daemon after every file was looked up.
+        let st = casfs_json(&store, &["status", mp.to_str().unwrap()]);
+        let pid = st["pid"].as_u64().unwrap();
+        sh(&format!("find {} -type f | wc -l", mp.display()), &[]);
+        let rss = fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap()
+            .lines()
+            .find(|l| l.starts_with("VmHWM:"))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .unwrap_or(0);
+        peak_rss_kb = peak_rss_kb.max(rss);
+        eprintln!("  daemon peak RSS after lookups: {} MB", rss / 1024);
+        casfs(&store, &["unmount", mp.to_str().unwrap()]);
+        rows.push(Row {
+            tool: "casfs",
+            scenario: "checkpoint (CLI)",
+            size: n,
+            median: median(cp_times),
+        });
+        rows.push(Row {
+            tool: "casfs",
+            scenario: "checkpoint (daemon)",
+            size: n,
+            median: median(cp_daemon),
+        });
+        rows.push(Row {
+            tool: "casfs",
+            scenario: "restore+read (CLI)",
+            size: n,
+            median: median(rs_times),
+        });
+        rows.push(Row {
+            tool: "casfs",
+            scenario: "restore (daemon)",
+            size: n,
+            median: median(rs_daemon),
+        });
+
+        let changed_plain: Vec<PathBuf> = (0..10).map(|i| files[i * step].clone()).collect();
+        if git {
+            let gd = dir.join("git");
+            let env = git_env(&gd, &plain);
+            sh(
+                &format!(
+                    "git init -q {0} && git -C {0} config gc.auto 0",
+                    gd.display()
+                ),
+                &env,
+            );
+            sh("git add -A && git commit -qm init", &env);
+            let (mut c, mut r_) = (vec![], vec![]);
+            for r in 0..args.reps {
+                touch_files(&changed_plain, 100 + r);
+                c.push(sh("git add -A && git commit -qm change", &env));
+                r_.push(sh("git checkout -q HEAD~1 -- . && git reset -q", &env));
+                sh("git checkout -q HEAD -- .", &env);
+            }
+            rows.push(Row {
+                tool: "git",
+                scenario: "checkpoint (CLI)",
+                size: n,
+                median: median(c),
+            });
+            rows.push(Row {
+                tool: "git",
+                scenario: "restore+read (CLI)",
+                size: n,
+                median: median(r_),
+            });
+        }
+        if restic {
+            let repo = dir.join("restic");
+            let env = [
+                ("RESTIC_PASSWORD", "bench"),
+                ("RESTIC_REPOSITORY", repo.to_str().unwrap()),
+            ];
+            sh("restic init -q", &env);
+            sh(&format!("restic backup -q {}", plain.display()), &env);
+            let mut c = vec![];
+            for r in 0..args.reps {
+                touch_files(&changed_plain, 200 + r);
+                c.push(sh(&format!("restic backup -q {}", plain.display()), &env));
+            }
+            rows.push(Row {
+                tool: "restic",
+                scenario: "checkpoint (CLI)",
+                size: n,
+                median: median(c),
+            });
+        }
+        if rsync {
+            let snap = dir.join("snap");
+            sh(
+                &format!("rsync -a {}/ {}/", plain.display(), snap.display()),
+                &[],
+            );
+            let mut r_ = vec![];
+            for r in 0..args.reps {
+                touch_files(&changed_plain, 300 + r);
+                r_.push(sh(
+                    &format!("rsync -a --delete {}/ {}/", snap.display(), plain.display()),
+                    &[],
+                ));
+            }
+            rows.push(Row {
+                tool: "rsync",
+                scenario: "restore+read (CLI)",
+                size: n,
+                median: median(r_),
+            });
+        }
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    let mut io_rows: Vec<(&str, &str, Duration)> = Vec::new();
+    if args.io {
+        io_rows = io_bench(&base, overlay);
+    }
+
+    println!();
+    println!("checkpoint after 10 changed files / restore of the previous checkpoint");
+    println!("(medians of {}; ratio = peer / casfs)", args.reps);
+    println!(
+        "{:<22} {:>8} {:>12} {:>12} {:>8}",
+        "scenario", "files", "tool", "median", "ratio"
+    );
+    for r in &rows {
+        let casfs_row = rows
+            .iter()
+            .find(|c| c.tool == "casfs" && c.size == r.size && c.scenario == r.scenario);
+        let ratio = match casfs_row {
+            Some(c) if r.tool != "casfs" => {
+                format!("{:.0}x", r.median.as_secs_f64() / c.median.as_secs_f64())
+            }
+            _ => String::new(),
+        };
+        println!(
+            "{:<22} {:>8} {:>12} {:>12} {:>8}",
+            r.scenario,
+            r.size,
+            r.tool,
+            ms(r.median),
+            ratio
+        );
+    }
+    if !io_rows.is_empty() {
+        println!();
+        println!("I/O (one run each; ratio = time / native)");
+        for (scenario, tool, d) in &io_rows {
+            let native = io_rows
+                .iter()
+                .find(|(s, t, _)| s == scenario && *t == "ext4")
+                .map(|x| x.2)
+                .unwrap_or(*d);
+            println!(
+                "{:<26} {:>16} {:>12} {:>8.2}x",
+                scenario,
+                tool,
+                ms(*d),
+                d.as_secs_f64() / native.as_secs_f64()
+            );
+        }
+    }
+    println!("daemon peak RSS: {} MB", peak_rss_kb / 1024);
+    if !overlay {
+        println!("note: fuse-overlayfs not installed; skipped");
+    }
+
+    let json = serde_json::json!({
+        "reps": args.reps,
+        "rows": rows.iter().map(|r| serde_json::json!({
+            "tool": r.tool, "scenario": r.scenario, "size": r.size,
+            "median_ms": r.median.as_secs_f64() * 1000.0,
+        })).collect::<Vec<_>>(),
+        "io": io_rows.iter().map(|(s, t, d)| serde_json::json!({
+            "scenario": s, "tool": t, "ms": d.as_secs_f64() * 1000.0,
+        })).collect::<Vec<_>>(),
+        "daemon_peak_rss_kb": peak_rss_kb,
+    });
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-mount.json");
+    let _ = fs::write(&out, serde_json::to_string_pretty(&json).unwrap());
+    let _ = fs::remove_dir_all(&base);
+}
+
+/// The I/O workloads on ext4, a casfs mount and fuse-overlayfs.
+fn io_bench(base: &Path, overlay: bool) -> Vec<(&'static str, &'static str, Duration)> {
+    let mut out = Vec::new();
+    let src = base.join("io-src");
+    fs::create_dir_all(&src).unwrap();
+    generate(&src, 30_000);
+    let tarball = base.join("tree.tar");
+    sh(
+        &format!("tar -C {} -cf {} .", src.display(), tarball.display()),
+        &[],
+    );
+    let _ = fs::remove_dir_all(&src);
+
+    let mut targets: Vec<(&'static str, PathBuf)> = Vec::new();
+    let native = base.join("native");
+    fs::create_dir_all(&native).unwrap();
+    targets.push(("ext4", native));
+    let store = base.join("io-store");
+    let cmp = base.join("casfs-mnt");
+    fs::create_dir_all(&cmp).unwrap();
+    casfs(&store, &["mount", cmp.to_str().unwrap(), "-t", "io"]);
+    targets.push(("casfs", cmp.clone()));
+    let omp = base.join("overlay-mnt");
+    if overlay {
+        for d in ["lower", "upper", "work"] {
+            fs::create_dir_all(base.join(d)).unwrap();
+        }
+        fs::create_dir_all(&omp).unwrap();
+        sh(
+            &format!(
+                "fuse-overlayfs -o lowerdir={0}/lower,upperdir={0}/upper,workdir={0}/work {1}",
+                base.display(),
+                omp.display()
+            ),
+            &[],
+        );
+        targets.push(("fuse-overlayfs", omp.clone()));
+    }
+    let env = GIT_ENV.to_vec();
+    for (tool, dir) in &targets {
+        let big = dir.join("big");
+        out.push((
+            "write 1 GiB",
+            *tool,
+            sh(
+                &format!(
+                    "dd if=/dev/zero of={} bs=1M count=1024 status=none",
+                    big.display()
+                ),
+                &[],
+            ),
+        ));
+        out.push((
+            "read 1 GiB",
+            *tool,
+            sh(&format!("cat {} > /dev/null", big.display()), &[]),
+        ));
+        fs::remove_file(&big).unwrap();
+        let t = dir.join("tree");
+        fs::create_dir_all(&t).unwrap();
+        out.push((
+            "untar 30k files",
+            *tool,
+            sh(
+                &format!("tar -C {} -xf {}", t.display(), tarball.display()),
+                &[],
+            ),
+        ));
+        out.push((
+            "find",
+            *tool,
+            sh(&format!("find {} | wc -l", t.display()), &[]),
+        ));
+        sh(
+            &format!(
+                "cd {} && git init -q && git config gc.auto 0 && git add -A",
+                t.display()
+            ),
+            &env,
+        );
+        out.push((
+            "git status",
+            *tool,
+            sh(
+                &format!("cd {} && git status --short | wc -l", t.display()),
+                &env,
+            ),
+        ));
+        out.push(("rm -rf", *tool, sh(&format!("rm -rf {}", t.display()), &[])));
+    }
+    casfs(&store, &["unmount", cmp.to_str().unwrap()]);
+    if overlay {
+        lazy_umount(&omp);
+    }
+    out
+}
