@@ -462,3 +462,43 @@ fn a_killed_daemon_loses_no_write_that_returned() {
     assert_eq!(ws.status()["dirty_files"], 0);
     drop(ws.guard);
 }
+
+/// The behaviour probe `posix_diff.py` (open, create, mkdir, rmdir, link, symlink,
+/// rename, chmod, chown, truncate, utimens, mknod, xattrs, sparse files, permission
+/// denials, sticky directories, time updates) prints the same lines on ext4 and on a
+/// casfs mount.
+#[test]
+fn posix_behaviour_matches_ext4() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuse/posix_diff.py");
+    let run = |dir: &Path| {
+        let out = Command::new("python3")
+            .arg(&script)
+            .arg(dir)
+            .output()
+            .expect("python3 runs the probe");
+        assert!(
+            out.status.success(),
+            "probe failed in {}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let ws = mount("posix", &["--allow-other"]);
+    // The probe switches to uid 65534, which must reach both directories.
+    fs::set_permissions(ws._t.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(&ws.mp, fs::Permissions::from_mode(0o755)).unwrap();
+    let native = ws._t.path().join("native");
+    fs::create_dir(&native).unwrap();
+    fs::set_permissions(&native, fs::Permissions::from_mode(0o755)).unwrap();
+    let want = run(&native);
+    let got = run(&ws.mp);
+    assert!(want.lines().count() > 100, "{want}");
+    for (w, g) in want.lines().zip(got.lines()) {
+        assert_eq!(w, g, "ext4 vs casfs");
+    }
+    assert_eq!(want.lines().count(), got.lines().count());
+    // And the result checkpoints.
+    assert_eq!(ws.checkpoint()["ok"], true);
+    drop(ws.guard);
+}
