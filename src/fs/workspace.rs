@@ -42,6 +42,10 @@ const TTL: Duration = Duration::from_secs(1);
 
 const ROOT: u64 = 1;
 
+/// Clean files at least this large get a local copy when opened with passthrough
+/// available, so the kernel reads them itself; smaller ones go through the chunk cache.
+const MATERIALIZE_MIN: u64 = 256 << 10;
+
 /// How a workspace is served.
 #[derive(Debug, Clone)]
 pub struct WorkspaceOptions {
@@ -204,6 +208,7 @@ pub struct Workspace {
     handles: Mutex<HashMap<u64, Handle>>,
     dir_handles: Mutex<HashMap<u64, DirHandle>>,
     next_fh: AtomicU64,
+    next_tmp: AtomicU64,
     want_passthrough: bool,
     passthrough: AtomicBool,
     notifier: OnceLock<Notifier>,
@@ -913,6 +918,7 @@ impl Workspace {
             handles: Mutex::new(HashMap::new()),
             dir_handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
+            next_tmp: AtomicU64::new(1),
             want_passthrough: opts.passthrough,
             passthrough: AtomicBool::new(false),
             notifier: OnceLock::new(),
@@ -1032,6 +1038,14 @@ impl Workspace {
         }
         drop(st);
         // Upper files of nodes that are gone (or never made it into a record).
+        // Local copies that were being made when the daemon stopped.
+        if let Ok(rd) = std::fs::read_dir(&self.upper_dir) {
+            for e in rd.flatten() {
+                if e.file_name().to_string_lossy().starts_with("tmp-") {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
         for shard in 0..256u32 {
             let dir = self.upper_dir.join(format!("{shard:02x}"));
             if let Ok(rd) = std::fs::read_dir(&dir) {
@@ -1123,6 +1137,51 @@ impl Workspace {
         let _ = self.reaper.send(ino);
     }
 
+    /// Writes stored content `c` to a new temporary file in the upper directory (not
+    /// holding the table), with the node's times. [`Workspace::install_upper`] gives it
+    /// its inode's name.
+    fn prepare_upper(&self, c: &FileRef, atime: i64, mtime: i64) -> Result<(CString, File), Errno> {
+        let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
+        let name = CString::new(format!("tmp-{n}")).expect("no NUL");
+        // SAFETY: a valid directory fd and NUL-terminated name.
+        let fd = unsafe {
+            libc::openat(
+                self.upper_fd.as_raw_fd(),
+                name.as_ptr(),
+                libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
+                0o600 as libc::c_uint,
+            )
+        };
+        if fd < 0 {
+            return Err(io_errno(std::io::Error::last_os_error()));
+        }
+        // SAFETY: a fresh fd we own.
+        let f = unsafe { File::from_raw_fd(fd) };
+        let filled = self
+            .fill_upper(&f, c)
+            .and_then(|()| set_file_times(&f, Some(atime), Some(mtime)).map_err(io_errno));
+        if let Err(e) = filled {
+            self.discard_tmp(&name);
+            return Err(e);
+        }
+        Ok((name, f))
+    }
+
+    fn install_upper(&self, tmp: &CString, ino: u64) -> std::io::Result<()> {
+        let name = Self::upper_cname(ino);
+        let fd = self.upper_fd.as_raw_fd();
+        // SAFETY: valid directory fd and NUL-terminated names.
+        if unsafe { libc::renameat(fd, tmp.as_ptr(), fd, name.as_ptr()) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn discard_tmp(&self, tmp: &CString) {
+        // SAFETY: as in install_upper.
+        unsafe { libc::unlinkat(self.upper_fd.as_raw_fd(), tmp.as_ptr(), 0) };
+    }
+
     /// The open upper file of `ino` (opened now if it is closed).
     fn upper_file(&self, ino: u64, u: &Upper) -> std::io::Result<Arc<File>> {
         match u {
@@ -1180,7 +1239,11 @@ impl Workspace {
                 m.size = st.st_size as u64;
                 m.mtime = st.st_mtime * 1_000_000_000 + st.st_mtime_nsec;
                 m.atime = st.st_atime * 1_000_000_000 + st.st_atime_nsec;
-                m.ctime = m.ctime.max(st.st_ctime * 1_000_000_000 + st.st_ctime_nsec);
+                // A clean node's local copy was made when it was first opened: its
+                // change time is not the file's.
+                if n.dirty {
+                    m.ctime = m.ctime.max(st.st_ctime * 1_000_000_000 + st.st_ctime_nsec);
+                }
                 blocks = st.st_blocks as u64;
             }
         }
@@ -1610,12 +1673,49 @@ impl WorkspaceFs {
         } else {
             None
         };
+        // A clean file about to be written, or read through passthrough, first gets a
+        // local copy; the copy is made without holding the table.
+        let wanted = {
+            let st = ws.lock();
+            let n = st.nodes.get(&ino).ok_or(Errno::ESTALE)?;
+            match &n.body {
+                Body::File {
+                    clean: Some(c),
+                    upper: None,
+                    ..
+                } if !(write && trunc)
+                    && (write
+                        || (ws.passthrough.load(Ordering::Relaxed)
+                            && n.open_plain == 0
+                            && c.size >= MATERIALIZE_MIN)) =>
+                {
+                    Some((*c, n.meta.atime, n.meta.mtime))
+                }
+                _ => None,
+            }
+        };
+        let prepared = match wanted {
+            Some((c, atime, mtime)) => Some((c, ws.prepare_upper(&c, atime, mtime)?)),
+            None => None,
+        };
         let mut tx = ws.tx();
         let n = tx.node(ino)?;
         match n.kind {
             Kind::File => {}
             Kind::Dir => return Err(Errno::EISDIR),
             _ => return Err(Errno::EINVAL),
+        }
+        if let Some((c, (tmp, f))) = prepared {
+            let still =
+                matches!(&n.body, Body::File { clean: Some(c2), upper: None, .. } if c2.id == c.id);
+            if still {
+                ws.install_upper(&tmp, ino).map_err(io_errno)?;
+                if let Body::File { upper, .. } = &mut tx.node_mut(ino)?.body {
+                    *upper = Some(Upper::Open(Arc::new(f)));
+                }
+            } else {
+                ws.discard_tmp(&tmp);
+            }
         }
         if write {
             tx.copy_up(ino, trunc)?;
