@@ -74,20 +74,33 @@ impl Database {
             path: path.to_path_buf(),
             source,
         };
-        let names = DB::list_cf(&opts, path).map_err(err)?;
-        let cfs = names.into_iter().map(|name| {
-            let o = if name == OBJECTS_CF {
-                objects_options()
-            } else {
-                Options::default()
-            };
-            ColumnFamilyDescriptor::new(name, o)
-        });
-        let db = DB::open_cf_descriptors_read_only(&opts, path, cfs, false).map_err(err)?;
-        Ok(Database {
-            db,
-            path: path.to_path_buf(),
-        })
+        // A writer may rotate and delete a log file between our listing and our
+        // opening of it: try again a few times.
+        let mut attempt = 0;
+        loop {
+            let names = DB::list_cf(&opts, path).map_err(err)?;
+            let cfs = names.into_iter().map(|name| {
+                let o = if name == OBJECTS_CF {
+                    objects_options()
+                } else {
+                    Options::default()
+                };
+                ColumnFamilyDescriptor::new(name, o)
+            });
+            match DB::open_cf_descriptors_read_only(&opts, path, cfs, false) {
+                Ok(db) => {
+                    return Ok(Database {
+                        db,
+                        path: path.to_path_buf(),
+                    })
+                }
+                Err(e) if attempt < 5 && e.to_string().contains("No such file") => {
+                    attempt += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(20 << attempt));
+                }
+                Err(e) => return Err(err(e)),
+            }
+        }
     }
 
     pub fn path(&self) -> &Path {

@@ -162,10 +162,13 @@ fn mount_writable(
     );
     let stop = || wait_signal(&signals, 0);
     let served = mounted.serve_control(&socket, &stop);
-    let _ = std::fs::remove_file(dir.join("pid"));
-    mounted
+    // Unmounting drops the workspace and the store: the pid file goes last, so whoever
+    // waits for it finds the store closed.
+    let unmounted = mounted
         .unmount()
-        .with_context(|| format!("unmounting {}", mountpoint.display()))?;
+        .with_context(|| format!("unmounting {}", mountpoint.display()));
+    let _ = std::fs::remove_file(dir.join("pid"));
+    unmounted?;
     served.with_context(|| format!("control socket {}", socket.display()))
 }
 

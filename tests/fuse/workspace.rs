@@ -502,3 +502,94 @@ fn posix_behaviour_matches_ext4() {
     assert_eq!(ws.checkpoint()["ok"], true);
     drop(ws.guard);
 }
+
+/// What agents do in a workspace, inside the mount: unpack a real tree, git, a C build,
+/// `rm -rf`; each with the result it has on ext4.
+#[test]
+fn real_workloads_inside_the_mount() {
+    let ws = mount("work", &[]);
+    let sh = |script: &str| {
+        let out = Command::new("sh")
+            .arg("-ec")
+            .arg(script)
+            .current_dir(&ws.mp)
+            .env("GIT_AUTHOR_NAME", "t")
+            .env("GIT_AUTHOR_EMAIL", "t@example.invalid")
+            .env("GIT_COMMITTER_NAME", "t")
+            .env("GIT_COMMITTER_EMAIL", "t@example.invalid")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{script}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // A real tree, unpacked: the same as the original, byte for byte.
+    let tarball = ws._t.path().join("doc.tar");
+    let st = Command::new("tar")
+        .arg("-C")
+        .arg("/usr/share/doc")
+        .arg("-cf")
+        .arg(&tarball)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    fs::create_dir(ws.p("doc")).unwrap();
+    sh(&format!("tar -C doc -xf {}", tarball.display()));
+    let st = Command::new("diff")
+        .args(["-r", "--no-dereference", "/usr/share/doc"])
+        .arg(ws.p("doc"))
+        .status()
+        .unwrap();
+    assert!(st.success(), "unpacked tree differs from /usr/share/doc");
+
+    // git: add, commit, a clean status, an intact repository.
+    sh("git init -q . && git config gc.auto 0 && git add -A && git commit -qm import");
+    assert_eq!(sh("git status --porcelain"), "");
+    sh("git fsck --no-progress 2>&1");
+    sh("echo change >> doc/$(ls doc | head -1)/copyright || echo new > doc/new-file");
+    assert_ne!(sh("git status --porcelain"), "");
+    sh("git add -A && git commit -qm change && git status --porcelain");
+
+    // A small C build with make.
+    fs::create_dir(ws.p("proj")).unwrap();
+    fs::write(
+        ws.p("proj/main.c"),
+        "#include <stdio.h>\nint add(int, int);\nint main(void) { printf(\"%d\\n\", add(2, 3)); return 0; }\n",
+    )
+    .unwrap();
+    fs::write(
+        ws.p("proj/add.c"),
+        "int add(int a, int b) { return a + b; }\n",
+    )
+    .unwrap();
+    fs::write(
+        ws.p("proj/Makefile"),
+        "prog: main.o add.o\n\tcc -o prog main.o add.o\n%.o: %.c\n\tcc -c -O1 $<\n",
+    )
+    .unwrap();
+    sh("cd proj && make -s");
+    assert_eq!(sh("./proj/prog"), "5\n");
+    // make sees nothing to do, then rebuilds exactly what changed.
+    assert!(sh("cd proj && make").contains("up to date"));
+    sh("sleep 0.01 && echo '/* edit */' >> proj/add.c");
+    let out = sh("cd proj && make");
+    assert!(out.contains("add.c") && !out.contains("main.c"), "{out}");
+
+    // Everything checkpoints; then rm -rf empties the tree.
+    let cp = ws.checkpoint();
+    assert!(cp["changed_files"].as_u64().unwrap() > 1000, "{cp}");
+    sh("rm -rf doc .git proj");
+    assert_eq!(fs::read_dir(&ws.mp).unwrap().count(), 0);
+    // The checkpoint still has it all.
+    ws.unmount();
+    let id = cp["checkpoint"].as_str().unwrap();
+    assert_eq!(
+        ok(&ws.store, &["cat", id, "proj/add.c"]),
+        "int add(int a, int b) { return a + b; }\n/* edit */\n"
+    );
+    drop(ws.guard);
+}
