@@ -217,7 +217,8 @@ impl MountedThread {
     }
 
     /// Makes the workspace show checkpoint `id` (of any thread): the next checkpoint
-    /// goes on `thread` (default: the mount's) after its current head.
+    /// goes on `thread` (default: the mount's) after its current head; a thread that
+    /// does not exist yet is forked from `id`.
     pub fn restore(
         &self,
         id: CheckpointId,
@@ -228,10 +229,21 @@ impl MountedThread {
         let cps = self.store.checkpoints();
         let cp = cps.get(&id)?;
         let thread = thread.unwrap_or_else(|| self.tag().thread);
-        let tag = MountTag {
-            expected_head: cps.head(&thread)?,
-            thread,
-            base: Some(id),
+        let tag = match cps.head(&thread)? {
+            Some(head) => MountTag {
+                expected_head: Some(head),
+                thread,
+                base: Some(id),
+            },
+            // A new thread: fork it from the checkpoint, so its history starts there.
+            None => {
+                let forked = cps.fork(&thread, &id)?;
+                MountTag {
+                    expected_head: Some(forked.id),
+                    thread,
+                    base: Some(forked.id),
+                }
+            }
         };
         self.workspace()
             .swap_root(

@@ -384,6 +384,27 @@ fn checkpoints_read_only_what_changed_and_restore_swaps_the_root() {
     assert_eq!(third["parent"], second["checkpoint"]);
     let t3 = third["checkpoint"].as_str().unwrap();
     drop(held);
+
+    // Switching to a new thread forks it from the checkpoint, with no copying.
+    let second_id = second["checkpoint"].as_str().unwrap();
+    let r = json(
+        &ws.store,
+        &[
+            "restore",
+            ws.mp.to_str().unwrap(),
+            second_id,
+            "-t",
+            "o1-fork",
+        ],
+    );
+    assert_eq!(r["thread"], "o1-fork");
+    assert_eq!(fs::read(ws.p("dir4/new")).unwrap(), b"new");
+    fs::write(ws.p("on-fork"), b"f").unwrap();
+    let forked = ws.checkpoint();
+    assert_eq!(forked["thread"], "o1-fork");
+    let log = ok(&ws.store, &["log", "-t", "o1-fork"]);
+    assert!(log.contains(&second_id[..12]), "{log}");
+    assert_eq!(ws.status()["thread"], "o1-fork");
     ws.unmount();
     let cat = ok(&ws.store, &["cat", t3, "dir3/f3"]);
     assert_eq!(cat, "v1 3");
