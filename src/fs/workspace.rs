@@ -22,8 +22,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use fuser::{
     AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
     Generation, INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags,
-    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek,
-    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
+    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use rocksdb::WriteBatch;
 
@@ -37,8 +37,9 @@ use crate::cas::{
 };
 
 /// How long the kernel may trust attributes and entries. Every change passes through
-/// the daemon, so this only bounds how long a root swap's invalidation could be missed.
-const TTL: Duration = Duration::from_secs(1);
+/// the kernel (which updates its caches itself); the one change that does not, a root
+/// swap, invalidates the root's entries explicitly, and the old inodes are unreachable.
+const TTL: Duration = Duration::from_secs(60);
 
 const ROOT: u64 = 1;
 
@@ -1830,6 +1831,8 @@ impl Filesystem for WorkspaceFs {
         {
             self.ws().passthrough.store(true, Ordering::Relaxed);
         }
+        let _ = config
+            .add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
         Ok(())
     }
 
@@ -2442,6 +2445,53 @@ impl Filesystem for WorkspaceFs {
                 break;
             }
         }
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let entries: Vec<(u64, Vec<u8>)> = {
+            let g = self
+                .ws()
+                .dir_handles
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let Some(h) = g.get(&fh.0) else {
+                return reply.error(Errno::EBADF);
+            };
+            h.entries
+                .iter()
+                .skip(offset as usize)
+                .map(|(i, _, n)| (*i, n.clone()))
+                .collect()
+        };
+        let mut tx = self.ws().tx();
+        for (k, (ino, name)) in entries.into_iter().enumerate() {
+            let is_dir = tx.node(ino).map(|n| n.kind == Kind::Dir).unwrap_or(false);
+            if is_dir && name != b"." && name != b".." {
+                let _ = tx.load_dir(ino);
+            }
+            // An entry removed since the listing was taken is left out.
+            let Ok(attr) = tx.attr(ino) else { continue };
+            let next = offset + k as u64 + 1;
+            if reply.add(
+                INodeNo(ino),
+                next,
+                OsStr::from_bytes(&name),
+                &TTL,
+                &attr,
+                Generation(0),
+            ) {
+                break;
+            }
+        }
+        drop(tx);
         reply.ok();
     }
 
