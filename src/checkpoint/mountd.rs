@@ -269,6 +269,16 @@ impl MountedThread {
             if stop() || self.is_finished() {
                 break;
             }
+            // Wait for a connection (or 200 ms, to check for a stop) without spinning.
+            let mut pfd = libc::pollfd {
+                fd: std::os::fd::AsRawFd::as_raw_fd(&listener),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            if unsafe { libc::poll(&mut pfd, 1, 200) } <= 0 {
+                continue;
+            }
             match listener.accept() {
                 Ok((stream, _)) => {
                     stream.set_nonblocking(false)?;
@@ -276,9 +286,7 @@ impl MountedThread {
                         tracing::warn!("control connection: {e}");
                     }
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 // Out of descriptors and the like: the mount must keep serving.
                 Err(e) => {
                     tracing::warn!("control socket: {e}");
