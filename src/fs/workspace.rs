@@ -2418,7 +2418,12 @@ impl Filesystem for WorkspaceFs {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .insert(fh, h);
-                reply.opened(FileHandle(fh), FopenFlags::empty());
+                // The kernel may keep the listing: every change to it goes through the
+                // kernel (which drops the cache), a root swap invalidates the root.
+                reply.opened(
+                    FileHandle(fh),
+                    FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
+                );
             }
             Err(e) => reply.error(e),
         }

@@ -354,6 +354,10 @@ fn checkpoints_read_only_what_changed_and_restore_swaps_the_root() {
     assert_eq!(second["stats"]["dirs_written"], 4, "{second}");
     assert_eq!(second["parent"], first["checkpoint"]);
 
+    // Listed before the restore, so the kernel has these listings cached.
+    assert_eq!(fs::read_dir(&ws.mp).unwrap().count(), 10);
+    assert_eq!(fs::read_dir(ws.p("dir4")).unwrap().count(), 31);
+
     // An open file keeps what it had open across a restore.
     let mut held = fs::File::open(ws.p("dir3/f3")).unwrap();
 
@@ -373,6 +377,18 @@ fn checkpoints_read_only_what_changed_and_restore_swaps_the_root() {
     assert_eq!(fs::read(ws.p("dir0/f0")).unwrap(), b"v1 0");
     assert_eq!(fs::read(ws.p("dir5/f5")).unwrap(), b"v1 5");
     assert!(!ws.p("dir4/new").exists());
+    // Listings too (the kernel caches them; a swap invalidates them).
+    let names = |d: &Path| {
+        let mut v: Vec<String> = fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&ws.mp).len(), 10);
+    assert!(!names(&ws.p("dir4")).contains(&"new".to_string()));
+    assert!(names(&ws.p("dir5")).contains(&"f5".to_string()));
     assert_eq!(ws.status()["dirty_files"], 0);
     let mut s = String::new();
     held.read_to_string(&mut s).unwrap();
