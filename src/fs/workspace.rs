@@ -155,10 +155,6 @@ struct Handle {
     backing: Option<Arc<BackingId>>,
 }
 
-struct DirHandle {
-    entries: Vec<(u64, FileType, Vec<u8>)>,
-}
-
 struct State {
     nodes: HashMap<u64, Node>,
     next_ino: u64,
@@ -207,7 +203,6 @@ pub struct Workspace {
     chunks: ChunkCache,
     fetching: Mutex<HashMap<ChunkId, Arc<Mutex<()>>>>,
     handles: Mutex<HashMap<u64, Handle>>,
-    dir_handles: Mutex<HashMap<u64, DirHandle>>,
     next_fh: AtomicU64,
     next_tmp: AtomicU64,
     want_passthrough: bool,
@@ -917,7 +912,6 @@ impl Workspace {
             chunks: ChunkCache::new(opts.chunk_cache_bytes),
             fetching: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
-            dir_handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             next_tmp: AtomicU64::new(1),
             want_passthrough: opts.passthrough,
@@ -1782,6 +1776,32 @@ impl WorkspaceFs {
         Ok((fh, backing))
     }
 
+    /// Directory `ino`'s entries from position `offset` (`.` and `..` first, then the
+    /// children in name order).
+    fn listing(&self, ino: u64, offset: u64) -> Result<Vec<(u64, FileType, Vec<u8>)>, Errno> {
+        let mut tx = self.ws().tx();
+        let parent = tx.node(ino)?.parent();
+        let children: Vec<(Vec<u8>, u64)> = tx
+            .children(ino)?
+            .iter()
+            .skip((offset as usize).saturating_sub(2))
+            .take(1024)
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        let mut out = Vec::with_capacity(children.len() + 2);
+        if offset == 0 {
+            out.push((ino, FileType::Directory, b".".to_vec()));
+        }
+        if offset <= 1 {
+            out.push((parent, FileType::Directory, b"..".to_vec()));
+        }
+        for (name, c) in children {
+            let k = tx.node(c).map(|n| file_type(n.kind))?;
+            out.push((c, k, name));
+        }
+        Ok(out)
+    }
+
     fn current_src(&self, ino: u64, fh: u64) -> Src {
         if let Some(n) = self.ws().lock().nodes.get_mut(&ino) {
             if let Body::File { upper, clean, .. } = &mut n.body {
@@ -2392,39 +2412,14 @@ impl Filesystem for WorkspaceFs {
         }
     }
 
+    /// No opendir: the kernel then sends neither opendir nor releasedir, and caches
+    /// every listing (FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE by default). That is right here
+    /// because every change to a directory goes through the kernel, which drops its
+    /// cache, and a root swap invalidates the root.
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let r = (|| {
-            let mut tx = self.ws().tx();
-            let parent = tx.node(ino.0)?.parent();
-            let children: Vec<(Vec<u8>, u64)> = tx
-                .children(ino.0)?
-                .iter()
-                .map(|(k, v)| (k.clone(), *v))
-                .collect();
-            let mut entries = Vec::with_capacity(children.len() + 2);
-            entries.push((ino.0, FileType::Directory, b".".to_vec()));
-            entries.push((parent, FileType::Directory, b"..".to_vec()));
-            for (name, c) in children {
-                let k = tx.node(c).map(|n| file_type(n.kind))?;
-                entries.push((c, k, name));
-            }
-            Ok(DirHandle { entries })
-        })();
-        match r {
-            Ok(h) => {
-                let fh = self.ws().new_fh();
-                self.ws()
-                    .dir_handles
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(fh, h);
-                // The kernel may keep the listing: every change to it goes through the
-                // kernel (which drops the cache), a root swap invalidates the root.
-                reply.opened(
-                    FileHandle(fh),
-                    FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
-                );
-            }
+        match self.ws().tx().node(ino.0) {
+            Ok(n) if n.kind == Kind::Dir => reply.error(Errno::ENOSYS),
+            Ok(_) => reply.error(Errno::ENOTDIR),
             Err(e) => reply.error(e),
         }
     }
@@ -2432,21 +2427,18 @@ impl Filesystem for WorkspaceFs {
     fn readdir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
+        ino: INodeNo,
+        _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let g = self
-            .ws()
-            .dir_handles
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let Some(h) = g.get(&fh.0) else {
-            return reply.error(Errno::EBADF);
+        let entries = match self.listing(ino.0, offset) {
+            Ok(e) => e,
+            Err(e) => return reply.error(e),
         };
-        for (i, (ino, kind, name)) in h.entries.iter().enumerate().skip(offset as usize) {
-            if reply.add(INodeNo(*ino), i as u64 + 1, *kind, OsStr::from_bytes(name)) {
+        for (i, (child, kind, name)) in entries.into_iter().enumerate() {
+            let next = offset + i as u64 + 1;
+            if reply.add(INodeNo(child), next, kind, OsStr::from_bytes(&name)) {
                 break;
             }
         }
@@ -2456,37 +2448,24 @@ impl Filesystem for WorkspaceFs {
     fn readdirplus(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
+        ino: INodeNo,
+        _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let entries: Vec<(u64, Vec<u8>)> = {
-            let g = self
-                .ws()
-                .dir_handles
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            let Some(h) = g.get(&fh.0) else {
-                return reply.error(Errno::EBADF);
-            };
-            h.entries
-                .iter()
-                .skip(offset as usize)
-                .map(|(i, _, n)| (*i, n.clone()))
-                .collect()
+        let entries = match self.listing(ino.0, offset) {
+            Ok(e) => e,
+            Err(e) => return reply.error(e),
         };
         let mut tx = self.ws().tx();
-        for (k, (ino, name)) in entries.into_iter().enumerate() {
-            let is_dir = tx.node(ino).map(|n| n.kind == Kind::Dir).unwrap_or(false);
-            if is_dir && name != b"." && name != b".." {
-                let _ = tx.load_dir(ino);
+        for (k, (child, kind, name)) in entries.into_iter().enumerate() {
+            if kind == FileType::Directory && name != b"." && name != b".." {
+                let _ = tx.load_dir(child);
             }
-            // An entry removed since the listing was taken is left out.
-            let Ok(attr) = tx.attr(ino) else { continue };
+            let Ok(attr) = tx.attr(child) else { continue };
             let next = offset + k as u64 + 1;
             if reply.add(
-                INodeNo(ino),
+                INodeNo(child),
                 next,
                 OsStr::from_bytes(&name),
                 &TTL,
@@ -2497,22 +2476,6 @@ impl Filesystem for WorkspaceFs {
             }
         }
         drop(tx);
-        reply.ok();
-    }
-
-    fn releasedir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        reply: ReplyEmpty,
-    ) {
-        self.ws()
-            .dir_handles
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&fh.0);
         reply.ok();
     }
 
