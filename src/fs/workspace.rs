@@ -91,6 +91,8 @@ struct Meta {
     mtime: i64,
     ctime: i64,
     size: u64,
+    /// Allocated 512-byte blocks of a local copy (0: derived from the size).
+    blocks: u64,
 }
 
 enum Body {
@@ -138,6 +140,37 @@ struct Node {
 impl Node {
     fn parent(&self) -> u64 {
         self.links.first().map(|l| l.0).unwrap_or(ROOT)
+    }
+
+    /// Takes size, times and blocks from the stat of its local copy. A clean node's
+    /// copy was made when it was first opened: its change time is not the file's.
+    fn absorb(&mut self, st: &libc::stat) {
+        let m = &mut self.meta;
+        m.size = st.st_size as u64;
+        m.mtime = st.st_mtime * 1_000_000_000 + st.st_mtime_nsec;
+        m.atime = st.st_atime * 1_000_000_000 + st.st_atime_nsec;
+        if self.dirty {
+            m.ctime = m.ctime.max(st.st_ctime * 1_000_000_000 + st.st_ctime_nsec);
+        }
+        m.blocks = st.st_blocks as u64;
+    }
+
+    /// Closes its local copy (no handle needs it), keeping what its stat says: a closed
+    /// copy changes only through the daemon, which updates the node itself.
+    fn close_upper(&mut self) {
+        let st = match &self.body {
+            Body::File {
+                upper: Some(Upper::Open(f)),
+                ..
+            } => fstat(f).ok(),
+            _ => return,
+        };
+        if let Some(st) = st {
+            self.absorb(&st);
+        }
+        if let Body::File { upper: Some(u), .. } = &mut self.body {
+            *u = Upper::Closed;
+        }
     }
 }
 
@@ -343,6 +376,7 @@ fn node_from_entry(e: &TreeEntry, dir: u64, owner: (u32, u32)) -> Node {
             mtime: e.mtime_ns,
             ctime: e.mtime_ns,
             size: e.size,
+            blocks: 0,
         },
         nlink: if kind == Kind::Dir { 2 } else { 1 },
         links: vec![(dir, e.name.clone())],
@@ -605,9 +639,7 @@ impl<'a> Tx<'a> {
     fn close_if_idle(&mut self, ino: u64) {
         if let Some(n) = self.st.nodes.get_mut(&ino) {
             if n.open_plain + n.open_passthrough == 0 {
-                if let Body::File { upper: Some(u), .. } = &mut n.body {
-                    *u = Upper::Closed;
-                }
+                n.close_upper();
             }
         }
     }
@@ -623,17 +655,28 @@ impl<'a> Tx<'a> {
     /// Gives file `ino` an upper file holding its current content.
     fn copy_up(&mut self, ino: u64, truncate: bool) -> Result<Arc<File>, Errno> {
         let n = self.node(ino)?;
-        let (clean, mtime, atime) = match &n.body {
-            Body::File { upper: Some(u), .. } => {
-                let u = self.ws.upper_file(ino, u).map_err(io_errno)?;
-                if truncate {
-                    u.set_len(0).map_err(io_errno)?;
-                }
-                if !n.dirty {
-                    self.persist(ino)?;
-                }
-                return Ok(u);
+        let dirty = n.dirty;
+        let existing = match &n.body {
+            Body::File { upper: Some(u), .. } => Some(u.clone()),
+            _ => None,
+        };
+        if let Some(u) = existing {
+            let u = self.ws.upper_file(ino, &u).map_err(io_errno)?;
+            // Open now: whoever changes it closes it (handle release, or close_if_idle),
+            // which takes its new size and times.
+            if let Body::File { upper, .. } = &mut self.node_mut(ino)?.body {
+                *upper = Some(Upper::Open(u.clone()));
             }
+            if truncate {
+                u.set_len(0).map_err(io_errno)?;
+            }
+            if !dirty {
+                self.persist(ino)?;
+            }
+            return Ok(u);
+        }
+        let n = self.node(ino)?;
+        let (clean, mtime, atime) = match &n.body {
             Body::File { clean, .. } => (*clean, n.meta.mtime, n.meta.atime),
             Body::Dir { .. } => return Err(Errno::EISDIR),
             _ => return Err(Errno::EINVAL),
@@ -688,6 +731,7 @@ impl<'a> Tx<'a> {
                 mtime: t,
                 ctime: t,
                 size: 0,
+                blocks: 0,
             },
             nlink: if kind == Kind::Dir { 2 } else { 1 },
             links: Vec::new(),
@@ -936,6 +980,7 @@ impl Workspace {
                 mtime: self.mounted_at,
                 ctime: self.mounted_at,
                 size: 0,
+                blocks: 0,
             },
             nlink: 2,
             links: Vec::new(),
@@ -961,6 +1006,7 @@ impl Workspace {
         st.nodes.insert(ROOT, self.root_node(base));
         let mut wanted = BTreeSet::new();
         for (ino, r) in records {
+            let mut upper_st = None;
             let body = match r.kind {
                 Kind::Dir => Body::Dir {
                     tree: r.tree,
@@ -970,8 +1016,11 @@ impl Workspace {
                 Kind::File => {
                     let upper = if r.upper {
                         wanted.insert(ino);
-                        match std::fs::symlink_metadata(self.upper_path(ino)) {
-                            Ok(_) => Some(Upper::Closed),
+                        match self.upper_stat(ino, &Upper::Closed) {
+                            Ok(st) => {
+                                upper_st = Some(st);
+                                Some(Upper::Closed)
+                            }
                             Err(e) => {
                                 tracing::error!(
                                     "upper file of inode {ino} ({}): {e}; its content is lost",
@@ -992,7 +1041,7 @@ impl Workspace {
                 Kind::Symlink => Body::Symlink(r.target.clone().unwrap_or_default()),
                 _ => Body::Other,
             };
-            let node = Node {
+            let mut node = Node {
                 kind: r.kind,
                 meta: Meta {
                     mode: r.mode,
@@ -1003,6 +1052,7 @@ impl Workspace {
                     mtime: r.mtime_ns,
                     ctime: r.ctime_ns,
                     size: r.size,
+                    blocks: 0,
                 },
                 nlink: r.nlink,
                 links: Vec::new(),
@@ -1015,6 +1065,9 @@ impl Workspace {
                 writers: 0,
                 backing: None,
             };
+            if let Some(st) = upper_st {
+                node.absorb(&st);
+            }
             if ino == ROOT {
                 let root = st.nodes.get_mut(&ROOT).expect("root");
                 root.meta = node.meta;
@@ -1227,21 +1280,44 @@ impl Workspace {
     }
 
     fn attr_of(&self, ino: u64, n: &Node) -> FileAttr {
-        let mut m = n.meta;
-        let mut blocks = m.size.div_ceil(512);
-        if let Body::File { upper: Some(u), .. } = &n.body {
-            if let Ok(st) = self.upper_stat(ino, u) {
-                m.size = st.st_size as u64;
-                m.mtime = st.st_mtime * 1_000_000_000 + st.st_mtime_nsec;
-                m.atime = st.st_atime * 1_000_000_000 + st.st_atime_nsec;
-                // A clean node's local copy was made when it was first opened: its
-                // change time is not the file's.
-                if n.dirty {
-                    m.ctime = m.ctime.max(st.st_ctime * 1_000_000_000 + st.st_ctime_nsec);
+        // An open local copy may be written behind the daemon's back (passthrough): ask
+        // it; a closed one is described by the node.
+        let fresh;
+        let n = match &n.body {
+            Body::File {
+                upper: Some(Upper::Open(f)),
+                ..
+            } => match fstat(f) {
+                Ok(st) => {
+                    let mut c = Node {
+                        kind: n.kind,
+                        meta: n.meta,
+                        nlink: n.nlink,
+                        links: Vec::new(),
+                        xattrs: Vec::new(),
+                        body: Body::Other,
+                        dirty: n.dirty,
+                        base: None,
+                        open_plain: 0,
+                        open_passthrough: 0,
+                        writers: 0,
+                        backing: None,
+                    };
+                    c.absorb(&st);
+                    fresh = c;
+                    &fresh
                 }
-                blocks = st.st_blocks as u64;
-            }
-        }
+                Err(_) => n,
+            },
+            _ => n,
+        };
+        let _ = ino;
+        let mut m = n.meta;
+        let blocks = if m.blocks > 0 {
+            m.blocks
+        } else {
+            m.size.div_ceil(512)
+        };
         if let Body::Symlink(t) = &n.body {
             m.size = t.len() as u64;
         }
@@ -1567,9 +1643,7 @@ impl Workspace {
                 n.open_plain = n.open_plain.saturating_sub(1);
             }
             if n.open_plain + n.open_passthrough == 0 {
-                if let Body::File { upper: Some(u), .. } = &mut n.body {
-                    *u = Upper::Closed;
-                }
+                n.close_upper();
             }
         }
         tx.maybe_free(h.ino);

@@ -268,6 +268,23 @@ fn rename_link_unlink_and_xattr_edge_cases() {
     assert_eq!(fs::read(ws.p("sparse")).unwrap(), vec![0u8; 4]);
     drop(f);
 
+    // statfs reports the space of the disk the upper files live on.
+    // SAFETY: zeroed statvfs is a valid out-parameter; the path is NUL-terminated.
+    let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(cpath(&ws.mp).as_ptr(), &mut sv) }, 0);
+    assert!(sv.f_blocks > 0 && sv.f_bsize > 0, "statvfs");
+    assert_eq!(sv.f_namemax, 255);
+    // access(2): existence and the caller's permissions.
+    // SAFETY: NUL-terminated paths.
+    assert_eq!(
+        unsafe { libc::access(cpath(&ws.p("b")).as_ptr(), libc::R_OK | libc::W_OK) },
+        0
+    );
+    assert_eq!(
+        unsafe { libc::access(cpath(&ws.p("nope")).as_ptr(), libc::F_OK) },
+        -1
+    );
+
     // Everything above survives a checkpoint and a restore into a plain directory.
     let before = snapshot(&ws.mp);
     ws.checkpoint();
