@@ -66,7 +66,12 @@ pub fn mount(
     let id = resolve(&store, &thread_or_at("mount", thread, at)?)?;
     let cp = store.checkpoints().get(&id)?;
     if !foreground {
-        return spawn_background(mountpoint, &format!("{} read-only", id.short()), None);
+        return spawn_background(
+            mountpoint,
+            &format!("{} read-only", id.short()),
+            None,
+            &tempfile_path(mountpoint),
+        );
     }
     let signals = block_signals();
     let opts = ViewOptions {
@@ -123,7 +128,13 @@ fn mount_writable(
     if !foreground {
         let socket = control_socket(&cli.store_root(), mountpoint);
         let what = format!("thread {}", thread.or(at).unwrap_or("?"));
-        return spawn_background(mountpoint, &what, Some(&socket));
+        // The daemon's log lives in the store: make the store first if it is new.
+        if !cli.store_root().join("casfs.json").exists() {
+            drop(cli.open_store(OpenMode::Create)?);
+        }
+        let dir = mount_dir(&cli.store_root(), mountpoint);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        return spawn_background(mountpoint, &what, Some(&socket), &dir.join("daemon.log"));
     }
     let signals = block_signals();
     let store = Arc::new(cli.open_store(OpenMode::Create)?);
@@ -162,13 +173,24 @@ fn mount_writable(
     );
     let stop = || wait_signal(&signals, 0);
     let served = mounted.serve_control(&socket, &stop);
+    let detached = !mounted.is_finished();
+    if detached {
+        // Stopped by a signal: detach even if files are open (their next access fails
+        // with ENOTCONN); every write that returned is in the dirty set already.
+        if let Ok(c) = CString::new(mountpoint.as_os_str().as_bytes()) {
+            // SAFETY: a NUL-terminated path.
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
     // Unmounting drops the workspace and the store: the pid file goes last, so whoever
     // waits for it finds the store closed.
     let unmounted = mounted
         .unmount()
         .with_context(|| format!("unmounting {}", mountpoint.display()));
     let _ = std::fs::remove_file(dir.join("pid"));
-    unmounted?;
+    if !detached {
+        unmounted?;
+    }
     served.with_context(|| format!("control socket {}", socket.display()))
 }
 
@@ -318,9 +340,15 @@ fn block_signals() -> libc::sigset_t {
 
 /// Starts `casfs mount --foreground` as a detached process and waits until the mount
 /// answers; a child that fails first has its error reported.
-fn spawn_background(mountpoint: &Path, what: &str, socket: Option<&Path>) -> anyhow::Result<()> {
+/// The daemon's stderr (its log) goes to `log`.
+fn spawn_background(
+    mountpoint: &Path,
+    what: &str,
+    socket: Option<&Path>,
+    log: &Path,
+) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("finding the casfs executable")?;
-    let log = tempfile_path(mountpoint);
+    let log = log.to_path_buf();
     let err = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     args.push("--foreground".into());
@@ -365,9 +393,10 @@ fn spawn_background(mountpoint: &Path, what: &str, socket: Option<&Path>) -> any
     }
 }
 
+/// Where a read-only mount's daemon logs (it does not write to the store).
 fn tempfile_path(mountpoint: &Path) -> std::path::PathBuf {
     let tag = casfs::cas::Hash::of(mountpoint.as_os_str().as_bytes()).short(12);
-    std::env::temp_dir().join(format!("casfs-mount-{tag}-{}.log", std::process::id()))
+    std::env::temp_dir().join(format!("casfs-mount-{tag}.log"))
 }
 
 pub fn unmount(mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
