@@ -9,12 +9,13 @@
 //!   read of a restored file, vs `git checkout` of the previous commit vs
 //!   `rsync -a --delete` from a snapshot copy.
 //!
-//! Then, once: 1 GiB sequential write and read, untar of a 30k-file tree, `git status`,
-//! `find` and `rm -rf` of it, on ext4, through casfs and through fuse-overlayfs; and the
-//! daemon's peak RSS after looking up every file of the largest tree.
+//! Then I/O on ext4, through casfs and through fuse-overlayfs: 1 GiB sequential write
+//! and read, `find` (again) and `git status` (medians of 3); untar of a 30k-file tree,
+//! the first `find` and `rm -rf` (once each); and the daemon's peak RSS after looking up
+//! every file of the largest tree.
 //!
-//! Medians of `--reps` runs; ratios are peer / casfs. Results also go to
-//! `target/bench-mount.json`.
+//! Checkpoint and restore figures are medians of `--reps` runs; ratios are peer / casfs.
+//! Results also go to `target/bench-mount.json`.
 //!
 //! Run: `cargo bench --bench mount -- [--sizes 1k,10k,100k] [--reps 5] [--no-io]`
 
