@@ -210,7 +210,7 @@ impl MountedThread {
             checkpoint: cp.id,
             thread: tag.thread,
             parent: cp.body.parent_id,
-            changed_files: stats.changed_paths.len() as u64,
+            changed_files: (stats.changed_paths.len() + stats.removed_paths.len()) as u64,
             stats,
             duration_us: start.elapsed().as_micros() as u64,
         })

@@ -265,8 +265,12 @@ pub fn checkpoint(cli: &Cli, mountpoint: &Path, reason: &str) -> anyhow::Result<
     }
     println!("{}", v["checkpoint"].as_str().unwrap_or("?"));
     println!(
-        "  {} changed files ({} hashed, {}), {} dirs written, took {:.1} ms",
+        "  {} changed ({} removed; {} files hashed, {}), {} dirs written, took {:.1} ms",
         v["changed_files"],
+        v["stats"]["removed_paths"]
+            .as_array()
+            .map(|a| a.len())
+            .unwrap_or(0),
         v["stats"]["files_hashed"],
         bytes(v["stats"]["bytes_hashed"].as_u64().unwrap_or(0)),
         v["stats"]["dirs_written"],

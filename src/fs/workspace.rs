@@ -207,7 +207,10 @@ pub struct SnapshotStats {
     pub reused_objects: u64,
     /// Sockets left out (they cannot be stored).
     pub skipped: u64,
+    /// Files (and other non-directories) added or modified.
     pub changed_paths: Vec<String>,
+    /// Entries of the previous tree that are gone (a removed directory counts once).
+    pub removed_paths: Vec<String>,
 }
 
 /// The dirty set at a glance.
@@ -874,6 +877,27 @@ impl<'a> Tx<'a> {
             };
             done.push((child, Arc::new(e.clone())));
             entries.push(e);
+        }
+        // What the previous tree of this directory had that is gone now.
+        if let Some(Body::Dir {
+            tree: Some(prev), ..
+        }) = self.st.nodes.get(&ino).map(|n| &n.body)
+        {
+            let prev = load_tree(self.ws.objects.as_ref(), prev)?;
+            let dir = self.path_of(ino);
+            for e in prev.entries() {
+                if entries
+                    .binary_search_by(|x| x.name.as_slice().cmp(&e.name))
+                    .is_err()
+                {
+                    let name = String::from_utf8_lossy(&e.name);
+                    stats.removed_paths.push(if dir.is_empty() {
+                        name.into_owned()
+                    } else {
+                        format!("{dir}/{name}")
+                    });
+                }
+            }
         }
         let tree = Tree::from_sorted_entries(entries)
             .map_err(|e| WorkspaceError::Io(format!("directory {}: {e}", self.path_of(ino))))?;

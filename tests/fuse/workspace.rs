@@ -367,6 +367,11 @@ fn checkpoints_read_only_what_changed_and_restore_swaps_the_root() {
     assert_eq!(st["dirty_files"], 2, "{st}");
     let second = ws.checkpoint();
     assert_eq!(second["stats"]["files_hashed"], 2, "{second}");
+    assert_eq!(
+        second["stats"]["removed_paths"],
+        serde_json::json!(["dir5/f5"])
+    );
+    assert_eq!(second["changed_files"], 3, "{second}");
     // Only the dirty directories (and the root) got new trees.
     assert_eq!(second["stats"]["dirs_written"], 4, "{second}");
     assert_eq!(second["parent"], first["checkpoint"]);
