@@ -10,6 +10,9 @@ set -euo pipefail
 PACKAGES=(librocksdb-dev libclang-dev clang pkg-config build-essential fuse3
           git zstd tar rsync restic attr fuse-overlayfs)
 
+# The FUSE tests' POSIX probe is a Python script; any python3 on PATH will do.
+command -v python3 >/dev/null 2>&1 || PACKAGES+=(python3)
+
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
