@@ -13,13 +13,50 @@ pub mod dirty;
 mod view;
 mod workspace;
 
-pub use chunk_cache::ChunkCache;
+pub use chunk_cache::{ChunkCache, ChunkReader};
 pub use dirty::MOUNTS_CF;
 pub use view::{mount_tree, MountedTree, TreeView, ViewOptions};
 pub use workspace::{
     mount_key, mount_workspace, MountedWorkspace, SnapshotStats, Workspace, WorkspaceError,
     WorkspaceFs, WorkspaceOptions, WorkspaceStatus,
 };
+
+/// A FUSE session served by background threads; unmounted when dropped or by
+/// [`Mounted::unmount`].
+pub struct Mounted {
+    session: Option<fuser::BackgroundSession>,
+}
+
+impl Mounted {
+    fn new(session: fuser::BackgroundSession) -> Mounted {
+        Mounted {
+            session: Some(session),
+        }
+    }
+
+    /// Unmounts and waits for the serving threads to end.
+    pub fn unmount(mut self) -> std::io::Result<()> {
+        match self.session.take() {
+            Some(s) => s.umount_and_join(),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the kernel side is gone (someone unmounted it).
+    pub fn is_finished(&self) -> bool {
+        self.session.as_ref().is_none_or(|s| s.guard.is_finished())
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Some(s) = self.session.take() {
+            if let Err(e) = s.umount_and_join() {
+                tracing::warn!("unmounting: {e}");
+            }
+        }
+    }
+}
 
 /// `statfs` magic number of FUSE filesystems.
 pub const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;

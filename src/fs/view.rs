@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::{
@@ -20,11 +20,9 @@ use fuser::{
     ReplyStatfs, ReplyXattr, Request,
 };
 
-use super::ChunkCache;
-use crate::cas::file::{load_chunk_list, read_chunk, ChunkList};
-use crate::cas::{
-    load_tree, CasError, ChunkId, EntryContent, ObjectStore, Tree, TreeEntry, TreeId, CHUNK_SIZE,
-};
+use super::{ChunkReader, Mounted};
+use crate::cas::file::{load_chunk_list, ChunkList};
+use crate::cas::{load_tree, CasError, EntryContent, ObjectStore, Tree, TreeEntry, TreeId};
 
 /// How a view is served.
 #[derive(Debug, Clone)]
@@ -72,8 +70,7 @@ struct Inodes {
 pub struct TreeView {
     objects: Arc<dyn ObjectStore>,
     inodes: RwLock<Inodes>,
-    chunks: ChunkCache,
-    fetching: Mutex<HashMap<ChunkId, Arc<Mutex<()>>>>,
+    reader: ChunkReader,
     uid: u32,
     gid: u32,
 }
@@ -113,10 +110,9 @@ impl TreeView {
             by_name: HashMap::new(),
         };
         TreeView {
+            reader: ChunkReader::new(Arc::clone(&objects), opts.chunk_cache_bytes),
             objects,
             inodes: RwLock::new(inodes),
-            chunks: ChunkCache::new(opts.chunk_cache_bytes),
-            fetching: Mutex::new(HashMap::new()),
             // SAFETY: getuid and getgid cannot fail.
             uid: unsafe { libc::getuid() },
             // SAFETY: as above.
@@ -221,34 +217,6 @@ impl TreeView {
         }
     }
 
-    fn chunk(&self, id: ChunkId, len: u64) -> Result<Arc<Vec<u8>>, Errno> {
-        if let Some(c) = self.chunks.get(&id) {
-            return Ok(c);
-        }
-        // One fetch per chunk: the kernel sends several read requests for the same
-        // chunk at once (readahead); the others wait for the first.
-        let slot = {
-            let mut f = self.fetching.lock().unwrap_or_else(|p| p.into_inner());
-            f.entry(id).or_default().clone()
-        };
-        let _turn = slot.lock().unwrap_or_else(|p| p.into_inner());
-        let result = match self.chunks.get(&id) {
-            Some(c) => Ok(c),
-            None => read_chunk(self.objects.as_ref(), &id, len)
-                .map(|d| {
-                    let d = Arc::new(d);
-                    self.chunks.insert(id, d.clone());
-                    d
-                })
-                .map_err(eio),
-        };
-        self.fetching
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&id);
-        result
-    }
-
     /// The chunk list of large file `ino`.
     fn chunk_list(&self, ino: u64, e: &TreeEntry) -> Result<Arc<ChunkList>, Errno> {
         let fref = e.file_ref().ok_or(Errno::EISDIR)?;
@@ -266,28 +234,17 @@ impl TreeView {
     fn read_range(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
         let (e, _) = self.entry(ino)?;
         let fref = e.file_ref().ok_or(Errno::EISDIR)?;
-        if offset >= fref.size {
-            return Ok(Vec::new());
+        let mut err = None;
+        let list = || {
+            self.chunk_list(ino, &e).map_err(|e| {
+                err = Some(e);
+                CasError::Invalid("chunk list".into())
+            })
+        };
+        match self.reader.read(&fref, list, offset, size) {
+            Ok(d) => Ok(d),
+            Err(e) => Err(err.unwrap_or_else(|| eio(e))),
         }
-        let end = (offset + size as u64).min(fref.size);
-        if !fref.is_chunked() {
-            let data = self.chunk(ChunkId(fref.id.0), fref.size)?;
-            return Ok(data[offset as usize..end as usize].to_vec());
-        }
-        let list = self.chunk_list(ino, &e)?;
-        let cs = CHUNK_SIZE as u64;
-        let mut out = Vec::with_capacity((end - offset) as usize);
-        let mut pos = offset;
-        while pos < end {
-            let i = (pos / cs) as usize;
-            let (id, len) = list.chunks[i];
-            let data = self.chunk(id, len as u64)?;
-            let start = (pos - i as u64 * cs) as usize;
-            let stop = ((end - i as u64 * cs) as usize).min(data.len());
-            out.extend_from_slice(&data[start..stop]);
-            pos = i as u64 * cs + stop as u64;
-        }
-        Ok(out)
     }
 }
 
@@ -437,35 +394,8 @@ impl Filesystem for TreeView {
     }
 }
 
-/// A mounted view; unmounted when dropped or by [`MountedTree::unmount`].
-pub struct MountedTree {
-    session: Option<fuser::BackgroundSession>,
-}
-
-impl MountedTree {
-    /// Unmounts and waits for the serving threads to end.
-    pub fn unmount(mut self) -> std::io::Result<()> {
-        match self.session.take() {
-            Some(s) => s.umount_and_join(),
-            None => Ok(()),
-        }
-    }
-
-    /// Whether the kernel side is gone (someone unmounted it).
-    pub fn is_finished(&self) -> bool {
-        self.session.as_ref().is_none_or(|s| s.guard.is_finished())
-    }
-}
-
-impl Drop for MountedTree {
-    fn drop(&mut self) {
-        if let Some(s) = self.session.take() {
-            if let Err(e) = s.umount_and_join() {
-                tracing::warn!("unmounting: {e}");
-            }
-        }
-    }
-}
+/// A mounted view; unmounted when dropped or by [`Mounted::unmount`].
+pub type MountedTree = Mounted;
 
 /// Mounts the tree `root` read-only at `mountpoint`, served by background threads.
 pub fn mount_tree(
@@ -488,7 +418,5 @@ pub fn mount_tree(
     }
     config.n_threads = Some(opts.threads.max(1));
     let session = fuser::spawn_mount(view, mountpoint, &config)?;
-    Ok(MountedTree {
-        session: Some(session),
-    })
+    Ok(Mounted::new(session))
 }

@@ -28,12 +28,12 @@ use fuser::{
 use rocksdb::WriteBatch;
 
 use super::dirty::{DirtyStore, Kind, MountMeta, NodeRecord, Override};
-use super::ChunkCache;
+use super::{ChunkReader, Mounted};
 use crate::cas::file::{load_chunk_list, read_chunk, store_reader, ChunkList};
 use crate::cas::tree::{MAX_NAME_LEN, MAX_SYMLINK_LEN, MAX_XATTR_NAME_LEN, MAX_XATTR_VALUE_LEN};
 use crate::cas::{
     load_tree, store_tree, CasError, ChunkId, EntryContent, FileRef, ObjectStore, StoreStats, Tree,
-    TreeEntry, TreeId, CHUNK_SIZE,
+    TreeEntry, TreeId,
 };
 
 /// How long the kernel may trust attributes and entries. Every change passes through
@@ -236,8 +236,7 @@ pub struct Workspace {
     state: Mutex<State>,
     /// Writes hold it shared; a snapshot holds it exclusively.
     barrier: RwLock<()>,
-    chunks: ChunkCache,
-    fetching: Mutex<HashMap<ChunkId, Arc<Mutex<()>>>>,
+    reader: ChunkReader,
     handles: Mutex<HashMap<u64, Handle>>,
     next_fh: AtomicU64,
     next_tmp: AtomicU64,
@@ -518,6 +517,20 @@ impl<'a> Tx<'a> {
             *s = subdirs;
         }
         Ok(())
+    }
+
+    /// Whether directory `dir` is `ancestor` or below it.
+    fn is_within(&self, dir: u64, ancestor: u64) -> Result<bool, Errno> {
+        let mut cur = dir;
+        loop {
+            if cur == ancestor {
+                return Ok(true);
+            }
+            if cur == ROOT {
+                return Ok(false);
+            }
+            cur = self.node(cur)?.parent();
+        }
     }
 
     fn lookup(&mut self, parent: u64, name: &[u8]) -> Result<Option<u64>, Errno> {
@@ -964,6 +977,7 @@ impl Workspace {
             })
             .map_err(|e| WorkspaceError::Io(format!("starting the reaper thread: {e}")))?;
         let ws = Workspace {
+            reader: ChunkReader::new(Arc::clone(&objects), opts.chunk_cache_bytes),
             objects,
             dirty,
             upper_dir: upper_dir.to_path_buf(),
@@ -977,8 +991,6 @@ impl Workspace {
                 dirty: BTreeSet::new(),
             }),
             barrier: RwLock::new(()),
-            chunks: ChunkCache::new(opts.chunk_cache_bytes),
-            fetching: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             next_tmp: AtomicU64::new(1),
@@ -1165,14 +1177,21 @@ impl Workspace {
         CString::new(Self::upper_rel(ino)).expect("no NUL")
     }
 
-    fn open_upper(&self, ino: u64) -> std::io::Result<File> {
-        let name = Self::upper_cname(ino);
+    /// Opens `name` (relative to the upper directory) read-write; `create` makes it new
+    /// and empty (mode 0600).
+    fn open_in_upper(&self, name: &CString, create: bool) -> std::io::Result<File> {
+        let flags = if create {
+            libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC
+        } else {
+            libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOFOLLOW
+        };
         // SAFETY: a valid directory fd and NUL-terminated name.
         let fd = unsafe {
             libc::openat(
                 self.upper_fd.as_raw_fd(),
                 name.as_ptr(),
-                libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+                flags,
+                0o600 as libc::c_uint,
             )
         };
         if fd < 0 {
@@ -1182,24 +1201,14 @@ impl Workspace {
         Ok(unsafe { File::from_raw_fd(fd) })
     }
 
+    fn open_upper(&self, ino: u64) -> std::io::Result<File> {
+        self.open_in_upper(&Self::upper_cname(ino), false)
+    }
+
+    /// Inode numbers are never reused within a mount, and upper files no record names
+    /// are removed at mount: there is nothing to clobber.
     fn create_upper(&self, ino: u64) -> std::io::Result<File> {
-        // Inode numbers are never reused within a mount, and upper files no record names
-        // are removed at mount: nothing is there to clobber.
-        let name = Self::upper_cname(ino);
-        // SAFETY: as in open_upper.
-        let fd = unsafe {
-            libc::openat(
-                self.upper_fd.as_raw_fd(),
-                name.as_ptr(),
-                libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
-                0o600 as libc::c_uint,
-            )
-        };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: a fresh fd we own.
-        Ok(unsafe { File::from_raw_fd(fd) })
+        self.open_in_upper(&Self::upper_cname(ino), true)
     }
 
     /// Removes an upper file in the background: freeing a large file's blocks takes
@@ -1215,20 +1224,7 @@ impl Workspace {
     fn prepare_upper(&self, c: &FileRef, atime: i64, mtime: i64) -> Result<(CString, File), Errno> {
         let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
         let name = CString::new(format!("tmp-{n}")).expect("no NUL");
-        // SAFETY: a valid directory fd and NUL-terminated name.
-        let fd = unsafe {
-            libc::openat(
-                self.upper_fd.as_raw_fd(),
-                name.as_ptr(),
-                libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
-                0o600 as libc::c_uint,
-            )
-        };
-        if fd < 0 {
-            return Err(io_errno(std::io::Error::last_os_error()));
-        }
-        // SAFETY: a fresh fd we own.
-        let f = unsafe { File::from_raw_fd(fd) };
+        let f = self.open_in_upper(&name, true).map_err(io_errno)?;
         let filled = self
             .fill_upper(&f, c)
             .and_then(|()| set_file_times(&f, Some(atime), Some(mtime)).map_err(io_errno));
@@ -1289,7 +1285,7 @@ impl Workspace {
     /// Writes stored content `c` into fresh upper file `f`.
     fn fill_upper(&self, f: &File, c: &FileRef) -> Result<(), Errno> {
         if !c.is_chunked() {
-            let data = self.chunk(ChunkId(c.id.0), c.size)?;
+            let data = self.reader.chunk(ChunkId(c.id.0), c.size).map_err(eio)?;
             f.write_all_at(&data, 0).map_err(io_errno)?;
             return Ok(());
         }
@@ -1364,32 +1360,6 @@ impl Workspace {
         }
     }
 
-    fn chunk(&self, id: ChunkId, len: u64) -> Result<Arc<Vec<u8>>, Errno> {
-        if let Some(c) = self.chunks.get(&id) {
-            return Ok(c);
-        }
-        let slot = {
-            let mut f = self.fetching.lock().unwrap_or_else(|p| p.into_inner());
-            f.entry(id).or_default().clone()
-        };
-        let _turn = slot.lock().unwrap_or_else(|p| p.into_inner());
-        let result = match self.chunks.get(&id) {
-            Some(c) => Ok(c),
-            None => read_chunk(self.objects.as_ref(), &id, len)
-                .map(|d| {
-                    let d = Arc::new(d);
-                    self.chunks.insert(id, d.clone());
-                    d
-                })
-                .map_err(eio),
-        };
-        self.fetching
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&id);
-        result
-    }
-
     fn read_clean(
         &self,
         ino: u64,
@@ -1397,52 +1367,33 @@ impl Workspace {
         offset: u64,
         size: u32,
     ) -> Result<Vec<u8>, Errno> {
-        if offset >= fref.size {
-            return Ok(Vec::new());
-        }
-        let end = (offset + size as u64).min(fref.size);
-        if !fref.is_chunked() {
-            let data = self.chunk(ChunkId(fref.id.0), fref.size)?;
-            return Ok(data[offset as usize..end as usize].to_vec());
-        }
-        let cached = match self.lock().nodes.get(&ino).map(|n| &n.body) {
-            Some(Body::File {
-                chunks: Some(c),
-                clean: Some(cl),
-                ..
-            }) if cl.id == fref.id => Some(c.clone()),
-            _ => None,
-        };
-        let list = match cached {
-            Some(l) => l,
-            None => {
-                let l = Arc::new(load_chunk_list(self.objects.as_ref(), fref).map_err(eio)?);
-                if let Some(Body::File {
-                    chunks,
+        // A large file's chunk list is loaded once and kept with its node.
+        let list = || {
+            let cached = match self.lock().nodes.get(&ino).map(|n| &n.body) {
+                Some(Body::File {
+                    chunks: Some(c),
                     clean: Some(cl),
                     ..
-                }) = self.lock().nodes.get_mut(&ino).map(|n| &mut n.body)
-                {
-                    if cl.id == fref.id {
-                        *chunks = Some(l.clone());
-                    }
-                }
-                l
+                }) if cl.id == fref.id => Some(c.clone()),
+                _ => None,
+            };
+            if let Some(l) = cached {
+                return Ok(l);
             }
+            let l = Arc::new(load_chunk_list(self.objects.as_ref(), fref)?);
+            if let Some(Body::File {
+                chunks,
+                clean: Some(cl),
+                ..
+            }) = self.lock().nodes.get_mut(&ino).map(|n| &mut n.body)
+            {
+                if cl.id == fref.id {
+                    *chunks = Some(l.clone());
+                }
+            }
+            Ok(l)
         };
-        let cs = CHUNK_SIZE as u64;
-        let mut out = Vec::with_capacity((end - offset) as usize);
-        let mut pos = offset;
-        while pos < end {
-            let i = (pos / cs) as usize;
-            let (id, len) = list.chunks[i];
-            let data = self.chunk(id, len as u64)?;
-            let start = (pos - i as u64 * cs) as usize;
-            let stop = ((end - i as u64 * cs) as usize).min(data.len());
-            out.extend_from_slice(&data[start..stop]);
-            pos = i as u64 * cs + stop as u64;
-        }
-        Ok(out)
+        self.reader.read(fref, list, offset, size).map_err(eio)
     }
 
     /// The current base tree and the tag kept with it.
@@ -2260,32 +2211,16 @@ impl Filesystem for WorkspaceFs {
             let dst = tx.lookup(np, n2)?;
             let src_dir = tx.node(src)?.kind == Kind::Dir;
             // A directory cannot move below itself.
-            let mut cur = np;
-            loop {
-                if cur == src {
-                    return Err(Errno::EINVAL);
-                }
-                if cur == ROOT {
-                    break;
-                }
-                cur = tx.node(cur)?.parent();
+            if tx.is_within(np, src)? {
+                return Err(Errno::EINVAL);
             }
             if exchange {
                 let dst = dst.ok_or(Errno::ENOENT)?;
                 if dst == src {
                     return Ok(());
                 }
-                if tx.node(dst)?.kind == Kind::Dir {
-                    let mut cur = p;
-                    loop {
-                        if cur == dst {
-                            return Err(Errno::EINVAL);
-                        }
-                        if cur == ROOT {
-                            break;
-                        }
-                        cur = tx.node(cur)?.parent();
-                    }
+                if tx.node(dst)?.kind == Kind::Dir && tx.is_within(p, dst)? {
+                    return Err(Errno::EINVAL);
                 }
                 tx.detach(p, n1)?;
                 tx.detach(np, n2)?;
@@ -2827,30 +2762,17 @@ impl Filesystem for WorkspaceFs {
 
 /// A mounted workspace; unmounted when dropped or by [`MountedWorkspace::unmount`].
 pub struct MountedWorkspace {
-    session: Option<fuser::BackgroundSession>,
+    mounted: Mounted,
     pub workspace: Arc<Workspace>,
 }
 
 impl MountedWorkspace {
-    pub fn unmount(mut self) -> std::io::Result<()> {
-        match self.session.take() {
-            Some(s) => s.umount_and_join(),
-            None => Ok(()),
-        }
+    pub fn unmount(self) -> std::io::Result<()> {
+        self.mounted.unmount()
     }
 
     pub fn is_finished(&self) -> bool {
-        self.session.as_ref().is_none_or(|s| s.guard.is_finished())
-    }
-}
-
-impl Drop for MountedWorkspace {
-    fn drop(&mut self) {
-        if let Some(s) = self.session.take() {
-            if let Err(e) = s.umount_and_join() {
-                tracing::warn!("unmounting: {e}");
-            }
-        }
+        self.mounted.is_finished()
     }
 }
 
@@ -2879,7 +2801,7 @@ pub fn mount_workspace(
     ws.set_notifier(session.notifier());
     tracing::debug!("mounted in {:?}", started.elapsed());
     Ok(MountedWorkspace {
-        session: Some(session),
+        mounted: Mounted::new(session),
         workspace: ws,
     })
 }
