@@ -140,6 +140,31 @@ pub fn store_reader(
     path: &Path,
     stats: &mut StoreStats,
 ) -> CasResult<FileRef> {
+    store_reader_over(store, reader, path, None, stats)
+}
+
+/// [`store_reader`] for a new version of a large file whose previous version had chunk
+/// list `base`: a chunk equal to the chunk at the same position in `base` is known to be
+/// stored and is neither looked up nor written again, so a small change inside a large
+/// file costs hashing it, not storing it.
+pub fn store_reader_over(
+    store: &dyn ObjectStore,
+    reader: &mut dyn Read,
+    path: &Path,
+    base: Option<&ChunkList>,
+    stats: &mut StoreStats,
+) -> CasResult<FileRef> {
+    let put_chunk = |data: &[u8], index: usize, stats: &mut StoreStats| -> CasResult<ChunkId> {
+        if let Some((id, len)) = base.and_then(|b| b.chunks.get(index)) {
+            if *len as usize == data.len() && id.0 == crate::cas::Hash::of(data) {
+                stats.reused_objects += 1;
+                return Ok(*id);
+            }
+        }
+        let p = store.put(data)?;
+        stats.record(&p);
+        Ok(ChunkId(p.id.0))
+    };
     let io = |e| CasError::io(path, e);
     let mut pending = vec![0u8; CHUNK_SIZE];
     let mut pending_len = read_full(reader, &mut pending).map_err(io)?;
@@ -154,18 +179,16 @@ pub fn store_reader(
             // Exactly one chunk long: a single object.
             return store_bytes(store, &pending, stats);
         }
-        let p = store.put(&pending[..pending_len])?;
-        stats.record(&p);
-        list.chunks.push((ChunkId(p.id.0), pending_len as u32));
+        let id = put_chunk(&pending[..pending_len], list.chunks.len(), stats)?;
+        list.chunks.push((id, pending_len as u32));
         if m == 0 {
             break;
         }
         std::mem::swap(&mut pending, &mut next);
         pending_len = m;
         if m < CHUNK_SIZE {
-            let p = store.put(&pending[..m])?;
-            stats.record(&p);
-            list.chunks.push((ChunkId(p.id.0), m as u32));
+            let id = put_chunk(&pending[..m], list.chunks.len(), stats)?;
+            list.chunks.push((id, m as u32));
             break;
         }
     }
@@ -375,6 +398,29 @@ mod tests {
         // The changed chunk and the new chunk list.
         assert_eq!(st.new_objects, 2);
         assert_eq!(st.reused_objects, 5);
+    }
+
+    #[test]
+    fn storing_over_a_base_skips_its_unchanged_chunks() {
+        let (_d, s) = store();
+        let mut data = pattern(4 * CHUNK_SIZE + 100, 2);
+        let mut st = StoreStats::default();
+        let first = store_bytes(&s, &data, &mut st).unwrap();
+        let base = load_chunk_list(&s, &first).unwrap();
+        data[2 * CHUNK_SIZE + 1] ^= 0xff;
+        data.extend_from_slice(b"grown");
+        let mut st = StoreStats::default();
+        let second =
+            store_reader_over(&s, &mut &data[..], Path::new("x"), Some(&base), &mut st).unwrap();
+        // Chunks 0, 1 and 3 match the base and are not looked up; chunk 2 and the last
+        // (it grew) are new, and so is the list.
+        assert_eq!(st.reused_objects, 3);
+        assert_eq!(st.new_objects, 3);
+        assert_eq!(
+            second,
+            store_bytes(&s, &data, &mut StoreStats::default()).unwrap()
+        );
+        assert_eq!(read_file(&s, &second).unwrap(), data);
     }
 
     #[test]

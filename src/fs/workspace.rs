@@ -29,7 +29,7 @@ use rocksdb::WriteBatch;
 
 use super::dirty::{DirtyStore, Kind, MountMeta, NodeRecord, Override};
 use super::{ChunkReader, Mounted};
-use crate::cas::file::{load_chunk_list, read_chunk, store_reader, ChunkList};
+use crate::cas::file::{load_chunk_list, read_chunk, store_reader_over, ChunkList};
 use crate::cas::tree::{MAX_NAME_LEN, MAX_SYMLINK_LEN, MAX_XATTR_NAME_LEN, MAX_XATTR_VALUE_LEN};
 use crate::cas::{
     load_tree, store_tree, CasError, ChunkId, EntryContent, FileRef, ObjectStore, StoreStats, Tree,
@@ -705,9 +705,10 @@ impl<'a> Tx<'a> {
             set_file_times(&f, Some(atime), Some(mtime)).map_err(io_errno)?;
         }
         let f = Arc::new(f);
-        if let Body::File { upper, clean, .. } = &mut self.node_mut(ino)?.body {
+        // `clean` stays: the content the copy started from, whose chunks the next
+        // snapshot need not store again.
+        if let Body::File { upper, .. } = &mut self.node_mut(ino)?.body {
             *upper = Some(Upper::Open(f.clone()));
-            *clean = None;
         }
         let n = self.node_mut(ino)?;
         n.base = None;
@@ -832,8 +833,19 @@ impl<'a> Tx<'a> {
                             let st = fstat(&f).map_err(|e| {
                                 WorkspaceError::Io(format!("{}: {e}", path.display()))
                             })?;
-                            let fref =
-                                store_reader(self.ws.objects.as_ref(), &mut f, &path, &mut cas)?;
+                            let base = match clean {
+                                Some(c) if c.is_chunked() => {
+                                    load_chunk_list(self.ws.objects.as_ref(), &c).ok()
+                                }
+                                _ => None,
+                            };
+                            let fref = store_reader_over(
+                                self.ws.objects.as_ref(),
+                                &mut f,
+                                &path,
+                                base.as_ref(),
+                                &mut cas,
+                            )?;
                             stats.files_hashed += 1;
                             stats.bytes_hashed += fref.size;
                             stats.changed_paths.push(self.path_of(child));
