@@ -661,6 +661,9 @@ impl<'a> Tx<'a> {
     }
 
     fn commit(self) -> Result<(), Errno> {
+        if self.batch.is_empty() {
+            return Ok(());
+        }
         self.ws.dirty.commit(self.batch).map_err(eio)
     }
 
@@ -1673,6 +1676,7 @@ impl WorkspaceFs {
         mode: u32,
         body: impl FnOnce(&Workspace, u64) -> Result<Body, Errno>,
         rdev: u64,
+        keep_open: bool,
     ) -> Result<(u64, FileAttr), Errno> {
         let name = name.as_bytes();
         check_name(name)?;
@@ -1707,7 +1711,9 @@ impl WorkspaceFs {
         }
         tx.attach(parent, name, ino)?;
         // create() opens it right after (and keeps it open); mknod does not.
-        tx.close_if_idle(ino);
+        if kind != Kind::File || !keep_open {
+            tx.close_if_idle(ino);
+        }
         let attr = tx.attr(ino)?;
         tx.commit()?;
         Ok((ino, attr))
@@ -2079,6 +2085,7 @@ impl Filesystem for WorkspaceFs {
                         })
                     },
                     0,
+                    false,
                 )?,
                 Kind::Dir | Kind::Symlink => return Err(Errno::EINVAL),
                 _ => self.create_node(
@@ -2089,6 +2096,7 @@ impl Filesystem for WorkspaceFs {
                     perm,
                     |_, _| Ok(Body::Other),
                     rdev as u64,
+                    false,
                 )?,
             };
             Ok(a)
@@ -2114,6 +2122,7 @@ impl Filesystem for WorkspaceFs {
                 mode & !umask,
                 |_, _| Ok(Body::Other),
                 0,
+                false,
             )
             .map(|x| x.1);
         self.entry_reply(r, reply);
@@ -2188,6 +2197,7 @@ impl Filesystem for WorkspaceFs {
                 0o777,
                 move |_, _| Ok(Body::Symlink(t)),
                 0,
+                false,
             )
             .map(|x| x.1);
         self.entry_reply(r, reply);
@@ -2684,6 +2694,7 @@ impl Filesystem for WorkspaceFs {
                 })
             },
             0,
+            true,
         );
         let (ino, attr) = match r {
             Ok(x) => x,
