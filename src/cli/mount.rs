@@ -137,7 +137,10 @@ fn mount_writable(
         return spawn_background(mountpoint, &what, Some(&socket), &dir.join("daemon.log"));
     }
     let signals = block_signals();
-    let store = Arc::new(cli.open_store(OpenMode::Create)?);
+    // A daemon does not wait long for a store another process holds: the command that
+    // started it gives up after MOUNT_WAIT, and the holder's pid is the useful answer.
+    let timeout = Duration::from_secs_f64(cli.lock_timeout.clamp(0.0, 10.0));
+    let store = Arc::new(Store::open(&cli.store_root(), OpenMode::Create, timeout)?);
     let at = at.map(|r| resolve(&store, r)).transpose()?;
     let thread = match (thread, at) {
         (Some(t), _) => ThreadId::new(t)?,

@@ -346,6 +346,23 @@ fn permissions_are_enforced_for_other_users() {
     let m = fs::metadata(ws.p("open/theirs")).unwrap();
     assert_eq!((m.uid(), m.gid()), (65534, 65534));
     assert_eq!(fs::read(ws.p("mine")).unwrap(), b"root's");
+
+    // One writable mount per store for now: a second one is refused, naming the holder.
+    let other = ws._t.path().join("other");
+    fs::create_dir(&other).unwrap();
+    let _other_guard = MountGuard::new(&other);
+    let err = fails(
+        &ws.store,
+        &[
+            "--lock-timeout",
+            "1",
+            "mount",
+            other.to_str().unwrap(),
+            "-t",
+            "other",
+        ],
+    );
+    assert!(err.contains("in use by another casfs process"), "{err}");
     drop(ws.guard);
 }
 
