@@ -95,6 +95,22 @@ struct Meta {
     blocks: u64,
 }
 
+impl Meta {
+    /// Size, times and blocks from the stat of a local copy. A clean node's copy was
+    /// made when it was first opened: its change time is not the file's.
+    fn absorb(&mut self, st: &libc::stat, dirty: bool) {
+        self.size = st.st_size as u64;
+        self.mtime = st.st_mtime * 1_000_000_000 + st.st_mtime_nsec;
+        self.atime = st.st_atime * 1_000_000_000 + st.st_atime_nsec;
+        if dirty {
+            self.ctime = self
+                .ctime
+                .max(st.st_ctime * 1_000_000_000 + st.st_ctime_nsec);
+        }
+        self.blocks = st.st_blocks as u64;
+    }
+}
+
 enum Body {
     Dir {
         tree: Option<TreeId>,
@@ -142,17 +158,10 @@ impl Node {
         self.links.first().map(|l| l.0).unwrap_or(ROOT)
     }
 
-    /// Takes size, times and blocks from the stat of its local copy. A clean node's
-    /// copy was made when it was first opened: its change time is not the file's.
+    /// Takes size, times and blocks from the stat of its local copy.
     fn absorb(&mut self, st: &libc::stat) {
-        let m = &mut self.meta;
-        m.size = st.st_size as u64;
-        m.mtime = st.st_mtime * 1_000_000_000 + st.st_mtime_nsec;
-        m.atime = st.st_atime * 1_000_000_000 + st.st_atime_nsec;
-        if self.dirty {
-            m.ctime = m.ctime.max(st.st_ctime * 1_000_000_000 + st.st_ctime_nsec);
-        }
-        m.blocks = st.st_blocks as u64;
+        let dirty = self.dirty;
+        self.meta.absorb(st, dirty);
     }
 
     /// Closes its local copy (no handle needs it), keeping what its stat says: a closed
@@ -1317,37 +1326,16 @@ impl Workspace {
     fn attr_of(&self, ino: u64, n: &Node) -> FileAttr {
         // An open local copy may be written behind the daemon's back (passthrough): ask
         // it; a closed one is described by the node.
-        let fresh;
-        let n = match &n.body {
-            Body::File {
-                upper: Some(Upper::Open(f)),
-                ..
-            } => match fstat(f) {
-                Ok(st) => {
-                    let mut c = Node {
-                        kind: n.kind,
-                        meta: n.meta,
-                        nlink: n.nlink,
-                        links: Vec::new(),
-                        xattrs: Vec::new(),
-                        body: Body::Other,
-                        dirty: n.dirty,
-                        base: None,
-                        open_plain: 0,
-                        open_passthrough: 0,
-                        writers: 0,
-                        backing: None,
-                    };
-                    c.absorb(&st);
-                    fresh = c;
-                    &fresh
-                }
-                Err(_) => n,
-            },
-            _ => n,
-        };
-        let _ = ino;
         let mut m = n.meta;
+        if let Body::File {
+            upper: Some(Upper::Open(f)),
+            ..
+        } = &n.body
+        {
+            if let Ok(st) = fstat(f) {
+                m.absorb(&st, n.dirty);
+            }
+        }
         let blocks = if m.blocks > 0 {
             m.blocks
         } else {
