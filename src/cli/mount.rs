@@ -35,14 +35,14 @@ pub fn mount(
     allow_other: bool,
     no_passthrough: bool,
 ) -> anyhow::Result<()> {
+    if mountpoint_is_dead(mountpoint) {
+        bail!(
+            "{}: a casfs mount whose daemon is gone is still attached; run `casfs unmount --lazy {}` first",
+            mountpoint.display(),
+            mountpoint.display()
+        );
+    }
     if !mountpoint.is_dir() {
-        if mountpoint_is_dead(mountpoint) {
-            bail!(
-                "{}: a casfs mount whose daemon is gone is still attached; run `casfs unmount --lazy {}` first",
-                mountpoint.display(),
-                mountpoint.display()
-            );
-        }
         bail!("{}: not a directory", mountpoint.display());
     }
     if is_fuse_mount(mountpoint) {
@@ -97,9 +97,17 @@ pub fn mount(
 }
 
 /// Whether `path` is a mount whose FUSE daemon is gone ("transport endpoint is not
-/// connected").
+/// connected"). Asked with statfs, which the kernel never answers from its caches (a
+/// stat of the mountpoint may still succeed from cached attributes).
 fn mountpoint_is_dead(path: &Path) -> bool {
-    matches!(std::fs::metadata(path), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN))
+    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: zeroed statfs is a valid out-parameter; the path is NUL-terminated.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let rc = unsafe { libc::statfs(c.as_ptr(), &mut st) };
+    rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOTCONN)
 }
 
 fn wait_signal(signals: &libc::sigset_t, ms: i64) -> bool {

@@ -737,3 +737,67 @@ fn checkpoints_race_with_writers() {
     }
     drop(ws.guard);
 }
+
+/// Every kind of change to nodes that start clean (loaded from the store, not created in
+/// the mount) gives the tree ext4 gives; it survives SIGKILL of the daemon, and the
+/// checkpoint restores to the same tree.
+#[test]
+fn changes_to_clean_nodes_match_ext4_and_survive_a_crash() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("s");
+    let native = t.path().join("native");
+    let mp = t.path().join("mnt");
+    fs::create_dir(&native).unwrap();
+    fs::create_dir(&mp).unwrap();
+    build_sample_tree(&native);
+    ok(
+        &store,
+        &["capture", native.to_str().unwrap(), "-t", "clean"],
+    );
+    let _guard = MountGuard::new(&mp);
+    ok(&store, &["mount", mp.to_str().unwrap(), "-t", "clean"]);
+    assert_same_tree(&native, &mp);
+
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuse/mutate.py");
+    for dir in [&native, &mp] {
+        let out = Command::new("python3")
+            .arg(&script)
+            .arg(dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "mutate.py {}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_same_tree(&native, &mp);
+
+    // SIGKILL, remount: the same tree, from the dirty set alone.
+    let st = json(&store, &["status", mp.to_str().unwrap()]);
+    let pid = st["pid"].as_u64().unwrap() as i32;
+    // SAFETY: killing the daemon this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    // SAFETY: probing whether the process still exists.
+    assert!(wait_for(Duration::from_secs(10), || unsafe {
+        libc::kill(pid, 0) != 0
+    }));
+    ok(&store, &["unmount", "--lazy", mp.to_str().unwrap()]);
+    ok(&store, &["mount", mp.to_str().unwrap(), "-t", "clean"]);
+    assert_same_tree(&native, &mp);
+
+    // The checkpoint of it restores to the same tree.
+    let cp = json(&store, &["checkpoint", mp.to_str().unwrap()]);
+    assert_eq!(cp["ok"], true);
+    ok(&store, &["unmount", mp.to_str().unwrap()]);
+    assert!(wait_for(Duration::from_secs(10), || !store
+        .join("mounts")
+        .read_dir()
+        .unwrap()
+        .flatten()
+        .any(|d| d.path().join("pid").exists())));
+    let out = t.path().join("out");
+    ok(&store, &["restore", out.to_str().unwrap(), "-t", "clean"]);
+    assert_same_tree(&native, &out);
+}
