@@ -112,24 +112,33 @@ impl MountedThread {
         .map_err(ws_err)?;
         let (_, found) = ws.base();
         let found: Option<MountTag> = serde_json::from_value(found).ok();
+        let st = ws.status();
+        // Uncaptured work of the same thread is picked up (on the base it was made on);
+        // without any, the mount starts at the requested checkpoint or current head.
         let keep = match &found {
-            Some(f) => f.thread == thread && (at.is_none() || at == f.base),
+            Some(f) => {
+                f.thread == thread
+                    && (at.is_none() || at == f.base)
+                    && (st.dirty_nodes > 0 || f.base == base)
+            }
             None => false,
         };
         if !keep {
             // A different thread or checkpoint: start there, unless that would drop
             // uncaptured work.
-            let st = ws.status();
-            if st.dirty_files > 0 {
+            if st.dirty_nodes > 0 {
                 let f = found.as_ref();
                 return Err(CheckpointError::Invalid(format!(
-                    "{} has {} uncaptured change(s) from an earlier mount on thread {} \
+                    "{} has uncaptured changes ({} file(s)) from an earlier mount on thread {} \
                      (for example {}); mount it on that thread and checkpoint them first",
                     mountpoint.display(),
                     st.dirty_files,
                     f.map(|f| f.thread.as_str().to_string())
                         .unwrap_or_else(|| "?".into()),
-                    st.dirty_paths.first().cloned().unwrap_or_default()
+                    st.dirty_paths
+                        .first()
+                        .cloned()
+                        .unwrap_or_else(|| "a deletion".into())
                 )));
             }
             ws.swap_root(

@@ -241,9 +241,10 @@ pub fn status(cli: &Cli, mountpoint: &Path) -> anyhow::Result<()> {
         "  base:       {}",
         v["base"].as_str().map(|s| &s[..12]).unwrap_or("(empty)")
     );
+    let files = v["dirty_files"].as_u64().unwrap_or(0);
+    let dirs = v["dirty_nodes"].as_u64().unwrap_or(0).saturating_sub(files);
     println!(
-        "  dirty:      {} files, {}",
-        v["dirty_files"],
+        "  dirty:      {files} files, {}; {dirs} directories changed",
         bytes(v["dirty_bytes"].as_u64().unwrap_or(0))
     );
     println!("  reads:      {}", v["read_mode"].as_str().unwrap_or("?"));

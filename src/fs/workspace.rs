@@ -1534,17 +1534,30 @@ impl Workspace {
         load_tree(self.objects.as_ref(), &root)?;
         let _barrier = self.barrier.write().unwrap_or_else(|p| p.into_inner());
         let mut tx = self.tx();
-        let pending: Vec<u64> = tx
-            .st
-            .dirty
-            .iter()
-            .copied()
-            .filter(|i| tx.st.nodes.get(i).is_some_and(|n| n.kind != Kind::Dir))
-            .collect();
-        if !force && !pending.is_empty() {
+        // Any dirty node is uncaptured work: a changed file, or a directory that lost an
+        // entry (a deletion leaves only its directory dirty).
+        if !force && !tx.st.dirty.is_empty() {
+            let files: Vec<u64> = tx
+                .st
+                .dirty
+                .iter()
+                .copied()
+                .filter(|i| tx.st.nodes.get(i).is_some_and(|n| n.kind != Kind::Dir))
+                .collect();
+            let example = match files.first() {
+                Some(&i) => tx.path_of(i),
+                None => {
+                    let deepest = tx.st.dirty.iter().copied().max_by_key(|&i| {
+                        let p = tx.path_of(i);
+                        p.matches('/').count() + usize::from(!p.is_empty())
+                    });
+                    let p = deepest.map(|i| tx.path_of(i)).unwrap_or_default();
+                    format!("a change inside {}/", if p.is_empty() { "." } else { &p })
+                }
+            };
             return Err(WorkspaceError::Uncaptured {
-                count: pending.len(),
-                example: tx.path_of(pending[0]),
+                count: files.len().max(1),
+                example,
             });
         }
         // The kernel's entries (and cached negative lookups) under the root: the old

@@ -460,6 +460,21 @@ fn checkpoints_read_only_what_changed_and_restore_swaps_the_root() {
     let log = ok(&ws.store, &["log", "-t", "o1-fork"]);
     assert!(log.contains(&second_id[..12]), "{log}");
     assert_eq!(ws.status()["thread"], "o1-fork");
+
+    // A deletion alone is uncaptured work too.
+    fs::remove_file(ws.p("dir1/f1")).unwrap();
+    let st = ws.status();
+    assert_eq!(st["dirty_files"], 0);
+    assert!(st["dirty_nodes"].as_u64().unwrap() > 0, "{st}");
+    let forked_id = forked["checkpoint"].as_str().unwrap();
+    let err = fails(&ws.store, &["restore", ws.mp.to_str().unwrap(), forked_id]);
+    assert!(err.contains("uncaptured") && err.contains("dir1"), "{err}");
+    assert!(!ws.p("dir1/f1").exists());
+    ok(
+        &ws.store,
+        &["restore", ws.mp.to_str().unwrap(), forked_id, "--force"],
+    );
+    assert!(ws.p("dir1/f1").exists());
     ws.unmount();
     let cat = ok(&ws.store, &["cat", t3, "dir3/f3"]);
     assert_eq!(cat, "v1 3");
@@ -800,4 +815,34 @@ fn changes_to_clean_nodes_match_ext4_and_survive_a_crash() {
     let out = t.path().join("out");
     ok(&store, &["restore", out.to_str().unwrap(), "-t", "clean"]);
     assert_same_tree(&native, &out);
+}
+
+/// Mounting a mountpoint again without uncaptured work shows the thread's current head,
+/// even if another mount moved it meanwhile.
+#[test]
+fn a_clean_remount_follows_the_head() {
+    let ws = mount("head", &[]);
+    fs::write(ws.p("a"), b"a").unwrap();
+    ws.checkpoint();
+    ws.unmount();
+
+    let other = ws._t.path().join("other");
+    fs::create_dir(&other).unwrap();
+    let _other_guard = MountGuard::new(&other);
+    ok(&ws.store, &["mount", other.to_str().unwrap(), "-t", "head"]);
+    assert_eq!(fs::read(other.join("a")).unwrap(), b"a");
+    fs::write(other.join("b"), b"b").unwrap();
+    json(&ws.store, &["checkpoint", other.to_str().unwrap()]);
+    ok(&ws.store, &["unmount", other.to_str().unwrap()]);
+    assert!(wait_for(Duration::from_secs(10), || !ws
+        .store
+        .join("mounts")
+        .read_dir()
+        .unwrap()
+        .flatten()
+        .any(|d| d.path().join("pid").exists())));
+
+    ok(&ws.store, &["mount", ws.mp.to_str().unwrap(), "-t", "head"]);
+    assert_eq!(fs::read(ws.p("b")).unwrap(), b"b");
+    drop(ws.guard);
 }
