@@ -244,8 +244,20 @@ impl MountedThread {
                 thread,
                 base: Some(id),
             },
-            // A new thread: fork it from the checkpoint, so its history starts there.
+            // A new thread: fork it from the checkpoint, so its history starts there
+            // (not before the restore is known to be allowed).
             None => {
+                let st = self.workspace().status();
+                if !force && st.dirty_nodes > 0 {
+                    return Err(CheckpointError::Invalid(format!(
+                        "{} uncaptured change(s) (for example {}); checkpoint them first or force",
+                        st.dirty_files.max(1),
+                        st.dirty_paths
+                            .first()
+                            .cloned()
+                            .unwrap_or_else(|| "a deletion".into())
+                    )));
+                }
                 let forked = cps.fork(&thread, &id)?;
                 MountTag {
                     expected_head: Some(forked.id),
