@@ -21,38 +21,6 @@ use std::time::Duration;
 mod common;
 use common::*;
 
-struct Args {
-    sizes: Vec<usize>,
-    reps: usize,
-}
-
-fn parse_args() -> Args {
-    let mut a = Args {
-        sizes: vec![1_000, 10_000, 100_000],
-        reps: 3,
-    };
-    let argv: Vec<String> = std::env::args().collect();
-    let mut i = 1;
-    while i < argv.len() {
-        match argv[i].as_str() {
-            "--sizes" => {
-                a.sizes = argv[i + 1]
-                    .split(',')
-                    .map(|s| parse_size(s).unwrap_or_else(|| panic!("bad size {s}")))
-                    .collect();
-                i += 1;
-            }
-            "--reps" => {
-                a.reps = argv[i + 1].parse().expect("--reps N");
-                i += 1;
-            }
-            _ => {} // cargo bench passes --bench
-        }
-        i += 1;
-    }
-    a
-}
-
 struct Row {
     tool: &'static str,
     scenario: &'static str,
@@ -61,7 +29,7 @@ struct Row {
 }
 
 fn main() {
-    let args = parse_args();
+    let args = parse_bench_args(3);
     let casfs = env!("CARGO_BIN_EXE_casfs");
     let (git, tar_zstd, restic) = (have("git"), have("tar") && have("zstd"), have("restic"));
     for (ok, name) in [(git, "git"), (tar_zstd, "tar+zstd"), (restic, "restic")] {

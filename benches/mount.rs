@@ -28,41 +28,6 @@ use std::time::{Duration, Instant};
 mod common;
 use common::*;
 
-struct Args {
-    sizes: Vec<usize>,
-    reps: usize,
-    io: bool,
-}
-
-fn parse_args() -> Args {
-    let mut a = Args {
-        sizes: vec![1_000, 10_000, 100_000],
-        reps: 5,
-        io: true,
-    };
-    let argv: Vec<String> = std::env::args().collect();
-    let mut i = 1;
-    while i < argv.len() {
-        match argv[i].as_str() {
-            "--sizes" => {
-                a.sizes = argv[i + 1]
-                    .split(',')
-                    .map(|s| parse_size(s).unwrap_or_else(|| panic!("bad size {s}")))
-                    .collect();
-                i += 1;
-            }
-            "--reps" => {
-                a.reps = argv[i + 1].parse().expect("--reps N");
-                i += 1;
-            }
-            "--no-io" => a.io = false,
-            _ => {}
-        }
-        i += 1;
-    }
-    a
-}
-
 fn casfs(store: &Path, args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_casfs"))
         .arg("--store")
@@ -113,7 +78,7 @@ fn ms(d: Duration) -> String {
 }
 
 fn main() {
-    let args = parse_args();
+    let args = parse_bench_args(5);
     let (git, restic, rsync) = (have("git"), have("restic"), have("rsync"));
     let overlay = have("fuse-overlayfs");
     let base = std::env::temp_dir().join(format!("casfs-bench-mount-{}", std::process::id()));
@@ -271,7 +236,7 @@ fn main() {
     }
 
     let mut io_rows: Vec<(&str, &str, Duration)> = Vec::new();
-    if args.io {
+    if !args.flags.iter().any(|f| f == "--no-io") {
         io_rows = io_bench(&base, overlay);
     }
 

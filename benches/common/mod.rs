@@ -123,3 +123,39 @@ pub fn git_env<'a>(git_dir: &'a Path, tree: &'a Path) -> Vec<(&'a str, &'a str)>
     env.push(("GIT_WORK_TREE", tree.to_str().unwrap()));
     env
 }
+
+/// The options every bench binary takes: `--sizes 1k,10k,...`, `--reps N`, and any
+/// other `--flag` (cargo bench adds `--bench`).
+pub struct BenchArgs {
+    pub sizes: Vec<usize>,
+    pub reps: usize,
+    pub flags: Vec<String>,
+}
+
+pub fn parse_bench_args(reps: usize) -> BenchArgs {
+    let mut a = BenchArgs {
+        sizes: vec![1_000, 10_000, 100_000],
+        reps,
+        flags: Vec::new(),
+    };
+    let argv: Vec<String> = std::env::args().collect();
+    let mut i = 1;
+    while i < argv.len() {
+        match argv[i].as_str() {
+            "--sizes" => {
+                a.sizes = argv[i + 1]
+                    .split(',')
+                    .map(|s| parse_size(s).unwrap_or_else(|| panic!("bad size {s}")))
+                    .collect();
+                i += 1;
+            }
+            "--reps" => {
+                a.reps = argv[i + 1].parse().expect("--reps N");
+                i += 1;
+            }
+            other => a.flags.push(other.to_string()),
+        }
+        i += 1;
+    }
+    a
+}

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use casfs::checkpoint::mountd::{control_request, control_socket, mount_dir, Request};
 use casfs::checkpoint::{CheckpointId, MountedThread, OpenMode, Store, ThreadId};
-use casfs::fs::{is_fuse_mount, mount_tree, ViewOptions, WorkspaceOptions};
+use casfs::fs::{is_dead_mount, is_fuse_mount, mount_tree, ViewOptions, WorkspaceOptions};
 
 use super::output::bytes;
 
@@ -35,7 +35,7 @@ pub fn mount(
     allow_other: bool,
     no_passthrough: bool,
 ) -> anyhow::Result<()> {
-    if mountpoint_is_dead(mountpoint) {
+    if is_dead_mount(mountpoint) {
         bail!(
             "{}: a casfs mount whose daemon is gone is still attached; run `casfs unmount --lazy {}` first",
             mountpoint.display(),
@@ -94,20 +94,6 @@ pub fn mount(
     mounted
         .unmount()
         .with_context(|| format!("unmounting {}", mountpoint.display()))
-}
-
-/// Whether `path` is a mount whose FUSE daemon is gone ("transport endpoint is not
-/// connected"). Asked with statfs, which the kernel never answers from its caches (a
-/// stat of the mountpoint may still succeed from cached attributes).
-fn mountpoint_is_dead(path: &Path) -> bool {
-    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: zeroed statfs is a valid out-parameter; the path is NUL-terminated.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    let rc = unsafe { libc::statfs(c.as_ptr(), &mut st) };
-    rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOTCONN)
 }
 
 fn wait_signal(signals: &libc::sigset_t, ms: i64) -> bool {
@@ -416,7 +402,7 @@ fn tempfile_path(mountpoint: &Path) -> std::path::PathBuf {
 }
 
 pub fn unmount(mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
-    if !is_fuse_mount(mountpoint) && !mountpoint_is_dead(mountpoint) {
+    if !is_fuse_mount(mountpoint) && !is_dead_mount(mountpoint) {
         bail!("{}: not a FUSE mount", mountpoint.display());
     }
     let c = CString::new(mountpoint.as_os_str().as_bytes())

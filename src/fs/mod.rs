@@ -58,20 +58,64 @@ impl Drop for Mounted {
     }
 }
 
+/// Answers a getxattr from a node's sorted attribute list (`size` 0 asks for the length).
+fn reply_getxattr(
+    xattrs: &[(Vec<u8>, Vec<u8>)],
+    name: &std::ffi::OsStr,
+    size: u32,
+    reply: fuser::ReplyXattr,
+) {
+    use std::os::unix::ffi::OsStrExt;
+    match xattrs.iter().find(|(k, _)| k.as_slice() == name.as_bytes()) {
+        Some((_, v)) => reply_xattr(reply, size, v),
+        None => reply.error(fuser::Errno::NO_XATTR),
+    }
+}
+
+/// Answers a listxattr: the names, each NUL-terminated.
+fn reply_listxattr(xattrs: &[(Vec<u8>, Vec<u8>)], size: u32, reply: fuser::ReplyXattr) {
+    let mut names = Vec::new();
+    for (k, _) in xattrs {
+        names.extend_from_slice(k);
+        names.push(0);
+    }
+    reply_xattr(reply, size, &names);
+}
+
+fn reply_xattr(reply: fuser::ReplyXattr, size: u32, data: &[u8]) {
+    if size == 0 {
+        reply.size(data.len() as u32);
+    } else if data.len() > size as usize {
+        reply.error(fuser::Errno::ERANGE);
+    } else {
+        reply.data(data);
+    }
+}
+
 /// `statfs` magic number of FUSE filesystems.
 pub const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
 
 /// Whether `path` is the root of a FUSE mount (used to wait for a mount to answer).
 pub fn is_fuse_mount(path: &std::path::Path) -> bool {
+    statfs(path).is_ok_and(|st| st.f_type == FUSE_SUPER_MAGIC)
+}
+
+/// Whether `path` is a FUSE mount whose daemon is gone ("transport endpoint is not
+/// connected"). Asked with statfs, which the kernel never answers from its caches (a
+/// stat of the mountpoint may still succeed from cached attributes).
+pub fn is_dead_mount(path: &std::path::Path) -> bool {
+    matches!(statfs(path), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN))
+}
+
+fn statfs(path: &std::path::Path) -> std::io::Result<libc::statfs> {
     use std::os::unix::ffi::OsStrExt;
-    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
-        return false;
-    };
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
     // SAFETY: zeroed statfs is a valid out-parameter; the path is NUL-terminated.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
     if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
-        return false;
+        return Err(std::io::Error::last_os_error());
     }
-    st.f_type == FUSE_SUPER_MAGIC
+    Ok(st)
 }

@@ -20,7 +20,7 @@ use fuser::{
     ReplyStatfs, ReplyXattr, Request,
 };
 
-use super::{ChunkReader, Mounted};
+use super::{reply_getxattr, reply_listxattr, ChunkReader, Mounted};
 use crate::cas::file::{load_chunk_list, ChunkList};
 use crate::cas::{load_tree, CasError, EntryContent, ObjectStore, Tree, TreeEntry, TreeId};
 
@@ -248,16 +248,6 @@ impl TreeView {
     }
 }
 
-fn reply_xattr(reply: ReplyXattr, size: u32, data: &[u8]) {
-    if size == 0 {
-        reply.size(data.len() as u32);
-    } else if data.len() > size as usize {
-        reply.error(Errno::ERANGE);
-    } else {
-        reply.data(data);
-    }
-}
-
 impl Filesystem for TreeView {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let parent = parent.0;
@@ -367,28 +357,14 @@ impl Filesystem for TreeView {
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         match self.entry(ino.0) {
-            Ok((e, _)) => match e
-                .xattrs
-                .iter()
-                .find(|(k, _)| k.as_slice() == name.as_bytes())
-            {
-                Some((_, v)) => reply_xattr(reply, size, v),
-                None => reply.error(Errno::NO_XATTR),
-            },
+            Ok((e, _)) => reply_getxattr(&e.xattrs, name, size, reply),
             Err(e) => reply.error(e),
         }
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         match self.entry(ino.0) {
-            Ok((e, _)) => {
-                let mut names = Vec::new();
-                for (k, _) in &e.xattrs {
-                    names.extend_from_slice(k);
-                    names.push(0);
-                }
-                reply_xattr(reply, size, &names);
-            }
+            Ok((e, _)) => reply_listxattr(&e.xattrs, size, reply),
             Err(e) => reply.error(e),
         }
     }

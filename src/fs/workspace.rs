@@ -28,7 +28,7 @@ use fuser::{
 use rocksdb::WriteBatch;
 
 use super::dirty::{DirtyStore, Kind, MountMeta, NodeRecord, Override};
-use super::{ChunkReader, Mounted};
+use super::{reply_getxattr, reply_listxattr, ChunkReader, Mounted};
 use crate::cas::file::{load_chunk_list, read_chunk, store_reader_over, ChunkList};
 use crate::cas::tree::{MAX_NAME_LEN, MAX_SYMLINK_LEN, MAX_XATTR_NAME_LEN, MAX_XATTR_VALUE_LEN};
 use crate::cas::{
@@ -115,7 +115,6 @@ enum Body {
     Dir {
         tree: Option<TreeId>,
         children: Option<BTreeMap<Vec<u8>, u64>>,
-        subdirs: u32,
     },
     File {
         clean: Option<FileRef>,
@@ -193,6 +192,8 @@ enum Src {
 
 struct Handle {
     ino: u64,
+    /// Opened for writing (counted in its node's `writers`).
+    write: bool,
     src: Src,
     backing: Option<Arc<BackingId>>,
 }
@@ -367,7 +368,6 @@ fn node_from_entry(e: &TreeEntry, dir: u64, owner: (u32, u32)) -> Node {
             Body::Dir {
                 tree: Some(*t),
                 children: None,
-                subdirs: 0,
             },
             0,
         ),
@@ -516,14 +516,8 @@ impl<'a> Tx<'a> {
             .count() as u32;
         let n = self.node_mut(ino)?;
         n.nlink = 2 + subdirs;
-        if let Body::Dir {
-            children: c,
-            subdirs: s,
-            ..
-        } = &mut n.body
-        {
+        if let Body::Dir { children: c, .. } = &mut n.body {
             *c = Some(children);
-            *s = subdirs;
         }
         Ok(())
     }
@@ -587,14 +581,11 @@ impl<'a> Tx<'a> {
         }
         let d = self.node_mut(dir)?;
         if let Body::Dir {
-            children: Some(ch),
-            subdirs,
-            ..
+            children: Some(ch), ..
         } = &mut d.body
         {
             ch.insert(name.to_vec(), child);
             if is_dir {
-                *subdirs += 1;
                 d.nlink += 1;
             }
         }
@@ -613,14 +604,11 @@ impl<'a> Tx<'a> {
         let is_dir = self.node(child)?.kind == Kind::Dir;
         let d = self.node_mut(dir)?;
         if let Body::Dir {
-            children: Some(ch),
-            subdirs,
-            ..
+            children: Some(ch), ..
         } = &mut d.body
         {
             ch.remove(name);
             if is_dir {
-                *subdirs -= 1;
                 d.nlink -= 1;
             }
         }
@@ -1048,7 +1036,6 @@ impl Workspace {
             body: Body::Dir {
                 tree: Some(base),
                 children: None,
-                subdirs: 0,
             },
             dirty: false,
             base: None,
@@ -1071,7 +1058,6 @@ impl Workspace {
                 Kind::Dir => Body::Dir {
                     tree: r.tree,
                     children: None,
-                    subdirs: 0,
                 },
                 Kind::File => {
                     let upper = if r.upper {
@@ -1625,6 +1611,9 @@ impl Workspace {
         let Some(h) = h else { return };
         let mut tx = self.tx();
         if let Some(n) = tx.st.nodes.get_mut(&h.ino) {
+            if h.write {
+                n.writers = n.writers.saturating_sub(1);
+            }
             if h.backing.is_some() {
                 n.open_passthrough = n.open_passthrough.saturating_sub(1);
                 if n.open_passthrough == 0 {
@@ -1645,16 +1634,6 @@ impl Workspace {
 /// The FUSE face of a [`Workspace`].
 pub struct WorkspaceFs(pub Arc<Workspace>);
 
-fn reply_xattr(reply: ReplyXattr, size: u32, data: &[u8]) {
-    if size == 0 {
-        reply.size(data.len() as u32);
-    } else if data.len() > size as usize {
-        reply.error(Errno::ERANGE);
-    } else {
-        reply.data(data);
-    }
-}
-
 impl WorkspaceFs {
     fn ws(&self) -> &Workspace {
         &self.0
@@ -1667,6 +1646,8 @@ impl WorkspaceFs {
         }
     }
 
+    /// Creates node `name` in `parent`: a regular file gets an empty upper file, a
+    /// directory an empty listing, a symlink `target`.
     #[allow(clippy::too_many_arguments)]
     fn create_node(
         &self,
@@ -1675,8 +1656,8 @@ impl WorkspaceFs {
         name: &OsStr,
         kind: Kind,
         mode: u32,
-        body: impl FnOnce(&Workspace, u64) -> Result<Body, Errno>,
         rdev: u64,
+        target: Option<Vec<u8>>,
         keep_open: bool,
     ) -> Result<(u64, FileAttr), Errno> {
         let name = name.as_bytes();
@@ -1690,26 +1671,31 @@ impl WorkspaceFs {
         }
         let mut node = tx.make_node(kind, mode, req, parent, Body::Other);
         node.meta.rdev = rdev;
-        if kind == Kind::Dir {
-            node.body = Body::Dir {
+        let ino = tx.alloc(node);
+        let body = match kind {
+            Kind::Dir => Body::Dir {
                 tree: None,
                 children: Some(BTreeMap::new()),
-                subdirs: 0,
-            };
-        }
-        let ino = tx.alloc(node);
-        match body(self.ws(), ino) {
-            Ok(Body::Other) => {}
-            Ok(b) => tx.node_mut(ino)?.body = b,
-            Err(e) => {
-                tx.st.nodes.remove(&ino);
-                return Err(e);
+            },
+            Kind::File => match self.ws().create_upper(ino) {
+                Ok(f) => Body::File {
+                    clean: None,
+                    upper: Some(Upper::Open(Arc::new(f))),
+                    chunks: None,
+                },
+                Err(e) => {
+                    tx.st.nodes.remove(&ino);
+                    return Err(io_errno(e));
+                }
+            },
+            Kind::Symlink => {
+                let t = target.unwrap_or_default();
+                tx.node_mut(ino)?.meta.size = t.len() as u64;
+                Body::Symlink(t)
             }
-        }
-        if let Body::Symlink(t) = &tx.node(ino)?.body {
-            let len = t.len() as u64;
-            tx.node_mut(ino)?.meta.size = len;
-        }
+            _ => Body::Other,
+        };
+        tx.node_mut(ino)?.body = body;
         tx.attach(parent, name, ino)?;
         // create() opens it right after (and keeps it open); mknod does not.
         if kind != Kind::File || !keep_open {
@@ -1837,6 +1823,7 @@ impl WorkspaceFs {
             fh,
             Handle {
                 ino,
+                write,
                 src,
                 backing: backing.clone(),
             },
@@ -2070,36 +2057,11 @@ impl Filesystem for WorkspaceFs {
         let r = (|| {
             let kind = kind_of_mode(mode).ok_or(Errno::EINVAL)?;
             let perm = mode & !umask;
-            let (_, a) = match kind {
-                Kind::File => self.create_node(
-                    req,
-                    parent.0,
-                    name,
-                    kind,
-                    perm,
-                    |ws, ino| {
-                        let f = ws.create_upper(ino).map_err(io_errno)?;
-                        Ok(Body::File {
-                            clean: None,
-                            upper: Some(Upper::Open(Arc::new(f))),
-                            chunks: None,
-                        })
-                    },
-                    0,
-                    false,
-                )?,
-                Kind::Dir | Kind::Symlink => return Err(Errno::EINVAL),
-                _ => self.create_node(
-                    req,
-                    parent.0,
-                    name,
-                    kind,
-                    perm,
-                    |_, _| Ok(Body::Other),
-                    rdev as u64,
-                    false,
-                )?,
-            };
+            if matches!(kind, Kind::Dir | Kind::Symlink) {
+                return Err(Errno::EINVAL);
+            }
+            let rdev = if kind == Kind::File { 0 } else { rdev as u64 };
+            let (_, a) = self.create_node(req, parent.0, name, kind, perm, rdev, None, false)?;
             Ok(a)
         })();
         self.entry_reply(r, reply);
@@ -2121,8 +2083,8 @@ impl Filesystem for WorkspaceFs {
                 name,
                 Kind::Dir,
                 mode & !umask,
-                |_, _| Ok(Body::Other),
                 0,
+                None,
                 false,
             )
             .map(|x| x.1);
@@ -2196,8 +2158,8 @@ impl Filesystem for WorkspaceFs {
                 link_name,
                 Kind::Symlink,
                 0o777,
-                move |_, _| Ok(Body::Symlink(t)),
                 0,
+                Some(t),
                 false,
             )
             .map(|x| x.1);
@@ -2428,18 +2390,13 @@ impl Filesystem for WorkspaceFs {
     fn release(
         &self,
         _req: &Request,
-        ino: INodeNo,
+        _ino: INodeNo,
         fh: FileHandle,
-        flags: OpenFlags,
+        _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
-            if let Some(n) = self.ws().lock().nodes.get_mut(&ino.0) {
-                n.writers = n.writers.saturating_sub(1);
-            }
-        }
         self.ws().release_handle(fh.0);
         reply.ok();
     }
@@ -2614,14 +2571,7 @@ impl Filesystem for WorkspaceFs {
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let tx = self.ws().tx();
         match tx.node(ino.0) {
-            Ok(n) => match n
-                .xattrs
-                .iter()
-                .find(|(k, _)| k.as_slice() == name.as_bytes())
-            {
-                Some((_, v)) => reply_xattr(reply, size, v),
-                None => reply.error(Errno::NO_XATTR),
-            },
+            Ok(n) => reply_getxattr(&n.xattrs, name, size, reply),
             Err(e) => reply.error(e),
         }
     }
@@ -2629,14 +2579,7 @@ impl Filesystem for WorkspaceFs {
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let tx = self.ws().tx();
         match tx.node(ino.0) {
-            Ok(n) => {
-                let mut names = Vec::new();
-                for (k, _) in &n.xattrs {
-                    names.extend_from_slice(k);
-                    names.push(0);
-                }
-                reply_xattr(reply, size, &names);
-            }
+            Ok(n) => reply_listxattr(&n.xattrs, size, reply),
             Err(e) => reply.error(e),
         }
     }
@@ -2686,15 +2629,8 @@ impl Filesystem for WorkspaceFs {
             name,
             Kind::File,
             mode & !umask,
-            |ws, ino| {
-                let f = ws.create_upper(ino).map_err(io_errno)?;
-                Ok(Body::File {
-                    clean: None,
-                    upper: Some(Upper::Open(Arc::new(f))),
-                    chunks: None,
-                })
-            },
             0,
+            None,
             true,
         );
         let (ino, attr) = match r {

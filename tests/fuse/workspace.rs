@@ -51,14 +51,19 @@ impl Ws {
     fn unmount(&self) {
         ok(&self.store, &["unmount", self.mp.to_str().unwrap()]);
         // The daemon lets the store go when it exits.
-        assert!(wait_for(Duration::from_secs(10), || !self
-            .store
-            .join("mounts")
-            .read_dir()
-            .unwrap()
-            .flatten()
-            .any(|d| d.path().join("pid").exists())));
+        wait_for_daemons_to_exit(&self.store);
     }
+}
+
+/// Waits until every mount daemon of `store` has exited (it removes its pid file after
+/// closing the store), so other commands can open the store.
+fn wait_for_daemons_to_exit(store: &Path) {
+    assert!(wait_for(Duration::from_secs(10), || !store
+        .join("mounts")
+        .read_dir()
+        .unwrap()
+        .flatten()
+        .any(|d| d.path().join("pid").exists())));
 }
 
 fn errno_of(r: std::io::Result<impl Sized>) -> i32 {
@@ -806,12 +811,7 @@ fn changes_to_clean_nodes_match_ext4_and_survive_a_crash() {
     let cp = json(&store, &["checkpoint", mp.to_str().unwrap()]);
     assert_eq!(cp["ok"], true);
     ok(&store, &["unmount", mp.to_str().unwrap()]);
-    assert!(wait_for(Duration::from_secs(10), || !store
-        .join("mounts")
-        .read_dir()
-        .unwrap()
-        .flatten()
-        .any(|d| d.path().join("pid").exists())));
+    wait_for_daemons_to_exit(&store);
     let out = t.path().join("out");
     ok(&store, &["restore", out.to_str().unwrap(), "-t", "clean"]);
     assert_same_tree(&native, &out);
@@ -834,13 +834,7 @@ fn a_clean_remount_follows_the_head() {
     fs::write(other.join("b"), b"b").unwrap();
     json(&ws.store, &["checkpoint", other.to_str().unwrap()]);
     ok(&ws.store, &["unmount", other.to_str().unwrap()]);
-    assert!(wait_for(Duration::from_secs(10), || !ws
-        .store
-        .join("mounts")
-        .read_dir()
-        .unwrap()
-        .flatten()
-        .any(|d| d.path().join("pid").exists())));
+    wait_for_daemons_to_exit(&ws.store);
 
     ok(&ws.store, &["mount", ws.mp.to_str().unwrap(), "-t", "head"]);
     assert_eq!(fs::read(ws.p("b")).unwrap(), b"b");
