@@ -648,6 +648,33 @@ impl<'a> Tx<'a> {
         }
     }
 
+    /// Node `ino`'s metadata changed at `t`: it no longer equals its base entry, and its
+    /// record (with its links) is written.
+    fn changed(&mut self, ino: u64, t: i64) -> Result<(), Errno> {
+        let n = self.node_mut(ino)?;
+        n.meta.ctime = t;
+        n.base = None;
+        self.persist(ino)
+    }
+
+    /// One name of `ino` was detached: a directory is gone, a file loses a link and goes
+    /// with its last one (once closed).
+    fn drop_link(&mut self, ino: u64) -> Result<(), Errno> {
+        let n = self.node_mut(ino)?;
+        n.nlink = if n.kind == Kind::Dir {
+            0
+        } else {
+            n.nlink.saturating_sub(1)
+        };
+        let t = now_ns();
+        n.meta.ctime = t;
+        if n.nlink > 0 {
+            self.changed(ino, t)?;
+        }
+        self.maybe_free(ino);
+        Ok(())
+    }
+
     /// Closes the upper file of `ino` if no handle needs it open.
     fn close_if_idle(&mut self, ino: u64) {
         if let Some(n) = self.st.nodes.get_mut(&ino) {
@@ -1631,6 +1658,13 @@ impl Workspace {
     }
 }
 
+fn reply_empty(r: Result<(), Errno>, reply: ReplyEmpty) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(e),
+    }
+}
+
 /// The FUSE face of a [`Workspace`].
 pub struct WorkspaceFs(pub Arc<Workspace>);
 
@@ -2021,9 +2055,7 @@ impl Filesystem for WorkspaceFs {
             if let Some(m) = mtime {
                 n.meta.mtime = resolve(m);
             }
-            n.meta.ctime = t;
-            n.base = None;
-            tx.persist(ino)?;
+            tx.changed(ino, t)?;
             tx.close_if_idle(ino);
             let a = tx.attr(ino)?;
             tx.commit()?;
@@ -2099,20 +2131,10 @@ impl Filesystem for WorkspaceFs {
                 return Err(Errno::EISDIR);
             }
             tx.detach(parent.0, name.as_bytes())?;
-            let n = tx.node_mut(child)?;
-            n.nlink = n.nlink.saturating_sub(1);
-            n.meta.ctime = now_ns();
-            if n.nlink > 0 {
-                n.base = None;
-                tx.persist(child)?;
-            }
-            tx.maybe_free(child);
+            tx.drop_link(child)?;
             tx.commit()
         })();
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(r, reply);
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -2129,14 +2151,10 @@ impl Filesystem for WorkspaceFs {
                 return Err(Errno::ENOTEMPTY);
             }
             tx.detach(parent.0, name.as_bytes())?;
-            tx.node_mut(child)?.nlink = 0;
-            tx.maybe_free(child);
+            tx.drop_link(child)?;
             tx.commit()
         })();
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(r, reply);
     }
 
     fn symlink(
@@ -2212,12 +2230,8 @@ impl Filesystem for WorkspaceFs {
                 tx.attach(np, n2, src)?;
                 tx.attach(p, n1, dst)?;
                 let t = now_ns();
-                for i in [src, dst] {
-                    let n = tx.node_mut(i)?;
-                    n.meta.ctime = t;
-                    n.base = None;
-                    tx.persist(i)?;
-                }
+                tx.changed(src, t)?;
+                tx.changed(dst, t)?;
                 return tx.commit();
             }
             if let Some(d) = dst {
@@ -2238,32 +2252,14 @@ impl Filesystem for WorkspaceFs {
                     return Err(Errno::ENOTEMPTY);
                 }
                 tx.detach(np, n2)?;
-                let n = tx.node_mut(d)?;
-                n.nlink = if dst_dir {
-                    0
-                } else {
-                    n.nlink.saturating_sub(1)
-                };
-                n.meta.ctime = now_ns();
-                if n.nlink > 0 {
-                    n.base = None;
-                    tx.persist(d)?;
-                }
-                tx.maybe_free(d);
+                tx.drop_link(d)?;
             }
             tx.detach(p, n1)?;
-            {
-                let n = tx.node_mut(src)?;
-                n.meta.ctime = now_ns();
-                n.base = None;
-            }
             tx.attach(np, n2, src)?;
+            tx.changed(src, now_ns())?;
             tx.commit()
         })();
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(r, reply);
     }
 
     fn link(
@@ -2290,13 +2286,9 @@ impl Filesystem for WorkspaceFs {
             // Every link of a linked node is an override, so that all of them follow
             // its content: make it dirty where it is first.
             tx.persist(ino.0)?;
-            let n = tx.node_mut(ino.0)?;
-            n.nlink += 1;
-            n.meta.ctime = now_ns();
-            n.base = None;
+            tx.node_mut(ino.0)?.nlink += 1;
             tx.attach(newparent.0, name, ino.0)?;
-            let rec = record_of(tx.node(ino.0)?);
-            self.ws().dirty.put_node(&mut tx.batch, ino.0, &rec);
+            tx.changed(ino.0, now_ns())?;
             let a = tx.attr(ino.0)?;
             tx.commit()?;
             Ok(a)
@@ -2419,10 +2411,7 @@ impl Filesystem for WorkspaceFs {
             }
             self.ws().dirty.sync().map_err(eio)
         })();
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(r, reply);
     }
 
     /// No opendir: the kernel then sends neither opendir nor releasedir, and caches
@@ -2557,15 +2546,10 @@ impl Filesystem for WorkspaceFs {
                 (Ok(i), _) => n.xattrs[i].1 = value.to_vec(),
                 (Err(i), _) => n.xattrs.insert(i, (name.to_vec(), value.to_vec())),
             }
-            n.meta.ctime = now_ns();
-            n.base = None;
-            tx.persist(ino.0)?;
+            tx.changed(ino.0, now_ns())?;
             tx.commit()
         })();
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(r, reply);
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -2593,15 +2577,10 @@ impl Filesystem for WorkspaceFs {
                 .binary_search_by(|(k, _)| k.as_slice().cmp(name.as_bytes()))
                 .map_err(|_| Errno::NO_XATTR)?;
             n.xattrs.remove(pos);
-            n.meta.ctime = now_ns();
-            n.base = None;
-            tx.persist(ino.0)?;
+            tx.changed(ino.0, now_ns())?;
             tx.commit()
         })();
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(r, reply);
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
@@ -2677,10 +2656,7 @@ impl Filesystem for WorkspaceFs {
             }
             Ok(())
         });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(r, reply);
     }
 
     fn lseek(
