@@ -99,7 +99,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
             *allow_other,
             *no_passthrough,
         ),
-        Command::Unmount { mountpoint, lazy } => super::mount::unmount(mountpoint, *lazy),
+        Command::Unmount { mountpoint, lazy } => super::mount::unmount(cli, mountpoint, *lazy),
     }
 }
 

@@ -395,21 +395,48 @@ fn spawn_background(
     }
 }
 
+/// Waits (at most MOUNT_WAIT) for the daemon named by `pid_file` to remove it or end.
+fn wait_daemon_exit(pid_file: &Path) {
+    let Some(pid) = std::fs::read_to_string(pid_file)
+        .ok()
+        .and_then(|s| s.trim().parse::<libc::pid_t>().ok())
+    else {
+        return;
+    };
+    let start = Instant::now();
+    // SAFETY: kill with signal 0 only checks that the process exists.
+    while pid_file.exists() && unsafe { libc::kill(pid, 0) } == 0 {
+        if start.elapsed() > MOUNT_WAIT {
+            eprintln!("casfs: the mount daemon (pid {pid}) is still closing its store");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Where a read-only mount's daemon logs (it does not write to the store).
 fn tempfile_path(mountpoint: &Path) -> std::path::PathBuf {
     let tag = casfs::cas::Hash::of(mountpoint.as_os_str().as_bytes()).short(12);
     std::env::temp_dir().join(format!("casfs-mount-{tag}.log"))
 }
 
-pub fn unmount(mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
+pub fn unmount(cli: &Cli, mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
     if !is_fuse_mount(mountpoint) && !is_dead_mount(mountpoint) {
         bail!("{}: not a FUSE mount", mountpoint.display());
     }
     let c = CString::new(mountpoint.as_os_str().as_bytes())
         .map_err(|_| anyhow!("{}: path contains NUL", mountpoint.display()))?;
+    // A writable mount's daemon of this store: waited for, so that "unmounted" means its
+    // store is closed and the next mount may start.
+    let pid_file = std::fs::canonicalize(mountpoint)
+        .ok()
+        .map(|c| mount_dir(&cli.store_root(), &c).join("pid"));
     let flags = if lazy { libc::MNT_DETACH } else { 0 };
     // SAFETY: a NUL-terminated path.
     if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
+        if let Some(p) = pid_file.filter(|_| !lazy) {
+            wait_daemon_exit(&p);
+        }
         println!("unmounted {}", mountpoint.display());
         return Ok(());
     }

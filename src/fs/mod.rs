@@ -8,6 +8,11 @@
 //!
 //! Depends on `cas` only: it knows trees and objects, not checkpoints or threads.
 
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
 mod chunk_cache;
 pub mod dirty;
 mod view;
@@ -23,36 +28,84 @@ pub use workspace::{
 
 /// A FUSE session served by background threads; unmounted when dropped or by
 /// [`Mounted::unmount`].
+///
+/// casfs unmounts by itself and never lets fuser do it: fuser 0.18 decides whether its
+/// session is still mounted from an inverted POLLERR test (cberner/fuser#703, fixed after
+/// 0.18.0), so after someone else unmounted the path it unmounts the path again, which
+/// by then can be the next mount there (seen here: `casfs unmount` then `casfs mount` at
+/// the same path lost the new mount one time in ten). The price is that a finished
+/// session's /dev/fuse descriptor stays open until the process ends.
 pub struct Mounted {
     session: Option<fuser::BackgroundSession>,
+    mountpoint: PathBuf,
+    /// st_dev of the mount's root, to tell it from whatever else is mounted there later.
+    dev: Option<u64>,
 }
 
+/// How long unmount waits for the serving threads after the kernel let go.
+const UNMOUNT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl Mounted {
-    fn new(session: fuser::BackgroundSession) -> Mounted {
+    fn new(session: fuser::BackgroundSession, mountpoint: &Path) -> Mounted {
+        let dev = std::fs::metadata(mountpoint).ok().map(|m| m.dev());
         Mounted {
             session: Some(session),
+            mountpoint: mountpoint.to_path_buf(),
+            dev,
         }
     }
 
-    /// Unmounts and waits for the serving threads to end.
+    /// Unmounts (if the mount at the path is still this one) and waits for the serving
+    /// threads to end. A busy mount is an error and stays mounted.
     pub fn unmount(mut self) -> std::io::Result<()> {
-        match self.session.take() {
-            Some(s) => s.umount_and_join(),
-            None => Ok(()),
-        }
+        self.finish()
     }
 
     /// Whether the kernel side is gone (someone unmounted it).
     pub fn is_finished(&self) -> bool {
         self.session.as_ref().is_none_or(|s| s.guard.is_finished())
     }
+
+    fn finish(&mut self) -> std::io::Result<()> {
+        let Some(s) = self.session.take() else {
+            return Ok(());
+        };
+        if !s.guard.is_finished() && self.ours_on_top() {
+            let c = CString::new(self.mountpoint.as_os_str().as_bytes())
+                .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+            // SAFETY: a NUL-terminated path.
+            if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::EINVAL) {
+                    self.session = Some(s);
+                    return Err(e);
+                }
+            }
+            // Unmounted: the kernel ends the connection and the threads return.
+            let start = std::time::Instant::now();
+            while !s.guard.is_finished() && start.elapsed() < UNMOUNT_WAIT {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+        // Finished, or detached elsewhere with files still open (those threads go with
+        // the process). Either way fuser must not unmount the path: see the type's note.
+        std::mem::forget(s);
+        Ok(())
+    }
+
+    /// Whether the topmost mount at the mountpoint is this session's.
+    fn ours_on_top(&self) -> bool {
+        let now = std::fs::metadata(&self.mountpoint).ok().map(|m| m.dev());
+        self.dev.is_some() && now == self.dev
+    }
 }
 
 impl Drop for Mounted {
     fn drop(&mut self) {
-        if let Some(s) = self.session.take() {
-            if let Err(e) = s.umount_and_join() {
-                tracing::warn!("unmounting: {e}");
+        if let Err(e) = self.finish() {
+            tracing::warn!("unmounting {}: {e}", self.mountpoint.display());
+            if let Some(s) = self.session.take() {
+                std::mem::forget(s);
             }
         }
     }

@@ -394,5 +394,5 @@ pub fn mount_tree(
     }
     config.n_threads = Some(opts.threads.max(1));
     let session = fuser::spawn_mount(view, mountpoint, &config)?;
-    Ok(Mounted::new(session))
+    Ok(Mounted::new(session, mountpoint))
 }

@@ -2737,7 +2737,7 @@ pub fn mount_workspace(
     ws.set_notifier(session.notifier());
     tracing::debug!("mounted in {:?}", started.elapsed());
     Ok(MountedWorkspace {
-        mounted: Mounted::new(session),
+        mounted: Mounted::new(session, mountpoint),
         workspace: ws,
     })
 }

@@ -840,3 +840,31 @@ fn a_clean_remount_follows_the_head() {
     assert_eq!(fs::read(ws.p("b")).unwrap(), b"b");
     drop(ws.guard);
 }
+
+/// Someone unmounts a workspace and mounts another at the same path at once: the first
+/// daemon, exiting, must leave the new mount alone (fuser 0.18 on its own unmounts the
+/// path again; see `casfs::fs::Mounted`).
+#[test]
+fn an_exiting_daemon_leaves_the_next_mount_at_its_path_alone() {
+    let t = tempfile::tempdir().unwrap();
+    let mp = t.path().join("mnt");
+    fs::create_dir(&mp).unwrap();
+    let _guard = MountGuard::new(&mp);
+    for i in 0..5 {
+        let (a, b) = (t.path().join(format!("a{i}")), t.path().join(format!("b{i}")));
+        ok(&a, &["mount", mp.to_str().unwrap(), "-t", "one"]);
+        fs::write(mp.join("f"), b"a").unwrap();
+        // Not through casfs: a plain umount, as an admin or a container runtime does.
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::umount2(cpath(&mp).as_ptr(), 0) }, 0);
+        ok(&b, &["mount", mp.to_str().unwrap(), "-t", "two"]);
+        wait_for_daemons_to_exit(&a);
+        assert!(
+            casfs::fs::is_fuse_mount(&mp),
+            "round {i}: the first daemon unmounted the second mount"
+        );
+        assert!(!mp.join("f").exists(), "round {i}: the second mount is another store");
+        ok(&b, &["unmount", mp.to_str().unwrap()]);
+        wait_for_daemons_to_exit(&b);
+    }
+}
