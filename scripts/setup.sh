@@ -6,9 +6,9 @@ set -euo pipefail
 # Build: Debian's RocksDB (linked instead of compiling RocksDB's C++), libclang for
 # bindgen, pkg-config and a C toolchain. Mount: fuse3 (fusermount3). Benchmarks and
 # tests compare with git, zstd, tar, rsync, restic and fuse-overlayfs; attr gives
-# getfattr/setfattr.
+# getfattr/setfattr; libacl1-dev is for building pjdfstest (below).
 PACKAGES=(librocksdb-dev libclang-dev clang pkg-config build-essential fuse3
-          git zstd tar rsync restic attr fuse-overlayfs)
+          git zstd tar rsync restic attr fuse-overlayfs libacl1-dev)
 
 # The FUSE tests' POSIX probe is a Python script; any python3 on PATH will do.
 command -v python3 >/dev/null 2>&1 || PACKAGES+=(python3)
@@ -39,4 +39,11 @@ command -v cargo >/dev/null 2>&1 || {
 if [ -z "${ROCKSDB_LIB_DIR:-}" ]; then
   multiarch="$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)"
   export ROCKSDB_LIB_DIR="/usr/lib/$multiarch"
+fi
+
+# The independent POSIX conformance suite the FUSE tests run against the mount: the
+# Rust rewrite of pjdfstest, from crates.io (about a minute to build, once).
+if ! command -v pjdfstest >/dev/null 2>&1 && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/pjdfstest" ]; then
+  echo "casfs setup: installing pjdfstest 0.2.2 (cargo install)" >&2
+  cargo install --quiet --locked pjdfstest --version 0.2.2
 fi

@@ -250,6 +250,9 @@ impl TreeView {
 
 impl Filesystem for TreeView {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        if name.len() > crate::cas::tree::MAX_NAME_LEN {
+            return reply.error(Errno::ENAMETOOLONG);
+        }
         let parent = parent.0;
         let result = self.dir_tree(parent).and_then(|tree| {
             let e = tree.get(name.as_bytes()).ok_or(Errno::ENOENT)?;

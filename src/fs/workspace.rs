@@ -342,6 +342,9 @@ fn set_file_times(f: &File, atime: Option<i64>, mtime: Option<i64>) -> std::io::
     Ok(())
 }
 
+/// Most links a file may have (ext4's figure): `link` refuses one more with EMLINK.
+const LINK_MAX: u32 = 65_000;
+
 fn check_name(name: &[u8]) -> Result<(), Errno> {
     if name.len() > MAX_NAME_LEN {
         return Err(Errno::ENAMETOOLONG);
@@ -1946,6 +1949,10 @@ impl Filesystem for WorkspaceFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        if name.len() > MAX_NAME_LEN {
+            // The kernel leaves the check to us: every path call with such a component.
+            return reply.error(Errno::ENAMETOOLONG);
+        }
         let r = (|| {
             let mut tx = self.ws().tx();
             let Some(ino) = tx.lookup(parent.0, name.as_bytes())? else {
@@ -2282,6 +2289,9 @@ impl Filesystem for WorkspaceFs {
             }
             if tx.lookup(newparent.0, name)?.is_some() {
                 return Err(Errno::EEXIST);
+            }
+            if tx.node(ino.0)?.nlink >= LINK_MAX {
+                return Err(Errno::EMLINK);
             }
             // Every link of a linked node is an override, so that all of them follow
             // its content: make it dirty where it is first.
