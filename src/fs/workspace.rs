@@ -342,6 +342,9 @@ fn set_file_times(f: &File, atime: Option<i64>, mtime: Option<i64>) -> std::io::
     Ok(())
 }
 
+/// How long the reaper lets removals of upper files gather between batches.
+const REAP_PAUSE: Duration = Duration::from_millis(20);
+
 /// Most links a file may have (ext4's figure): `link` refuses one more with EMLINK.
 const LINK_MAX: u32 = 65_000;
 
@@ -1011,10 +1014,16 @@ impl Workspace {
         std::thread::Builder::new()
             .name("casfs-reaper".into())
             .spawn(move || {
-                for ino in reap {
-                    let name = Self::upper_cname(ino);
-                    // SAFETY: a valid directory fd and NUL-terminated name.
-                    unsafe { libc::unlinkat(reaper_fd.as_raw_fd(), name.as_ptr(), 0) };
+                while let Ok(first) = reap.recv() {
+                    let batch: Vec<u64> = std::iter::once(first).chain(reap.try_iter()).collect();
+                    for ino in batch {
+                        let name = Self::upper_cname(ino);
+                        // SAFETY: a valid directory fd and NUL-terminated name.
+                        unsafe { libc::unlinkat(reaper_fd.as_raw_fd(), name.as_ptr(), 0) };
+                    }
+                    // Let removals pile up: waking this thread for each file of an
+                    // `rm -rf` cost more than the unlinks (a quarter of the daemon's time).
+                    std::thread::sleep(REAP_PAUSE);
                 }
             })
             .map_err(|e| WorkspaceError::Io(format!("starting the reaper thread: {e}")))?;
