@@ -28,11 +28,11 @@ pub use lease::{holder_name, WriterLease};
 pub use mountd::{MountCheckpoint, MountTag, MountedThread};
 pub use record::{
     Artifact, CaptureStats, Checkpoint, CheckpointBody, CheckpointId, ContentRef, NewCheckpoint,
-    ThreadId,
+    SecretFile, ThreadId,
 };
 pub use restore::{
     restore_tree, uncaptured_changes, RestoreOptions, RestoreProgress, RestoreStats,
 };
 pub use rocks_store::RocksCheckpointStore;
 pub use store::CheckpointStore;
-pub use store_dir::{OpenMode, Store};
+pub use store_dir::{OpenMode, Store, HOST_CF};

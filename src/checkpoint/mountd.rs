@@ -20,11 +20,12 @@ use serde_json::{json, Value};
 use super::capture::with_renewed_lease;
 use super::{
     holder_name, CheckpointError, CheckpointId, CheckpointResult, NewCheckpoint, Store, ThreadId,
+    WriterLease,
 };
 use crate::cas::{store_tree, Tree, TreeId};
 use crate::fs::{
-    mount_key, mount_workspace, MountedWorkspace, SnapshotStats, Workspace, WorkspaceError,
-    WorkspaceOptions, WorkspaceStatus,
+    mount_key, mount_workspace, MountedWorkspace, SnapshotFilter, SnapshotStats, Workspace,
+    WorkspaceError, WorkspaceOptions, WorkspaceStatus,
 };
 
 /// What the workspace's base is, kept with it in the dirty set's mount record.
@@ -179,42 +180,76 @@ impl MountedThread {
     /// Checkpoints the dirty set: under the thread's writer lease, appends a checkpoint
     /// whose parent must be the head this workspace expects.
     pub fn checkpoint(&self, reason: &str) -> CheckpointResult<MountCheckpoint> {
-        let start = Instant::now();
         let tag = self.tag();
         let cps = self.store.checkpoints();
         let lease = cps.acquire_writer(&tag.thread, &holder_name("casfs-mount"), self.lease_ttl)?;
+        let template = NewCheckpoint::new(tag.thread.clone(), empty_root(), reason);
         let (result, lease) = with_renewed_lease(&self.store, lease, |lease| {
-            let r = self.workspace().snapshot(|root, stats| {
-                let mut new = NewCheckpoint::new(tag.thread.clone(), root, reason);
-                new.stats.files_hashed = stats.files_hashed;
-                new.stats.bytes_hashed = stats.bytes_hashed;
-                new.stats.new_objects = stats.new_objects;
-                new.stats.new_bytes = stats.new_bytes;
-                new.stats.reused_objects = stats.reused_objects;
-                new.stats.unsupported = stats.skipped;
-                new.stats.duration_ms = start.elapsed().as_millis() as u64;
-                let cp = cps.append(
-                    new,
-                    tag.expected_head,
-                    &lease.lock().unwrap_or_else(|p| p.into_inner()),
-                )?;
-                let next = MountTag {
-                    thread: tag.thread.clone(),
-                    base: Some(cp.id),
-                    expected_head: Some(cp.id),
-                };
-                Ok::<_, CheckpointError>((cp, serde_json::to_value(&next).expect("tag")))
-            });
-            match r {
-                Ok(Ok(x)) => Ok(x),
-                Ok(Err(e)) => Err(e),
-                Err(e) => Err(ws_err(e)),
-            }
+            self.publish(template, None, &|_| {
+                Ok(lease.lock().unwrap_or_else(|p| p.into_inner()).clone())
+            })
         });
         if let Err(e) = cps.release(&lease) {
             tracing::warn!("releasing the writer lease after a checkpoint: {e}");
         }
-        let (cp, stats) = result?;
+        result
+    }
+
+    /// Checkpoints the dirty set for a run that holds the thread's writer lease (kept
+    /// by the caller): `template` gives everything but the root (conversation,
+    /// artifacts, run, workspace hash), `filter` what of the changes goes in.
+    /// `before_append` runs after the snapshot and right before the append: it may
+    /// complete the record (what the filter saw) and gives the current lease, or refuses
+    /// (a lost or closed lease), and then nothing is published. The head must still be
+    /// the one this workspace was restored at or last checkpointed.
+    pub fn checkpoint_with(
+        &self,
+        template: NewCheckpoint,
+        filter: Option<&dyn SnapshotFilter>,
+        before_append: &dyn Fn(&mut NewCheckpoint) -> CheckpointResult<WriterLease>,
+    ) -> CheckpointResult<MountCheckpoint> {
+        self.publish(template, filter, before_append)
+    }
+
+    fn publish(
+        &self,
+        template: NewCheckpoint,
+        filter: Option<&dyn SnapshotFilter>,
+        before_append: &dyn Fn(&mut NewCheckpoint) -> CheckpointResult<WriterLease>,
+    ) -> CheckpointResult<MountCheckpoint> {
+        let start = Instant::now();
+        let tag = self.tag();
+        if template.thread_id != tag.thread {
+            return Err(CheckpointError::Invalid(format!(
+                "checkpoint for thread {} from a mount of thread {}",
+                template.thread_id, tag.thread
+            )));
+        }
+        let cps = self.store.checkpoints();
+        let r = self.workspace().snapshot_filtered(filter, |root, stats| {
+            let mut new = template;
+            new.root = root;
+            new.stats.files_hashed = stats.files_hashed;
+            new.stats.bytes_hashed = stats.bytes_hashed;
+            new.stats.new_objects = stats.new_objects;
+            new.stats.new_bytes = stats.new_bytes;
+            new.stats.reused_objects = stats.reused_objects;
+            new.stats.unsupported = stats.skipped;
+            new.stats.duration_ms = start.elapsed().as_millis() as u64;
+            let lease = before_append(&mut new)?;
+            let cp = cps.append(new, tag.expected_head, &lease)?;
+            let next = MountTag {
+                thread: tag.thread.clone(),
+                base: Some(cp.id),
+                expected_head: Some(cp.id),
+            };
+            Ok::<_, CheckpointError>((cp, serde_json::to_value(&next).expect("tag")))
+        });
+        let (cp, stats) = match r {
+            Ok(Ok(x)) => x,
+            Ok(Err(e)) => return Err(e),
+            Err(e) => return Err(ws_err(e)),
+        };
         Ok(MountCheckpoint {
             checkpoint: cp.id,
             thread: tag.thread,
@@ -417,4 +452,9 @@ pub fn control_request(socket: &Path, req: &Request) -> Result<Value, String> {
 fn empty_tree(store: &Store) -> CheckpointResult<TreeId> {
     let t = Tree::from_sorted_entries(Vec::new()).expect("empty tree");
     Ok(store_tree(store.objects(), &t)?.0)
+}
+
+/// A root for a template checkpoint, replaced by the snapshot's.
+fn empty_root() -> TreeId {
+    TreeId(crate::cas::Hash::of(b""))
 }

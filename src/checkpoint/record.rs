@@ -100,6 +100,24 @@ pub struct Artifact {
     pub content: ContentRef,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub media_type: Option<String>,
+    /// The host's id of the artifact, and the key its bytes had in the host's blob store
+    /// (a restore puts them back under it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blob_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at_ms: Option<u64>,
+}
+
+/// A file stored with secret values replaced by placeholders (`{{casfs-secret:NAME}}`),
+/// and which secrets: a restore writes the current values back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretFile {
+    pub path: String,
+    pub secrets: Vec<String>,
 }
 
 /// What a capture did, kept with the checkpoint.
@@ -139,6 +157,7 @@ pub struct NewCheckpoint {
     pub artifacts: Vec<Artifact>,
     pub workspace_hash: Option<String>,
     pub stats: CaptureStats,
+    pub secret_files: Vec<SecretFile>,
 }
 
 impl NewCheckpoint {
@@ -152,6 +171,7 @@ impl NewCheckpoint {
             artifacts: Vec::new(),
             workspace_hash: None,
             stats: CaptureStats::default(),
+            secret_files: Vec::new(),
         }
     }
 }
@@ -171,6 +191,9 @@ pub struct CheckpointBody {
     pub artifacts: Vec<Artifact>,
     pub workspace_hash: Option<String>,
     pub stats: CaptureStats,
+    /// Absent from records without any (so their encoding, and id, is as before).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secret_files: Vec<SecretFile>,
 }
 
 /// A checkpoint: an immutable record naming a root tree, its parent and its thread.
@@ -204,6 +227,7 @@ impl Checkpoint {
             artifacts: new.artifacts,
             workspace_hash: new.workspace_hash,
             stats: new.stats,
+            secret_files: new.secret_files,
         };
         let id = CheckpointId(Hash::of(&body_bytes(&body)));
         Checkpoint { id, body }

@@ -302,6 +302,7 @@ impl CheckpointStore for RocksCheckpointStore {
             artifacts: src.body.artifacts.clone(),
             workspace_hash: src.body.workspace_hash.clone(),
             stats: src.body.stats.clone(),
+            secret_files: src.body.secret_files.clone(),
         };
         let cp = Checkpoint::from_new(new, Some(*from), SystemTime::now());
         let mut batch = WriteBatch::default();

@@ -23,6 +23,10 @@ pub enum OpenMode {
     MustExist,
 }
 
+/// A column family for what an agent host keeps beside its checkpoints (the
+/// middleware's conversation, artifact and blob stores): plain keys, not objects.
+pub const HOST_CF: &str = "host";
+
 /// An open store: objects and checkpoints in one RocksDB, exclusively this process's.
 pub struct Store {
     root: PathBuf,
@@ -77,6 +81,7 @@ impl Store {
         let mut cfs: Vec<&str> = COLUMN_FAMILIES.to_vec();
         cfs.push(DIRCACHE_CF);
         cfs.push(crate::fs::MOUNTS_CF);
+        cfs.push(HOST_CF);
         let db = Arc::new(Database::open(&root.join("db"), &cfs)?);
         Ok(Store {
             root: root.to_path_buf(),

@@ -29,7 +29,7 @@ use rocksdb::WriteBatch;
 
 use super::dirty::{DirtyStore, Kind, MountMeta, NodeRecord, Override};
 use super::{reply_getxattr, reply_listxattr, ChunkReader, Mounted};
-use crate::cas::file::{load_chunk_list, read_chunk, store_reader_over, ChunkList};
+use crate::cas::file::{load_chunk_list, read_chunk, store_bytes, store_reader_over, ChunkList};
 use crate::cas::tree::{MAX_NAME_LEN, MAX_SYMLINK_LEN, MAX_XATTR_NAME_LEN, MAX_XATTR_VALUE_LEN};
 use crate::cas::{
     load_tree, store_tree, CasError, ChunkId, EntryContent, FileRef, ObjectStore, StoreStats, Tree,
@@ -221,6 +221,40 @@ pub struct SnapshotStats {
     pub changed_paths: Vec<String>,
     /// Entries of the previous tree that are gone (a removed directory counts once).
     pub removed_paths: Vec<String>,
+}
+
+/// What a snapshot keeps of the changed entries, and in what form: the middleware's
+/// capture policy (globs, sizes) and secret scrubbing. Entries it leaves out or stores
+/// in another form stay dirty, so the workspace keeps showing them as they are and the
+/// next snapshot looks at them again.
+pub trait SnapshotFilter: Sync {
+    /// Whether the changed entry at `path` (relative, '/'-separated) goes in. `size` is
+    /// a file's length (0 for the rest).
+    fn keep(&self, path: &str, kind: EntryKind, size: u64) -> bool;
+
+    /// The content to store for the changed regular file at `path` instead of what
+    /// `file` holds (read from its start), or `None` to store it as it is. An error
+    /// fails the snapshot.
+    fn transform(&self, path: &str, file: &mut File, size: u64) -> Result<Option<Vec<u8>>, String>;
+}
+
+/// What a snapshot's walk carries along.
+struct BuildCx<'a> {
+    stats: &'a mut SnapshotStats,
+    /// Nodes written, with their new entries.
+    done: Vec<(u64, Arc<TreeEntry>)>,
+    /// Nodes the filter left out or stored in another form: they stay dirty.
+    keep_dirty: Vec<u64>,
+    filter: Option<&'a dyn SnapshotFilter>,
+}
+
+/// The kind of a changed entry, as a [`SnapshotFilter`] sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    File,
+    Dir,
+    Symlink,
+    Special,
 }
 
 /// The dirty set at a glance.
@@ -816,12 +850,7 @@ impl<'a> Tx<'a> {
     }
 
     /// Builds and stores the tree of dirty directory `ino`; returns its id.
-    fn build(
-        &mut self,
-        ino: u64,
-        stats: &mut SnapshotStats,
-        done: &mut Vec<(u64, Arc<TreeEntry>)>,
-    ) -> Result<TreeId, WorkspaceError> {
+    fn build(&mut self, ino: u64, cx: &mut BuildCx<'_>) -> Result<TreeId, WorkspaceError> {
         self.load_dir(ino)
             .map_err(|e| WorkspaceError::Io(format!("loading {}: {e:?}", self.path_of(ino))))?;
         let children: Vec<(Vec<u8>, u64)> = match &self.st.nodes[&ino].body {
@@ -847,9 +876,22 @@ impl<'a> Tx<'a> {
             }
             let meta = n.meta;
             let xattrs = n.xattrs.clone();
+            if let Some(f) = cx.filter {
+                let kind = match n.kind {
+                    Kind::Dir => EntryKind::Dir,
+                    Kind::File => EntryKind::File,
+                    Kind::Symlink => EntryKind::Symlink,
+                    _ => EntryKind::Special,
+                };
+                let size = if n.kind == Kind::File { meta.size } else { 0 };
+                if !f.keep(&self.path_of(child), kind, size) {
+                    cx.keep_dirty.push(child);
+                    continue;
+                }
+            }
             let (content, size, mtime, mode) = match n.kind {
                 Kind::Dir => {
-                    let id = self.build(child, stats, done)?;
+                    let id = self.build(child, cx)?;
                     (EntryContent::Dir(id), 0, meta.mtime, meta.mode)
                 }
                 Kind::File => {
@@ -872,21 +914,41 @@ impl<'a> Tx<'a> {
                                 }
                                 _ => None,
                             };
-                            let fref = store_reader_over(
-                                self.ws.objects.as_ref(),
-                                &mut f,
-                                &path,
-                                base.as_ref(),
-                                &mut cas,
-                            )?;
-                            stats.files_hashed += 1;
-                            stats.bytes_hashed += fref.size;
-                            stats.changed_paths.push(self.path_of(child));
+                            let rel = self.path_of(child);
+                            let other = match cx.filter {
+                                Some(filt) => filt
+                                    .transform(&rel, &mut f, st.st_size as u64)
+                                    .map_err(|e| WorkspaceError::Io(format!("{rel}: {e}")))?,
+                                None => None,
+                            };
+                            let fref = match other {
+                                Some(data) => {
+                                    // Stored in another form: the workspace keeps its own.
+                                    cx.keep_dirty.push(child);
+                                    store_bytes(self.ws.objects.as_ref(), &data, &mut cas)?
+                                }
+                                None => {
+                                    use std::io::Seek;
+                                    f.rewind().map_err(|e| {
+                                        WorkspaceError::Io(format!("{}: {e}", path.display()))
+                                    })?;
+                                    store_reader_over(
+                                        self.ws.objects.as_ref(),
+                                        &mut f,
+                                        &path,
+                                        base.as_ref(),
+                                        &mut cas,
+                                    )?
+                                }
+                            };
+                            cx.stats.files_hashed += 1;
+                            cx.stats.bytes_hashed += fref.size;
+                            cx.stats.changed_paths.push(self.path_of(child));
                             let mtime = st.st_mtime * 1_000_000_000 + st.st_mtime_nsec;
                             (fref, mtime)
                         }
                         (None, Some(c)) => {
-                            stats.changed_paths.push(self.path_of(child));
+                            cx.stats.changed_paths.push(self.path_of(child));
                             (c, meta.mtime)
                         }
                         (None, None) => {
@@ -899,7 +961,7 @@ impl<'a> Tx<'a> {
                     (EntryContent::File(fref.id), fref.size, mtime, meta.mode)
                 }
                 Kind::Symlink => {
-                    stats.changed_paths.push(self.path_of(child));
+                    cx.stats.changed_paths.push(self.path_of(child));
                     let t = match &n.body {
                         Body::Symlink(t) => t.clone(),
                         _ => unreachable!(),
@@ -921,7 +983,7 @@ impl<'a> Tx<'a> {
                     meta.mode,
                 ),
                 Kind::Socket => {
-                    stats.skipped += 1;
+                    cx.stats.skipped += 1;
                     continue;
                 }
             };
@@ -933,7 +995,7 @@ impl<'a> Tx<'a> {
                 size,
                 xattrs,
             };
-            done.push((child, Arc::new(e.clone())));
+            cx.done.push((child, Arc::new(e.clone())));
             entries.push(e);
         }
         // What the previous tree of this directory had that is gone now.
@@ -949,7 +1011,7 @@ impl<'a> Tx<'a> {
                     .is_err()
                 {
                     let name = String::from_utf8_lossy(&e.name);
-                    stats.removed_paths.push(if dir.is_empty() {
+                    cx.stats.removed_paths.push(if dir.is_empty() {
                         name.into_owned()
                     } else {
                         format!("{dir}/{name}")
@@ -961,6 +1023,7 @@ impl<'a> Tx<'a> {
             .map_err(|e| WorkspaceError::Io(format!("directory {}: {e}", self.path_of(ino))))?;
         let (id, p) = store_tree(self.ws.objects.as_ref(), &tree)?;
         cas.record(&p);
+        let stats = &mut *cx.stats;
         stats.dirs_written += 1;
         stats.new_objects += cas.new_objects;
         stats.new_bytes += cas.new_bytes;
@@ -1475,16 +1538,32 @@ impl Workspace {
         &self,
         publish: impl FnOnce(TreeId, &SnapshotStats) -> Result<(T, serde_json::Value), E>,
     ) -> Result<Result<(T, SnapshotStats), E>, WorkspaceError> {
+        self.snapshot_filtered(None, publish)
+    }
+
+    /// [`Workspace::snapshot`] with a filter deciding what of the changed entries goes
+    /// in and in what form.
+    pub fn snapshot_filtered<T, E>(
+        &self,
+        filter: Option<&dyn SnapshotFilter>,
+        publish: impl FnOnce(TreeId, &SnapshotStats) -> Result<(T, serde_json::Value), E>,
+    ) -> Result<Result<(T, SnapshotStats), E>, WorkspaceError> {
         let _barrier = self.barrier.write().unwrap_or_else(|p| p.into_inner());
         let mut tx = self.tx();
         let mut stats = SnapshotStats::default();
-        let mut done = Vec::new();
         let root_dirty = tx.st.nodes[&ROOT].dirty;
+        let mut cx = BuildCx {
+            stats: &mut stats,
+            done: Vec::new(),
+            keep_dirty: Vec::new(),
+            filter,
+        };
         let root = if root_dirty {
-            tx.build(ROOT, &mut stats, &mut done)?
+            tx.build(ROOT, &mut cx)?
         } else {
             tx.st.base
         };
+        let (done, keep_dirty) = (cx.done, cx.keep_dirty);
         self.objects.sync()?;
         let (out, tag) = match publish(root, &stats) {
             Ok(x) => x,
@@ -1492,7 +1571,7 @@ impl Workspace {
         };
         // The new base: every node written becomes clean, but a file open for writing
         // may change behind the daemon's back (passthrough) and stays dirty.
-        let mut still = Vec::new();
+        let mut still = keep_dirty;
         for (ino, entry) in done {
             let n = tx.st.nodes.get_mut(&ino).expect("built");
             if let EntryContent::File(id) = entry.content {
