@@ -8,3 +8,4 @@
 pub mod cas;
 pub mod checkpoint;
 pub mod fs;
+pub mod middleware;

@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod middleware;
 mod read_only;
 mod workspace;
 

@@ -954,7 +954,10 @@ fn an_exiting_daemon_leaves_the_next_mount_at_its_path_alone() {
     fs::create_dir(&mp).unwrap();
     let _guard = MountGuard::new(&mp);
     for i in 0..5 {
-        let (a, b) = (t.path().join(format!("a{i}")), t.path().join(format!("b{i}")));
+        let (a, b) = (
+            t.path().join(format!("a{i}")),
+            t.path().join(format!("b{i}")),
+        );
         ok(&a, &["mount", mp.to_str().unwrap(), "-t", "one"]);
         fs::write(mp.join("f"), b"a").unwrap();
         // Not through casfs: a plain umount, as an admin or a container runtime does.
@@ -966,7 +969,10 @@ fn an_exiting_daemon_leaves_the_next_mount_at_its_path_alone() {
             casfs::fs::is_fuse_mount(&mp),
             "round {i}: the first daemon unmounted the second mount"
         );
-        assert!(!mp.join("f").exists(), "round {i}: the second mount is another store");
+        assert!(
+            !mp.join("f").exists(),
+            "round {i}: the second mount is another store"
+        );
         ok(&b, &["unmount", mp.to_str().unwrap()]);
         wait_for_daemons_to_exit(&b);
     }

@@ -1,0 +1,41 @@
+//! The middleware's errors: each names what it is about.
+
+use crate::checkpoint::{CheckpointError, CheckpointId, ThreadId};
+
+pub type MiddlewareResult<T> = Result<T, MiddlewareError>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum MiddlewareError {
+    /// The middleware or run was set up wrong (a missing store, persistence wired to
+    /// another instance, a bad glob, a secret too short to look for).
+    #[error("invalid middleware configuration: {0}")]
+    Config(String),
+
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+
+    #[error("thread {thread:?} names checkpoint {id} as its head, but it is not in the store")]
+    HeadMissing { thread: ThreadId, id: CheckpointId },
+
+    #[error(
+        "checkpoint {checkpoint} was made for workspace definition {recorded}, this workspace is \
+         {current}; restoring it is refused unless the policy allows a different workspace"
+    )]
+    WorkspaceMismatch {
+        checkpoint: CheckpointId,
+        recorded: String,
+        current: String,
+    },
+
+    #[error("sandbox {key:?}: {detail}")]
+    Sandbox { key: String, detail: String },
+
+    #[error("capture policy: {0}")]
+    Policy(String),
+
+    #[error("persistence: {0}")]
+    Persistence(String),
+
+    #[error("run {0:?} was cancelled")]
+    Cancelled(String),
+}

@@ -1,0 +1,808 @@
+//! The run lifecycle: setup, on_chunk, on_finish, on_abort, on_error, on_disconnect.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime};
+
+use super::persistence::Parts;
+use super::policy::CaptureFilter;
+use super::{
+    ArtifactMeta, EnsureOutcome, MiddlewareError, MiddlewareResult, Persistence, RunContext,
+    SandboxHandle, SandboxProvider, Secrets, SnapshotPolicy,
+};
+use crate::cas::file::{read_file, store_bytes, StoreStats};
+use crate::cas::FileRef;
+use crate::checkpoint::{
+    holder_name, Artifact, Checkpoint, CheckpointError, CheckpointId, CheckpointResult, ContentRef,
+    NewCheckpoint, Store, ThreadId, WriterLease,
+};
+
+/// Portable checkpoints of runs: where the conversation and artifacts come from, what
+/// a capture keeps, the secrets it must never store, the workspace definition.
+#[derive(Clone)]
+pub struct SnapshotConfig {
+    pub persistence: Persistence,
+    pub policy: SnapshotPolicy,
+    /// The workspace's resolved secret values, by name.
+    pub secrets: BTreeMap<String, String>,
+    /// The workspace definition whose hash each checkpoint records.
+    pub workspace: serde_json::Value,
+    pub lease_ttl: Duration,
+    /// How long on_finish waits for the run's persistence to complete.
+    pub completion_timeout: Duration,
+}
+
+impl SnapshotConfig {
+    pub fn new(persistence: Persistence) -> SnapshotConfig {
+        SnapshotConfig {
+            persistence,
+            policy: SnapshotPolicy::default(),
+            secrets: BTreeMap::new(),
+            workspace: serde_json::Value::Null,
+            lease_ttl: Duration::from_secs(30),
+            completion_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What happens to a sandbox when a run ends.
+#[derive(Debug, Clone, Default)]
+pub struct Lifecycle {
+    pub destroy_on_complete: bool,
+    pub destroy_on_error: bool,
+    /// Take the provider's own snapshot after a finished run.
+    pub snapshot_after_run: bool,
+}
+
+#[derive(Clone, Default)]
+pub struct MiddlewareConfig {
+    pub snapshots: Option<SnapshotConfig>,
+    pub lifecycle: Lifecycle,
+}
+
+/// What a run streams that the middleware looks at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Chunk {
+    /// The run finished streaming; `interrupt` is a pause awaiting the user.
+    RunFinished {
+        interrupt: bool,
+    },
+    Other,
+}
+
+/// Why a run was aborted: cancelled (the sandbox goes), or detached (it stays for a
+/// later attach).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AbortInfo {
+    pub cancelled: bool,
+}
+
+/// What on_finish did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunOutcome {
+    /// The checkpoint published, if the run could publish one.
+    pub checkpoint: Option<CheckpointId>,
+    pub changed_files: u64,
+    /// Files the policy left out for their size.
+    pub skipped: Vec<String>,
+    /// Files stored with secret placeholders.
+    pub secret_files: usize,
+    pub provider_snapshot: Option<String>,
+}
+
+/// The lifecycle middleware over one store and one sandbox provider.
+pub struct Middleware {
+    store: Arc<Store>,
+    provider: Arc<dyn SandboxProvider>,
+    config: MiddlewareConfig,
+    secrets: Secrets,
+    workspace_hash: Option<String>,
+}
+
+impl Middleware {
+    /// Checks the configuration: persistence parts present, secrets usable, globs valid.
+    pub fn new(
+        store: Arc<Store>,
+        provider: Arc<dyn SandboxProvider>,
+        config: MiddlewareConfig,
+    ) -> MiddlewareResult<Middleware> {
+        let mut secrets = Secrets::default();
+        let mut workspace_hash = None;
+        if let Some(s) = &config.snapshots {
+            s.persistence.parts()?;
+            secrets = Secrets::new(s.secrets.clone())?;
+            CaptureFilter::new(&s.policy, &secrets)?;
+            if s.lease_ttl < Duration::from_millis(100) {
+                return Err(MiddlewareError::Config(format!(
+                    "lease_ttl {:?} is too short to renew in time",
+                    s.lease_ttl
+                )));
+            }
+            workspace_hash = Some(super::workspace_hash(&s.workspace));
+        }
+        Ok(Middleware {
+            store,
+            provider,
+            config,
+            secrets,
+            workspace_hash,
+        })
+    }
+
+    /// Starts a run. `persistence` is what the host's run writes through: it must be the
+    /// very stores the snapshot configuration names (a capture would otherwise read a
+    /// conversation the run never wrote). A thread another run holds is refused
+    /// (`LeaseHeld`). Any failure releases the lease and destroys a sandbox this call
+    /// created.
+    pub fn setup(
+        self: &Arc<Self>,
+        ctx: RunContext,
+        persistence: Option<&Persistence>,
+    ) -> MiddlewareResult<Run> {
+        let mut keeper = None;
+        if let Some(s) = &self.config.snapshots {
+            let theirs = persistence.ok_or_else(|| {
+                MiddlewareError::Config(
+                    "snapshots are configured but the run has no persistence layer".into(),
+                )
+            })?;
+            if !s.persistence.same_as(theirs) {
+                return Err(MiddlewareError::Config(
+                    "the run's persistence layer is not the one the snapshot configuration \
+                     names; pass the same stores to both"
+                        .into(),
+                ));
+            }
+            let lease = self.store.checkpoints().acquire_writer(
+                &ctx.thread,
+                &holder_name(&format!("casfs-run-{}", ctx.run_id)),
+                s.lease_ttl,
+            )?;
+            keeper = Some(LeaseKeeper::start(self.store.clone(), lease));
+        }
+        let run = Run {
+            mw: self.clone(),
+            ctx,
+            keeper,
+            handle: Mutex::new(None),
+            created: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
+        };
+        match run.prepare() {
+            Ok(()) => Ok(run),
+            Err(e) => {
+                if let Err(c) = run.close_lease() {
+                    tracing::warn!("releasing the lease after a failed setup: {c}");
+                }
+                if run.created.load(Ordering::SeqCst) {
+                    if let Err(c) = run.destroy() {
+                        tracing::warn!("destroying the sandbox after a failed setup: {c}");
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+/// One run between setup and its terminal hook. The hooks take `&self`: a disconnect
+/// may come from another thread while the run is finishing.
+pub struct Run {
+    mw: Arc<Middleware>,
+    ctx: RunContext,
+    keeper: Option<LeaseKeeper>,
+    handle: Mutex<Option<SandboxHandle>>,
+    /// This run created its sandbox (it is its to destroy on a failed setup).
+    created: AtomicBool,
+    ended: AtomicBool,
+}
+
+impl Run {
+    pub fn context(&self) -> &RunContext {
+        &self.ctx
+    }
+
+    /// The run's sandbox (none after it was destroyed).
+    pub fn sandbox(&self) -> Option<SandboxHandle> {
+        self.handle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The writer lease as held now (none without snapshots, or once closed or lost).
+    pub fn lease(&self) -> Option<WriterLease> {
+        self.keeper.as_ref().and_then(|k| k.state().lease.clone())
+    }
+
+    fn cancelled(&self) -> MiddlewareResult<()> {
+        if self.ctx.cancel.is_cancelled() {
+            return Err(MiddlewareError::Cancelled(self.ctx.run_id.clone()));
+        }
+        Ok(())
+    }
+
+    /// Ensures the sandbox and, unless it was resumed alive, shows the head checkpoint.
+    /// The head is looked up first: a head that cannot be restored fails the run
+    /// before a sandbox is made.
+    fn prepare(&self) -> MiddlewareResult<()> {
+        self.cancelled()?;
+        let head = match &self.mw.config.snapshots {
+            Some(cfg) => self.head_checkpoint(cfg)?,
+            None => None,
+        };
+        let (handle, outcome) = self.mw.provider.ensure(&self.ctx)?;
+        self.created
+            .store(outcome != EnsureOutcome::Resumed, Ordering::SeqCst);
+        *self.handle.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle.clone());
+        self.cancelled()?;
+        let (Some(cfg), Some(cp)) = (&self.mw.config.snapshots, head) else {
+            return Ok(());
+        };
+        if outcome == EnsureOutcome::Resumed {
+            return Ok(());
+        }
+        // A sandbox made for this run: whatever a run that never published left in it
+        // is not the thread's state.
+        handle.mount.restore(cp.id, None, true)?;
+        let secrets = &self.mw.secrets;
+        for f in &cp.body.secret_files {
+            put_secrets_back(&handle, &f.path, secrets)?;
+        }
+        let parts = cfg.persistence.parts()?;
+        self.restore_conversation(&parts, cp.body.conversation)?;
+        self.restore_artifacts(&parts, &cp.body.artifacts)?;
+        Ok(())
+    }
+
+    /// The thread's head checkpoint, if it has one, checked to be restorable here.
+    fn head_checkpoint(&self, cfg: &SnapshotConfig) -> MiddlewareResult<Option<Checkpoint>> {
+        let cps = self.mw.store.checkpoints();
+        let Some(head) = cps.head(&self.ctx.thread)? else {
+            return Ok(None);
+        };
+        let cp = match cps.get(&head) {
+            Ok(cp) => cp,
+            Err(CheckpointError::NotFound(_)) => {
+                return Err(MiddlewareError::HeadMissing {
+                    thread: self.ctx.thread.clone(),
+                    id: head,
+                })
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if let (Some(recorded), Some(current)) = (&cp.body.workspace_hash, &self.mw.workspace_hash)
+        {
+            if recorded != current && !cfg.policy.allow_workspace_mismatch {
+                return Err(MiddlewareError::WorkspaceMismatch {
+                    checkpoint: cp.id,
+                    recorded: recorded.clone(),
+                    current: current.clone(),
+                });
+            }
+        }
+        Ok(Some(cp))
+    }
+
+    /// The checkpoint's conversation, into a message store that has none for the thread
+    /// (one that has some is newer: the host keeps it).
+    fn restore_conversation(
+        &self,
+        parts: &Parts<'_>,
+        conversation: Option<ContentRef>,
+    ) -> MiddlewareResult<()> {
+        let Some(c) = conversation else {
+            return Ok(());
+        };
+        if !parts.messages.load_thread(&self.ctx.thread)?.is_empty() {
+            return Ok(());
+        }
+        let bytes =
+            read_file(self.mw.store.objects(), &FileRef::from(c)).map_err(CheckpointError::from)?;
+        let bytes = self.mw.secrets.fill(&bytes).unwrap_or(bytes);
+        let messages: Vec<serde_json::Value> = serde_json::from_slice(&bytes).map_err(|e| {
+            MiddlewareError::Persistence(format!("stored conversation {}: {e}", c.id))
+        })?;
+        parts.messages.save_thread(&self.ctx.thread, &messages)
+    }
+
+    /// Artifacts the checkpoint names that the host's stores lack.
+    fn restore_artifacts(&self, parts: &Parts<'_>, artifacts: &[Artifact]) -> MiddlewareResult<()> {
+        let have: Vec<String> = parts
+            .artifacts
+            .list_for_thread(&self.ctx.thread)?
+            .into_iter()
+            .map(|a| a.artifact_id)
+            .collect();
+        for a in artifacts {
+            let key = a
+                .blob_key
+                .clone()
+                .unwrap_or_else(|| format!("casfs/{}/{}", self.ctx.thread, a.content.id.to_hex()));
+            if parts.blobs.head(&key)?.is_none() {
+                let bytes = read_file(self.mw.store.objects(), &FileRef::from(a.content))
+                    .map_err(CheckpointError::from)?;
+                let bytes = self.mw.secrets.fill(&bytes).unwrap_or(bytes);
+                parts.blobs.put(&key, &bytes)?;
+            }
+            let id = a
+                .artifact_id
+                .clone()
+                .unwrap_or_else(|| a.content.id.to_hex());
+            if !have.contains(&id) {
+                parts.artifacts.put(&ArtifactMeta {
+                    artifact_id: id,
+                    run_id: a.run_id.clone().unwrap_or_default(),
+                    thread: self.ctx.thread.clone(),
+                    blob_key: Some(key),
+                    name: a.name.clone(),
+                    mime_type: a
+                        .media_type
+                        .clone()
+                        .unwrap_or_else(|| "application/octet-stream".into()),
+                    size: a.content.size,
+                    created_at_ms: a.created_at_ms.unwrap_or(0),
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A chunk of the run's stream: a run that finishes with an interrupt (a pause)
+    /// closes its lease and will not publish later.
+    pub fn on_chunk(&self, chunk: &Chunk) -> MiddlewareResult<()> {
+        if let Chunk::RunFinished { interrupt: true } = chunk {
+            self.close_lease()?;
+        }
+        Ok(())
+    }
+
+    /// The client went away; the run keeps executing but can no longer publish.
+    pub fn on_disconnect(&self) -> MiddlewareResult<()> {
+        self.close_lease()
+    }
+
+    /// The run completed: capture and publish (if it still may), then the lifecycle's
+    /// provider snapshot and destroy, then release the lease. A capture error wins over
+    /// a cleanup error, which is logged.
+    pub fn on_finish(&self) -> MiddlewareResult<RunOutcome> {
+        self.end()?;
+        let lifecycle = &self.mw.config.lifecycle;
+        let mut primary = None;
+        let mut outcome = RunOutcome::default();
+        match self.capture() {
+            Ok(o) => outcome = o,
+            Err(e) => primary = Some(e),
+        }
+        if primary.is_none() {
+            let r = (|| {
+                if lifecycle.snapshot_after_run {
+                    if let Some(key) = self.sandbox().map(|h| h.key) {
+                        let label = format!("after-run-{}", self.ctx.run_id);
+                        if let Some(snap) = self.mw.provider.snapshot(&key, &label) {
+                            outcome.provider_snapshot = Some(snap?);
+                        }
+                    }
+                }
+                if lifecycle.destroy_on_complete {
+                    self.destroy()?;
+                }
+                Ok(())
+            })();
+            if let Err(e) = r {
+                primary = Some(e);
+            }
+        } else if lifecycle.destroy_on_complete {
+            if let Err(c) = self.destroy() {
+                tracing::warn!(run = %self.ctx.run_id, "destroy after a failed finish: {c}");
+            }
+        }
+        let cleanup = self.close_lease();
+        match (primary, cleanup) {
+            (Some(p), Err(c)) => {
+                tracing::warn!(run = %self.ctx.run_id, "releasing the writer lease: {c}");
+                Err(p)
+            }
+            (Some(p), Ok(())) => Err(p),
+            (None, Err(c)) => Err(c),
+            (None, Ok(())) => Ok(outcome),
+        }
+    }
+
+    /// The run was stopped: release the lease, then destroy the sandbox if it was
+    /// cancelled or leave it for a later attach if it was detached. A lost lease is
+    /// reported, after the sandbox was dealt with.
+    pub fn on_abort(&self, info: AbortInfo) -> MiddlewareResult<()> {
+        self.end()?;
+        let release = self.close_lease();
+        if info.cancelled {
+            self.destroy()?;
+        }
+        release
+    }
+
+    /// The run failed: release the lease; destroy the sandbox if the lifecycle says so.
+    pub fn on_error(&self, error: &str) -> MiddlewareResult<()> {
+        self.end()?;
+        tracing::info!(run = %self.ctx.run_id, "run failed: {error}");
+        let release = self.close_lease();
+        if self.mw.config.lifecycle.destroy_on_error {
+            self.destroy()?;
+        }
+        release
+    }
+
+    fn end(&self) -> MiddlewareResult<()> {
+        if self.ended.swap(true, Ordering::SeqCst) {
+            return Err(MiddlewareError::Config(format!(
+                "run {:?} already ended (one terminal hook per run)",
+                self.ctx.run_id
+            )));
+        }
+        Ok(())
+    }
+
+    fn close_lease(&self) -> MiddlewareResult<()> {
+        match &self.keeper {
+            Some(k) => k.close().map_err(Into::into),
+            None => Ok(()),
+        }
+    }
+
+    fn destroy(&self) -> MiddlewareResult<()> {
+        let Some(h) = self.handle.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+            return Ok(());
+        };
+        let key = h.key.clone();
+        drop(h);
+        self.mw.provider.destroy(&key)
+    }
+
+    /// Whether the run may still publish: an error if the lease was lost.
+    fn may_publish(&self, keeper: &LeaseKeeper) -> MiddlewareResult<bool> {
+        let st = keeper.state();
+        if let Some(lost) = &st.lost {
+            return Err(lost.error().into());
+        }
+        Ok(!st.closed && st.lease.is_some())
+    }
+
+    fn capture(&self) -> MiddlewareResult<RunOutcome> {
+        let (Some(cfg), Some(keeper)) = (&self.mw.config.snapshots, &self.keeper) else {
+            return Ok(RunOutcome::default());
+        };
+        let Some(handle) = self.sandbox() else {
+            return Ok(RunOutcome::default());
+        };
+        let none = || Ok(RunOutcome::default());
+        if !self.may_publish(keeper)? {
+            return none();
+        }
+        let parts = cfg.persistence.parts()?;
+        parts
+            .completion
+            .wait_for_run_completion(&self.ctx.run_id, cfg.completion_timeout)?;
+        if !self.may_publish(keeper)? {
+            return none();
+        }
+        let messages = parts.messages.load_thread(&self.ctx.thread)?;
+        if !self.may_publish(keeper)? {
+            return none();
+        }
+        let objects = self.mw.store.objects();
+        let secrets = &self.mw.secrets;
+        let mut stats = StoreStats::default();
+        let mut store_scrubbed = |data: Vec<u8>| -> MiddlewareResult<ContentRef> {
+            let data = secrets.scrub(&data).map(|(d, _)| d).unwrap_or(data);
+            Ok(store_bytes(objects, &data, &mut stats)
+                .map_err(CheckpointError::from)?
+                .into())
+        };
+        let conversation = if messages.is_empty() {
+            None
+        } else {
+            Some(store_scrubbed(
+                serde_json::to_vec(&messages).expect("JSON values serialize"),
+            )?)
+        };
+        let mut artifacts = Vec::new();
+        for a in parts.artifacts.list_for_thread(&self.ctx.thread)? {
+            let Some(key) = &a.blob_key else {
+                continue;
+            };
+            let bytes = parts.blobs.get(key)?.ok_or_else(|| {
+                MiddlewareError::Persistence(format!(
+                    "artifact {} ({}) names blob {key:?}, which the blob store lacks",
+                    a.artifact_id, a.name
+                ))
+            })?;
+            artifacts.push(Artifact {
+                name: a.name.clone(),
+                content: store_scrubbed(bytes)?,
+                media_type: Some(a.mime_type.clone()),
+                artifact_id: Some(a.artifact_id.clone()),
+                blob_key: Some(key.clone()),
+                run_id: Some(a.run_id.clone()),
+                created_at_ms: Some(a.created_at_ms),
+            });
+        }
+        if !self.may_publish(keeper)? {
+            return none();
+        }
+        // The head this workspace shows must still be the thread's: a run publishes on
+        // top of what it started from, never over someone else's checkpoint.
+        let head = self.mw.store.checkpoints().head(&self.ctx.thread)?;
+        let expected = handle.mount.tag().expected_head;
+        if head != expected {
+            return Err(CheckpointError::HeadMismatch {
+                thread: self.ctx.thread.clone(),
+                expected,
+                actual: head,
+            }
+            .into());
+        }
+        if !self.may_publish(keeper)? {
+            return none();
+        }
+        let filter = CaptureFilter::new(&cfg.policy, secrets)?;
+        let mut template = NewCheckpoint::new(
+            self.ctx.thread.clone(),
+            crate::cas::TreeId(crate::cas::Hash::of(b"")),
+            format!("run {}", self.ctx.run_id),
+        );
+        template.source_run_id = Some(self.ctx.run_id.clone());
+        template.conversation = conversation;
+        template.artifacts = artifacts;
+        template.workspace_hash = self.mw.workspace_hash.clone();
+        let closed = AtomicBool::new(false);
+        let before_append = |new: &mut NewCheckpoint| -> CheckpointResult<WriterLease> {
+            if let Some(why) = filter_oversize(&filter) {
+                return Err(CheckpointError::Invalid(format!("oversize: {why}")));
+            }
+            new.secret_files = filter_secret_files(&filter);
+            let st = keeper.state();
+            if let Some(lost) = &st.lost {
+                return Err(lost.error());
+            }
+            match (&st.lease, st.closed) {
+                (Some(l), false) => Ok(l.clone()),
+                _ => {
+                    closed.store(true, Ordering::SeqCst);
+                    Err(CheckpointError::Invalid(
+                        "the run's lease was closed".into(),
+                    ))
+                }
+            }
+        };
+        let r = handle
+            .mount
+            .checkpoint_with(template, Some(&filter), &before_append);
+        let st = filter.into_state();
+        if let Some(why) = st.oversize {
+            return Err(MiddlewareError::Policy(why));
+        }
+        let cp = match r {
+            Ok(cp) => cp,
+            Err(_) if closed.load(Ordering::SeqCst) => return none(),
+            Err(e) => {
+                // A lease lost while appending is the error to report.
+                if let Some(lost) = keeper.state().lost.clone() {
+                    return Err(lost.error().into());
+                }
+                return Err(e.into());
+            }
+        };
+        if let Some(lost) = keeper.state().lost.clone() {
+            return Err(lost.error().into());
+        }
+        Ok(RunOutcome {
+            checkpoint: Some(cp.checkpoint),
+            changed_files: cp.changed_files,
+            skipped: st.skipped,
+            secret_files: st.secret_files.len(),
+            provider_snapshot: None,
+        })
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        // A run dropped without a terminal hook publishes nothing and lets the thread go.
+        if let Err(e) = self.close_lease() {
+            tracing::warn!(run = %self.ctx.run_id, "releasing the writer lease: {e}");
+        }
+    }
+}
+
+fn filter_oversize(f: &CaptureFilter<'_>) -> Option<String> {
+    f.peek(|st| st.oversize.clone())
+}
+
+fn filter_secret_files(f: &CaptureFilter<'_>) -> Vec<crate::checkpoint::SecretFile> {
+    f.peek(|st| st.secret_files.clone())
+}
+
+/// Writes the current secret values back into a restored file, keeping its mode and
+/// modification time.
+fn put_secrets_back(h: &SandboxHandle, rel: &str, secrets: &Secrets) -> MiddlewareResult<()> {
+    let path = h.root.join(rel);
+    let io = |e: std::io::Error| MiddlewareError::Sandbox {
+        key: h.key.clone(),
+        detail: format!("putting secrets back into {}: {e}", path.display()),
+    };
+    let meta = std::fs::symlink_metadata(&path).map_err(io)?;
+    if !meta.is_file() {
+        return Ok(());
+    }
+    let data = std::fs::read(&path).map_err(io)?;
+    let Some(filled) = secrets.fill(&data) else {
+        return Ok(());
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&path)
+        .map_err(io)?;
+    f.write_all(&filled).map_err(io)?;
+    let mtime = meta.modified().map_err(io)?;
+    f.set_times(std::fs::FileTimes::new().set_modified(mtime))
+        .map_err(io)?;
+    Ok(())
+}
+
+/// The thread's writer lease, renewed in the background until closed.
+struct LeaseKeeper {
+    shared: Arc<(Mutex<LeaseState>, Condvar)>,
+    store: Arc<Store>,
+    renewer: Mutex<Option<JoinHandle<()>>>,
+}
+
+#[derive(Default)]
+struct LeaseState {
+    lease: Option<WriterLease>,
+    /// Closed by the run (pause, disconnect, end): it will not publish.
+    closed: bool,
+    /// Renewal failed: someone else has the thread now.
+    lost: Option<Lost>,
+}
+
+/// A lease that could not be renewed, kept to report it as often as it is asked for.
+#[derive(Clone)]
+struct Lost {
+    thread: ThreadId,
+    token: u64,
+    detail: String,
+}
+
+impl Lost {
+    fn error(&self) -> CheckpointError {
+        CheckpointError::LeaseLost {
+            thread: self.thread.clone(),
+            token: self.token,
+            detail: self.detail.clone(),
+        }
+    }
+}
+
+impl LeaseKeeper {
+    fn start(store: Arc<Store>, lease: WriterLease) -> LeaseKeeper {
+        let shared = Arc::new((
+            Mutex::new(LeaseState {
+                lease: Some(lease),
+                ..LeaseState::default()
+            }),
+            Condvar::new(),
+        ));
+        let (sh, st) = (shared.clone(), store.clone());
+        let renewer = std::thread::Builder::new()
+            .name("casfs-lease".into())
+            .spawn(move || renew_loop(&sh, &st))
+            .expect("spawning the lease renewer");
+        LeaseKeeper {
+            shared,
+            store,
+            renewer: Mutex::new(Some(renewer)),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, LeaseState> {
+        self.shared.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stops renewing and releases the lease (once; later calls do nothing). A lease
+    /// that was lost is not released (it is someone else's) and is the error.
+    fn close(&self) -> CheckpointResult<()> {
+        {
+            let mut st = self.state();
+            st.closed = true;
+            self.shared.1.notify_all();
+        }
+        // After the renewer stopped, the state holds the freshest lease.
+        if let Some(t) = self
+            .renewer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            let _ = t.join();
+        }
+        let (lease, lost) = {
+            let mut st = self.state();
+            (st.lease.take(), st.lost.clone())
+        };
+        if let Some(lost) = lost {
+            return Err(lost.error());
+        }
+        match lease {
+            Some(l) => self.store.checkpoints().release(&l),
+            None => Ok(()),
+        }
+    }
+}
+
+fn renew_loop(shared: &(Mutex<LeaseState>, Condvar), store: &Store) {
+    let (lock, cvar) = shared;
+    let mut st = lock.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        let Some(lease) = st.lease.clone() else {
+            return;
+        };
+        if st.closed {
+            return;
+        }
+        let wait = lease
+            .renew_after()
+            .duration_since(SystemTime::now())
+            .unwrap_or_default();
+        if !wait.is_zero() {
+            st = cvar
+                .wait_timeout(st, wait)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+            continue;
+        }
+        drop(st);
+        let renewed = store.checkpoints().renew(&lease);
+        st = lock.lock().unwrap_or_else(|p| p.into_inner());
+        if st.closed {
+            // Closed while renewing: leave the freshest lease to release.
+            if let Ok(l) = renewed {
+                st.lease = Some(l);
+            }
+            return;
+        }
+        match renewed {
+            Ok(l) => st.lease = Some(l),
+            Err(e) => {
+                tracing::warn!(thread = %lease.thread, "writer lease lost: {e}");
+                st.lost = Some(Lost {
+                    thread: lease.thread.clone(),
+                    token: lease.token,
+                    detail: format!("renewing it failed: {e}"),
+                });
+                st.lease = None;
+                return;
+            }
+        }
+    }
+}
+
+impl Persistence {
+    /// Whether `other` is made of the very same stores.
+    pub fn same_as(&self, other: &Persistence) -> bool {
+        fn same<T: ?Sized>(a: &Option<Arc<T>>, b: &Option<Arc<T>>) -> bool {
+            match (a, b) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                (None, None) => true,
+                _ => false,
+            }
+        }
+        same(&self.messages, &other.messages)
+            && same(&self.artifacts, &other.artifacts)
+            && same(&self.blobs, &other.blobs)
+            && same(&self.completion, &other.completion)
+    }
+}

@@ -1,0 +1,226 @@
+//! Where a host keeps a thread's conversation, its artifacts and their bytes, and how
+//! the middleware learns that a run's persistence is complete. The traits are the
+//! host's seam; [`StorePersistence`] keeps all three in the casfs store (column family
+//! `host`), so a single store directory carries a thread to another host.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{MiddlewareError, MiddlewareResult};
+use crate::cas::Database;
+use crate::checkpoint::{ThreadId, HOST_CF};
+
+/// A thread's conversation: messages in order, each any JSON the host uses.
+pub trait MessageStore: Send + Sync {
+    fn load_thread(&self, thread: &ThreadId) -> MiddlewareResult<Vec<serde_json::Value>>;
+    /// Replaces the thread's conversation (a restore on a new host does this).
+    fn save_thread(
+        &self,
+        thread: &ThreadId,
+        messages: &[serde_json::Value],
+    ) -> MiddlewareResult<()>;
+}
+
+/// An artifact a run produced; its bytes are in the blob store under `blob_key`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArtifactMeta {
+    pub artifact_id: String,
+    pub run_id: String,
+    pub thread: ThreadId,
+    pub blob_key: Option<String>,
+    pub name: String,
+    pub mime_type: String,
+    pub size: u64,
+    pub created_at_ms: u64,
+}
+
+pub trait ArtifactStore: Send + Sync {
+    fn list_for_thread(&self, thread: &ThreadId) -> MiddlewareResult<Vec<ArtifactMeta>>;
+    fn put(&self, meta: &ArtifactMeta) -> MiddlewareResult<()>;
+}
+
+pub trait BlobStore: Send + Sync {
+    fn get(&self, key: &str) -> MiddlewareResult<Option<Vec<u8>>>;
+    /// The blob's size, if it exists.
+    fn head(&self, key: &str) -> MiddlewareResult<Option<u64>>;
+    fn put(&self, key: &str, body: &[u8]) -> MiddlewareResult<()>;
+}
+
+/// Tells when everything a run wrote to persistence (its last messages, artifacts) is
+/// durable, so a capture sees it.
+pub trait RunCompletion: Send + Sync {
+    fn wait_for_run_completion(&self, run_id: &str, timeout: Duration) -> MiddlewareResult<()>;
+}
+
+/// The persistence layer a run uses: all four parts.
+#[derive(Clone)]
+pub struct Persistence {
+    pub messages: Option<Arc<dyn MessageStore>>,
+    pub artifacts: Option<Arc<dyn ArtifactStore>>,
+    pub blobs: Option<Arc<dyn BlobStore>>,
+    pub completion: Option<Arc<dyn RunCompletion>>,
+}
+
+impl Persistence {
+    /// Everything on one [`StorePersistence`].
+    pub fn on_store(p: Arc<StorePersistence>) -> Persistence {
+        Persistence {
+            messages: Some(p.clone()),
+            artifacts: Some(p.clone()),
+            blobs: Some(p.clone()),
+            completion: Some(p),
+        }
+    }
+
+    /// The parts, or a configuration error naming the first one missing.
+    pub(crate) fn parts(&self) -> MiddlewareResult<Parts<'_>> {
+        let missing = |what: &str| {
+            MiddlewareError::Config(format!(
+                "snapshots need persistence stores for messages, artifacts and blobs and a run \
+                 completion signal; {what} is missing"
+            ))
+        };
+        Ok(Parts {
+            messages: self
+                .messages
+                .as_deref()
+                .ok_or_else(|| missing("messages"))?,
+            artifacts: self
+                .artifacts
+                .as_deref()
+                .ok_or_else(|| missing("artifacts"))?,
+            blobs: self.blobs.as_deref().ok_or_else(|| missing("blobs"))?,
+            completion: self
+                .completion
+                .as_deref()
+                .ok_or_else(|| missing("completion"))?,
+        })
+    }
+}
+
+pub(crate) struct Parts<'a> {
+    pub messages: &'a dyn MessageStore,
+    pub artifacts: &'a dyn ArtifactStore,
+    pub blobs: &'a dyn BlobStore,
+    pub completion: &'a dyn RunCompletion,
+}
+
+/// Conversations, artifacts and blobs in the casfs store. Writes are synchronous, so
+/// a run's persistence is complete when its writes have returned.
+pub struct StorePersistence {
+    db: Arc<Database>,
+}
+
+impl StorePersistence {
+    pub fn new(db: Arc<Database>) -> StorePersistence {
+        StorePersistence { db }
+    }
+
+    fn key(kind: u8, parts: &[&str]) -> Vec<u8> {
+        let mut k = vec![kind];
+        for p in parts {
+            k.extend_from_slice(p.as_bytes());
+            k.push(0);
+        }
+        k
+    }
+
+    fn get(&self, key: &[u8]) -> MiddlewareResult<Option<Vec<u8>>> {
+        self.db
+            .raw()
+            .get_cf(self.db.cf(HOST_CF), key)
+            .map_err(|e| MiddlewareError::Persistence(e.to_string()))
+    }
+
+    fn put(&self, key: &[u8], value: &[u8]) -> MiddlewareResult<()> {
+        let mut o = rocksdb::WriteOptions::default();
+        o.set_sync(true);
+        self.db
+            .raw()
+            .put_cf_opt(self.db.cf(HOST_CF), key, value, &o)
+            .map_err(|e| MiddlewareError::Persistence(e.to_string()))
+    }
+
+    fn scan(&self, prefix: &[u8]) -> MiddlewareResult<Vec<Vec<u8>>> {
+        let mut out = Vec::new();
+        let it = self.db.raw().iterator_cf(
+            self.db.cf(HOST_CF),
+            rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward),
+        );
+        for item in it {
+            let (k, v) = item.map_err(|e| MiddlewareError::Persistence(e.to_string()))?;
+            if !k.starts_with(prefix) {
+                break;
+            }
+            out.push(v.to_vec());
+        }
+        Ok(out)
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(what: &str, bytes: &[u8]) -> MiddlewareResult<T> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| MiddlewareError::Persistence(format!("stored {what} unreadable: {e}")))
+}
+
+impl MessageStore for StorePersistence {
+    fn load_thread(&self, thread: &ThreadId) -> MiddlewareResult<Vec<serde_json::Value>> {
+        match self.get(&Self::key(b'm', &[thread.as_str()]))? {
+            Some(b) => decode("conversation", &b),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn save_thread(
+        &self,
+        thread: &ThreadId,
+        messages: &[serde_json::Value],
+    ) -> MiddlewareResult<()> {
+        let bytes = serde_json::to_vec(messages).expect("JSON values serialize");
+        self.put(&Self::key(b'm', &[thread.as_str()]), &bytes)
+    }
+}
+
+impl ArtifactStore for StorePersistence {
+    fn list_for_thread(&self, thread: &ThreadId) -> MiddlewareResult<Vec<ArtifactMeta>> {
+        let mut v: Vec<ArtifactMeta> = self
+            .scan(&Self::key(b'a', &[thread.as_str()]))?
+            .iter()
+            .map(|b| decode("artifact", b))
+            .collect::<MiddlewareResult<_>>()?;
+        v.sort_by(|a, b| (a.created_at_ms, &a.artifact_id).cmp(&(b.created_at_ms, &b.artifact_id)));
+        Ok(v)
+    }
+
+    fn put(&self, meta: &ArtifactMeta) -> MiddlewareResult<()> {
+        let bytes = serde_json::to_vec(meta).expect("artifact serializes");
+        StorePersistence::put(
+            self,
+            &Self::key(b'a', &[meta.thread.as_str(), &meta.artifact_id]),
+            &bytes,
+        )
+    }
+}
+
+impl BlobStore for StorePersistence {
+    fn get(&self, key: &str) -> MiddlewareResult<Option<Vec<u8>>> {
+        StorePersistence::get(self, &Self::key(b'b', &[key]))
+    }
+
+    fn head(&self, key: &str) -> MiddlewareResult<Option<u64>> {
+        Ok(StorePersistence::get(self, &Self::key(b'b', &[key]))?.map(|b| b.len() as u64))
+    }
+
+    fn put(&self, key: &str, body: &[u8]) -> MiddlewareResult<()> {
+        StorePersistence::put(self, &Self::key(b'b', &[key]), body)
+    }
+}
+
+impl RunCompletion for StorePersistence {
+    fn wait_for_run_completion(&self, _run: &str, _timeout: Duration) -> MiddlewareResult<()> {
+        // Every write above is synced before it returns.
+        Ok(())
+    }
+}
