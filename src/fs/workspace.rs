@@ -204,6 +204,39 @@ struct State {
     base: TreeId,
     tag: serde_json::Value,
     dirty: BTreeSet<u64>,
+    events: Events,
+}
+
+/// Subscribers to the workspace's changes, and the last sequence number given out.
+#[derive(Default)]
+struct Events {
+    seq: u64,
+    subscribers: Vec<std::sync::mpsc::Sender<FsEvent>>,
+}
+
+/// A change to the workspace as the mount saw it. Sequence numbers grow by one per
+/// event in the order the changes were made.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct FsEvent {
+    pub seq: u64,
+    pub kind: FsEventKind,
+    /// Relative to the workspace root; for a rename, where it was.
+    pub path: String,
+    /// For a rename, where it is now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    pub is_dir: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FsEventKind {
+    Create,
+    /// Content changed: a handle that was open for writing was closed (writes through
+    /// passthrough never reach the daemon, the close does), or a truncate.
+    Modify,
+    Delete,
+    Rename,
 }
 
 /// Counts of what a snapshot did.
@@ -482,6 +515,8 @@ struct Tx<'a> {
     ws: &'a Workspace,
     st: MutexGuard<'a, State>,
     batch: WriteBatch,
+    /// Changes to announce once the batch is written.
+    events: Vec<(FsEventKind, String, Option<String>, bool)>,
 }
 
 impl<'a> Tx<'a> {
@@ -724,11 +759,59 @@ impl<'a> Tx<'a> {
         }
     }
 
-    fn commit(self) -> Result<(), Errno> {
-        if self.batch.is_empty() {
-            return Ok(());
+    fn commit(mut self) -> Result<(), Errno> {
+        if !self.batch.is_empty() {
+            let batch = std::mem::take(&mut self.batch);
+            self.ws.dirty.commit(batch).map_err(eio)?;
         }
-        self.ws.dirty.commit(self.batch).map_err(eio)
+        // Sent while the table is held: subscribers see changes in the order made.
+        let events = std::mem::take(&mut self.events);
+        let ev = &mut self.st.events;
+        for (kind, path, to, is_dir) in events {
+            ev.seq += 1;
+            let e = FsEvent {
+                seq: ev.seq,
+                kind,
+                path,
+                to,
+                is_dir,
+            };
+            ev.subscribers.retain(|s| s.send(e.clone()).is_ok());
+        }
+        Ok(())
+    }
+
+    /// Whether anyone listens for changes (paths are worked out only then).
+    fn watched(&self) -> bool {
+        !self.st.events.subscribers.is_empty()
+    }
+
+    /// The path of entry `name` of directory `dir`.
+    fn entry_path(&self, dir: u64, name: &[u8]) -> String {
+        let d = self.path_of(dir);
+        let n = String::from_utf8_lossy(name);
+        if d.is_empty() {
+            n.into_owned()
+        } else {
+            format!("{d}/{n}")
+        }
+    }
+
+    /// Announces that entry `n1` of `p` becomes entry `n2` of `np`.
+    fn rename_event(&mut self, p: u64, n1: &[u8], np: u64, n2: &[u8], is_dir: bool) {
+        if self.watched() {
+            let (from, to) = (self.entry_path(p, n1), self.entry_path(np, n2));
+            self.events
+                .push((FsEventKind::Rename, from, Some(to), is_dir));
+        }
+    }
+
+    /// Announces a change to entry `name` of `dir` when the transaction commits.
+    fn event(&mut self, kind: FsEventKind, dir: u64, name: &[u8], is_dir: bool) {
+        if self.watched() {
+            let path = self.entry_path(dir, name);
+            self.events.push((kind, path, None, is_dir));
+        }
     }
 
     fn attr(&self, ino: u64) -> Result<FileAttr, Errno> {
@@ -883,7 +966,16 @@ impl<'a> Tx<'a> {
                     Kind::Symlink => EntryKind::Symlink,
                     _ => EntryKind::Special,
                 };
-                let size = if n.kind == Kind::File { meta.size } else { 0 };
+                // The upper file's own size: writes through passthrough reach the
+                // node's attributes only when its handle is released, which the kernel
+                // does not wait for.
+                let size = match &n.body {
+                    Body::File { upper: Some(_), .. } => {
+                        std::fs::metadata(self.ws.upper_path(child)).map_or(meta.size, |m| m.len())
+                    }
+                    Body::File { .. } => meta.size,
+                    _ => 0,
+                };
                 if !f.keep(&self.path_of(child), kind, size) {
                     cx.keep_dirty.push(child);
                     continue;
@@ -1103,6 +1195,7 @@ impl Workspace {
                 base,
                 tag,
                 dirty: BTreeSet::new(),
+                events: Events::default(),
             }),
             barrier: RwLock::new(()),
             handles: Mutex::new(HashMap::new()),
@@ -1267,11 +1360,53 @@ impl Workspace {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Receives every change made from now on, in order, until the receiver is dropped;
+    /// also returns the sequence number of the last change before.
+    pub fn subscribe(&self) -> (std::sync::mpsc::Receiver<FsEvent>, u64) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut st = self.lock();
+        st.events.subscribers.push(tx);
+        (rx, st.events.seq)
+    }
+
+    /// The sequence number of the last change announced.
+    pub fn last_event(&self) -> u64 {
+        self.lock().events.seq
+    }
+
+    /// The content of the regular file at `path` in the base tree (the checkpoint the
+    /// workspace started from), if there is one.
+    pub fn base_file(&self, path: &str) -> Result<Option<Vec<u8>>, WorkspaceError> {
+        let mut tree = load_tree(self.objects.as_ref(), &self.lock().base)?;
+        let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+        for (i, part) in parts.iter().enumerate() {
+            let Some(e) = tree.get(part.as_bytes()) else {
+                return Ok(None);
+            };
+            match (&e.content, i + 1 == parts.len()) {
+                (EntryContent::Dir(id), false) => tree = load_tree(self.objects.as_ref(), id)?,
+                (EntryContent::File(id), true) => {
+                    let f = FileRef {
+                        id: *id,
+                        size: e.size,
+                    };
+                    return Ok(Some(crate::cas::file::read_file(
+                        self.objects.as_ref(),
+                        &f,
+                    )?));
+                }
+                _ => return Ok(None),
+            }
+        }
+        Ok(None)
+    }
+
     fn tx(&self) -> Tx<'_> {
         Tx {
             ws: self,
             st: self.lock(),
             batch: WriteBatch::default(),
+            events: Vec::new(),
         }
     }
 
@@ -1822,6 +1957,7 @@ impl WorkspaceFs {
         };
         tx.node_mut(ino)?.body = body;
         tx.attach(parent, name, ino)?;
+        tx.event(FsEventKind::Create, parent, name, kind == Kind::Dir);
         // create() opens it right after (and keeps it open); mknod does not.
         if kind != Kind::File || !keep_open {
             tx.close_if_idle(ino);
@@ -2120,6 +2256,10 @@ impl Filesystem for WorkspaceFs {
                 let u = tx.copy_up(ino, sz == 0)?;
                 u.set_len(sz).map_err(io_errno)?;
                 tx.node_mut(ino)?.meta.ctime = t;
+                if tx.watched() {
+                    let path = tx.path_of(ino);
+                    tx.events.push((FsEventKind::Modify, path, None, false));
+                }
             }
             let has_upper = matches!(tx.node(ino)?.body, Body::File { upper: Some(_), .. });
             if (atime.is_some() || mtime.is_some()) && has_upper {
@@ -2225,6 +2365,7 @@ impl Filesystem for WorkspaceFs {
             if tx.node(child)?.kind == Kind::Dir {
                 return Err(Errno::EISDIR);
             }
+            tx.event(FsEventKind::Delete, parent.0, name.as_bytes(), false);
             tx.detach(parent.0, name.as_bytes())?;
             tx.drop_link(child)?;
             tx.commit()
@@ -2245,6 +2386,7 @@ impl Filesystem for WorkspaceFs {
             if !tx.children(child)?.is_empty() {
                 return Err(Errno::ENOTEMPTY);
             }
+            tx.event(FsEventKind::Delete, parent.0, name.as_bytes(), true);
             tx.detach(parent.0, name.as_bytes())?;
             tx.drop_link(child)?;
             tx.commit()
@@ -2320,6 +2462,9 @@ impl Filesystem for WorkspaceFs {
                 if tx.node(dst)?.kind == Kind::Dir && tx.is_within(p, dst)? {
                     return Err(Errno::EINVAL);
                 }
+                let dst_dir = tx.node(dst)?.kind == Kind::Dir;
+                tx.rename_event(p, n1, np, n2, src_dir);
+                tx.rename_event(np, n2, p, n1, dst_dir);
                 tx.detach(p, n1)?;
                 tx.detach(np, n2)?;
                 tx.attach(np, n2, src)?;
@@ -2349,6 +2494,7 @@ impl Filesystem for WorkspaceFs {
                 tx.detach(np, n2)?;
                 tx.drop_link(d)?;
             }
+            tx.rename_event(p, n1, np, n2, src_dir);
             tx.detach(p, n1)?;
             tx.attach(np, n2, src)?;
             tx.changed(src, now_ns())?;
@@ -2386,6 +2532,7 @@ impl Filesystem for WorkspaceFs {
             tx.persist(ino.0)?;
             tx.node_mut(ino.0)?.nlink += 1;
             tx.attach(newparent.0, name, ino.0)?;
+            tx.event(FsEventKind::Create, newparent.0, name, false);
             tx.changed(ino.0, now_ns())?;
             let a = tx.attr(ino.0)?;
             tx.commit()?;
@@ -2469,11 +2616,28 @@ impl Filesystem for WorkspaceFs {
     fn flush(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
+        ino: INodeNo,
+        fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        // close() waits for the flush (not for the release): a change is announced
+        // before the writer goes on.
+        let ws = self.ws();
+        let writes = ws
+            .handles
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&fh.0)
+            .is_some_and(|h| h.write);
+        if writes {
+            let mut tx = ws.tx();
+            if tx.watched() {
+                let path = tx.path_of(ino.0);
+                tx.events.push((FsEventKind::Modify, path, None, false));
+            }
+            let _ = tx.commit();
+        }
         reply.ok();
     }
 

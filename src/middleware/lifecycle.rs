@@ -7,11 +7,12 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
+use super::events::Watcher;
 use super::persistence::Parts;
 use super::policy::CaptureFilter;
 use super::{
-    ArtifactMeta, EnsureOutcome, MiddlewareError, MiddlewareResult, Persistence, RunContext,
-    SandboxHandle, SandboxProvider, Secrets, SnapshotPolicy,
+    ArtifactMeta, EnsureOutcome, FileEvents, MiddlewareError, MiddlewareResult, Persistence,
+    RunContext, SandboxHandle, SandboxProvider, Secrets, SnapshotPolicy,
 };
 use crate::cas::file::{read_file, store_bytes, StoreStats};
 use crate::cas::FileRef;
@@ -61,7 +62,12 @@ pub struct Lifecycle {
 pub struct MiddlewareConfig {
     pub snapshots: Option<SnapshotConfig>,
     pub lifecycle: Lifecycle,
+    /// Where the run's file events go, if anywhere.
+    pub file_events: Option<FileEvents>,
 }
+
+/// How long a terminal hook waits for the host to take the run's last file events.
+const DRAIN_LIMIT: Duration = Duration::from_secs(30);
 
 /// What a run streams that the middleware looks at.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,6 +174,7 @@ impl Middleware {
             ctx,
             keeper,
             handle: Mutex::new(None),
+            watcher: Mutex::new(None),
             created: AtomicBool::new(false),
             ended: AtomicBool::new(false),
         };
@@ -195,6 +202,7 @@ pub struct Run {
     ctx: RunContext,
     keeper: Option<LeaseKeeper>,
     handle: Mutex<Option<SandboxHandle>>,
+    watcher: Mutex<Option<Watcher>>,
     /// This run created its sandbox (it is its to destroy on a failed setup).
     created: AtomicBool,
     ended: AtomicBool,
@@ -225,10 +233,18 @@ impl Run {
         Ok(())
     }
 
-    /// Ensures the sandbox and, unless it was resumed alive, shows the head checkpoint.
-    /// The head is looked up first: a head that cannot be restored fails the run
+    /// Ensures the sandbox and, unless it was resumed alive, shows the head checkpoint;
+    /// then starts delivering file events. The head is looked up first: a head that cannot be restored fails the run
     /// before a sandbox is made.
     fn prepare(&self) -> MiddlewareResult<()> {
+        self.show_head()?;
+        if let (Some(ev), Some(h)) = (&self.mw.config.file_events, self.sandbox()) {
+            *self.watcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(Watcher::start(&h, ev));
+        }
+        Ok(())
+    }
+
+    fn show_head(&self) -> MiddlewareResult<()> {
         self.cancelled()?;
         let head = match &self.mw.config.snapshots {
             Some(cfg) => self.head_checkpoint(cfg)?,
@@ -355,6 +371,7 @@ impl Run {
     /// closes its lease and will not publish later.
     pub fn on_chunk(&self, chunk: &Chunk) -> MiddlewareResult<()> {
         if let Chunk::RunFinished { interrupt: true } = chunk {
+            self.drain_events("pause");
             self.close_lease()?;
         }
         Ok(())
@@ -370,6 +387,7 @@ impl Run {
     /// a cleanup error, which is logged.
     pub fn on_finish(&self) -> MiddlewareResult<RunOutcome> {
         self.end()?;
+        self.drain_events("finish");
         let lifecycle = &self.mw.config.lifecycle;
         let mut primary = None;
         let mut outcome = RunOutcome::default();
@@ -417,6 +435,7 @@ impl Run {
     /// reported, after the sandbox was dealt with.
     pub fn on_abort(&self, info: AbortInfo) -> MiddlewareResult<()> {
         self.end()?;
+        self.drain_events("abort");
         let release = self.close_lease();
         if info.cancelled {
             self.destroy()?;
@@ -427,6 +446,7 @@ impl Run {
     /// The run failed: release the lease; destroy the sandbox if the lifecycle says so.
     pub fn on_error(&self, error: &str) -> MiddlewareResult<()> {
         self.end()?;
+        self.drain_events("error");
         tracing::info!(run = %self.ctx.run_id, "run failed: {error}");
         let release = self.close_lease();
         if self.mw.config.lifecycle.destroy_on_error {
@@ -443,6 +463,21 @@ impl Run {
             )));
         }
         Ok(())
+    }
+
+    /// Delivers the file events of every change made so far and stops watching. A host
+    /// that does not take them in time is logged, not an error of the run.
+    fn drain_events(&self, phase: &str) {
+        let w = self
+            .watcher
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(w) = w {
+            if let Err(e) = w.drain(DRAIN_LIMIT) {
+                tracing::warn!(run = %self.ctx.run_id, phase, "file events: {e}");
+            }
+        }
     }
 
     fn close_lease(&self) -> MiddlewareResult<()> {

@@ -16,6 +16,7 @@
 
 mod context;
 mod error;
+mod events;
 mod lifecycle;
 mod persistence;
 mod policy;
@@ -24,6 +25,7 @@ mod secrets;
 
 pub use context::{Cancellation, RunContext};
 pub use error::{MiddlewareError, MiddlewareResult};
+pub use events::{FileEvent, FileEvents};
 pub use lifecycle::{
     AbortInfo, Chunk, Lifecycle, Middleware, MiddlewareConfig, Run, RunOutcome, SnapshotConfig,
 };

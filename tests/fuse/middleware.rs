@@ -620,3 +620,80 @@ fn a_checkpoint_of_another_workspace_definition_is_refused() {
         "1"
     );
 }
+
+#[test]
+fn file_events_arrive_in_order_with_diffs_and_are_drained() {
+    let seen: Arc<Mutex<Vec<casfs::middleware::FileEvent>>> = Arc::default();
+    let sink = seen.clone();
+    let (_t, h) = host(move |c| {
+        c.file_events = Some(casfs::middleware::FileEvents {
+            on_event: Arc::new(move |e| {
+                // A slow host: draining must still wait for every event.
+                std::thread::sleep(Duration::from_millis(5));
+                sink.lock().unwrap().push(e.clone());
+            }),
+            diff: true,
+        })
+    });
+    // A base with one file.
+    let run = h.setup("t", "r1").unwrap();
+    fs::write(run.sandbox().unwrap().root.join("notes.txt"), "one\ntwo\n").unwrap();
+    run.on_finish().unwrap();
+    seen.lock().unwrap().clear();
+
+    let run = h.setup("t", "r2").unwrap();
+    let root = run.sandbox().unwrap().root;
+    fs::create_dir(root.join("src")).unwrap();
+    fs::write(root.join("src/a.rs"), "fn a() {}\n").unwrap();
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(root.join("notes.txt"))
+        .unwrap();
+    std::io::Write::write_all(&mut f, b"three\n").unwrap();
+    drop(f);
+    fs::rename(root.join("src/a.rs"), root.join("src/b.rs")).unwrap();
+    fs::remove_file(root.join("src/b.rs")).unwrap();
+    run.on_chunk(&Chunk::RunFinished { interrupt: true })
+        .unwrap();
+    let events = seen.lock().unwrap().clone();
+    let brief: Vec<(String, String, Option<String>)> = events
+        .iter()
+        .map(|e| {
+            (
+                serde_json::to_value(e.event.kind)
+                    .unwrap()
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+                e.event.path.clone(),
+                e.event.to.clone(),
+            )
+        })
+        .collect();
+    let s = |x: &str| x.to_string();
+    assert_eq!(
+        brief,
+        vec![
+            (s("create"), s("src"), None),
+            (s("create"), s("src/a.rs"), None),
+            (s("modify"), s("src/a.rs"), None),
+            (s("modify"), s("notes.txt"), None),
+            (s("rename"), s("src/a.rs"), Some(s("src/b.rs"))),
+            (s("delete"), s("src/b.rs"), None),
+        ],
+        "{events:#?}"
+    );
+    let seqs: Vec<u64> = events.iter().map(|e| e.event.seq).collect();
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
+    let notes = events.iter().find(|e| e.event.path == "notes.txt").unwrap();
+    let diff = notes.diff.as_deref().unwrap();
+    assert!(
+        diff.contains("--- a/notes.txt") && diff.contains("+three"),
+        "{diff}"
+    );
+    assert!(!diff.contains("+one"), "{diff}");
+    // Paused: drained and stopped; later changes are not reported.
+    fs::write(root.join("late.txt"), "x").unwrap();
+    run.on_finish().unwrap();
+    assert_eq!(seen.lock().unwrap().len(), 6);
+}
