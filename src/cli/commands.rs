@@ -100,6 +100,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
             *no_passthrough,
         ),
         Command::Unmount { mountpoint, lazy } => super::mount::unmount(cli, mountpoint, *lazy),
+        Command::Serve { .. } => super::serve::run(cli),
     }
 }
 

@@ -4,6 +4,7 @@
 mod commands;
 mod mount;
 mod output;
+mod serve;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -160,6 +161,45 @@ pub enum Command {
         /// Detach now even if files are open (lazy unmount)
         #[arg(long)]
         lazy: bool,
+    },
+
+    /// Serve the store, sandboxes and run lifecycle over HTTP + JSON (see openapi.json)
+    /// on a Unix socket, or on loopback TCP with a bearer token
+    Serve {
+        /// Unix socket to listen on [default: <store>/serve.sock]
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// Listen on this loopback TCP address instead (needs CASFS_TOKEN in the
+        /// environment or --token-file)
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<std::net::SocketAddr>,
+        /// File holding the bearer token clients must send
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// Where sandboxes are mounted, one directory per key [default: <store>/sandboxes]
+        #[arg(long)]
+        sandboxes: Option<PathBuf>,
+        /// Capture policy (JSON: include, exclude, max_file_size, max_total_bytes,
+        /// oversize, allow_workspace_mismatch)
+        #[arg(long)]
+        policy: Option<PathBuf>,
+        /// Workspace definition (any JSON) whose hash each checkpoint records
+        #[arg(long)]
+        workspace: Option<PathBuf>,
+        /// A secret never to store: its value is read from the environment variable of
+        /// this name (repeatable)
+        #[arg(long = "secret", value_name = "NAME")]
+        secrets: Vec<String>,
+        /// Attach unified diffs against the base checkpoint to file events
+        #[arg(long)]
+        diffs: bool,
+        /// Writer lease TTL in seconds
+        #[arg(long, default_value_t = 30.0)]
+        lease_ttl: f64,
+        #[arg(long)]
+        destroy_on_complete: bool,
+        #[arg(long)]
+        destroy_on_error: bool,
     },
 
     /// Start a new thread from any checkpoint

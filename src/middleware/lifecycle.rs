@@ -138,6 +138,10 @@ impl Middleware {
         })
     }
 
+    pub fn config(&self) -> &MiddlewareConfig {
+        &self.config
+    }
+
     /// Starts a run. `persistence` is what the host's run writes through: it must be the
     /// very stores the snapshot configuration names (a capture would otherwise read a
     /// conversation the run never wrote). A thread another run holds is refused
@@ -147,6 +151,17 @@ impl Middleware {
         self: &Arc<Self>,
         ctx: RunContext,
         persistence: Option<&Persistence>,
+    ) -> MiddlewareResult<Run> {
+        self.setup_with_events(ctx, persistence, None)
+    }
+
+    /// [`Middleware::setup`] with this run's file events going to `events` instead of
+    /// the configuration's.
+    pub fn setup_with_events(
+        self: &Arc<Self>,
+        ctx: RunContext,
+        persistence: Option<&Persistence>,
+        events: Option<FileEvents>,
     ) -> MiddlewareResult<Run> {
         let mut keeper = None;
         if let Some(s) = &self.config.snapshots {
@@ -174,6 +189,7 @@ impl Middleware {
             ctx,
             keeper,
             handle: Mutex::new(None),
+            events: events.or_else(|| self.config.file_events.clone()),
             watcher: Mutex::new(None),
             created: AtomicBool::new(false),
             ended: AtomicBool::new(false),
@@ -202,6 +218,7 @@ pub struct Run {
     ctx: RunContext,
     keeper: Option<LeaseKeeper>,
     handle: Mutex<Option<SandboxHandle>>,
+    events: Option<FileEvents>,
     watcher: Mutex<Option<Watcher>>,
     /// This run created its sandbox (it is its to destroy on a failed setup).
     created: AtomicBool,
@@ -238,7 +255,7 @@ impl Run {
     /// before a sandbox is made.
     fn prepare(&self) -> MiddlewareResult<()> {
         self.show_head()?;
-        if let (Some(ev), Some(h)) = (&self.mw.config.file_events, self.sandbox()) {
+        if let (Some(ev), Some(h)) = (&self.events, self.sandbox()) {
             *self.watcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(Watcher::start(&h, ev));
         }
         Ok(())

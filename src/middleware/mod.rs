@@ -22,6 +22,7 @@ mod persistence;
 mod policy;
 mod provider;
 mod secrets;
+pub mod serve;
 
 pub use context::{Cancellation, RunContext};
 pub use error::{MiddlewareError, MiddlewareResult};

@@ -7,6 +7,7 @@ mod common;
 
 mod middleware;
 mod read_only;
+mod serve;
 mod workspace;
 
 use std::path::{Path, PathBuf};

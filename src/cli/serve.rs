@@ -1,0 +1,134 @@
+//! `casfs serve`: reads its configuration, opens the store (and holds it), serves.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+
+use super::{Cli, Command};
+use casfs::checkpoint::OpenMode;
+use casfs::fs::WorkspaceOptions;
+use casfs::middleware::serve::{serve, Listen, Server};
+use casfs::middleware::{
+    CasfsProvider, FileEvents, Lifecycle, MiddlewareConfig, Persistence, SnapshotConfig,
+    SnapshotPolicy, StorePersistence,
+};
+
+pub fn run(cli: &Cli) -> anyhow::Result<()> {
+    let Command::Serve {
+        socket,
+        listen,
+        token_file,
+        sandboxes,
+        policy,
+        workspace,
+        secrets,
+        diffs,
+        lease_ttl,
+        destroy_on_complete,
+        destroy_on_error,
+    } = &cli.command
+    else {
+        unreachable!("dispatched on Serve")
+    };
+    let read_json = |p: &std::path::Path| -> anyhow::Result<serde_json::Value> {
+        let text =
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("{}: not JSON", p.display()))
+    };
+    let policy: SnapshotPolicy = match policy {
+        Some(p) => serde_json::from_value(read_json(p)?)
+            .with_context(|| format!("{}: not a capture policy", p.display()))?,
+        None => SnapshotPolicy::default(),
+    };
+    let workspace = match workspace {
+        Some(p) => read_json(p)?,
+        None => serde_json::Value::Null,
+    };
+    let mut secret_values = BTreeMap::new();
+    for name in secrets {
+        let v = std::env::var(name).map_err(|_| {
+            anyhow!("--secret {name}: no environment variable {name} holds its value")
+        })?;
+        secret_values.insert(name.clone(), v);
+    }
+    let token = match (token_file, std::env::var("CASFS_TOKEN").ok()) {
+        (Some(f), _) => Some(
+            std::fs::read_to_string(f)
+                .with_context(|| format!("reading {}", f.display()))?
+                .trim()
+                .to_string(),
+        ),
+        (None, t) => t,
+    };
+    if listen.is_some() && token.as_deref().is_none_or(|t| t.len() < 16) {
+        bail!(
+            "--listen needs a bearer token of at least 16 characters (CASFS_TOKEN or --token-file)"
+        );
+    }
+    if !(0.1..=3600.0).contains(lease_ttl) {
+        bail!("--lease-ttl {lease_ttl}: give 0.1 to 3600 seconds");
+    }
+
+    let store = Arc::new(cli.open_store(OpenMode::Create)?);
+    let root = store.root().to_path_buf();
+    let sandboxes = sandboxes.clone().unwrap_or_else(|| root.join("sandboxes"));
+    std::fs::create_dir_all(&sandboxes)
+        .with_context(|| format!("creating {}", sandboxes.display()))?;
+    let sp = Arc::new(StorePersistence::new(store.database().clone()));
+    let mut snap = SnapshotConfig::new(Persistence::on_store(sp.clone()));
+    snap.policy = policy;
+    snap.workspace = workspace;
+    snap.secrets = secret_values;
+    snap.lease_ttl = Duration::from_secs_f64(*lease_ttl);
+    let config = MiddlewareConfig {
+        snapshots: Some(snap),
+        lifecycle: Lifecycle {
+            destroy_on_complete: *destroy_on_complete,
+            destroy_on_error: *destroy_on_error,
+            snapshot_after_run: false,
+        },
+        file_events: Some(FileEvents {
+            on_event: Arc::new(|_| {}),
+            diff: *diffs,
+        }),
+    };
+    let provider = Arc::new(CasfsProvider::new(
+        store.clone(),
+        &sandboxes,
+        WorkspaceOptions::default(),
+    ));
+    let server = Server::new(store, sp, provider, config, token)?;
+    let where_ = match listen {
+        Some(a) => Listen::Tcp(*a),
+        None => Listen::Unix(socket.clone().unwrap_or_else(|| root.join("serve.sock"))),
+    };
+    let shown = match &where_ {
+        Listen::Tcp(a) => format!("http://{a}"),
+        Listen::Unix(p) => format!("unix:{}", p.display()),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    eprintln!(
+        "casfs: serving {shown} (sandboxes in {})",
+        sandboxes.display()
+    );
+    rt.block_on(async move {
+        let stop = async {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("SIGTERM handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {},
+                _ = term.recv() => {},
+            }
+        };
+        serve(server, where_, stop).await
+    })
+    .with_context(|| format!("serving {shown}"))?;
+    Ok(())
+}

@@ -1,0 +1,684 @@
+//! `casfs serve`: the checkpoint store, sandboxes and run lifecycle over HTTP + JSON,
+//! on a Unix socket (owner only) or on loopback TCP with a bearer token, so an agent
+//! host in another language can use casfs. `openapi.json` at the repository root
+//! describes every route of [`ROUTES`]; a test keeps the two equal.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Path, Query, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use base64::Engine;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{
+    AbortInfo, ArtifactMeta, Chunk, FileEvent, FileEvents, Middleware, MiddlewareConfig,
+    MiddlewareError, Persistence, Run, RunContext, StorePersistence,
+};
+use crate::checkpoint::{CheckpointError, CheckpointId, Store, ThreadId};
+
+/// Every route the server answers, as `METHOD path`; `openapi.json` has the same.
+pub const ROUTES: &[&str] = &[
+    "GET /v1/health",
+    "GET /v1/threads",
+    "GET /v1/threads/{thread}/checkpoints",
+    "GET /v1/checkpoints/{id}",
+    "GET /v1/threads/{thread}/messages",
+    "PUT /v1/threads/{thread}/messages",
+    "GET /v1/threads/{thread}/artifacts",
+    "POST /v1/threads/{thread}/artifacts",
+    "POST /v1/runs",
+    "POST /v1/runs/{run}/chunk",
+    "POST /v1/runs/{run}/finish",
+    "POST /v1/runs/{run}/abort",
+    "POST /v1/runs/{run}/error",
+    "POST /v1/runs/{run}/disconnect",
+    "GET /v1/runs/{run}/events",
+];
+
+/// What the server serves.
+pub struct Server {
+    store: Arc<Store>,
+    persistence: Arc<StorePersistence>,
+    mw: Arc<Middleware>,
+    runs: Mutex<HashMap<String, LiveRun>>,
+    token: Option<String>,
+}
+
+struct LiveRun {
+    run: Arc<Run>,
+    events: Arc<Mutex<Vec<FileEvent>>>,
+}
+
+impl Server {
+    /// A server over `store` whose sandboxes come from `provider`. `config` is the
+    /// middleware's; its snapshot persistence, if any, must be `persistence`'s (the
+    /// server's messages and artifacts routes write through it), and its file events
+    /// are replaced by per-run buffers the events route reads.
+    pub fn new(
+        store: Arc<Store>,
+        persistence: Arc<StorePersistence>,
+        provider: Arc<dyn super::SandboxProvider>,
+        config: MiddlewareConfig,
+        token: Option<String>,
+    ) -> Result<Arc<Server>, MiddlewareError> {
+        let mw = Arc::new(Middleware::new(store.clone(), provider, config)?);
+        Ok(Arc::new(Server {
+            store,
+            persistence,
+            mw,
+            runs: Mutex::new(HashMap::new()),
+            token,
+        }))
+    }
+
+    /// The persistence layer runs write through (the server's store).
+    pub fn persistence(&self) -> Persistence {
+        match &self.mw_config().snapshots {
+            Some(s) => s.persistence.clone(),
+            None => Persistence::on_store(self.persistence.clone()),
+        }
+    }
+
+    fn mw_config(&self) -> &MiddlewareConfig {
+        self.mw.config()
+    }
+
+    /// The HTTP routes, with the bearer-token check when a token is set.
+    pub fn router(self: &Arc<Self>) -> Router {
+        let r = Router::new()
+            .route("/v1/health", get(health))
+            .route("/v1/threads", get(threads))
+            .route("/v1/threads/{thread}/checkpoints", get(thread_log))
+            .route("/v1/checkpoints/{id}", get(checkpoint))
+            .route(
+                "/v1/threads/{thread}/messages",
+                get(messages).put(put_messages),
+            )
+            .route(
+                "/v1/threads/{thread}/artifacts",
+                get(artifacts).post(post_artifact),
+            )
+            .route("/v1/runs", post(start_run))
+            .route("/v1/runs/{run}/chunk", post(chunk))
+            .route("/v1/runs/{run}/finish", post(finish))
+            .route("/v1/runs/{run}/abort", post(abort))
+            .route("/v1/runs/{run}/error", post(run_error))
+            .route("/v1/runs/{run}/disconnect", post(disconnect))
+            .route("/v1/runs/{run}/events", get(events))
+            .with_state(self.clone());
+        if self.token.is_some() {
+            r.layer(axum::middleware::from_fn_with_state(self.clone(), auth))
+        } else {
+            r
+        }
+    }
+
+    fn run(&self, id: &str) -> Result<Arc<Run>, ApiError> {
+        self.runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .map(|r| r.run.clone())
+            .ok_or_else(|| {
+                ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no run {id:?}"))
+            })
+    }
+
+    fn forget_run(&self, id: &str) {
+        self.runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+    }
+}
+
+async fn auth(State(s): State<Arc<Server>>, req: Request, next: Next) -> Response {
+    let want = s.token.as_deref().unwrap_or_default();
+    let got = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    // Compared in constant time: the token is a secret.
+    let ok = got.is_some_and(|g| {
+        g.len() == want.len()
+            && g.bytes()
+                .zip(want.bytes())
+                .fold(0u8, |a, (x, y)| a | (x ^ y))
+                == 0
+    });
+    if ok {
+        next.run(req).await
+    } else {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a valid bearer token is required",
+        )
+        .into_response()
+    }
+}
+
+/// An error answer: `{"error": {"kind": ..., "message": ...}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    kind: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            kind,
+            message: message.into(),
+        }
+    }
+
+    fn bad(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            Json(json!({"error": {"kind": self.kind, "message": self.message}})),
+        )
+            .into_response()
+    }
+}
+
+impl From<MiddlewareError> for ApiError {
+    fn from(e: MiddlewareError) -> ApiError {
+        use MiddlewareError as M;
+        let (status, kind) = match &e {
+            M::Config(_) => (StatusCode::BAD_REQUEST, "invalid"),
+            M::Checkpoint(c) => return checkpoint_error(c, e.to_string()),
+            M::HeadMissing { .. } => (StatusCode::CONFLICT, "head_missing"),
+            M::WorkspaceMismatch { .. } => (StatusCode::CONFLICT, "workspace_mismatch"),
+            M::Sandbox { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "sandbox"),
+            M::Policy(_) => (StatusCode::UNPROCESSABLE_ENTITY, "policy"),
+            M::Persistence(_) => (StatusCode::INTERNAL_SERVER_ERROR, "persistence"),
+            M::Cancelled(_) => (StatusCode::CONFLICT, "cancelled"),
+        };
+        ApiError::new(status, kind, e.to_string())
+    }
+}
+
+impl From<CheckpointError> for ApiError {
+    fn from(e: CheckpointError) -> ApiError {
+        let m = e.to_string();
+        checkpoint_error(&e, m)
+    }
+}
+
+fn checkpoint_error(e: &CheckpointError, message: String) -> ApiError {
+    use CheckpointError as C;
+    let (status, kind) = match e {
+        C::NotFound(_) | C::EmptyThread(_) => (StatusCode::NOT_FOUND, "not_found"),
+        C::LeaseHeld { .. } => (StatusCode::CONFLICT, "lease_held"),
+        C::LeaseLost { .. } => (StatusCode::CONFLICT, "lease_lost"),
+        C::HeadMismatch { .. } => (StatusCode::CONFLICT, "head_mismatch"),
+        C::ThreadExists(_) => (StatusCode::CONFLICT, "thread_exists"),
+        C::Invalid(_) | C::Ambiguous { .. } => (StatusCode::BAD_REQUEST, "invalid"),
+        _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+    };
+    ApiError::new(status, kind, message)
+}
+
+type ApiResult = Result<Json<Value>, ApiError>;
+
+/// Runs blocking store and mount work off the async workers.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
+}
+
+fn thread_id(s: &str) -> Result<ThreadId, ApiError> {
+    ThreadId::new(s).map_err(|e| ApiError::bad(e.to_string()))
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).expect("API values serialize")
+}
+
+async fn health() -> Json<Value> {
+    Json(json!({"ok": true, "version": env!("CARGO_PKG_VERSION")}))
+}
+
+async fn threads(State(s): State<Arc<Server>>) -> ApiResult {
+    blocking(move || {
+        let t = s.store.checkpoints().threads()?;
+        Ok(Json(Value::Array(
+            t.into_iter()
+                .map(|(t, h)| json!({"thread": t, "head": h.to_hex()}))
+                .collect(),
+        )))
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+struct LogQuery {
+    limit: Option<usize>,
+}
+
+async fn thread_log(
+    State(s): State<Arc<Server>>,
+    Path(thread): Path<String>,
+    Query(q): Query<LogQuery>,
+) -> ApiResult {
+    blocking(move || {
+        let t = thread_id(&thread)?;
+        let log = s
+            .store
+            .checkpoints()
+            .log(&t, q.limit.unwrap_or(100).min(10_000))?;
+        Ok(Json(to_json(&log)))
+    })
+    .await
+}
+
+async fn checkpoint(State(s): State<Arc<Server>>, Path(id): Path<String>) -> ApiResult {
+    blocking(move || {
+        let id = match crate::cas::Hash::from_hex(&id) {
+            Some(h) => CheckpointId(h),
+            None => s.store.checkpoints().resolve_prefix(&id)?,
+        };
+        Ok(Json(to_json(&s.store.checkpoints().get(&id)?)))
+    })
+    .await
+}
+
+async fn messages(State(s): State<Arc<Server>>, Path(thread): Path<String>) -> ApiResult {
+    blocking(move || {
+        let t = thread_id(&thread)?;
+        let m = super::MessageStore::load_thread(&*s.persistence, &t)?;
+        Ok(Json(Value::Array(m)))
+    })
+    .await
+}
+
+async fn put_messages(
+    State(s): State<Arc<Server>>,
+    Path(thread): Path<String>,
+    Json(body): Json<Vec<Value>>,
+) -> ApiResult {
+    blocking(move || {
+        let t = thread_id(&thread)?;
+        super::MessageStore::save_thread(&*s.persistence, &t, &body)?;
+        Ok(Json(json!({"ok": true, "messages": body.len()})))
+    })
+    .await
+}
+
+async fn artifacts(State(s): State<Arc<Server>>, Path(thread): Path<String>) -> ApiResult {
+    blocking(move || {
+        let t = thread_id(&thread)?;
+        Ok(Json(to_json(&super::ArtifactStore::list_for_thread(
+            &*s.persistence,
+            &t,
+        )?)))
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+struct NewArtifact {
+    artifact_id: String,
+    run_id: String,
+    name: String,
+    mime_type: String,
+    /// The bytes, base64 (standard alphabet).
+    content_base64: String,
+}
+
+async fn post_artifact(
+    State(s): State<Arc<Server>>,
+    Path(thread): Path<String>,
+    Json(a): Json<NewArtifact>,
+) -> ApiResult {
+    blocking(move || {
+        let t = thread_id(&thread)?;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(a.content_base64.as_bytes())
+            .map_err(|e| ApiError::bad(format!("content_base64: {e}")))?;
+        if a.artifact_id.is_empty() || a.artifact_id.contains('\0') {
+            return Err(ApiError::bad("artifact_id: 1 or more characters, no NUL"));
+        }
+        let key = format!("artifacts/{thread}/{}", a.artifact_id);
+        super::BlobStore::put(&*s.persistence, &key, &bytes)?;
+        let meta = ArtifactMeta {
+            artifact_id: a.artifact_id,
+            run_id: a.run_id,
+            thread: t,
+            blob_key: Some(key),
+            name: a.name,
+            mime_type: a.mime_type,
+            size: bytes.len() as u64,
+            created_at_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+        };
+        super::ArtifactStore::put(&*s.persistence, &meta)?;
+        Ok(Json(to_json(&meta)))
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+struct StartRun {
+    thread: String,
+    run_id: String,
+    tenant: Option<String>,
+}
+
+async fn start_run(State(s): State<Arc<Server>>, Json(b): Json<StartRun>) -> ApiResult {
+    blocking(move || {
+        let thread = thread_id(&b.thread)?;
+        if b.run_id.is_empty() || b.run_id.len() > 200 {
+            return Err(ApiError::bad("run_id: 1 to 200 characters"));
+        }
+        if s.runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&b.run_id)
+        {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "run_exists",
+                format!("run {:?} is already going", b.run_id),
+            ));
+        }
+        let mut ctx = RunContext::new(thread, b.run_id.clone());
+        ctx.tenant = b.tenant;
+        let events: Arc<Mutex<Vec<FileEvent>>> = Arc::default();
+        let sink = events.clone();
+        let on_event = FileEvents {
+            on_event: Arc::new(move |e| {
+                sink.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(e.clone())
+            }),
+            diff: s.mw_config().file_events.as_ref().is_some_and(|f| f.diff),
+        };
+        let run =
+            s.mw.setup_with_events(ctx, Some(&s.persistence()), Some(on_event))?;
+        let h = run.sandbox();
+        let lease = run.lease();
+        let answer = json!({
+            "run_id": b.run_id,
+            "thread": run.context().thread,
+            "sandbox": h.as_ref().map(|h| json!({"key": h.key, "path": h.root})),
+            "lease_token": lease.map(|l| l.token),
+        });
+        s.runs.lock().unwrap_or_else(|p| p.into_inner()).insert(
+            b.run_id.clone(),
+            LiveRun {
+                run: Arc::new(run),
+                events,
+            },
+        );
+        Ok(Json(answer))
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+struct ChunkBody {
+    /// `run_finished` or anything else (ignored).
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    interrupt: bool,
+}
+
+async fn chunk(
+    State(s): State<Arc<Server>>,
+    Path(run): Path<String>,
+    Json(b): Json<ChunkBody>,
+) -> ApiResult {
+    blocking(move || {
+        let r = s.run(&run)?;
+        let c = if b.kind == "run_finished" {
+            Chunk::RunFinished {
+                interrupt: b.interrupt,
+            }
+        } else {
+            Chunk::Other
+        };
+        r.on_chunk(&c)?;
+        Ok(Json(json!({"ok": true})))
+    })
+    .await
+}
+
+async fn finish(State(s): State<Arc<Server>>, Path(run): Path<String>) -> ApiResult {
+    blocking(move || {
+        let r = s.run(&run)?;
+        let out = r.on_finish();
+        s.forget_run(&run);
+        let out = out?;
+        Ok(Json(json!({
+            "checkpoint": out.checkpoint.map(|c| c.to_hex()),
+            "changed_files": out.changed_files,
+            "skipped": out.skipped,
+            "secret_files": out.secret_files,
+            "provider_snapshot": out.provider_snapshot,
+        })))
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+struct AbortBody {
+    cancelled: bool,
+}
+
+async fn abort(
+    State(s): State<Arc<Server>>,
+    Path(run): Path<String>,
+    Json(b): Json<AbortBody>,
+) -> ApiResult {
+    blocking(move || {
+        let r = s.run(&run)?;
+        let out = r.on_abort(AbortInfo {
+            cancelled: b.cancelled,
+        });
+        s.forget_run(&run);
+        out?;
+        Ok(Json(json!({"ok": true})))
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    message: String,
+}
+
+async fn run_error(
+    State(s): State<Arc<Server>>,
+    Path(run): Path<String>,
+    Json(b): Json<ErrorBody>,
+) -> ApiResult {
+    blocking(move || {
+        let r = s.run(&run)?;
+        let out = r.on_error(&b.message);
+        s.forget_run(&run);
+        out?;
+        Ok(Json(json!({"ok": true})))
+    })
+    .await
+}
+
+async fn disconnect(State(s): State<Arc<Server>>, Path(run): Path<String>) -> ApiResult {
+    blocking(move || {
+        s.run(&run)?.on_disconnect()?;
+        Ok(Json(json!({"ok": true})))
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+struct EventsQuery {
+    after: Option<u64>,
+}
+
+async fn events(
+    State(s): State<Arc<Server>>,
+    Path(run): Path<String>,
+    Query(q): Query<EventsQuery>,
+) -> ApiResult {
+    let ev = s
+        .runs
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&run)
+        .map(|r| r.events.clone())
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no run {run:?}"),
+            )
+        })?;
+    let after = q.after.unwrap_or(0);
+    let list: Vec<Value> = ev
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .filter(|e| e.event.seq > after)
+        .map(to_json)
+        .collect();
+    Ok(Json(Value::Array(list)))
+}
+
+/// Where `casfs serve` listens.
+pub enum Listen {
+    Unix(PathBuf),
+    /// Loopback only; requires a token.
+    Tcp(std::net::SocketAddr),
+}
+
+/// Serves until `shutdown` completes.
+pub async fn serve(
+    server: Arc<Server>,
+    listen: Listen,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = server.router();
+    match listen {
+        Listen::Unix(path) => {
+            let _ = std::fs::remove_file(&path);
+            let l = tokio::net::UnixListener::bind(&path)?;
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+            let r = axum::serve(l, app).with_graceful_shutdown(shutdown).await;
+            let _ = std::fs::remove_file(&path);
+            r
+        }
+        Listen::Tcp(addr) => {
+            if !addr.ip().is_loopback() || server.token.is_none() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("{addr}: TCP is served on loopback only, and only with a token"),
+                ));
+            }
+            let l = tokio::net::TcpListener::bind(addr).await?;
+            axum::serve(l, app).with_graceful_shutdown(shutdown).await
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ROUTES;
+    use serde_json::Value;
+
+    fn spec() -> Value {
+        let text = include_str!("../../openapi.json");
+        serde_json::from_str(text).expect("openapi.json is JSON")
+    }
+
+    /// Every `$ref` in `v` names something that exists in the document.
+    fn refs_resolve(doc: &Value, v: &Value, at: &str) {
+        match v {
+            Value::Object(m) => {
+                if let Some(Value::String(r)) = m.get("$ref") {
+                    let ptr = r
+                        .strip_prefix('#')
+                        .unwrap_or_else(|| panic!("{at}: external $ref {r}"));
+                    assert!(
+                        doc.pointer(ptr).is_some(),
+                        "{at}: $ref {r} resolves to nothing"
+                    );
+                }
+                for (k, x) in m {
+                    refs_resolve(doc, x, &format!("{at}/{k}"));
+                }
+            }
+            Value::Array(a) => {
+                for (i, x) in a.iter().enumerate() {
+                    refs_resolve(doc, x, &format!("{at}/{i}"));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn openapi_describes_exactly_the_served_routes() {
+        let doc = spec();
+        assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"));
+        assert!(doc["info"]["title"].is_string() && doc["info"]["version"].is_string());
+        let methods = ["get", "put", "post", "delete", "patch"];
+        let mut described = Vec::new();
+        let mut ids = std::collections::BTreeSet::new();
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for (m, op) in item.as_object().unwrap() {
+                assert!(methods.contains(&m.as_str()), "{path}: unknown method {m}");
+                described.push(format!("{} {path}", m.to_uppercase()));
+                let id = op["operationId"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{m} {path}: no operationId"));
+                assert!(ids.insert(id.to_string()), "operationId {id} twice");
+                let responses = op["responses"].as_object().unwrap();
+                assert!(responses.contains_key("200"), "{m} {path}: no 200 response");
+                // Path parameters named in the path are declared, and only those.
+                let in_path: Vec<&str> = path
+                    .split('/')
+                    .filter_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+                    .collect();
+                let declared: Vec<&str> = op["parameters"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter(|p| p["in"] == "path")
+                            .map(|p| p["name"].as_str().unwrap())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                assert_eq!(in_path, declared, "{m} {path}: path parameters");
+            }
+        }
+        described.sort();
+        let mut served: Vec<String> = ROUTES.iter().map(|s| s.to_string()).collect();
+        served.sort();
+        assert_eq!(described, served);
+        refs_resolve(&doc, &doc, "#");
+    }
+}
