@@ -276,10 +276,15 @@ impl Run {
             return Ok(());
         };
         if outcome == EnsureOutcome::Resumed {
-            return Ok(());
+            if handle.mount.tag().expected_head == Some(cp.id) {
+                return Ok(());
+            }
+            // Another sandbox published on the thread since this one was last used: the
+            // head is the thread's state (what this sandbox holds was never published).
+            tracing::info!(run = %self.ctx.run_id, "live sandbox is behind the head; restoring it");
         }
-        // A sandbox made for this run: whatever a run that never published left in it
-        // is not the thread's state.
+        // A sandbox made (or found stale) for this run: whatever a run that never
+        // published left in it is not the thread's state.
         handle.mount.restore(cp.id, None, true)?;
         let secrets = &self.mw.secrets;
         for f in &cp.body.secret_files {

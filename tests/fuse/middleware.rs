@@ -697,3 +697,32 @@ fn file_events_arrive_in_order_with_diffs_and_are_drained() {
     run.on_finish().unwrap();
     assert_eq!(seen.lock().unwrap().len(), 6);
 }
+
+#[test]
+fn a_live_sandbox_behind_the_head_is_brought_up_to_it() {
+    let t = tempfile::tempdir().unwrap();
+    let store = open_store(&t.path().join("store"));
+    let p = Persistence::on_store(Arc::new(StorePersistence::new(store.database().clone())));
+    let a = host_with(store.clone(), p.clone(), |_| {});
+    let b = host_with(store.clone(), p, |_| {});
+    let run = a.setup("t", "r1").unwrap();
+    fs::write(run.sandbox().unwrap().root.join("from-a"), "a").unwrap();
+    run.on_finish().unwrap();
+    drop(run);
+    // Another sandbox (host B) publishes on the thread; A's sandbox stays live.
+    let run = b.setup("t", "r2").unwrap();
+    fs::write(run.sandbox().unwrap().root.join("from-b"), "b").unwrap();
+    let head = run.on_finish().unwrap().checkpoint.unwrap();
+    drop(run);
+    let run = a.setup("t", "r3").unwrap();
+    let root = run.sandbox().unwrap().root;
+    assert_eq!(fs::read_to_string(root.join("from-b")).unwrap(), "b");
+    fs::write(root.join("more"), "m").unwrap();
+    let out = run.on_finish().unwrap();
+    let cp = a.store.checkpoints().get(&out.checkpoint.unwrap()).unwrap();
+    assert_eq!(
+        cp.body.parent_id,
+        Some(head),
+        "published on top of B's checkpoint"
+    );
+}
