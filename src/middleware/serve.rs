@@ -131,11 +131,19 @@ impl Server {
             })
     }
 
-    fn forget_run(&self, id: &str) {
+    /// Runs a terminal hook of run `id`; the run is forgotten whatever the hook says.
+    fn end_run<T>(
+        &self,
+        id: &str,
+        hook: impl FnOnce(&Run) -> Result<T, MiddlewareError>,
+    ) -> Result<T, ApiError> {
+        let r = self.run(id)?;
+        let out = hook(&r);
         self.runs
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(id);
+        Ok(out?)
     }
 }
 
@@ -468,10 +476,7 @@ async fn chunk(
 
 async fn finish(State(s): State<Arc<Server>>, Path(run): Path<String>) -> ApiResult {
     blocking(move || {
-        let r = s.run(&run)?;
-        let out = r.on_finish();
-        s.forget_run(&run);
-        let out = out?;
+        let out = s.end_run(&run, Run::on_finish)?;
         Ok(Json(json!({
             "checkpoint": out.checkpoint.map(|c| c.to_hex()),
             "changed_files": out.changed_files,
@@ -494,12 +499,11 @@ async fn abort(
     Json(b): Json<AbortBody>,
 ) -> ApiResult {
     blocking(move || {
-        let r = s.run(&run)?;
-        let out = r.on_abort(AbortInfo {
-            cancelled: b.cancelled,
-        });
-        s.forget_run(&run);
-        out?;
+        s.end_run(&run, |r| {
+            r.on_abort(AbortInfo {
+                cancelled: b.cancelled,
+            })
+        })?;
         Ok(Json(json!({"ok": true})))
     })
     .await
@@ -516,10 +520,7 @@ async fn run_error(
     Json(b): Json<ErrorBody>,
 ) -> ApiResult {
     blocking(move || {
-        let r = s.run(&run)?;
-        let out = r.on_error(&b.message);
-        s.forget_run(&run);
-        out?;
+        s.end_run(&run, |r| r.on_error(&b.message))?;
         Ok(Json(json!({"ok": true})))
     })
     .await

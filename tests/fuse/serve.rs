@@ -125,6 +125,24 @@ fn call(s: &Served, method: &str, path: &str, body: Option<&Value>) -> (u16, Val
     )
 }
 
+/// A call that must fail with `status` and error kind `kind`; returns the message.
+fn refused(
+    s: &Served,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+    status: u16,
+    kind: &str,
+) -> String {
+    let (st, v) = call(s, method, path, body);
+    assert_eq!(
+        (st, v["error"]["kind"].as_str()),
+        (status, Some(kind)),
+        "{method} {path}: {v}"
+    );
+    v["error"]["message"].as_str().unwrap().to_string()
+}
+
 #[test]
 fn the_http_api_drives_runs_over_the_unix_socket() {
     let t = tempfile::tempdir().unwrap();
@@ -142,23 +160,10 @@ fn the_http_api_drives_runs_over_the_unix_socket() {
     let (st, v) = call(&s, "GET", "/v1/health", None);
     assert_eq!((st, v["ok"].clone()), (200, json!(true)));
     // Bad input is a 400 that names it; an unknown run is a 404.
-    let (st, v) = call(
-        &s,
-        "POST",
-        "/v1/runs",
-        Some(&json!({"thread": "a b", "run_id": "x"})),
-    );
-    assert_eq!(st, 400, "{v}");
-    assert!(
-        v["error"]["message"].as_str().unwrap().contains("\"a b\""),
-        "{v}"
-    );
-    let (st, v) = call(&s, "POST", "/v1/runs/nope/finish", None);
-    assert_eq!(
-        (st, v["error"]["kind"].as_str()),
-        (404, Some("not_found")),
-        "{v}"
-    );
+    let bad = json!({"thread": "a b", "run_id": "x"});
+    let m = refused(&s, "POST", "/v1/runs", Some(&bad), 400, "invalid");
+    assert!(m.contains("\"a b\""), "{m}");
+    refused(&s, "POST", "/v1/runs/nope/finish", None, 404, "not_found");
 
     // A run: start, work in the sandbox, persist a message and an artifact, finish.
     let (st, v) = call(
@@ -204,28 +209,10 @@ fn the_http_api_drives_runs_over_the_unix_socket() {
     let (st, v) = call(&s, "GET", "/v1/runs/r1/events?after=1", None);
     assert_eq!((st, v.as_array().unwrap().len()), (200, 1));
     // A second run on the thread is refused while r1 holds it; the same run id too.
-    let (st, v) = call(
-        &s,
-        "POST",
-        "/v1/runs",
-        Some(&json!({"thread": "t", "run_id": "r2"})),
-    );
-    assert_eq!(
-        (st, v["error"]["kind"].as_str()),
-        (409, Some("lease_held")),
-        "{v}"
-    );
-    let (st, v) = call(
-        &s,
-        "POST",
-        "/v1/runs",
-        Some(&json!({"thread": "t", "run_id": "r1"})),
-    );
-    assert_eq!(
-        (st, v["error"]["kind"].as_str()),
-        (409, Some("run_exists")),
-        "{v}"
-    );
+    let r2 = json!({"thread": "t", "run_id": "r2"});
+    refused(&s, "POST", "/v1/runs", Some(&r2), 409, "lease_held");
+    let again = json!({"thread": "t", "run_id": "r1"});
+    refused(&s, "POST", "/v1/runs", Some(&again), 409, "run_exists");
     let (st, v) = call(&s, "POST", "/v1/runs/r1/finish", None);
     assert_eq!(st, 200, "{v}");
     let id = v["checkpoint"].as_str().unwrap().to_string();
