@@ -2,8 +2,9 @@
 # The end-to-end demo on the embedded default store: builds casfs, makes a workspace,
 # captures it, changes it, captures again, restores the first checkpoint, mounts it
 # read-only through FUSE; then mounts the thread writable, writes into it, checkpoints
-# (only what changed is read), changes more, restores instantly; and prints what it did
-# with timings. Everything lives in a temporary directory.
+# (only what changed is read), changes more, restores instantly; then runs agent runs
+# through `casfs serve` (lease, sandbox, conversation, secrets, pause); and prints what it
+# did with timings. Everything lives in a temporary directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
@@ -111,3 +112,46 @@ sleep 0.5
 
 step "History"
 "$CASFS" log --thread demo
+
+step "Agent runs through the lifecycle middleware: casfs serve on a Unix socket"
+S="$DEMO/serve.sock"
+export API_KEY="sk-demo-4f1e2d3c4b5a6978"   # a secret the workspace resolves
+"$CASFS" serve --socket "$S" --sandboxes "$DEMO/sandboxes" --secret API_KEY --diffs \
+  2> "$DEMO/serve.log" &
+SERVE=$!
+trap 'kill $SERVE 2>/dev/null; wait $SERVE 2>/dev/null; umount -l "$DEMO"/sandboxes/* 2>/dev/null; rm -rf "$DEMO"' EXIT
+for _ in $(seq 200); do [ -S "$S" ] && break; sleep 0.05; done
+api() { curl -sS --unix-socket "$S" -X "$1" "http://casfs$2" -H 'Content-Type: application/json' ${3:+-d "$3"}; }
+# Like `timed`, for a call whose JSON answer goes to a file.
+timed_api() {
+  local out=$1 t0 t1; shift; t0=$(now); api "$@" > "$out"; t1=$(now)
+  printf '   (%s %s: %d ms wall)\n' "$1" "$2" $(( (t1 - t0) / 1000000 ))
+}
+field() { python3 -c "import json,sys; v=json.load(sys.stdin); print(eval(sys.argv[1], {}, {'v': v}))" "$1"; }
+echo "   run 1 starts: writer lease taken, sandbox mounted (the thread is new: empty)"
+timed_api "$DEMO/r1.json" POST /v1/runs '{"thread": "agent", "run_id": "run-1"}'
+SB=$(field 'v["sandbox"]["path"]' < "$DEMO/r1.json")
+mkdir -p "$SB/src"
+printf 'import os\nKEY = "%s"\nprint("hello")\n' "$API_KEY" > "$SB/src/app.py"
+echo "# notes" > "$SB/NOTES.md"
+api PUT /v1/threads/agent/messages '[{"role": "user", "content": "write app.py"}, {"role": "assistant", "content": "done"}]' > /dev/null
+echo "   file events so far (from the mount, with diffs against the base):"
+api GET /v1/runs/run-1/events | field '"\n".join("     %d %s %s" % (e["seq"], e["kind"], e["path"]) for e in v)'
+echo "   run 1 finishes: conversation, files (secret replaced by a placeholder), append on the head"
+timed_api "$DEMO/f1.json" POST /v1/runs/run-1/finish
+field '"   checkpoint %s, %d changed, %d file(s) with secrets" % (v["checkpoint"][:12], v["changed_files"], v["secret_files"])' < "$DEMO/f1.json"
+printf '   stored app.py: '
+"$CASFS" cat @agent src/app.py | sed -n 2p
+printf '   the sandbox still has the real value: '
+grep -q "$API_KEY" "$SB/src/app.py" && echo yes || { echo NO; exit 1; }
+echo "   run 2 resumes the live sandbox, pauses (interrupt): its lease closes, nothing is published"
+api POST /v1/runs '{"thread": "agent", "run_id": "run-2"}' > /dev/null
+echo "more" >> "$SB/NOTES.md"
+api POST /v1/runs/run-2/chunk '{"type": "run_finished", "interrupt": true}' > /dev/null
+api POST /v1/runs/run-2/finish | field '"   finish after pause: checkpoint %s" % (v["checkpoint"] or "none (not published)")'
+echo "   a second run on the thread while run 3 holds it is refused:"
+api POST /v1/runs '{"thread": "agent", "run_id": "run-3"}' > /dev/null
+api POST /v1/runs '{"thread": "agent", "run_id": "run-4"}' | field '"     %s" % v["error"]["message"]'
+api POST /v1/runs/run-3/abort '{"cancelled": true}' > /dev/null
+kill $SERVE; wait $SERVE 2>/dev/null || true
+"$CASFS" log --thread agent

@@ -212,6 +212,9 @@ struct State {
 struct Events {
     seq: u64,
     subscribers: Vec<std::sync::mpsc::Sender<FsEvent>>,
+    /// The path of the last event if it was a modify: a shell's `>` truncates, writes
+    /// and closes, which is one change.
+    last_modify: Option<String>,
 }
 
 /// A change to the workspace as the mount saw it. Sequence numbers grow by one per
@@ -768,6 +771,10 @@ impl<'a> Tx<'a> {
         let events = std::mem::take(&mut self.events);
         let ev = &mut self.st.events;
         for (kind, path, to, is_dir) in events {
+            if kind == FsEventKind::Modify && ev.last_modify.as_deref() == Some(path.as_str()) {
+                continue;
+            }
+            ev.last_modify = (kind == FsEventKind::Modify).then(|| path.clone());
             ev.seq += 1;
             let e = FsEvent {
                 seq: ev.seq,

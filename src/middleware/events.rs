@@ -74,6 +74,8 @@ impl Watcher {
                 let missing = target - *got;
                 drop(got);
                 self.stop.store(true, Ordering::SeqCst);
+                // A host callback that does not return: leave its thread be.
+                drop(self.thread.take());
                 return Err(format!(
                     "{missing} file event(s) not delivered in {limit:?}"
                 ));
@@ -94,7 +96,12 @@ impl Watcher {
 
 impl Drop for Watcher {
     fn drop(&mut self) {
+        // Joined (within one poll interval), so that the dispatcher's handle on the
+        // sandbox is gone when the run is: the last handle unmounts.
         self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 

@@ -250,9 +250,9 @@ impl Run {
         Ok(())
     }
 
-    /// Ensures the sandbox and, unless it was resumed alive, shows the head checkpoint;
-    /// then starts delivering file events. The head is looked up first: a head that cannot be restored fails the run
-    /// before a sandbox is made.
+    /// Ensures the sandbox and, unless it was resumed alive and current, shows the head
+    /// checkpoint; then starts delivering file events. The head is looked up first: a
+    /// head that cannot be restored fails the run before a sandbox is made.
     fn prepare(&self) -> MiddlewareResult<()> {
         self.show_head()?;
         if let (Some(ev), Some(h)) = (&self.events, self.sandbox()) {

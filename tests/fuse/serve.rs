@@ -282,6 +282,10 @@ fn the_http_api_drives_runs_over_the_unix_socket() {
         assert_eq!(v[0]["head"].as_str(), Some(id.as_str()), "{run} published");
     }
     drop(s);
+    assert!(
+        !casfs::fs::is_fuse_mount(&root),
+        "a stopped server leaves no sandbox mounted"
+    );
 
     // Nothing the server stored holds the secret.
     let st = casfs::checkpoint::Store::open_read_only(&store).unwrap();
