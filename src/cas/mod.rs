@@ -30,6 +30,30 @@ pub fn load_tree(store: &dyn ObjectStore, id: &TreeId) -> CasResult<Tree> {
     })
 }
 
+/// The content of the regular file at `path` ('/'-separated, relative) below tree
+/// `root`, if there is one.
+pub fn file_at(store: &dyn ObjectStore, root: &TreeId, path: &str) -> CasResult<Option<Vec<u8>>> {
+    let mut tree = load_tree(store, root)?;
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    for (i, part) in parts.iter().enumerate() {
+        let Some(e) = tree.get(part.as_bytes()) else {
+            return Ok(None);
+        };
+        match (&e.content, i + 1 == parts.len()) {
+            (EntryContent::Dir(id), false) => tree = load_tree(store, id)?,
+            (EntryContent::File(id), true) => {
+                let f = FileRef {
+                    id: *id,
+                    size: e.size,
+                };
+                return Ok(Some(file::read_file(store, &f)?));
+            }
+            _ => return Ok(None),
+        }
+    }
+    Ok(None)
+}
+
 /// Encodes and stores a tree object.
 pub fn store_tree(store: &dyn ObjectStore, tree: &Tree) -> CasResult<(TreeId, PutOutcome)> {
     let p = store.put(&tree.encode())?;

@@ -7,7 +7,7 @@
 //! size, mode, mtime, ctime) is unchanged, and every directory whose entries all are.
 
 use std::fs::{self, File};
-use std::io::Read;
+use std::io::{Read, Seek};
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,6 +29,7 @@ use crate::cas::file::{store_bytes, store_reader};
 use crate::cas::{
     store_tree, CasError, EntryContent, StoreStats, Tree, TreeEntry, TreeId, CHUNK_SIZE,
 };
+use crate::fs::{EntryKind, SnapshotFilter};
 
 /// Files whose ctime is this close to the capture's start are not trusted next time.
 const RACY_MARGIN: Duration = Duration::from_millis(100);
@@ -45,6 +46,10 @@ pub struct CaptureOptions<'a> {
     /// Ignore the directory cache and read every file.
     pub no_stat_cache: bool,
     pub progress: Option<&'a CaptureProgress>,
+    /// What goes in and in what form (the middleware's policy and secrets). With a
+    /// filter every file is read (the directory cache is not used: a cached entry would
+    /// skip the filter).
+    pub filter: Option<&'a dyn SnapshotFilter>,
 }
 
 /// The result of capturing a directory.
@@ -83,6 +88,7 @@ struct Ctx<'a> {
     n: Counters,
     objects: Mutex<StoreStats>,
     warnings: Mutex<Vec<String>>,
+    filter: Option<&'a dyn SnapshotFilter>,
 }
 
 impl Ctx<'_> {
@@ -141,7 +147,8 @@ pub fn capture_dir(
     let fd = open_dir(&dir)?;
     let ctx = Ctx {
         store,
-        cache: DirCacheSet::new(store, &dir, !opts.no_stat_cache),
+        cache: DirCacheSet::new(store, &dir, !opts.no_stat_cache && opts.filter.is_none()),
+        filter: opts.filter,
         racy_after_ns: now_ns() - RACY_MARGIN.as_nanos() as i64,
         progress: opts.progress,
         n: Counters::default(),
@@ -277,6 +284,18 @@ fn capture_entry(
         .filter(|(_, _, f)| *f == Some(fp))
         .map(|(i, e, _)| (i, e));
     let kind = file_type(&st);
+    let rel = join_rel(dir_rel, name);
+    if let Some(f) = ctx.filter {
+        let (k, size) = match kind {
+            libc::S_IFREG => (EntryKind::File, st.st_size as u64),
+            libc::S_IFDIR => (EntryKind::Dir, 0),
+            libc::S_IFLNK => (EntryKind::Symlink, 0),
+            _ => (EntryKind::Special, 0),
+        };
+        if !f.keep(&String::from_utf8_lossy(&rel), k, size) {
+            return Ok(None);
+        }
+    }
     let entry = |content, size, xattrs| TreeEntry {
         name: name.to_vec(),
         content,
@@ -292,7 +311,7 @@ fn capture_entry(
                 ctx.count_file(e.size);
                 return Ok(Some(Seen::Cached(i, fp)));
             }
-            return capture_file(ctx, dir, &cname, &path, name, &st);
+            return capture_file(ctx, dir, &cname, &path, &rel, name, &st);
         }
         libc::S_IFDIR => {
             let sub = match open_dir_at(dir, &cname) {
@@ -300,7 +319,7 @@ fn capture_entry(
                 Err(e) if vanished(&e) => return Ok(None),
                 Err(e) => return Err(CheckpointError::io(&path, e)),
             };
-            let id = capture_tree(ctx, sub.as_raw_fd(), &path, &join_rel(dir_rel, name))?;
+            let id = capture_tree(ctx, sub.as_raw_fd(), &path, &rel)?;
             ctx.n.dirs.fetch_add(1, Ordering::Relaxed);
             match hit.filter(|(_, e)| e.tree_id().is_some()) {
                 Some((i, e))
@@ -377,6 +396,7 @@ fn capture_file(
     dir: RawFd,
     cname: &std::ffi::CStr,
     path: &Path,
+    rel: &[u8],
     name: &[u8],
     lstat: &libc::stat,
 ) -> CheckpointResult<Option<Seen>> {
@@ -391,11 +411,24 @@ fn capture_file(
     let mut file = File::from(fd);
     let mut stats = StoreStats::default();
     let objects = ctx.store.objects();
-    let fref = if before.st_size as u64 <= CHUNK_SIZE as u64 {
+    let other = match ctx.filter {
+        Some(f) => f
+            .transform(
+                &String::from_utf8_lossy(rel),
+                &mut file,
+                before.st_size as u64,
+            )
+            .map_err(|e| CheckpointError::path(path, e))?,
+        None => None,
+    };
+    let fref = if let Some(data) = other {
+        store_bytes(objects, &data, &mut stats)?
+    } else if before.st_size as u64 <= CHUNK_SIZE as u64 {
         READ_BUF.with(|b| -> CheckpointResult<_> {
             let mut buf = b.borrow_mut();
             buf.clear();
             buf.reserve(before.st_size as usize + 1);
+            file.rewind().map_err(|e| CheckpointError::io(path, e))?;
             file.read_to_end(&mut buf)
                 .map_err(|e| CheckpointError::io(path, e))?;
             let f = store_bytes(objects, &buf, &mut stats)?;
@@ -406,6 +439,7 @@ fn capture_file(
             Ok(f)
         })?
     } else {
+        file.rewind().map_err(|e| CheckpointError::io(path, e))?;
         store_reader(objects, &mut file, path, &mut stats).map_err(|e| match e {
             CasError::Io { path, source } => CheckpointError::io(path, source),
             other => other.into(),

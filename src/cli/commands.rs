@@ -175,6 +175,7 @@ fn capture(
     let opts = CaptureOptions {
         no_stat_cache,
         progress: Some(&progress),
+        filter: None,
     };
     let append = AppendOptions {
         thread: thread.clone(),

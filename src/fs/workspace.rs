@@ -1384,28 +1384,8 @@ impl Workspace {
     /// The content of the regular file at `path` in the base tree (the checkpoint the
     /// workspace started from), if there is one.
     pub fn base_file(&self, path: &str) -> Result<Option<Vec<u8>>, WorkspaceError> {
-        let mut tree = load_tree(self.objects.as_ref(), &self.lock().base)?;
-        let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
-        for (i, part) in parts.iter().enumerate() {
-            let Some(e) = tree.get(part.as_bytes()) else {
-                return Ok(None);
-            };
-            match (&e.content, i + 1 == parts.len()) {
-                (EntryContent::Dir(id), false) => tree = load_tree(self.objects.as_ref(), id)?,
-                (EntryContent::File(id), true) => {
-                    let f = FileRef {
-                        id: *id,
-                        size: e.size,
-                    };
-                    return Ok(Some(crate::cas::file::read_file(
-                        self.objects.as_ref(),
-                        &f,
-                    )?));
-                }
-                _ => return Ok(None),
-            }
-        }
-        Ok(None)
+        let base = self.lock().base;
+        Ok(crate::cas::file_at(self.objects.as_ref(), &base, path)?)
     }
 
     fn tx(&self) -> Tx<'_> {
