@@ -147,7 +147,7 @@ fn main() {
         drop(run);
         change(&mp, &files, &src, r + 1000);
         let s = Instant::now();
-        let cp = h.mount.checkpoint("bare").unwrap();
+        let cp = h.mount().unwrap().checkpoint("bare").unwrap();
         bare.push(s.elapsed());
         assert_eq!(cp.changed_files, 10);
     }

@@ -1,9 +1,10 @@
-//! File events of a run: the mount announces every create, modify, delete and rename;
-//! a dispatcher hands them to the host in order, with a unified diff against the
+//! File events of a run: the mount announces every create, modify, delete and rename
+//! (a plain directory: inotify, through `notify`); a dispatcher hands them to the host
+//! in order, with a unified diff against the
 //! checkpoint the workspace started from when asked. Draining at finish, pause, abort
 //! and error delivers every change made before it.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::SandboxHandle;
+use super::{SandboxHandle, SandboxWorkspace};
 use crate::fs::{FsEvent, FsEventKind};
 
 /// A change in a run's workspace, as the host receives it.
@@ -37,60 +38,112 @@ const MAX_DIFF_BYTES: usize = 1 << 20;
 
 /// Delivers one run's events until drained.
 pub(crate) struct Watcher {
-    delivered: Arc<(Mutex<u64>, Condvar)>,
+    delivered: Arc<(Mutex<Delivered>, Condvar)>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     handle: SandboxHandle,
+    /// A plain directory's inotify watch (dropped with the watcher).
+    _notify: Option<notify::RecommendedWatcher>,
 }
 
+#[derive(Default)]
+struct Delivered {
+    seq: u64,
+    /// Drain markers of a plain directory that came through.
+    markers: Vec<String>,
+}
+
+/// Names of the files a drain of a plain directory makes (and removes) to know that
+/// inotify has handed over everything before them; never reported.
+const MARKER_PREFIX: &str = ".casfs-drain-";
+
 impl Watcher {
-    pub fn start(handle: &SandboxHandle, cfg: &FileEvents) -> Watcher {
-        let (rx, seq) = handle.mount.workspace().subscribe();
-        let delivered = Arc::new((Mutex::new(seq), Condvar::new()));
+    pub fn start(handle: &SandboxHandle, cfg: &FileEvents) -> Result<Watcher, String> {
+        let (rx, seq, notify) = match &handle.workspace {
+            SandboxWorkspace::Mount(m) => {
+                let (rx, seq) = m.workspace().subscribe();
+                (rx, seq, None)
+            }
+            SandboxWorkspace::Dir(_) => {
+                let (tx, rx) = std::sync::mpsc::channel();
+                let w = watch_dir(&handle.root, tx)?;
+                (rx, 0, Some(w))
+            }
+        };
+        let delivered = Arc::new((
+            Mutex::new(Delivered {
+                seq,
+                ..Delivered::default()
+            }),
+            Condvar::new(),
+        ));
         let stop = Arc::new(AtomicBool::new(false));
         let (d, s, h, c) = (delivered.clone(), stop.clone(), handle.clone(), cfg.clone());
         let thread = std::thread::Builder::new()
             .name("casfs-events".into())
             .spawn(move || dispatch(&rx, &d, &s, &h, &c))
-            .expect("spawning the event dispatcher");
-        Watcher {
+            .map_err(|e| format!("starting the event dispatcher: {e}"))?;
+        Ok(Watcher {
             delivered,
             stop,
             thread: Some(thread),
             handle: handle.clone(),
-        }
+            _notify: notify,
+        })
     }
 
     /// Delivers every change made so far, then stops. Gives up after `limit` (a host
-    /// callback that never returns), saying how many were not delivered.
+    /// callback that never returns), saying what was not delivered.
     pub fn drain(mut self, limit: Duration) -> Result<(), String> {
-        let target = self.handle.mount.workspace().last_event();
+        let done: Box<dyn Fn(&Delivered) -> bool> = match &self.handle.workspace {
+            SandboxWorkspace::Mount(m) => {
+                let target = m.workspace().last_event();
+                Box::new(move |d| d.seq >= target)
+            }
+            SandboxWorkspace::Dir(_) => {
+                // inotify has one queue: once a file made now is reported, so is every
+                // change made before it.
+                static NEXT: AtomicU64 = AtomicU64::new(0);
+                let name = format!(
+                    "{MARKER_PREFIX}{}-{}",
+                    std::process::id(),
+                    NEXT.fetch_add(1, Ordering::Relaxed)
+                );
+                let path = self.handle.root.join(&name);
+                std::fs::write(&path, b"").map_err(|e| format!("{}: {e}", path.display()))?;
+                Box::new(move |d| d.markers.contains(&name))
+            }
+        };
         let (lock, cvar) = &*self.delivered;
         let start = Instant::now();
         let mut got = lock.lock().unwrap_or_else(|p| p.into_inner());
-        while *got < target {
+        let mut result = Ok(());
+        while !done(&got) {
             let left = limit.saturating_sub(start.elapsed());
             if left.is_zero() {
-                let missing = target - *got;
-                drop(got);
-                self.stop.store(true, Ordering::SeqCst);
+                result = Err(format!(
+                    "file events not all delivered in {limit:?} (last delivered: {})",
+                    got.seq
+                ));
                 // A host callback that does not return: leave its thread be.
                 drop(self.thread.take());
-                return Err(format!(
-                    "{missing} file event(s) not delivered in {limit:?}"
-                ));
+                break;
             }
             got = cvar
                 .wait_timeout(got, left)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
+        let markers = std::mem::take(&mut got.markers);
         drop(got);
+        for m in markers {
+            let _ = std::fs::remove_file(self.handle.root.join(m));
+        }
         self.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        Ok(())
+        result
     }
 }
 
@@ -105,9 +158,78 @@ impl Drop for Watcher {
     }
 }
 
+/// Watches a plain directory with inotify (through `notify`): file closed after
+/// writing is a modify, a rename seen from both sides is a rename, one moved in from
+/// outside is a create. (inotify watches a new subdirectory only once it sees it
+/// created: what is written into it before that is reported only by the drain.)
+fn watch_dir(
+    root: &std::path::Path,
+    tx: std::sync::mpsc::Sender<FsEvent>,
+) -> Result<notify::RecommendedWatcher, String> {
+    use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind, RemoveKind, RenameMode};
+    use notify::{EventKind, RecursiveMode, Watcher as _};
+    let base = root.to_path_buf();
+    let mut seq = 0u64;
+    let mut pending_from: Option<usize> = None;
+    let mut w = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+        let Ok(ev) = res else {
+            return;
+        };
+        let rel = |p: &std::path::Path| -> Option<String> {
+            let r = p.strip_prefix(&base).ok()?.to_string_lossy().into_owned();
+            (!r.is_empty()).then_some(r)
+        };
+        let first = ev.paths.first().and_then(|p| rel(p));
+        let (kind, path, to, is_dir) = match ev.kind {
+            EventKind::Create(k) => (FsEventKind::Create, first, None, k == CreateKind::Folder),
+            EventKind::Access(AccessKind::Close(AccessMode::Write)) => {
+                (FsEventKind::Modify, first, None, false)
+            }
+            EventKind::Remove(k) => (FsEventKind::Delete, first, None, k == RemoveKind::Folder),
+            EventKind::Modify(ModifyKind::Name(RenameMode::From)) => {
+                pending_from = ev.tracker();
+                return;
+            }
+            EventKind::Modify(ModifyKind::Name(RenameMode::To)) => {
+                if ev.tracker().is_some() && pending_from == ev.tracker() {
+                    return; // the Both event follows
+                }
+                let is_dir = ev.paths.first().is_some_and(|p| p.is_dir());
+                (FsEventKind::Create, first, None, is_dir)
+            }
+            EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => {
+                pending_from = None;
+                let to = ev.paths.get(1).and_then(|p| rel(p));
+                let is_dir = ev.paths.get(1).is_some_and(|p| p.is_dir());
+                (FsEventKind::Rename, first, to, is_dir)
+            }
+            _ => return,
+        };
+        let Some(path) = path else {
+            return;
+        };
+        let marker = path.starts_with(MARKER_PREFIX);
+        if !marker {
+            seq += 1;
+        }
+        let _ = tx.send(FsEvent {
+            // Markers carry no number: the host never sees them.
+            seq: if marker { 0 } else { seq },
+            kind,
+            path,
+            to,
+            is_dir,
+        });
+    })
+    .map_err(|e| format!("watching {}: {e}", root.display()))?;
+    w.watch(root, RecursiveMode::Recursive)
+        .map_err(|e| format!("watching {}: {e}", root.display()))?;
+    Ok(w)
+}
+
 fn dispatch(
     rx: &Receiver<FsEvent>,
-    delivered: &(Mutex<u64>, Condvar),
+    delivered: &(Mutex<Delivered>, Condvar),
     stop: &AtomicBool,
     h: &SandboxHandle,
     cfg: &FileEvents,
@@ -115,11 +237,21 @@ fn dispatch(
     loop {
         match rx.recv_timeout(Duration::from_millis(50)) {
             Ok(e) => {
+                let (lock, cvar) = delivered;
+                if e.path.starts_with(MARKER_PREFIX) && !e.path.contains('/') {
+                    if e.kind == FsEventKind::Create {
+                        lock.lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .markers
+                            .push(e.path);
+                        cvar.notify_all();
+                    }
+                    continue;
+                }
                 let seq = e.seq;
                 let diff = if cfg.diff { diff_of(h, &e) } else { None };
                 (cfg.on_event)(&FileEvent { event: e, diff });
-                let (lock, cvar) = delivered;
-                *lock.lock().unwrap_or_else(|p| p.into_inner()) = seq;
+                lock.lock().unwrap_or_else(|p| p.into_inner()).seq = seq;
                 cvar.notify_all();
             }
             Err(RecvTimeoutError::Timeout) => {
@@ -139,7 +271,7 @@ fn diff_of(h: &SandboxHandle, e: &FsEvent) -> Option<String> {
         return None;
     }
     let path = &e.path;
-    let old = match h.mount.workspace().base_file(path) {
+    let old = match h.base_file(path) {
         Ok(o) => o.unwrap_or_default(),
         Err(err) => return Some(format!("(base of {path} unreadable: {err})\n")),
     };

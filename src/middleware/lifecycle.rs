@@ -12,13 +12,15 @@ use super::persistence::Parts;
 use super::policy::CaptureFilter;
 use super::{
     ArtifactMeta, EnsureOutcome, FileEvents, MiddlewareError, MiddlewareResult, Persistence,
-    RunContext, SandboxHandle, SandboxProvider, Secrets, SnapshotPolicy,
+    RunContext, SandboxHandle, SandboxProvider, SandboxWorkspace, Secrets, SnapshotPolicy,
 };
 use crate::cas::file::{read_file, store_bytes, StoreStats};
 use crate::cas::FileRef;
+use crate::checkpoint::diff::diff_trees;
 use crate::checkpoint::{
-    holder_name, Artifact, Checkpoint, CheckpointError, CheckpointId, CheckpointResult, ContentRef,
-    NewCheckpoint, Store, ThreadId, WriterLease,
+    capture_dir, holder_name, restore_tree, Artifact, CaptureOptions, Checkpoint, CheckpointError,
+    CheckpointId, CheckpointResult, ContentRef, NewCheckpoint, RestoreOptions, Store, ThreadId,
+    WriterLease,
 };
 
 /// Portable checkpoints of runs: where the conversation and artifacts come from, what
@@ -256,7 +258,11 @@ impl Run {
     fn prepare(&self) -> MiddlewareResult<()> {
         self.show_head()?;
         if let (Some(ev), Some(h)) = (&self.events, self.sandbox()) {
-            *self.watcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(Watcher::start(&h, ev));
+            let w = Watcher::start(&h, ev).map_err(|detail| MiddlewareError::Sandbox {
+                key: h.key.clone(),
+                detail,
+            })?;
+            *self.watcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(w);
         }
         Ok(())
     }
@@ -276,7 +282,7 @@ impl Run {
             return Ok(());
         };
         if outcome == EnsureOutcome::Resumed {
-            if handle.mount.tag().expected_head == Some(cp.id) {
+            if handle.expected_head() == Some(cp.id) {
                 return Ok(());
             }
             // Another sandbox published on the thread since this one was last used: the
@@ -285,7 +291,20 @@ impl Run {
         }
         // A sandbox made (or found stale) for this run: whatever a run that never
         // published left in it is not the thread's state.
-        handle.mount.restore(cp.id, None, true)?;
+        match &handle.workspace {
+            SandboxWorkspace::Mount(m) => {
+                m.restore(cp.id, None, true)?;
+            }
+            SandboxWorkspace::Dir(d) => {
+                restore_tree(
+                    &d.store,
+                    cp.body.root,
+                    &handle.root,
+                    &RestoreOptions::default(),
+                )?;
+                handle.set_base(cp.id);
+            }
+        }
         let secrets = &self.mw.secrets;
         for f in &cp.body.secret_files {
             put_secrets_back(&handle, &f.path, secrets)?;
@@ -592,7 +611,7 @@ impl Run {
         // The head this workspace shows must still be the thread's: a run publishes on
         // top of what it started from, never over someone else's checkpoint.
         let head = self.mw.store.checkpoints().head(&self.ctx.thread)?;
-        let expected = handle.mount.tag().expected_head;
+        let expected = handle.expected_head();
         if head != expected {
             return Err(CheckpointError::HeadMismatch {
                 thread: self.ctx.thread.clone(),
@@ -634,9 +653,34 @@ impl Run {
                 }
             }
         };
-        let r = handle
-            .mount
-            .checkpoint_with(template, Some(&filter), &before_append);
+        let r: CheckpointResult<(CheckpointId, u64)> = match &handle.workspace {
+            SandboxWorkspace::Mount(m) => m
+                .checkpoint_with(template, Some(&filter), &before_append)
+                .map(|c| (c.checkpoint, c.changed_files)),
+            SandboxWorkspace::Dir(d) => (|| {
+                let opts = CaptureOptions {
+                    no_stat_cache: true,
+                    progress: None,
+                    filter: Some(&filter),
+                };
+                let captured = capture_dir(&d.store, &handle.root, &opts)?;
+                let mut new = template;
+                new.root = captured.root;
+                new.stats = captured.stats;
+                let lease = before_append(&mut new)?;
+                let cps = d.store.checkpoints();
+                let before = expected.map(|id| cps.get(&id)).transpose()?;
+                let cp = cps.append(new, expected, &lease)?;
+                handle.set_base(cp.id);
+                let changed = match before {
+                    Some(b) => {
+                        diff_trees(d.store.objects(), b.body.root, cp.body.root)?.len() as u64
+                    }
+                    None => cp.body.stats.files,
+                };
+                Ok((cp.id, changed))
+            })(),
+        };
         let st = filter.into_state();
         if let Some(why) = st.oversize {
             return Err(MiddlewareError::Policy(why));
@@ -656,8 +700,8 @@ impl Run {
             return Err(lost.error().into());
         }
         Ok(RunOutcome {
-            checkpoint: Some(cp.checkpoint),
-            changed_files: cp.changed_files,
+            checkpoint: Some(cp.0),
+            changed_files: cp.1,
             skipped: st.skipped,
             secret_files: st.secret_files.len(),
             provider_snapshot: None,

@@ -35,5 +35,8 @@ pub use persistence::{
     StorePersistence,
 };
 pub use policy::{workspace_hash, Oversize, SnapshotPolicy};
-pub use provider::{CasfsProvider, EnsureOutcome, SandboxHandle, SandboxProvider};
+pub use provider::{
+    CasfsProvider, DirProvider, DirWorkspace, EnsureOutcome, SandboxHandle, SandboxProvider,
+    SandboxWorkspace,
+};
 pub use secrets::{Secrets, PLACEHOLDER_PREFIX};

@@ -1,12 +1,13 @@
 //! Sandboxes: where a run's workspace lives. The casfs provider mounts one writable
-//! workspace per sandbox key, in this process.
+//! workspace per sandbox key, in this process; the directory provider uses plain
+//! directories (for hosts without FUSE): captured by walking them, events from inotify.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use super::{MiddlewareError, MiddlewareResult, RunContext};
-use crate::checkpoint::{MountedThread, Store};
+use crate::checkpoint::{CheckpointId, MountedThread, Store};
 use crate::fs::WorkspaceOptions;
 
 /// How [`SandboxProvider::ensure`] got the sandbox.
@@ -20,13 +21,66 @@ pub enum EnsureOutcome {
     Created,
 }
 
-/// A run's sandbox: its key, the workspace directory the agent works in, and the
-/// mount through which casfs sees every change.
+/// A run's sandbox: its key, the workspace directory the agent works in, and what
+/// that directory is.
 #[derive(Clone)]
 pub struct SandboxHandle {
     pub key: String,
     pub root: PathBuf,
-    pub mount: Arc<MountedThread>,
+    pub workspace: SandboxWorkspace,
+}
+
+#[derive(Clone)]
+pub enum SandboxWorkspace {
+    /// A casfs mount: every change passes through it.
+    Mount(Arc<MountedThread>),
+    /// A plain directory.
+    Dir(Arc<DirWorkspace>),
+}
+
+/// A plain-directory workspace: which checkpoint it was restored at or last captured.
+pub struct DirWorkspace {
+    pub(crate) store: Arc<Store>,
+    base: Mutex<Option<CheckpointId>>,
+}
+
+impl SandboxHandle {
+    /// The mount, for a casfs sandbox.
+    pub fn mount(&self) -> Option<&Arc<MountedThread>> {
+        match &self.workspace {
+            SandboxWorkspace::Mount(m) => Some(m),
+            SandboxWorkspace::Dir(_) => None,
+        }
+    }
+
+    /// The head the next checkpoint of this workspace goes on.
+    pub(crate) fn expected_head(&self) -> Option<CheckpointId> {
+        match &self.workspace {
+            SandboxWorkspace::Mount(m) => m.tag().expected_head,
+            SandboxWorkspace::Dir(d) => *d.base.lock().unwrap_or_else(|p| p.into_inner()),
+        }
+    }
+
+    pub(crate) fn set_base(&self, id: CheckpointId) {
+        if let SandboxWorkspace::Dir(d) = &self.workspace {
+            *d.base.lock().unwrap_or_else(|p| p.into_inner()) = Some(id);
+        }
+    }
+
+    /// A file's content in the checkpoint the workspace started from.
+    pub(crate) fn base_file(&self, path: &str) -> Result<Option<Vec<u8>>, String> {
+        match &self.workspace {
+            SandboxWorkspace::Mount(m) => m.workspace().base_file(path).map_err(|e| e.to_string()),
+            SandboxWorkspace::Dir(d) => {
+                let Some(id) = self.expected_head() else {
+                    return Ok(None);
+                };
+                let cp = d.store.checkpoints().get(&id).map_err(|e| e.to_string())?;
+                crate::cas::file_at(d.store.objects(), &cp.body.root, path)
+                    .map_err(|e| e.to_string())
+            }
+        }
+    }
 }
 
 pub trait SandboxProvider: Send + Sync {
@@ -102,7 +156,8 @@ impl SandboxProvider for CasfsProvider {
         check_key(&key)?;
         let mut live = self.live();
         if let Some(h) = live.get(&key) {
-            if !h.mount.is_finished() && h.mount.tag().thread == ctx.thread {
+            let m = h.mount().expect("casfs sandboxes are mounts");
+            if !m.is_finished() && m.tag().thread == ctx.thread {
                 return Ok((h.clone(), EnsureOutcome::Resumed));
             }
             live.remove(&key);
@@ -132,7 +187,7 @@ impl SandboxProvider for CasfsProvider {
         let h = SandboxHandle {
             key: key.clone(),
             root: mp,
-            mount: Arc::new(mount),
+            workspace: SandboxWorkspace::Mount(Arc::new(mount)),
         };
         live.insert(key, h.clone());
         Ok((h, EnsureOutcome::Created))
@@ -142,13 +197,82 @@ impl SandboxProvider for CasfsProvider {
         let Some(h) = self.live().remove(key) else {
             return Ok(());
         };
+        let SandboxWorkspace::Mount(m) = h.workspace else {
+            return Ok(());
+        };
         // The last handle unmounts (a run may still hold a clone: then its drop does).
-        match Arc::try_unwrap(h.mount) {
+        match Arc::try_unwrap(m) {
             Ok(m) => m.unmount().map_err(|e| MiddlewareError::Sandbox {
                 key: key.to_string(),
                 detail: format!("unmounting {}: {e}", h.root.display()),
             }),
             Err(_) => Ok(()),
         }
+    }
+}
+
+/// Plain-directory sandboxes under `dir/<key>`, for hosts without FUSE. A checkpoint
+/// walks the directory (every file is read: the policy and secret scrubbing see each),
+/// and file events come from inotify.
+pub struct DirProvider {
+    store: Arc<Store>,
+    dir: PathBuf,
+    live: Mutex<HashMap<String, SandboxHandle>>,
+}
+
+impl DirProvider {
+    pub fn new(store: Arc<Store>, dir: &Path) -> DirProvider {
+        DirProvider {
+            store,
+            dir: dir.to_path_buf(),
+            live: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn path(&self, key: &str) -> PathBuf {
+        self.dir.join(key)
+    }
+}
+
+impl SandboxProvider for DirProvider {
+    fn ensure(&self, ctx: &RunContext) -> MiddlewareResult<(SandboxHandle, EnsureOutcome)> {
+        let key = self.key(ctx);
+        check_key(&key)?;
+        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(h) = live.get(&key) {
+            return Ok((h.clone(), EnsureOutcome::Resumed));
+        }
+        let root = self.path(&key);
+        let err = |e: std::io::Error| MiddlewareError::Sandbox {
+            key: key.clone(),
+            detail: format!("{}: {e}", root.display()),
+        };
+        std::fs::create_dir_all(&root).map_err(err)?;
+        let root = std::fs::canonicalize(&root).map_err(err)?;
+        let h = SandboxHandle {
+            key: key.clone(),
+            root,
+            workspace: SandboxWorkspace::Dir(Arc::new(DirWorkspace {
+                store: self.store.clone(),
+                base: Mutex::new(None),
+            })),
+        };
+        live.insert(key, h.clone());
+        Ok((h, EnsureOutcome::Created))
+    }
+
+    fn destroy(&self, key: &str) -> MiddlewareResult<()> {
+        let Some(h) = self
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key)
+        else {
+            return Ok(());
+        };
+        std::fs::remove_dir_all(&h.root).map_err(|e| MiddlewareError::Sandbox {
+            key: key.to_string(),
+            detail: format!("removing {}: {e}", h.root.display()),
+        })
     }
 }

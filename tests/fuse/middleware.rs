@@ -726,3 +726,138 @@ fn a_live_sandbox_behind_the_head_is_brought_up_to_it() {
         "published on top of B's checkpoint"
     );
 }
+
+/// A host with plain-directory sandboxes (no FUSE): the same lifecycle, checkpoints by
+/// walking the directory, file events from inotify.
+fn dir_host(
+    store: Arc<Store>,
+    persistence: Persistence,
+    dir: &Path,
+    cfg: impl FnOnce(&mut MiddlewareConfig),
+) -> (Arc<casfs::middleware::DirProvider>, Arc<Middleware>) {
+    let provider = Arc::new(casfs::middleware::DirProvider::new(store.clone(), dir));
+    let mut snap = SnapshotConfig::new(persistence);
+    snap.workspace = json!({"image": "debian:12"});
+    let mut config = MiddlewareConfig {
+        snapshots: Some(snap),
+        ..Default::default()
+    };
+    cfg(&mut config);
+    let mw = Arc::new(Middleware::new(store, provider.clone(), config).unwrap());
+    (provider, mw)
+}
+
+#[test]
+fn plain_directory_sandboxes_with_inotify_events() {
+    let token = "tok_plain_dir_0123456789";
+    let t = tempfile::tempdir().unwrap();
+    let store = open_store(&t.path().join("store"));
+    let seen: Arc<Mutex<Vec<casfs::middleware::FileEvent>>> = Arc::default();
+    let sink = seen.clone();
+    let setup_cfg = move |c: &mut MiddlewareConfig| {
+        let s = c.snapshots.as_mut().unwrap();
+        s.secrets = [("TOKEN".to_string(), token.to_string())].into();
+        s.policy.exclude = vec!["target/".into()];
+        c.file_events = Some(casfs::middleware::FileEvents {
+            on_event: Arc::new(move |e| sink.lock().unwrap().push(e.clone())),
+            diff: true,
+        });
+    };
+    let (m, pa) = mem_persistence();
+    let (pv, mw) = dir_host(
+        store.clone(),
+        pa.clone(),
+        &t.path().join("a"),
+        setup_cfg.clone(),
+    );
+    let run = mw
+        .setup(RunContext::new(thread("t"), "r1"), Some(&pa))
+        .unwrap();
+    let root = run.sandbox().unwrap().root;
+    assert!(run.sandbox().unwrap().mount().is_none());
+    fs::write(root.join("config.toml"), format!("token = \"{token}\"\n")).unwrap();
+    fs::write(root.join("draft.md"), "draft\n").unwrap();
+    fs::rename(root.join("draft.md"), root.join("final.md")).unwrap();
+    fs::write(root.join("tmp.txt"), "x").unwrap();
+    fs::remove_file(root.join("tmp.txt")).unwrap();
+    fs::create_dir(root.join("target")).unwrap();
+    m.save_thread(
+        &thread("t"),
+        &[json!({"role": "user", "content": format!("use {token}")})],
+    )
+    .unwrap();
+    let out = run.on_finish().unwrap();
+    let id = out.checkpoint.unwrap();
+    assert_eq!(out.secret_files, 1);
+    let brief: Vec<(String, String)> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let k = serde_json::to_value(e.event.kind).unwrap();
+            (k.as_str().unwrap().to_string(), e.event.path.clone())
+        })
+        .collect();
+    let s = |a: &str, b: &str| (a.to_string(), b.to_string());
+    assert_eq!(
+        brief,
+        vec![
+            s("create", "config.toml"),
+            s("modify", "config.toml"),
+            s("create", "draft.md"),
+            s("modify", "draft.md"),
+            s("rename", "draft.md"),
+            s("create", "tmp.txt"),
+            s("modify", "tmp.txt"),
+            s("delete", "tmp.txt"),
+            s("create", "target"),
+        ]
+    );
+    assert!(!root.read_dir().unwrap().any(|e| e
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .starts_with(".casfs-drain")));
+    for blob in everything_stored(&store) {
+        assert!(!contains(&blob, token));
+    }
+    let cp = store.checkpoints().get(&id).unwrap();
+    let names: Vec<String> = load_tree(store.objects(), &cp.body.root)
+        .unwrap()
+        .entries()
+        .iter()
+        .map(|e| String::from_utf8_lossy(&e.name).into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        vec!["config.toml".to_string(), "final.md".to_string()]
+    );
+    drop(run);
+    pv.destroy("t").unwrap();
+    assert!(!root.exists());
+
+    // Another host's plain directory gets the files (real values) and conversation.
+    let (mb, pb) = mem_persistence();
+    let (_pv, mw) = dir_host(store.clone(), pb.clone(), &t.path().join("b"), setup_cfg);
+    let run = mw
+        .setup(RunContext::new(thread("t"), "r2"), Some(&pb))
+        .unwrap();
+    let root = run.sandbox().unwrap().root;
+    assert_eq!(
+        fs::read_to_string(root.join("config.toml")).unwrap(),
+        format!("token = \"{token}\"\n")
+    );
+    assert_eq!(
+        fs::read_to_string(root.join("final.md")).unwrap(),
+        "draft\n"
+    );
+    assert_eq!(
+        mb.load_thread(&thread("t")).unwrap()[0]["content"],
+        format!("use {token}")
+    );
+    fs::write(root.join("final.md"), "final\n").unwrap();
+    let out = run.on_finish().unwrap();
+    assert_eq!(out.changed_files, 1, "only final.md changed");
+    let cp2 = store.checkpoints().get(&out.checkpoint.unwrap()).unwrap();
+    assert_eq!(cp2.body.parent_id, Some(id));
+}
