@@ -179,6 +179,10 @@ pub enum Command {
         /// Where sandboxes are mounted, one directory per key [default: <store>/sandboxes]
         #[arg(long)]
         sandboxes: Option<PathBuf>,
+        /// Sandboxes are plain directories (no FUSE): checkpoints walk them, file events
+        /// come from inotify
+        #[arg(long)]
+        plain: bool,
         /// Capture policy (JSON: include, exclude, max_file_size, max_total_bytes,
         /// oversize, allow_workspace_mismatch)
         #[arg(long)]

@@ -11,8 +11,8 @@ use casfs::checkpoint::OpenMode;
 use casfs::fs::WorkspaceOptions;
 use casfs::middleware::serve::{serve, Listen, Server};
 use casfs::middleware::{
-    CasfsProvider, FileEvents, Lifecycle, MiddlewareConfig, Persistence, SnapshotConfig,
-    SnapshotPolicy, StorePersistence,
+    CasfsProvider, DirProvider, FileEvents, Lifecycle, MiddlewareConfig, Persistence,
+    SandboxProvider, SnapshotConfig, SnapshotPolicy, StorePersistence,
 };
 
 pub fn run(cli: &Cli) -> anyhow::Result<()> {
@@ -21,6 +21,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         listen,
         token_file,
         sandboxes,
+        plain,
         policy,
         workspace,
         secrets,
@@ -94,11 +95,15 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
             diff: *diffs,
         }),
     };
-    let provider = Arc::new(CasfsProvider::new(
-        store.clone(),
-        &sandboxes,
-        WorkspaceOptions::default(),
-    ));
+    let provider: Arc<dyn SandboxProvider> = if *plain {
+        Arc::new(DirProvider::new(store.clone(), &sandboxes))
+    } else {
+        Arc::new(CasfsProvider::new(
+            store.clone(),
+            &sandboxes,
+            WorkspaceOptions::default(),
+        ))
+    };
     let server = Server::new(store, sp, provider, config, token)?;
     let where_ = match listen {
         Some(a) => Listen::Tcp(*a),
