@@ -144,6 +144,10 @@ impl Middleware {
         &self.config
     }
 
+    pub fn provider(&self) -> &Arc<dyn SandboxProvider> {
+        &self.provider
+    }
+
     /// Starts a run. `persistence` is what the host's run writes through: it must be the
     /// very stores the snapshot configuration names (a capture would otherwise read a
     /// conversation the run never wrote). A thread another run holds is refused
@@ -238,6 +242,19 @@ impl Run {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Stops renewing the writer lease without giving it up, as a stalled process (a
+    /// paused VM, a long GC) would: once its TTL has passed, another writer may take the
+    /// thread and this run's append is refused. For failure drills and tests.
+    pub fn stall_lease_renewal(&self) {
+        if let Some(k) = &self.keeper {
+            k.state().stalled = true;
+            k.shared.1.notify_all();
+            if let Some(t) = k.renewer.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                let _ = t.join();
+            }
+        }
     }
 
     /// The writer lease as held now (none without snapshots, or once closed or lost).
@@ -768,6 +785,8 @@ struct LeaseState {
     closed: bool,
     /// Renewal failed: someone else has the thread now.
     lost: Option<Lost>,
+    /// Renewal stopped as if the process had stalled (`Run::stall_lease_renewal`).
+    stalled: bool,
 }
 
 /// A lease that could not be renewed, kept to report it as often as it is asked for.
@@ -851,7 +870,7 @@ fn renew_loop(shared: &(Mutex<LeaseState>, Condvar), store: &Store) {
         let Some(lease) = st.lease.clone() else {
             return;
         };
-        if st.closed {
+        if st.closed || st.stalled {
             return;
         }
         let wait = lease

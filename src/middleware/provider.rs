@@ -54,7 +54,7 @@ impl SandboxHandle {
     }
 
     /// The head the next checkpoint of this workspace goes on.
-    pub(crate) fn expected_head(&self) -> Option<CheckpointId> {
+    pub fn expected_head(&self) -> Option<CheckpointId> {
         match &self.workspace {
             SandboxWorkspace::Mount(m) => m.tag().expected_head,
             SandboxWorkspace::Dir(d) => *d.base.lock().unwrap_or_else(|p| p.into_inner()),
@@ -97,6 +97,11 @@ pub trait SandboxProvider: Send + Sync {
     /// Tears the sandbox down (its uncaptured work goes with it).
     fn destroy(&self, key: &str) -> MiddlewareResult<()>;
 
+    /// The live sandboxes this provider holds.
+    fn live(&self) -> Vec<SandboxHandle> {
+        Vec::new()
+    }
+
     /// The provider's own snapshot of the sandbox, if it has such a thing: its id.
     fn snapshot(&self, _key: &str, _label: &str) -> Option<MiddlewareResult<String>> {
         None
@@ -121,7 +126,7 @@ impl CasfsProvider {
         }
     }
 
-    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<String, SandboxHandle>> {
+    fn live_map(&self) -> std::sync::MutexGuard<'_, HashMap<String, SandboxHandle>> {
         self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -154,7 +159,7 @@ impl SandboxProvider for CasfsProvider {
     fn ensure(&self, ctx: &RunContext) -> MiddlewareResult<(SandboxHandle, EnsureOutcome)> {
         let key = self.key(ctx);
         check_key(&key)?;
-        let mut live = self.live();
+        let mut live = self.live_map();
         if let Some(h) = live.get(&key) {
             let m = h.mount().expect("casfs sandboxes are mounts");
             if !m.is_finished() && m.tag().thread == ctx.thread {
@@ -193,8 +198,12 @@ impl SandboxProvider for CasfsProvider {
         Ok((h, EnsureOutcome::Created))
     }
 
+    fn live(&self) -> Vec<SandboxHandle> {
+        self.live_map().values().cloned().collect()
+    }
+
     fn destroy(&self, key: &str) -> MiddlewareResult<()> {
-        let Some(h) = self.live().remove(key) else {
+        let Some(h) = self.live_map().remove(key) else {
             return Ok(());
         };
         let SandboxWorkspace::Mount(m) = h.workspace else {

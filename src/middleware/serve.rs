@@ -40,6 +40,7 @@ pub const ROUTES: &[&str] = &[
     "POST /v1/runs/{run}/error",
     "POST /v1/runs/{run}/disconnect",
     "GET /v1/runs/{run}/events",
+    "GET /v1/sandboxes",
 ];
 
 /// What the server serves.
@@ -112,6 +113,7 @@ impl Server {
             .route("/v1/runs/{run}/error", post(run_error))
             .route("/v1/runs/{run}/disconnect", post(disconnect))
             .route("/v1/runs/{run}/events", get(events))
+            .route("/v1/sandboxes", get(sandboxes))
             .with_state(self.clone());
         if self.token.is_some() {
             r.layer(axum::middleware::from_fn_with_state(self.clone(), auth))
@@ -236,6 +238,7 @@ fn checkpoint_error(e: &CheckpointError, message: String) -> ApiError {
         C::NotFound(_) | C::EmptyThread(_) => (StatusCode::NOT_FOUND, "not_found"),
         C::LeaseHeld { .. } => (StatusCode::CONFLICT, "lease_held"),
         C::LeaseLost { .. } => (StatusCode::CONFLICT, "lease_lost"),
+        C::LeaseExpired { .. } => (StatusCode::CONFLICT, "lease_expired"),
         C::HeadMismatch { .. } => (StatusCode::CONFLICT, "head_mismatch"),
         C::ThreadExists(_) => (StatusCode::CONFLICT, "thread_exists"),
         C::Invalid(_) | C::Ambiguous { .. } => (StatusCode::BAD_REQUEST, "invalid"),
@@ -566,6 +569,34 @@ async fn events(
         .map(to_json)
         .collect();
     Ok(Json(Value::Array(list)))
+}
+
+async fn sandboxes(State(s): State<Arc<Server>>) -> ApiResult {
+    blocking(move || {
+        let mut list: Vec<Value> =
+            s.mw.provider()
+                .live()
+                .iter()
+                .map(|h| {
+                    let mut v = json!({
+                        "key": h.key,
+                        "path": h.root,
+                        "kind": if h.mount().is_some() { "mount" } else { "dir" },
+                        "base": h.expected_head().map(|c| c.to_hex()),
+                    });
+                    if let Some(m) = h.mount() {
+                        let (tag, st) = m.status();
+                        v["thread"] = json!(tag.thread);
+                        v["dirty_files"] = json!(st.dirty_files);
+                        v["dirty_bytes"] = json!(st.dirty_bytes);
+                    }
+                    v
+                })
+                .collect();
+        list.sort_by(|a, b| a["key"].as_str().cmp(&b["key"].as_str()));
+        Ok(Json(Value::Array(list)))
+    })
+    .await
 }
 
 /// Where `casfs serve` listens.

@@ -861,3 +861,25 @@ fn plain_directory_sandboxes_with_inotify_events() {
     let cp2 = store.checkpoints().get(&out.checkpoint.unwrap()).unwrap();
     assert_eq!(cp2.body.parent_id, Some(id));
 }
+
+#[test]
+fn a_lease_that_expired_while_the_run_stalled_publishes_nothing() {
+    let (_t, h) = host(|c| c.snapshots.as_mut().unwrap().lease_ttl = Duration::from_millis(400));
+    let run = h.setup("t", "r1").unwrap();
+    fs::write(run.sandbox().unwrap().root.join("f"), "x").unwrap();
+    run.stall_lease_renewal();
+    std::thread::sleep(Duration::from_millis(600));
+    let e = run.on_finish().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            MiddlewareError::Checkpoint(CheckpointError::LeaseExpired { .. })
+        ),
+        "{e}"
+    );
+    assert_eq!(h.head("t"), None);
+    assert!(
+        lease_is_free(&h.store, "t"),
+        "an expired lease does not hold the thread"
+    );
+}

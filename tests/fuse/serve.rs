@@ -220,6 +220,15 @@ fn the_http_api_drives_runs_over_the_unix_socket() {
 
     let (st, v) = call(&s, "GET", "/v1/threads", None);
     assert_eq!((st, v[0]["head"].as_str()), (200, Some(id.as_str())), "{v}");
+    let (st, v) = call(&s, "GET", "/v1/sandboxes", None);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        (v[0]["key"].as_str(), v[0]["kind"].as_str()),
+        (Some("t"), Some("mount"))
+    );
+    assert_eq!(v[0]["base"].as_str(), Some(id.as_str()));
+    // app.py stays dirty: the workspace keeps the real value its checkpoint does not.
+    assert_eq!(v[0]["dirty_files"], 1, "{v}");
     let (st, v) = call(&s, "GET", "/v1/threads/t/checkpoints?limit=5", None);
     assert_eq!((st, v.as_array().unwrap().len()), (200, 1));
     let (st, v) = call(&s, "GET", &format!("/v1/checkpoints/{}", &id[..12]), None);
