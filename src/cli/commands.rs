@@ -101,6 +101,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         ),
         Command::Unmount { mountpoint, lazy } => super::mount::unmount(cli, mountpoint, *lazy),
         Command::Serve { .. } => super::serve::run(cli),
+        Command::Bench { .. } => super::bench::main(cli),
     }
 }
 

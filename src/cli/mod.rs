@@ -1,10 +1,13 @@
 //! The command line: parsing (clap), store location, output as text or JSON, progress.
 //! All behaviour lives in the library; this module only parses, calls and prints.
 
+mod bench;
 mod commands;
 mod mount;
 mod output;
+mod plot;
 mod serve;
+mod workload;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -206,6 +209,55 @@ pub enum Command {
         destroy_on_error: bool,
     },
 
+    /// Benchmark capture, re-capture, restore, a run-like loop and mounted I/O against
+    /// git, restic, tar + zstd, rsync, ext4 and fuse-overlayfs, side by side
+    Bench {
+        /// Generated workload sizes in files (1k, 10k, 100k, 1m)
+        #[arg(long, value_delimiter = ',', default_value = "1k,10k", value_parser = parse_count)]
+        sizes: Vec<usize>,
+        /// Benchmark a copy of this directory instead of generated trees
+        #[arg(long, value_name = "DIR")]
+        from: Option<PathBuf>,
+        /// Files changed before each re-capture and each loop run
+        #[arg(long, default_value_t = 10)]
+        changes: usize,
+        /// Repetitions of each measurement (medians are reported)
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Runs of the run-like loop
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Scenarios to run
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "capture,recapture,restore,loop,io"
+        )]
+        scenarios: Vec<String>,
+        /// Peers to measure beside casfs
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "git,restic,tar+zstd,rsync,ext4,fuse-overlayfs"
+        )]
+        peers: Vec<String>,
+        /// Size of the large file written and read in the I/O scenario, in MiB
+        #[arg(long, default_value_t = 256)]
+        io_mb: usize,
+        /// Also write the report as JSON to this file
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Draw capture and restore time against workload size (SVG)
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        /// Work in this directory and keep it (default: a temporary one, removed)
+        #[arg(long)]
+        keep: Option<PathBuf>,
+        /// Compare two JSON reports (A then B) instead of running
+        #[arg(long, num_args = 2, value_names = ["A", "B"])]
+        compare: Option<Vec<PathBuf>>,
+    },
+
     /// Start a new thread from any checkpoint
     Fork {
         new_thread: String,
@@ -263,4 +315,10 @@ pub fn main() -> i32 {
             1
         }
     }
+}
+
+/// A count like `10k` or `1m`.
+fn parse_count(s: &str) -> Result<usize, String> {
+    workload::parse_size(s)
+        .ok_or_else(|| format!("{s:?}: give a number of files like 1000, 10k or 1m"))
 }

@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod bench;
 mod middleware;
 mod read_only;
 mod serve;

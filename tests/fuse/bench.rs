@@ -1,0 +1,94 @@
+//! `casfs bench`: every scenario and every peer runs on a tiny workload and the JSON
+//! report is well formed (its figures are not judged here: benchmarks are not tests).
+
+use std::process::Command;
+
+use crate::common::casfs_bin;
+
+#[test]
+fn every_scenario_and_peer_runs_and_reports_json() {
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("report.json");
+    let plot = t.path().join("plot.svg");
+    let o = Command::new(casfs_bin())
+        .args([
+            "--json", "bench", "--sizes", "60,120", "--reps", "1", "--runs", "2",
+        ])
+        .args(["--io-mb", "4", "--out"])
+        .arg(&out)
+        .arg("--plot")
+        .arg(&plot)
+        .arg("--keep")
+        .arg(t.path().join("work"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let printed: serde_json::Value = serde_json::from_slice(&o.stdout).expect("--json prints JSON");
+    let written: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(printed, written);
+    let r = &written;
+    assert_eq!(r["workloads"].as_array().unwrap().len(), 2);
+    let results = r["results"].as_array().unwrap();
+    let skipped = r["skipped"].as_array().unwrap();
+    for sc in ["capture", "recapture", "restore", "loop"] {
+        for tool in ["casfs", "git", "restic", "tar+zstd", "rsync"] {
+            let ran = results.iter().any(|s| {
+                s["scenario"] == sc && s["tool"] == tool && s["median_ms"].as_f64().unwrap() > 0.0
+            });
+            let noted = skipped.iter().any(|s| s["tool"] == tool);
+            assert!(
+                ran || noted,
+                "{sc}/{tool}: neither measured nor skipped with a note"
+            );
+        }
+    }
+    for tool in ["casfs", "ext4", "fuse-overlayfs"] {
+        for op in ["write 4 MiB", "read 4 MiB", "untar", "find", "git status"] {
+            assert!(
+                results
+                    .iter()
+                    .any(|s| s["scenario"] == "io" && s["tool"] == tool && s["op"] == op)
+                    || skipped.iter().any(|s| s["tool"] == tool),
+                "io {op} {tool}"
+            );
+        }
+    }
+    for s in results {
+        let runs = s["runs_ms"].as_array().unwrap();
+        assert!(
+            !runs.is_empty() && runs.iter().all(|x| x.as_f64().unwrap() >= 0.0),
+            "{s}"
+        );
+        assert!(s["files"].as_u64().unwrap() > 0);
+    }
+    // Ratios pair casfs with each peer; slopes exist for the two sizes.
+    let ratios = r["ratios"].as_array().unwrap();
+    assert!(ratios
+        .iter()
+        .any(|x| x["scenario"] == "capture" && x["peer"] == "git"));
+    assert!(ratios.iter().all(|x| x["ratio"].as_f64().unwrap() > 0.0));
+    assert!(r["slopes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|x| x["tool"] == "casfs"));
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(
+        svg.starts_with("<svg") && svg.contains("casfs"),
+        "an SVG plot naming casfs"
+    );
+    // --compare reads two reports.
+    let c = Command::new(casfs_bin())
+        .args(["bench", "--compare"])
+        .arg(&out)
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(c.status.success());
+    assert!(String::from_utf8_lossy(&c.stdout).contains("+0.0%"));
+    // No mount is left behind.
+    assert!(!std::fs::read_to_string("/proc/mounts")
+        .unwrap()
+        .contains(&t.path().to_string_lossy().to_string()));
+}
