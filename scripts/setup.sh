@@ -7,9 +7,9 @@ set -euo pipefail
 # bindgen, pkg-config and a C toolchain. Mount: fuse3 (fusermount3). Benchmarks and
 # tests compare with git, zstd, tar, rsync, restic and fuse-overlayfs; attr gives
 # getfattr/setfattr; libacl1-dev is for building pjdfstest (below); curl talks to
-# `casfs serve` in the demo.
+# `casfs serve` in the demo; fonts-dejavu-core labels `casfs bench --plot`.
 PACKAGES=(librocksdb-dev libclang-dev clang pkg-config build-essential fuse3
-          git zstd tar rsync restic attr fuse-overlayfs libacl1-dev curl)
+          git zstd tar rsync restic attr fuse-overlayfs libacl1-dev curl fonts-dejavu-core)
 
 # The FUSE tests' POSIX probe is a Python script; any python3 on PATH will do.
 command -v python3 >/dev/null 2>&1 || PACKAGES+=(python3)
