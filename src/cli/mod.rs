@@ -210,10 +210,11 @@ pub enum Command {
     },
 
     /// Benchmark capture, re-capture, restore, a run-like loop and mounted I/O against
-    /// git, restic, tar + zstd, rsync, ext4 and fuse-overlayfs, side by side
+    /// git, restic, tar + zstd, rsync, ext4 and fuse-overlayfs, side by side (mounted
+    /// I/O on the largest workload)
     Bench {
         /// Generated workload sizes in files (1k, 10k, 100k, 1m)
-        #[arg(long, value_delimiter = ',', default_value = "1k,10k", value_parser = parse_count)]
+        #[arg(long, value_delimiter = ',', default_value = "1k,5k", value_parser = parse_count)]
         sizes: Vec<usize>,
         /// Benchmark a copy of this directory instead of generated trees
         #[arg(long, value_name = "DIR")]
