@@ -124,8 +124,17 @@ fn have(cmd: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// Writes back what earlier steps left dirty (not timed), so that one tool's data does
+/// not slow the next one down (on this machine a 100k-file restore after another took
+/// several times as long without it).
+fn settle() {
+    // SAFETY: sync has no preconditions.
+    unsafe { libc::sync() };
+}
+
 /// Runs `cmd` with `sh -c` and returns its wall time; its failure is an error naming it.
 fn sh(cmd: &str, env: &[(&str, String)]) -> anyhow::Result<Duration> {
+    settle();
     let t = Instant::now();
     let out = Command::new("sh")
         .args(["-c", cmd])
