@@ -18,6 +18,8 @@ use super::workload;
 /// What to run.
 pub struct BenchOpts {
     pub sizes: Vec<usize>,
+    /// The shape of generated trees.
+    pub shape: workload::Shape,
     pub from: Option<PathBuf>,
     pub changes: usize,
     pub reps: usize,
@@ -75,6 +77,9 @@ pub struct Workload {
     pub files: u64,
     pub bytes: u64,
     pub source: String,
+    /// For a generated tree: directory levels, files a directory, median file size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shape: Option<[usize; 3]>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -731,6 +736,9 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
     if opts.reps == 0 || opts.runs == 0 {
         bail!("--reps and --runs must be at least 1");
     }
+    if opts.shape.depth == 0 || opts.shape.depth > 12 || opts.shape.files_per_dir == 0 {
+        bail!("--depth must be 1 to 12 and --files-per-dir at least 1");
+    }
     let base = match &opts.keep {
         Some(k) => {
             fs::create_dir_all(k).with_context(|| format!("creating {}", k.display()))?;
@@ -784,7 +792,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
             } else {
                 let n: usize = label["generated:".len()..].parse().expect("a size");
                 b.bar.set_message(format!("generating {n} files"));
-                workload::try_generate(&w, n)
+                workload::try_generate(&w, n, opts.shape)
                     .with_context(|| format!("generating {}", w.display()))?
             };
             let n = files.len() as u64;
@@ -792,6 +800,11 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
                 files: n,
                 bytes,
                 source: label.clone(),
+                shape: opts.from.is_none().then_some([
+                    opts.shape.depth,
+                    opts.shape.files_per_dir,
+                    opts.shape.median_bytes,
+                ]),
             });
             if ["capture", "recapture", "restore", "loop"]
                 .iter()
@@ -1029,6 +1042,9 @@ pub fn compare(a: &Report, b: &Report) -> String {
 pub fn main(cli: &super::Cli) -> anyhow::Result<()> {
     let super::Command::Bench {
         sizes,
+        depth,
+        files_per_dir,
+        median_size,
         from,
         changes,
         reps,
@@ -1056,6 +1072,11 @@ pub fn main(cli: &super::Cli) -> anyhow::Result<()> {
     }
     let opts = BenchOpts {
         sizes: sizes.clone(),
+        shape: workload::Shape {
+            depth: *depth,
+            files_per_dir: *files_per_dir,
+            median_bytes: *median_size,
+        },
         from: from.clone(),
         changes: *changes,
         reps: *reps,

@@ -216,6 +216,16 @@ pub enum Command {
         /// Generated workload sizes in files (1k, 10k, 100k, 1m)
         #[arg(long, value_delimiter = ',', default_value = "1k,5k", value_parser = parse_count)]
         sizes: Vec<usize>,
+        /// Levels of directories in generated trees
+        #[arg(long, default_value_t = 3)]
+        depth: usize,
+        /// Files in each directory of generated trees
+        #[arg(long, default_value_t = 20)]
+        files_per_dir: usize,
+        /// Median file size of generated trees in bytes (sizes are log-normal around it,
+        /// sigma 1.3, as in source trees)
+        #[arg(long, default_value_t = 2981)]
+        median_size: usize,
         /// Benchmark a copy of this directory instead of generated trees
         #[arg(long, value_name = "DIR")]
         from: Option<PathBuf>,

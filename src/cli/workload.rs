@@ -31,9 +31,15 @@ impl Rng {
     }
     /// Log-normal file sizes like a source tree: median about 3 KiB, a long tail.
     pub fn file_size(&mut self) -> usize {
+        self.file_size_around(Shape::default().median_bytes)
+    }
+
+    /// Log-normal file sizes with this median (sigma 1.3, as measured on source trees),
+    /// between 16 bytes and 4 MiB.
+    pub fn file_size_around(&mut self, median: usize) -> usize {
         let (u1, u2) = (self.unit().max(1e-12), self.unit());
         let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
-        ((8.0 + 1.3 * z).exp() as usize).clamp(16, 4 << 20)
+        (((median.max(16) as f64).ln() + 1.3 * z).exp() as usize).clamp(16, 4 << 20)
     }
 }
 
@@ -53,26 +59,60 @@ pub fn text(rng: &mut Rng, len: usize) -> Vec<u8> {
     out
 }
 
-/// A tree of `n` files, about 20 per directory, three levels deep. Returns the files.
-pub fn generate(root: &Path, n: usize) -> (Vec<PathBuf>, u64) {
-    try_generate(root, n).unwrap_or_else(|e| panic!("generating a tree in {}: {e}", root.display()))
+/// The shape of a generated tree.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    /// Levels of directories above the files.
+    pub depth: usize,
+    pub files_per_dir: usize,
+    /// Median file size (sizes are log-normal around it, with a long tail).
+    pub median_bytes: usize,
 }
 
-/// [`generate`], reporting I/O errors.
-pub fn try_generate(root: &Path, n: usize) -> std::io::Result<(Vec<PathBuf>, u64)> {
+impl Default for Shape {
+    fn default() -> Shape {
+        Shape {
+            depth: 3,
+            files_per_dir: 20,
+            median_bytes: 2981, // e^8
+        }
+    }
+}
+
+/// A tree of `n` files of the default shape (20 a directory, three levels). Returns the
+/// files and their total size.
+pub fn generate(root: &Path, n: usize) -> (Vec<PathBuf>, u64) {
+    try_generate(root, n, Shape::default())
+        .unwrap_or_else(|e| panic!("generating a tree in {}: {e}", root.display()))
+}
+
+/// A tree of `n` files of the given shape, reporting I/O errors. Directories branch 10
+/// ways below the top level; the same `n` and shape give the same tree.
+pub fn try_generate(root: &Path, n: usize, shape: Shape) -> std::io::Result<(Vec<PathBuf>, u64)> {
     let mut rng = Rng(0x5eed + n as u64);
     let mut files = Vec::with_capacity(n);
     let mut bytes = 0u64;
+    let per = shape.files_per_dir.max(1);
+    let mut dir = root.to_path_buf();
     for i in 0..n {
-        let d = root
-            .join(format!("crate{}", i / 4000))
-            .join(format!("mod{}", (i / 200) % 20))
-            .join(format!("sub{}", (i / 20) % 10));
-        if i % 20 == 0 {
-            fs::create_dir_all(&d)?;
+        if i % per == 0 {
+            // Directory number i/per written in base 10 over `depth` levels.
+            let mut k = i / per;
+            let mut parts = Vec::new();
+            for level in 0..shape.depth {
+                if level + 1 == shape.depth {
+                    parts.push(format!("d{k}"));
+                } else {
+                    parts.push(format!("d{}", k % 10));
+                    k /= 10;
+                }
+            }
+            parts.reverse();
+            dir = parts.iter().fold(root.to_path_buf(), |p, s| p.join(s));
+            fs::create_dir_all(&dir)?;
         }
-        let p = d.join(format!("file{i}.rs"));
-        let size = rng.file_size();
+        let p = dir.join(format!("file{i}.rs"));
+        let size = rng.file_size_around(shape.median_bytes);
         fs::write(&p, text(&mut rng, size))?;
         bytes += size as u64;
         files.push(p);

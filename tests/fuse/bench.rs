@@ -14,7 +14,17 @@ fn every_scenario_and_peer_runs_and_reports_json() {
         .args([
             "--json", "bench", "--sizes", "60,120", "--reps", "1", "--runs", "2",
         ])
-        .args(["--io-mb", "4", "--out"])
+        .args([
+            "--io-mb",
+            "4",
+            "--depth",
+            "2",
+            "--files-per-dir",
+            "7",
+            "--median-size",
+            "500",
+        ])
+        .arg("--out")
         .arg(&out)
         .arg("--plot")
         .arg(&plot)
@@ -29,6 +39,7 @@ fn every_scenario_and_peer_runs_and_reports_json() {
     assert_eq!(printed, written);
     let r = &written;
     assert_eq!(r["workloads"].as_array().unwrap().len(), 2);
+    assert_eq!(r["workloads"][0]["shape"], serde_json::json!([2, 7, 500]));
     let results = r["results"].as_array().unwrap();
     let skipped = r["skipped"].as_array().unwrap();
     for sc in ["capture", "recapture", "restore", "loop"] {
