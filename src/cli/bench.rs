@@ -506,7 +506,7 @@ impl Bench<'_> {
             for tool in tools {
                 self.step(format!("run loop {n} files: {tool} ({}/{runs})", r + 1));
                 let t = if tool == "casfs" {
-                    if !crate_is_mount(&mp) {
+                    if !casfs::fs::is_fuse_mount(&mp) {
                         continue;
                     }
                     change(&in_mount, self.opts.changes, *round)?;
@@ -653,10 +653,6 @@ impl Bench<'_> {
         }
         Ok(())
     }
-}
-
-fn crate_is_mount(p: &Path) -> bool {
-    casfs::fs::is_fuse_mount(p)
 }
 
 /// Lazily unmounts a benchmark's mount when dropped, also on error.
