@@ -702,17 +702,6 @@ fn list_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     Ok(out)
 }
 
-fn du(dir: &Path) -> u64 {
-    list_files(dir)
-        .map(|v| {
-            v.iter()
-                .filter_map(|f| f.metadata().ok())
-                .map(|m| m.len())
-                .sum()
-        })
-        .unwrap_or(0)
-}
-
 /// Runs the benchmark.
 pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
     let start = Instant::now();
@@ -783,7 +772,11 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
                 sh(&format!("cp -a {}/. {}", q(src), q(&w)), &[])
                     .with_context(|| format!("copying --from {}", src.display()))?;
                 let f = list_files(&w)?;
-                let bytes = du(&w);
+                let bytes = f
+                    .iter()
+                    .filter_map(|p| p.metadata().ok())
+                    .map(|m| m.len())
+                    .sum();
                 (f, bytes)
             } else {
                 let n: usize = label["generated:".len()..].parse().expect("a size");

@@ -249,11 +249,7 @@ impl Run {
     /// thread and this run's append is refused. For failure drills and tests.
     pub fn stall_lease_renewal(&self) {
         if let Some(k) = &self.keeper {
-            k.state().stalled = true;
-            k.shared.1.notify_all();
-            if let Some(t) = k.renewer.lock().unwrap_or_else(|p| p.into_inner()).take() {
-                let _ = t.join();
-            }
+            k.stop_renewing(|st| st.stalled = true);
         }
     }
 
@@ -319,7 +315,7 @@ impl Run {
                     &handle.root,
                     &RestoreOptions::default(),
                 )?;
-                handle.set_base(cp.id);
+                handle.set_base(cp.id, cp.body.root);
             }
         }
         let secrets = &self.mw.secrets;
@@ -652,10 +648,10 @@ impl Run {
         template.workspace_hash = self.mw.workspace_hash.clone();
         let closed = AtomicBool::new(false);
         let before_append = |new: &mut NewCheckpoint| -> CheckpointResult<WriterLease> {
-            if let Some(why) = filter_oversize(&filter) {
+            if let Some(why) = filter.peek(|st| st.oversize.clone()) {
                 return Err(CheckpointError::Invalid(format!("oversize: {why}")));
             }
-            new.secret_files = filter_secret_files(&filter);
+            new.secret_files = filter.peek(|st| st.secret_files.clone());
             let st = keeper.state();
             if let Some(lost) = &st.lost {
                 return Err(lost.error());
@@ -688,7 +684,7 @@ impl Run {
                 let cps = d.store.checkpoints();
                 let before = expected.map(|id| cps.get(&id)).transpose()?;
                 let cp = cps.append(new, expected, &lease)?;
-                handle.set_base(cp.id);
+                handle.set_base(cp.id, cp.body.root);
                 let changed = match before {
                     Some(b) => {
                         diff_trees(d.store.objects(), b.body.root, cp.body.root)?.len() as u64
@@ -733,14 +729,6 @@ impl Drop for Run {
             tracing::warn!(run = %self.ctx.run_id, "releasing the writer lease: {e}");
         }
     }
-}
-
-fn filter_oversize(f: &CaptureFilter<'_>) -> Option<String> {
-    f.peek(|st| st.oversize.clone())
-}
-
-fn filter_secret_files(f: &CaptureFilter<'_>) -> Vec<crate::checkpoint::SecretFile> {
-    f.peek(|st| st.secret_files.clone())
 }
 
 /// Writes the current secret values back into a restored file, keeping its mode and
@@ -832,23 +820,26 @@ impl LeaseKeeper {
         self.shared.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Stops renewing and releases the lease (once; later calls do nothing). A lease
-    /// that was lost is not released (it is someone else's) and is the error.
-    fn close(&self) -> CheckpointResult<()> {
-        {
-            let mut st = self.state();
-            st.closed = true;
-            self.shared.1.notify_all();
-        }
-        // After the renewer stopped, the state holds the freshest lease.
-        if let Some(t) = self
+    /// Marks the state (closed, stalled), wakes the renewer so it sees that, and waits
+    /// for it to end.
+    fn stop_renewing(&self, mark: impl FnOnce(&mut LeaseState)) {
+        mark(&mut self.state());
+        self.shared.1.notify_all();
+        let renewer = self
             .renewer
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
+            .take();
+        if let Some(t) = renewer {
             let _ = t.join();
         }
+    }
+
+    /// Stops renewing and releases the lease (once; later calls do nothing). A lease
+    /// that was lost is not released (it is someone else's) and is the error.
+    fn close(&self) -> CheckpointResult<()> {
+        // After the renewer stopped, the state holds the freshest lease.
+        self.stop_renewing(|st| st.closed = true);
         let (lease, lost) = {
             let mut st = self.state();
             (st.lease.take(), st.lost.clone())
@@ -907,22 +898,5 @@ fn renew_loop(shared: &(Mutex<LeaseState>, Condvar), store: &Store) {
                 return;
             }
         }
-    }
-}
-
-impl Persistence {
-    /// Whether `other` is made of the very same stores.
-    pub fn same_as(&self, other: &Persistence) -> bool {
-        fn same<T: ?Sized>(a: &Option<Arc<T>>, b: &Option<Arc<T>>) -> bool {
-            match (a, b) {
-                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-                (None, None) => true,
-                _ => false,
-            }
-        }
-        same(&self.messages, &other.messages)
-            && same(&self.artifacts, &other.artifacts)
-            && same(&self.blobs, &other.blobs)
-            && same(&self.completion, &other.completion)
     }
 }

@@ -74,6 +74,21 @@ impl Persistence {
         }
     }
 
+    /// Whether `other` is made of the very same stores.
+    pub fn same_as(&self, other: &Persistence) -> bool {
+        fn same<T: ?Sized>(a: &Option<Arc<T>>, b: &Option<Arc<T>>) -> bool {
+            match (a, b) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                (None, None) => true,
+                _ => false,
+            }
+        }
+        same(&self.messages, &other.messages)
+            && same(&self.artifacts, &other.artifacts)
+            && same(&self.blobs, &other.blobs)
+            && same(&self.completion, &other.completion)
+    }
+
     /// The parts, or a configuration error naming the first one missing.
     pub(crate) fn parts(&self) -> MiddlewareResult<Parts<'_>> {
         let missing = |what: &str| {

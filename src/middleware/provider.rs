@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use super::{MiddlewareError, MiddlewareResult, RunContext};
+use crate::cas::TreeId;
 use crate::checkpoint::{CheckpointId, MountedThread, Store};
 use crate::fs::WorkspaceOptions;
 
@@ -41,7 +42,8 @@ pub enum SandboxWorkspace {
 /// A plain-directory workspace: which checkpoint it was restored at or last captured.
 pub struct DirWorkspace {
     pub(crate) store: Arc<Store>,
-    base: Mutex<Option<CheckpointId>>,
+    /// The checkpoint and its root tree.
+    base: Mutex<Option<(CheckpointId, TreeId)>>,
 }
 
 impl SandboxHandle {
@@ -57,13 +59,17 @@ impl SandboxHandle {
     pub fn expected_head(&self) -> Option<CheckpointId> {
         match &self.workspace {
             SandboxWorkspace::Mount(m) => m.tag().expected_head,
-            SandboxWorkspace::Dir(d) => *d.base.lock().unwrap_or_else(|p| p.into_inner()),
+            SandboxWorkspace::Dir(d) => d
+                .base
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .map(|b| b.0),
         }
     }
 
-    pub(crate) fn set_base(&self, id: CheckpointId) {
+    pub(crate) fn set_base(&self, id: CheckpointId, root: TreeId) {
         if let SandboxWorkspace::Dir(d) = &self.workspace {
-            *d.base.lock().unwrap_or_else(|p| p.into_inner()) = Some(id);
+            *d.base.lock().unwrap_or_else(|p| p.into_inner()) = Some((id, root));
         }
     }
 
@@ -72,12 +78,11 @@ impl SandboxHandle {
         match &self.workspace {
             SandboxWorkspace::Mount(m) => m.workspace().base_file(path).map_err(|e| e.to_string()),
             SandboxWorkspace::Dir(d) => {
-                let Some(id) = self.expected_head() else {
+                let base = *d.base.lock().unwrap_or_else(|p| p.into_inner());
+                let Some((_, root)) = base else {
                     return Ok(None);
                 };
-                let cp = d.store.checkpoints().get(&id).map_err(|e| e.to_string())?;
-                crate::cas::file_at(d.store.objects(), &cp.body.root, path)
-                    .map_err(|e| e.to_string())
+                crate::cas::file_at(d.store.objects(), &root, path).map_err(|e| e.to_string())
             }
         }
     }
