@@ -39,6 +39,19 @@ pub enum CasError {
 
     #[error("invalid input: {0}")]
     Invalid(String),
+
+    /// Writing would leave the store's filesystem with less than the reserve the
+    /// database needs to keep working (No space left on device).
+    #[error(
+        "no space left for the store on {}: {need} bytes to write, {free} free, {reserve} kept in reserve for its database",
+        path.display()
+    )]
+    NoSpace {
+        path: PathBuf,
+        need: u64,
+        free: u64,
+        reserve: u64,
+    },
 }
 
 impl CasError {
@@ -47,6 +60,10 @@ impl CasError {
             path: path.into(),
             source,
         }
+    }
+
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, CasError::NoSpace { .. })
     }
 
     /// True when the error means stored data is damaged (as opposed to missing or I/O).

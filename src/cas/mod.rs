@@ -7,6 +7,7 @@
 mod encoding;
 mod error;
 pub mod file;
+pub mod gc;
 mod hash;
 pub mod object;
 pub mod rocks;
@@ -15,9 +16,10 @@ pub mod tree;
 
 pub use error::{CasError, CasResult};
 pub use file::{FileRef, StoreStats, CHUNK_SIZE};
+pub use gc::{write_session, Fence, Marker, Problem, WriteSession};
 pub use hash::{decode_hex, ChunkId, FileId, Hash, ObjectId, ParseIdError, TreeId, HASH_LEN};
 pub use rocks::Database;
-pub use store::{ObjectStore, PutOutcome, RocksObjectStore};
+pub use store::{ObjectStore, PutOutcome, RocksObjectStore, SweepReport};
 pub use tree::{EntryContent, Tree, TreeEntry};
 
 /// Reads and decodes a tree object.

@@ -20,6 +20,72 @@ pub const OBJECTS_CF: &str = "objects";
 pub struct Database {
     db: DB,
     path: PathBuf,
+    space: SpaceGuard,
+}
+
+/// Keeps writes from filling the database's filesystem: RocksDB (Debian's build, at
+/// least) does not come back from a write that fails for lack of space (the database
+/// stops taking writes, or an assertion ends the process), so casfs refuses a write
+/// that would leave less than a reserve free, with ENOSPC, before RocksDB sees it.
+///
+/// The reserve is a twentieth of the filesystem, at least 8 MiB and at most 1 GiB
+/// (`CASFS_SPACE_RESERVE`, in bytes, overrides it). Free space is read with statvfs at
+/// most every 50 ms, and every time when close to the reserve.
+struct SpaceGuard {
+    reserve: u64,
+    /// (when read, free bytes then)
+    last: std::sync::Mutex<(std::time::Instant, u64)>,
+}
+
+fn statvfs_bytes(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a statvfs buffer.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
+        return None;
+    }
+    let frsize = s.f_frsize as u64;
+    Some((s.f_blocks as u64 * frsize, s.f_bavail as u64 * frsize))
+}
+
+impl SpaceGuard {
+    fn new(path: &Path) -> SpaceGuard {
+        let (total, free) = statvfs_bytes(path).unwrap_or((u64::MAX, u64::MAX));
+        let reserve = std::env::var("CASFS_SPACE_RESERVE")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| (total / 20).clamp(8 << 20, 1 << 30));
+        SpaceGuard {
+            reserve,
+            last: std::sync::Mutex::new((std::time::Instant::now(), free)),
+        }
+    }
+
+    fn check(&self, path: &Path, need: u64) -> CasResult<()> {
+        if self.reserve == 0 {
+            return Ok(());
+        }
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let near = last.1 < self.reserve.saturating_add(need).saturating_add(64 << 20);
+        if near || last.0.elapsed() > std::time::Duration::from_millis(50) {
+            if let Some((_, free)) = statvfs_bytes(path) {
+                *last = (std::time::Instant::now(), free);
+            }
+        }
+        let free = last.1;
+        if free < self.reserve.saturating_add(need) {
+            return Err(CasError::NoSpace {
+                path: path.to_path_buf(),
+                need,
+                free,
+                reserve: self.reserve,
+            });
+        }
+        // Count what is about to be written, until the next reading.
+        last.1 = free - need;
+        Ok(())
+    }
 }
 
 impl Database {
@@ -60,6 +126,7 @@ impl Database {
         })?;
         Ok(Database {
             db,
+            space: SpaceGuard::new(path),
             path: path.to_path_buf(),
         })
     }
@@ -91,6 +158,7 @@ impl Database {
                 Ok(db) => {
                     return Ok(Database {
                         db,
+                        space: SpaceGuard::new(path),
                         path: path.to_path_buf(),
                     })
                 }
@@ -125,6 +193,12 @@ impl Database {
             path: self.path.clone(),
             source,
         }
+    }
+
+    /// Refuses (with [`CasError::NoSpace`]) a write of `need` bytes to the database's
+    /// filesystem that would leave less than the reserve free.
+    pub fn ensure_space(&self, need: u64) -> CasResult<()> {
+        self.space.check(&self.path, need)
     }
 
     /// Makes every write so far durable (syncs the write-ahead log).

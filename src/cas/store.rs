@@ -1,9 +1,12 @@
 //! The [`ObjectStore`] trait and its embedded RocksDB implementation.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use rocksdb::WriteOptions;
+use rocksdb::{BottommostLevelCompaction, CompactOptions, WriteBatch, WriteOptions};
+
+use super::gc::{Collecting, Fence};
 
 use super::object::{decode_stored, encode_stored_into, MAX_OBJECT_LEN};
 use super::rocks::{Database, OBJECTS_CF};
@@ -38,6 +41,24 @@ pub trait ObjectStore: Send + Sync {
     /// Makes every object stored so far durable. Until it returns, objects written since
     /// the last sync may be lost in a crash, so nothing may refer to them before.
     fn sync(&self) -> CasResult<()>;
+
+    /// The fence between writers and garbage collection, for stores that collect.
+    fn fence(&self) -> Option<&Fence> {
+        None
+    }
+}
+
+/// What a sweep found and did.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct SweepReport {
+    pub objects_total: u64,
+    pub objects_kept: u64,
+    /// Unreachable objects deleted (or, in a dry run, that would be).
+    pub objects_freed: u64,
+    /// Their stored (compressed) bytes.
+    pub bytes_freed: u64,
+    /// Objects put while the collection ran, kept although unmarked.
+    pub kept_new: u64,
 }
 
 /// Objects in the `objects` column family of the store's RocksDB.
@@ -45,6 +66,7 @@ pub struct RocksObjectStore {
     db: Arc<Database>,
     /// Whether objects were written without the write-ahead log since the last sync.
     unlogged: AtomicBool,
+    fence: Fence,
 }
 
 /// Objects at least this large (the size from which RocksDB keeps values in blob files)
@@ -62,11 +84,88 @@ impl RocksObjectStore {
         RocksObjectStore {
             db,
             unlogged: AtomicBool::new(false),
+            fence: Fence::default(),
         }
     }
 
     pub fn database(&self) -> &Arc<Database> {
         &self.db
+    }
+
+    pub fn fence_ref(&self) -> &Fence {
+        &self.fence
+    }
+
+    /// Deletes every object not in `keep` (nor put since `collecting` began), or with
+    /// `dry_run` only counts them; then compacts so the space is given back (blob files
+    /// rewritten without the dead values).
+    pub fn sweep(
+        &self,
+        keep: &HashSet<Hash>,
+        collecting: &Collecting<'_>,
+        dry_run: bool,
+    ) -> CasResult<SweepReport> {
+        let cf = self.db.cf(OBJECTS_CF);
+        let mut report = SweepReport::default();
+        let mut dead: Vec<(Hash, u64)> = Vec::new();
+        let mut it = self.db.raw().raw_iterator_cf(cf);
+        it.seek_to_first();
+        while it.valid() {
+            let key = it.key().expect("valid iterator");
+            report.objects_total += 1;
+            match Hash::from_slice(key) {
+                Some(h) if keep.contains(&h) => report.objects_kept += 1,
+                Some(h) => dead.push((h, it.value().map_or(0, |v| v.len() as u64))),
+                // Not an object key: nothing of ours, left alone.
+                None => report.objects_kept += 1,
+            }
+            it.next();
+        }
+        it.status().map_err(|e| self.db.err(e))?;
+        drop(it);
+        for batch in dead.chunks(4096) {
+            collecting.with_touched(|touched| -> CasResult<()> {
+                let mut b = WriteBatch::default();
+                for (h, len) in batch {
+                    if touched.contains(h) {
+                        report.kept_new += 1;
+                        report.objects_kept += 1;
+                        continue;
+                    }
+                    report.objects_freed += 1;
+                    report.bytes_freed += len;
+                    b.delete_cf(cf, h.as_bytes());
+                }
+                if !dry_run && !b.is_empty() {
+                    let mut o = WriteOptions::default();
+                    o.set_sync(true);
+                    self.db.raw().write_opt(b, &o).map_err(|e| self.db.err(e))?;
+                    crate::crashpoint("gc.swept");
+                }
+                Ok(())
+            })?;
+        }
+        if !dry_run && report.objects_freed > 0 {
+            self.reclaim()?;
+        }
+        Ok(report)
+    }
+
+    /// Compacts the objects column family with blob garbage collection over every
+    /// blob file, so deleted objects' space returns to the filesystem.
+    fn reclaim(&self) -> CasResult<()> {
+        crate::crashpoint("gc.compact");
+        let cf = self.db.cf(OBJECTS_CF);
+        let raw = self.db.raw();
+        raw.flush_cf(cf).map_err(|e| self.db.err(e))?;
+        raw.set_options_cf(cf, &[("blob_garbage_collection_age_cutoff", "1.0")])
+            .map_err(|e| self.db.err(e))?;
+        let mut o = CompactOptions::default();
+        o.set_bottommost_level_compaction(BottommostLevelCompaction::Force);
+        raw.compact_range_cf_opt(cf, None::<&[u8]>, None::<&[u8]>, &o);
+        raw.set_options_cf(cf, &[("blob_garbage_collection_age_cutoff", "0.25")])
+            .map_err(|e| self.db.err(e))?;
+        Ok(())
     }
 }
 
@@ -79,6 +178,7 @@ impl ObjectStore for RocksObjectStore {
             )));
         }
         let id = ObjectId(Hash::of(data));
+        self.fence.note_put(&id.0);
         if self.contains(&id)? {
             return Ok(PutOutcome {
                 id,
@@ -86,6 +186,7 @@ impl ObjectStore for RocksObjectStore {
                 stored_len: 0,
             });
         }
+        crate::crashpoint("objects.put");
         let cf = self.db.cf(OBJECTS_CF);
         let mut opts = WriteOptions::default();
         if data.len() >= UNLOGGED_MIN {
@@ -97,17 +198,19 @@ impl ObjectStore for RocksObjectStore {
         let stored_len = ENCODE_BUF.with(|b| {
             let mut buf = b.borrow_mut();
             encode_stored_into(data, &mut buf);
+            // Twice: the value goes to the log or a memtable, then to a file.
+            self.db.ensure_space(2 * buf.len() as u64)?;
             let r = self.db.raw().put_cf_opt(cf, id.0.as_bytes(), &*buf, &opts);
             let len = buf.len() as u64;
             if buf.capacity() > 4 << 20 {
                 *buf = Vec::new();
             }
-            r.map(|()| len)
+            r.map(|()| len).map_err(|e| self.db.err(e))
         });
         Ok(PutOutcome {
             id,
             new: true,
-            stored_len: stored_len.map_err(|e| self.db.err(e))?,
+            stored_len: stored_len?,
         })
     }
 
@@ -148,6 +251,10 @@ impl ObjectStore for RocksObjectStore {
             self.db.raw().flush_cf(cf).map_err(|e| self.db.err(e))?;
         }
         self.db.sync()
+    }
+
+    fn fence(&self) -> Option<&Fence> {
+        Some(&self.fence)
     }
 }
 

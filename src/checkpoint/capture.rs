@@ -143,6 +143,9 @@ pub fn capture_dir(
     opts: &CaptureOptions<'_>,
 ) -> CheckpointResult<Captured> {
     let start = Instant::now();
+    // Objects put here are named by nothing until the caller appends: garbage
+    // collection must wait (callers that append hold the session across both).
+    let _session = crate::cas::write_session(store.objects());
     let dir = fs::canonicalize(dir).map_err(|e| CheckpointError::io(dir, e))?;
     let fd = open_dir(&dir)?;
     let ctx = Ctx {
@@ -506,12 +509,15 @@ pub fn capture_to_thread(
 ) -> CheckpointResult<(Checkpoint, Vec<String>)> {
     let cps = store.checkpoints();
     let lease = cps.acquire_writer(&append.thread, &append.holder, append.lease_ttl)?;
+    // From the first object put to the append that names it, no collection may run.
+    let session = crate::cas::write_session(store.objects());
     let result = with_renewed_lease(store, lease.clone(), |lease| {
         let expected = match append.expected {
             ExpectedHead::Current => cps.head(&append.thread)?,
             ExpectedHead::Exactly(h) => h,
         };
         let captured = capture_dir(store, dir, opts)?;
+        crate::crashpoint("capture.stored");
         let mut new = NewCheckpoint::new(append.thread.clone(), captured.root, &append.reason);
         new.stats = captured.stats;
         let cp = cps.append(
@@ -521,6 +527,7 @@ pub fn capture_to_thread(
         )?;
         Ok((cp, captured.warnings))
     });
+    drop(session);
     let current = result.1;
     if let Err(e) = cps.release(&current) {
         if result.0.is_ok() {

@@ -106,6 +106,34 @@ impl DirCache {
     }
 }
 
+/// Every cached directory of every scope: the key and what it holds (`None`: a value
+/// that does not decode, which the cache itself treats as absent).
+pub fn all_entries(store: &Store) -> CheckpointResult<Vec<(Vec<u8>, Option<DirCache>)>> {
+    let db = store.database();
+    let mut out = Vec::new();
+    for item in db
+        .raw()
+        .iterator_cf(db.cf(DIRCACHE_CF), rocksdb::IteratorMode::Start)
+    {
+        let (k, v) = item.map_err(|e| CheckpointError::from(db.err(e)))?;
+        out.push((k.to_vec(), DirCache::decode(&v)));
+    }
+    Ok(out)
+}
+
+/// Forgets the whole directory cache (it is derivable: the next capture or restore of
+/// each directory reads what it needs and writes it again).
+pub fn clear_all(store: &Store) -> CheckpointResult<()> {
+    let db = store.database();
+    let mut b = WriteBatch::default();
+    for (k, _) in all_entries(store)? {
+        b.delete_cf(db.cf(DIRCACHE_CF), k);
+    }
+    db.raw()
+        .write(b)
+        .map_err(|e| CheckpointError::from(db.err(e)))
+}
+
 /// A pending write: key and new value, or `None` to delete.
 type Update = (Vec<u8>, Option<Vec<u8>>);
 

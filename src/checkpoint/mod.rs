@@ -11,6 +11,7 @@ pub mod dircache;
 mod error;
 pub mod fsutil;
 mod lease;
+pub mod maintenance;
 pub mod mountd;
 mod record;
 pub mod restore;

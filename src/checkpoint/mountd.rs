@@ -88,6 +88,7 @@ impl MountedThread {
         at: Option<CheckpointId>,
         opts: &WorkspaceOptions,
     ) -> CheckpointResult<MountedThread> {
+        let session = crate::cas::write_session(store.objects());
         let cps = store.checkpoints();
         let head = cps.head(&thread)?;
         let base = at.or(head);
@@ -124,6 +125,9 @@ impl MountedThread {
             }
             None => false,
         };
+        if keep && st.dirty_nodes > 0 {
+            adopt_landed_checkpoint(&store, &ws, found.as_ref(), head)?;
+        }
         if !keep {
             // A different thread or checkpoint: start there, unless that would drop
             // uncaptured work.
@@ -149,6 +153,7 @@ impl MountedThread {
             )
             .map_err(ws_err)?;
         }
+        drop(session);
         let ws = Arc::new(ws);
         let mounted = mount_workspace(ws, mountpoint, opts)
             .map_err(|e| CheckpointError::io(mountpoint, e))?;
@@ -218,6 +223,8 @@ impl MountedThread {
         before_append: &dyn Fn(&mut NewCheckpoint) -> CheckpointResult<WriterLease>,
     ) -> CheckpointResult<MountCheckpoint> {
         let start = Instant::now();
+        // Objects the snapshot puts are named by nothing until the append.
+        let _session = crate::cas::write_session(self.store.objects());
         let tag = self.tag();
         if template.thread_id != tag.thread {
             return Err(CheckpointError::Invalid(format!(
@@ -270,6 +277,8 @@ impl MountedThread {
         force: bool,
     ) -> CheckpointResult<(MountTag, u64)> {
         let start = Instant::now();
+        // Retention and collection wait until the mount's base is the checkpoint.
+        let _session = crate::cas::write_session(self.store.objects());
         let cps = self.store.checkpoints();
         let cp = cps.get(&id)?;
         let thread = thread.unwrap_or_else(|| self.tag().thread);
@@ -392,6 +401,11 @@ impl MountedThread {
                 let c = self.checkpoint(reason.as_deref().unwrap_or("checkpoint"))?;
                 Ok(serde_json::to_value(&c).expect("json"))
             }
+            Request::Maintain(op) => {
+                let live: std::collections::HashSet<[u8; 8]> =
+                    [mount_key(&self.mountpoint)].into_iter().collect();
+                op.run(&self.store, &live)
+            }
             Request::Restore {
                 checkpoint,
                 thread,
@@ -427,6 +441,65 @@ pub enum Request {
         #[serde(default)]
         force: bool,
     },
+    /// Store maintenance, run by the process that has the store open.
+    Maintain(MaintainOp),
+}
+
+/// A maintenance operation on the whole store.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "what", rename_all = "lowercase")]
+pub enum MaintainOp {
+    Gc {
+        dry_run: bool,
+    },
+    Prune {
+        keep_last: Option<usize>,
+        keep_within_ms: Option<u64>,
+        thread: Option<String>,
+        dry_run: bool,
+        /// Collect garbage afterwards.
+        gc: bool,
+    },
+    Fsck {
+        repair: bool,
+    },
+}
+
+impl MaintainOp {
+    /// Runs the operation on `store`; `live` names the mounts this process serves.
+    /// The reply is the report as JSON (prune with gc: `{prune, gc}`).
+    pub fn run(
+        &self,
+        store: &Store,
+        live: &std::collections::HashSet<[u8; 8]>,
+    ) -> CheckpointResult<Value> {
+        use super::maintenance::{fsck, gc, prune, Retention};
+        Ok(match self {
+            MaintainOp::Gc { dry_run } => serde_json::to_value(gc(store, *dry_run)?),
+            MaintainOp::Prune {
+                keep_last,
+                keep_within_ms,
+                thread,
+                dry_run,
+                gc: then_gc,
+            } => {
+                let r = Retention {
+                    keep_last: *keep_last,
+                    keep_within: keep_within_ms.map(Duration::from_millis),
+                    thread: thread.as_deref().map(ThreadId::new).transpose()?,
+                };
+                let p = prune(store, &r, *dry_run)?;
+                let g = if *then_gc {
+                    Some(gc(store, *dry_run)?)
+                } else {
+                    None
+                };
+                Ok(json!({"prune": p, "gc": g}))
+            }
+            MaintainOp::Fsck { repair } => serde_json::to_value(fsck(store, *repair, live)?),
+        }
+        .expect("reports serialize"))
+    }
 }
 
 /// Sends one request to the control socket and returns the reply (an error reply
@@ -447,6 +520,51 @@ pub fn control_request(socket: &Path, req: &Request) -> Result<Value, String> {
     } else {
         Err(v["error"].as_str().unwrap_or("unknown error").to_string())
     }
+}
+
+/// A daemon killed between appending a checkpoint and recording it in the dirty set
+/// leaves the dirty set as it was, on a base the thread has moved past: the head's
+/// parent is the expected head. If the dirty set still snapshots to exactly the head's
+/// root, that checkpoint is this work: the workspace adopts it as its base (nothing
+/// changes in its content). Otherwise the work stays as it is (a checkpoint of it then
+/// meets the moved head and says so).
+fn adopt_landed_checkpoint(
+    store: &Store,
+    ws: &Workspace,
+    found: Option<&MountTag>,
+    head: Option<CheckpointId>,
+) -> CheckpointResult<()> {
+    let (Some(found), Some(head)) = (found, head) else {
+        return Ok(());
+    };
+    if found.expected_head == Some(head) {
+        return Ok(());
+    }
+    let cp = store.checkpoints().get(&head)?;
+    if cp.body.parent_id != found.expected_head {
+        return Ok(());
+    }
+    let snap = ws
+        .snapshot_filtered(None, |root, _| Err::<((), serde_json::Value), TreeId>(root))
+        .map_err(ws_err)?;
+    if let Err(root) = snap {
+        if root == cp.body.root {
+            tracing::info!(
+                "checkpoint {} of thread {} holds this workspace's uncaptured work (its daemon \
+                 stopped before recording it): adopting it as the base",
+                head.short(),
+                found.thread
+            );
+            let tag = MountTag {
+                thread: found.thread.clone(),
+                base: Some(head),
+                expected_head: Some(head),
+            };
+            ws.swap_root(root, serde_json::to_value(&tag).expect("tag"), true)
+                .map_err(ws_err)?;
+        }
+    }
+    Ok(())
 }
 
 fn empty_tree(store: &Store) -> CheckpointResult<TreeId> {

@@ -85,6 +85,8 @@ pub fn restore_tree(
     opts: &RestoreOptions<'_>,
 ) -> CheckpointResult<RestoreStats> {
     let start = Instant::now();
+    // Garbage collection waits until this restore is done with the checkpoint's objects.
+    let _session = crate::cas::write_session(store.objects());
     let trees = preflight(store, root)?;
     fs::create_dir_all(dest).map_err(|e| CheckpointError::io(dest, e))?;
     let dest = fs::canonicalize(dest).map_err(|e| CheckpointError::io(dest, e))?;

@@ -22,9 +22,12 @@ pub const CHECKPOINTS_CF: &str = "checkpoints";
 pub const HEADS_CF: &str = "heads";
 pub const LEASES_CF: &str = "leases";
 pub const FENCING_CF: &str = "fencing";
+/// Checkpoints removed by retention: id -> JSON `{thread, pruned_at_ms}`, so a log
+/// stops at them and fsck tells a pruned parent from a lost one.
+pub const PRUNED_CF: &str = "pruned";
 
 /// The column families this store needs opened.
-pub const COLUMN_FAMILIES: &[&str] = &[CHECKPOINTS_CF, HEADS_CF, LEASES_CF, FENCING_CF];
+pub const COLUMN_FAMILIES: &[&str] = &[CHECKPOINTS_CF, HEADS_CF, LEASES_CF, FENCING_CF, PRUNED_CF];
 
 pub struct RocksCheckpointStore {
     db: Arc<Database>,
@@ -104,6 +107,68 @@ impl RocksCheckpointStore {
             }),
             Some(_) => Ok(()),
         }
+    }
+
+    /// Every stored checkpoint record, each decoded (and checked against its id) or
+    /// the error decoding it gave.
+    pub fn all_records(
+        &self,
+    ) -> CheckpointResult<Vec<(CheckpointId, CheckpointResult<Checkpoint>)>> {
+        let mut out = Vec::new();
+        for item in self
+            .db
+            .raw()
+            .iterator_cf(self.db.cf(CHECKPOINTS_CF), rocksdb::IteratorMode::Start)
+        {
+            let (k, v) = item.map_err(|e| self.db.err(e))?;
+            let Some(h) = Hash::from_slice(&k) else {
+                let id = CheckpointId(Hash::of(&k));
+                out.push((
+                    id,
+                    Err(CheckpointError::Corrupt {
+                        id: format!("key {:?}", String::from_utf8_lossy(&k)),
+                        detail: format!("a checkpoint key of {} bytes", k.len()),
+                    }),
+                ));
+                continue;
+            };
+            let id = CheckpointId(h);
+            out.push((id, Checkpoint::decode(&id, &v)));
+        }
+        Ok(out)
+    }
+
+    /// Whether retention removed this checkpoint.
+    pub fn is_pruned(&self, id: &CheckpointId) -> CheckpointResult<bool> {
+        Ok(self.get_raw(PRUNED_CF, id.0.as_bytes())?.is_some())
+    }
+
+    /// Removes checkpoint records (retention), leaving a tombstone for each. A
+    /// checkpoint that is a thread's head when the removal runs is kept whatever the
+    /// caller decided. Returns how many were removed.
+    pub fn remove_records(&self, doomed: &[(CheckpointId, ThreadId)]) -> CheckpointResult<usize> {
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let heads: std::collections::HashSet<CheckpointId> =
+            self.threads()?.into_iter().map(|(_, id)| id).collect();
+        let now = millis(SystemTime::now());
+        let mut batch = WriteBatch::default();
+        let mut n = 0;
+        for (id, thread) in doomed {
+            if heads.contains(id) {
+                continue;
+            }
+            let tomb = serde_json::json!({"thread": thread, "pruned_at_ms": now});
+            batch.put_cf(
+                self.db.cf(PRUNED_CF),
+                id.0.as_bytes(),
+                serde_json::to_vec(&tomb).expect("json"),
+            );
+            batch.delete_cf(self.db.cf(CHECKPOINTS_CF), id.0.as_bytes());
+            n += 1;
+        }
+        crate::crashpoint("prune.before");
+        self.write(batch)?;
+        Ok(n)
     }
 
     fn put_lease(&self, batch: &mut WriteBatch, lease: &WriterLease) {
@@ -260,7 +325,9 @@ impl CheckpointStore for RocksCheckpointStore {
         let cp = Checkpoint::from_new(new, expected_head, now);
         let mut batch = WriteBatch::default();
         self.put_checkpoint(&mut batch, &cp);
+        crate::crashpoint("append.before");
         self.write(batch)?;
+        crate::crashpoint("append.after");
         Ok(cp)
     }
 
@@ -271,7 +338,13 @@ impl CheckpointStore for RocksCheckpointStore {
             if out.len() >= limit {
                 break;
             }
-            let cp = self.get(&id)?;
+            let cp = match self.get(&id) {
+                // Older checkpoints were removed by retention: the log ends here.
+                Err(CheckpointError::NotFound(_)) if !out.is_empty() && self.is_pruned(&id)? => {
+                    break
+                }
+                r => r?,
+            };
             next = cp.body.parent_id;
             out.push(cp);
         }

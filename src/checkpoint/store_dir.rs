@@ -132,6 +132,17 @@ impl Store {
     pub fn checkpoints(&self) -> &dyn CheckpointStore {
         &self.checkpoints
     }
+
+    /// The embedded checkpoint store itself (retention and fsck need more than the
+    /// trait gives).
+    pub fn rocks_checkpoints(&self) -> &RocksCheckpointStore {
+        &self.checkpoints
+    }
+
+    /// The embedded object store itself (garbage collection sweeps it).
+    pub fn rocks_objects(&self) -> &RocksObjectStore {
+        &self.objects
+    }
 }
 
 fn lock_store(root: &Path, timeout: Duration) -> CheckpointResult<File> {

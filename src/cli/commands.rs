@@ -22,6 +22,22 @@ use super::{Cli, Command};
 
 pub fn run(cli: &Cli) -> anyhow::Result<()> {
     match &cli.command {
+        Command::Gc { dry_run } => super::maintain::gc(cli, *dry_run),
+        Command::Prune {
+            keep_last,
+            keep_within,
+            thread,
+            dry_run,
+            gc,
+        } => super::maintain::prune(
+            cli,
+            *keep_last,
+            keep_within.as_deref(),
+            thread.as_deref(),
+            *dry_run,
+            *gc,
+        ),
+        Command::Fsck { repair } => super::maintain::fsck(cli, *repair),
         Command::Init => {
             let store = cli.open_store(OpenMode::Create)?;
             if cli.json {

@@ -3,6 +3,7 @@
 
 mod bench;
 mod commands;
+mod maintain;
 mod mount;
 mod output;
 mod plot;
@@ -267,6 +268,46 @@ pub enum Command {
         /// Compare two JSON reports (A then B) instead of running
         #[arg(long, num_args = 2, value_names = ["A", "B"])]
         compare: Option<Vec<PathBuf>>,
+    },
+
+    /// Delete objects nothing live needs: live is every checkpoint record (see
+    /// `prune`), every mount's uncaptured changes and the directory cache. Safe while
+    /// a mount captures and restores (it runs in the mount's daemon then)
+    Gc {
+        /// Report what would be freed, delete nothing
+        #[arg(long)]
+        dry_run: bool,
+    },
+
+    /// Remove old checkpoint records; heads, and checkpoints a mount is based on, are
+    /// always kept. Their objects are freed by `casfs gc` (or --gc)
+    Prune {
+        /// Keep the newest N checkpoints of each thread
+        #[arg(long, value_name = "N")]
+        keep_last: Option<usize>,
+        /// Keep checkpoints created within this long (for example 7d, 12h)
+        #[arg(long, value_name = "DURATION")]
+        keep_within: Option<String>,
+        /// Only this thread's checkpoints
+        #[arg(long, short)]
+        thread: Option<String>,
+        /// Report what would be removed, remove nothing
+        #[arg(long)]
+        dry_run: bool,
+        /// Collect garbage afterwards
+        #[arg(long)]
+        gc: bool,
+    },
+
+    /// Verify the store: every reachable object read and checked, every checkpoint
+    /// record, head, lease and fencing token, every mount's dirty set and upper files;
+    /// exits non-zero when something is wrong
+    Fsck {
+        /// Remove what is provably unneeded (unreachable objects, stray upper files)
+        /// and rebuild what is derivable (the directory cache, fencing tokens); never
+        /// deletes what a checkpoint or an uncaptured change needs
+        #[arg(long)]
+        repair: bool,
     },
 
     /// Start a new thread from any checkpoint

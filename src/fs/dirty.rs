@@ -85,6 +85,30 @@ fn decode_err(what: &str, detail: impl std::fmt::Display) -> CasError {
     CasError::Invalid(format!("dirty set: bad {what}: {detail}"))
 }
 
+/// The keys of every mount that has anything in the `mounts` column family.
+pub fn mount_keys(db: &Database) -> CasResult<Vec<[u8; 8]>> {
+    let mut out: Vec<[u8; 8]> = Vec::new();
+    let cf = db.cf(MOUNTS_CF);
+    let mut it = db.raw().raw_iterator_cf(cf);
+    it.seek_to_first();
+    while it.valid() {
+        let k = it.key().expect("valid iterator");
+        if k.len() < 8 {
+            it.next();
+            continue;
+        }
+        let key: [u8; 8] = k[..8].try_into().expect("8 bytes");
+        out.push(key);
+        // Skip to the next mount's keys.
+        let mut next = key.to_vec();
+        next.push(0xff);
+        next.push(0xff);
+        it.seek(&next);
+    }
+    it.status().map_err(|e| db.err(e))?;
+    Ok(out)
+}
+
 impl DirtyStore {
     pub fn new(db: Arc<Database>, key: [u8; 8]) -> DirtyStore {
         DirtyStore { db, key }
@@ -100,12 +124,17 @@ impl DirtyStore {
         k
     }
 
+    pub fn database(&self) -> &Database {
+        &self.db
+    }
+
     pub fn batch(&self) -> WriteBatch {
         WriteBatch::default()
     }
 
     /// Applies `batch` through the write-ahead log, without syncing it.
     pub fn commit(&self, batch: WriteBatch) -> CasResult<()> {
+        crate::crashpoint("dirty.commit");
         let mut o = WriteOptions::default();
         o.set_sync(false);
         self.db
@@ -209,19 +238,35 @@ impl DirtyStore {
         Ok(out)
     }
 
+    /// Every entry override of every directory: (directory, name, override).
+    pub fn all_entries(&self) -> CasResult<Vec<(u64, Vec<u8>, Override)>> {
+        let mut out = Vec::new();
+        for (k, v) in self.scan(self.k(b'E', &[]))? {
+            if k.len() < 8 {
+                return Err(decode_err("entry key", k.len()));
+            }
+            let dir = u64::from_be_bytes(k[..8].try_into().expect("8 bytes"));
+            out.push((dir, k[8..].to_vec(), decode_override(&v)?));
+        }
+        Ok(out)
+    }
+
     /// The overrides of directory `dir`.
     pub fn entries(&self, dir: u64) -> CasResult<Vec<(Vec<u8>, Override)>> {
         let mut out = Vec::new();
         for (name, v) in self.scan(self.k(b'E', &[&dir.to_be_bytes()]))? {
-            let o = match v.as_slice() {
-                [0] => Override::Whiteout,
-                [1, rest @ ..] if rest.len() == 8 => {
-                    Override::Node(u64::from_be_bytes(rest.try_into().expect("8 bytes")))
-                }
-                _ => return Err(decode_err("entry override", format!("{v:?}"))),
-            };
-            out.push((name, o));
+            out.push((name, decode_override(&v)?));
         }
         Ok(out)
+    }
+}
+
+fn decode_override(v: &[u8]) -> CasResult<Override> {
+    match v {
+        [0] => Ok(Override::Whiteout),
+        [1, rest @ ..] if rest.len() == 8 => Ok(Override::Node(u64::from_be_bytes(
+            rest.try_into().expect("8 bytes"),
+        ))),
+        _ => Err(decode_err("entry override", format!("{v:?}"))),
     }
 }

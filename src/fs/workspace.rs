@@ -350,6 +350,10 @@ fn time_ns(t: SystemTime) -> i64 {
 }
 
 fn eio(e: CasError) -> Errno {
+    if e.is_no_space() {
+        tracing::warn!("{e}");
+        return Errno::ENOSPC;
+    }
     tracing::error!("{e}");
     Errno::EIO
 }
@@ -1400,7 +1404,7 @@ impl Workspace {
     /// Upper files are spread over 256 subdirectories: one directory of 100k files
     /// makes every create slower.
     fn upper_rel(ino: u64) -> String {
-        format!("{:02x}/{ino}", ino % 256)
+        upper_rel(ino)
     }
 
     fn upper_path(&self, ino: u64) -> PathBuf {
@@ -1456,6 +1460,7 @@ impl Workspace {
     /// holding the table), with the node's times. [`Workspace::install_upper`] gives it
     /// its inode's name.
     fn prepare_upper(&self, c: &FileRef, atime: i64, mtime: i64) -> Result<(CString, File), Errno> {
+        self.dirty.database().ensure_space(c.size).map_err(eio)?;
         let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
         let name = CString::new(format!("tmp-{n}")).expect("no NUL");
         let f = self.open_in_upper(&name, true).map_err(io_errno)?;
@@ -2591,8 +2596,14 @@ impl Filesystem for WorkspaceFs {
     ) {
         let ws = self.ws();
         let _b = ws.barrier.read().unwrap_or_else(|p| p.into_inner());
-        let r = self
-            .writable_upper(ino.0, fh.0)
+        // Upper files share the store's filesystem: leave its database the reserve it
+        // needs (a write that fails there for lack of space, it does not survive).
+        let r = ws
+            .dirty
+            .database()
+            .ensure_space(data.len() as u64)
+            .map_err(eio)
+            .and_then(|()| self.writable_upper(ino.0, fh.0))
             .and_then(|u| u.write_all_at(data, offset).map_err(io_errno));
         match r {
             Ok(()) => reply.written(data.len() as u32),
@@ -2897,14 +2908,23 @@ impl Filesystem for WorkspaceFs {
     ) {
         let ws = self.ws();
         let _b = ws.barrier.read().unwrap_or_else(|p| p.into_inner());
-        let r = self.writable_upper(ino.0, fh.0).and_then(|u| {
-            // SAFETY: a valid fd; the kernel checks the range and mode.
-            let rc = unsafe { libc::fallocate(u.as_raw_fd(), mode, offset as i64, length as i64) };
-            if rc != 0 {
-                return Err(io_errno(std::io::Error::last_os_error()));
-            }
+        let grows = mode & (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_COLLAPSE_RANGE) == 0;
+        let space = if grows {
+            ws.dirty.database().ensure_space(length).map_err(eio)
+        } else {
             Ok(())
-        });
+        };
+        let r = space
+            .and_then(|()| self.writable_upper(ino.0, fh.0))
+            .and_then(|u| {
+                // SAFETY: a valid fd; the kernel checks the range and mode.
+                let rc =
+                    unsafe { libc::fallocate(u.as_raw_fd(), mode, offset as i64, length as i64) };
+                if rc != 0 {
+                    return Err(io_errno(std::io::Error::last_os_error()));
+                }
+                Ok(())
+            });
         reply_empty(r, reply);
     }
 
@@ -3005,6 +3025,11 @@ fn raise_fd_limit() {
 }
 
 /// Mount key of a mountpoint: the first 8 bytes of the blake3 of its canonical path.
+/// Where the upper file of inode `ino` lives, relative to the mount's upper directory.
+pub fn upper_rel(ino: u64) -> String {
+    format!("{:02x}/{ino}", ino % 256)
+}
+
 pub fn mount_key(mountpoint: &Path) -> [u8; 8] {
     let h = blake3::hash(mountpoint.as_os_str().as_bytes());
     h.as_bytes()[..8].try_into().expect("8 bytes")

@@ -582,6 +582,9 @@ impl Run {
             return none();
         }
         let objects = self.mw.store.objects();
+        // The conversation and artifacts are put before the snapshot: garbage
+        // collection waits until the checkpoint naming them is appended.
+        let _session = crate::cas::write_session(objects);
         let secrets = &self.mw.secrets;
         let mut stats = StoreStats::default();
         let mut store_scrubbed = |data: Vec<u8>| -> MiddlewareResult<ContentRef> {

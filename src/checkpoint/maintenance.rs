@@ -1,0 +1,665 @@
+//! Store maintenance: retention (`prune`), garbage collection (`gc`) and the
+//! consistency check (`fsck`).
+//!
+//! What is live: every checkpoint record that retention kept (heads always), every
+//! mount's dirty set (its base tree, its node records' trees and files, its upper
+//! files) and the directory cache's trees. A collection marks all of it and sweeps the
+//! rest while holding the object store's fence, so no capture is between putting its
+//! objects and appending the checkpoint that names them (see `cas::gc`). Retention
+//! holds the fence too: a restore that has read a checkpoint finishes before the
+//! checkpoint can go.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+use super::dircache;
+use super::lease::millis;
+use super::rocks_store::{FENCING_CF, HEADS_CF, LEASES_CF};
+use super::{
+    CheckpointError, CheckpointId, CheckpointResult, MountTag, Store, ThreadId, WriterLease,
+};
+use crate::cas::gc::Collecting;
+use crate::cas::{Hash, Marker, Problem, SweepReport};
+use crate::fs::dirty::{mount_keys, DirtyStore, Override};
+use crate::fs::upper_rel;
+
+/// Which checkpoints retention keeps (besides every thread's head).
+#[derive(Debug, Clone, Default)]
+pub struct Retention {
+    /// The newest N of each thread (following parents from the head).
+    pub keep_last: Option<usize>,
+    /// Those created within this long of now.
+    pub keep_within: Option<Duration>,
+    /// Only this thread's checkpoints are considered.
+    pub thread: Option<ThreadId>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PruneReport {
+    pub dry_run: bool,
+    pub threads: usize,
+    pub kept: usize,
+    pub pruned: usize,
+    /// The removed (or, dry, removable) checkpoints.
+    pub pruned_ids: Vec<CheckpointId>,
+}
+
+/// Holds the store's collection fence (writers wait until it is dropped).
+fn fence(store: &Store) -> CheckpointResult<Collecting<'_>> {
+    Ok(store.rocks_objects().fence_ref().collect()?)
+}
+
+fn mount_dir_of(store: &Store, key: &[u8; 8]) -> PathBuf {
+    let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    store.root().join("mounts").join(hex)
+}
+
+/// The checkpoints every mount's dirty set is based on or will append on.
+fn mount_checkpoints(store: &Store) -> CheckpointResult<HashSet<CheckpointId>> {
+    let mut out = HashSet::new();
+    for key in mount_keys(store.database())? {
+        let d = DirtyStore::new(store.database().clone(), key);
+        if let Ok(Some(meta)) = d.meta() {
+            if let Ok(tag) = serde_json::from_value::<MountTag>(meta.tag) {
+                out.extend(tag.base);
+                out.extend(tag.expected_head);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Removes the checkpoint records `r` does not keep. Heads, and checkpoints a mount is
+/// based on, are always kept. Their objects stay until a `gc`.
+pub fn prune(store: &Store, r: &Retention, dry_run: bool) -> CheckpointResult<PruneReport> {
+    if r.keep_last.is_none() && r.keep_within.is_none() {
+        return Err(CheckpointError::Invalid(
+            "prune needs --keep-last and/or --keep-within (heads are always kept)".into(),
+        ));
+    }
+    let _fence = fence(store)?;
+    let cps = store.rocks_checkpoints();
+    let now = millis(SystemTime::now());
+    let cutoff = r
+        .keep_within
+        .map(|d| now.saturating_sub(d.as_millis() as u64));
+    let mut by_thread: BTreeMap<ThreadId, Vec<super::Checkpoint>> = BTreeMap::new();
+    for (_, rec) in cps.all_records()? {
+        // A record that does not decode is fsck's business; retention leaves it alone.
+        if let Ok(cp) = rec {
+            if r.thread.as_ref().is_none_or(|t| *t == cp.body.thread_id) {
+                by_thread
+                    .entry(cp.body.thread_id.clone())
+                    .or_default()
+                    .push(cp);
+            }
+        }
+    }
+    let pinned = mount_checkpoints(store)?;
+    let heads: BTreeMap<ThreadId, CheckpointId> =
+        store.checkpoints().threads()?.into_iter().collect();
+    let mut doomed = Vec::new();
+    let mut kept = 0;
+    for (thread, records) in &by_thread {
+        // Rank by distance from the head along parents; records off that line (none
+        // normally) rank after every one on it.
+        let index: BTreeMap<CheckpointId, &super::Checkpoint> =
+            records.iter().map(|c| (c.id, c)).collect();
+        let mut rank: BTreeMap<CheckpointId, usize> = BTreeMap::new();
+        let mut next = heads.get(thread).copied();
+        while let Some(id) = next {
+            let Some(cp) = index.get(&id) else { break };
+            if rank.insert(id, rank.len()).is_some() {
+                break;
+            }
+            next = cp.body.parent_id;
+        }
+        for cp in records {
+            let keep = heads.get(thread) == Some(&cp.id)
+                || pinned.contains(&cp.id)
+                || r.keep_last
+                    .is_some_and(|n| rank.get(&cp.id).is_some_and(|&i| i < n))
+                || cutoff.is_some_and(|c| cp.body.created_at_ms >= c);
+            if keep {
+                kept += 1;
+            } else {
+                doomed.push((cp.id, thread.clone()));
+            }
+        }
+    }
+    let pruned = if dry_run {
+        doomed.len()
+    } else {
+        cps.remove_records(&doomed)?
+    };
+    Ok(PruneReport {
+        dry_run,
+        threads: by_thread.len(),
+        kept: kept + doomed.len() - pruned,
+        pruned,
+        pruned_ids: doomed.into_iter().map(|(id, _)| id).collect(),
+    })
+}
+
+/// What the walk from every live root found.
+struct Walk<'a> {
+    marker: Marker<'a>,
+    /// Problems under records and mounts: data that is needed and damaged.
+    problems: Vec<Problem>,
+    /// Problems under the directory cache (derivable: dropping it repairs them).
+    dircache_problems: Vec<Problem>,
+    checkpoints: usize,
+    mounts: usize,
+    dircache_dirs: usize,
+}
+
+fn walk(store: &Store, verify: bool) -> CheckpointResult<Walk<'_>> {
+    let mut marker = Marker::new(store.objects(), verify);
+    let mut problems = Vec::new();
+    let mut checkpoints = 0;
+    let take = |m: &mut Marker, into: &mut Vec<Problem>| into.append(&mut m.problems);
+    for (id, rec) in store.rocks_checkpoints().all_records()? {
+        let Ok(cp) = rec else { continue };
+        checkpoints += 1;
+        let at = format!("checkpoint {}:/", id.short());
+        marker.tree(cp.body.root, &at);
+        if let Some(c) = cp.body.conversation {
+            marker.file(c.into(), &format!("checkpoint {} conversation", id.short()));
+        }
+        for a in &cp.body.artifacts {
+            marker.file(
+                a.content.into(),
+                &format!("checkpoint {} artifact {:?}", id.short(), a.name),
+            );
+        }
+        take(&mut marker, &mut problems);
+    }
+    let keys = mount_keys(store.database())?;
+    for key in &keys {
+        let d = DirtyStore::new(store.database().clone(), *key);
+        let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+        match d.meta() {
+            Ok(Some(meta)) => marker.tree(meta.base, &format!("mount {hex} base:/")),
+            Ok(None) => {}
+            Err(e) => problems.push(Problem {
+                object: hex.clone(),
+                what: "mount record",
+                path: format!("mount {hex}"),
+                detail: e.to_string(),
+            }),
+        }
+        match d.nodes() {
+            Ok(nodes) => {
+                for (ino, n) in nodes {
+                    let at = format!("mount {hex} inode {ino}");
+                    if let Some(t) = n.tree {
+                        marker.tree(t, &at);
+                    }
+                    if let Some(f) = n.clean {
+                        marker.file(
+                            crate::cas::FileRef {
+                                id: f,
+                                size: n.size,
+                            },
+                            &at,
+                        );
+                    }
+                }
+            }
+            Err(e) => problems.push(Problem {
+                object: hex.clone(),
+                what: "dirty set",
+                path: format!("mount {hex}"),
+                detail: e.to_string(),
+            }),
+        }
+        take(&mut marker, &mut problems);
+    }
+    let mut dircache_problems = Vec::new();
+    let mut dircache_dirs = 0;
+    for (key, entry) in dircache::all_entries(store)? {
+        dircache_dirs += 1;
+        let at = format!(
+            "directory cache {:?}",
+            String::from_utf8_lossy(key.get(16..).unwrap_or_default())
+        );
+        let Some(dc) = entry else {
+            dircache_problems.push(Problem {
+                object: String::new(),
+                what: "directory cache entry",
+                path: at,
+                detail: "does not decode".into(),
+            });
+            continue;
+        };
+        marker.object(dc.tree_id.0);
+        for e in dc.tree.entries() {
+            if let Some(f) = e.file_ref() {
+                marker.file(f, &at);
+            } else if let Some(t) = e.tree_id() {
+                marker.tree(t, &at);
+            }
+        }
+        take(&mut marker, &mut dircache_problems);
+    }
+    Ok(Walk {
+        marker,
+        problems,
+        dircache_problems,
+        checkpoints,
+        mounts: keys.len(),
+        dircache_dirs,
+    })
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GcReport {
+    pub dry_run: bool,
+    pub checkpoints: usize,
+    pub mounts: usize,
+    pub dircache_dirs: usize,
+    /// Objects reachable from those roots.
+    pub reachable: u64,
+    pub sweep: SweepReport,
+    /// Whether the directory cache was dropped (it named objects the store lacks).
+    pub dircache_dropped: bool,
+    /// Bytes of the store's database files before and after.
+    pub disk_bytes_before: u64,
+    pub disk_bytes_after: u64,
+    pub duration_ms: u64,
+}
+
+/// Bytes of the files directly in `dir` (RocksDB keeps its files flat).
+pub fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.metadata().ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Marks everything live and deletes (or, dry, counts) every other object. Refuses to
+/// sweep when a live tree or chunk list cannot be read: what it names is unknown, and
+/// `casfs fsck` should look first.
+pub fn gc(store: &Store, dry_run: bool) -> CheckpointResult<GcReport> {
+    let start = Instant::now();
+    let db_dir = store.root().join("db");
+    let before = dir_bytes(&db_dir);
+    let collecting = fence(store)?;
+    let w = walk(store, false)?;
+    crate::crashpoint("gc.marked");
+    if let Some(p) = w.problems.first() {
+        return Err(CheckpointError::Invalid(format!(
+            "gc stopped before sweeping: {} live object(s) cannot be read, first: {p}; \
+             run `casfs fsck`",
+            w.problems.len()
+        )));
+    }
+    let dircache_dropped = !w.dircache_problems.is_empty() && !dry_run;
+    if dircache_dropped {
+        tracing::warn!(
+            "directory cache names objects the store lacks ({}); dropping it",
+            w.dircache_problems[0]
+        );
+        dircache::clear_all(store)?;
+    }
+    let reachable = w.marker.marked().len() as u64;
+    let marked = w.marker.into_marked();
+    let sweep = store.rocks_objects().sweep(&marked, &collecting, dry_run)?;
+    drop(collecting);
+    Ok(GcReport {
+        dry_run,
+        checkpoints: w.checkpoints,
+        mounts: w.mounts,
+        dircache_dirs: w.dircache_dirs,
+        reachable,
+        sweep,
+        dircache_dropped,
+        disk_bytes_before: before,
+        disk_bytes_after: dir_bytes(&db_dir),
+        duration_ms: start.elapsed().as_millis() as u64,
+    })
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct FsckReport {
+    /// What is wrong: damaged or missing data something needs. Non-empty: exit non-zero.
+    pub errors: Vec<String>,
+    /// Harmless leftovers (a crashed mount's stray upper files, an undecodable cache
+    /// entry): reported, removed by `--repair`.
+    pub leftovers: Vec<String>,
+    /// What `--repair` did.
+    pub repaired: Vec<String>,
+    pub checkpoints: usize,
+    pub threads: usize,
+    pub mounts: usize,
+    pub objects_verified: u64,
+    pub unreachable_objects: u64,
+    pub unreachable_bytes: u64,
+    pub duration_ms: u64,
+}
+
+/// Checks the whole store: every checkpoint record, head, lease and fencing token;
+/// every object reachable from a record, a mount or the directory cache (read and
+/// verified); every mount's dirty set and upper files. `live` names mounts being served
+/// now (their upper directories may hold copies the dirty set does not name).
+///
+/// `repair` only removes what is provably unneeded or rebuilds what is derivable: the
+/// directory cache, undecodable lease records (fencing tokens are kept, and raised to
+/// any lease's token), stray upper files of mounts not being served, and unreachable
+/// objects (only when nothing live was unreadable).
+pub fn fsck(store: &Store, repair: bool, live: &HashSet<[u8; 8]>) -> CheckpointResult<FsckReport> {
+    let start = Instant::now();
+    let mut rep = FsckReport::default();
+    let collecting = fence(store)?;
+    let cps = store.rocks_checkpoints();
+    let db = store.database();
+
+    // Records, parents, heads.
+    let records = cps.all_records()?;
+    let mut present: HashSet<CheckpointId> = HashSet::new();
+    for (id, rec) in &records {
+        match rec {
+            Ok(_) => {
+                present.insert(*id);
+            }
+            Err(e) => rep.errors.push(format!("checkpoint record {id}: {e}")),
+        }
+    }
+    for (id, rec) in &records {
+        if let Ok(cp) = rec {
+            if let Some(p) = cp.body.parent_id {
+                if !present.contains(&p) && !cps.is_pruned(&p)? {
+                    rep.errors.push(format!(
+                        "checkpoint {id}: parent {p} is missing (and was not pruned)"
+                    ));
+                }
+            }
+        }
+    }
+    rep.checkpoints = present.len();
+    for item in db
+        .raw()
+        .iterator_cf(db.cf(HEADS_CF), rocksdb::IteratorMode::Start)
+    {
+        let (k, v) = item.map_err(|e| CheckpointError::from(db.err(e)))?;
+        rep.threads += 1;
+        let name = String::from_utf8_lossy(&k).into_owned();
+        match Hash::from_slice(&v).map(CheckpointId) {
+            None => rep.errors.push(format!(
+                "head of thread {name:?}: {} bytes, not an id",
+                v.len()
+            )),
+            Some(id) => match records.iter().find(|(i, _)| *i == id) {
+                None => rep.errors.push(format!(
+                    "head of thread {name:?}: checkpoint {id} is missing"
+                )),
+                Some((_, Ok(cp))) if cp.body.thread_id.as_str() != name => {
+                    rep.errors.push(format!(
+                        "head of thread {name:?}: checkpoint {id} belongs to thread {:?}",
+                        cp.body.thread_id.as_str()
+                    ))
+                }
+                Some(_) => {}
+            },
+        }
+    }
+
+    // Leases and fencing tokens.
+    let mut tokens: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+    for item in db
+        .raw()
+        .iterator_cf(db.cf(FENCING_CF), rocksdb::IteratorMode::Start)
+    {
+        let (k, v) = item.map_err(|e| CheckpointError::from(db.err(e)))?;
+        match <[u8; 8]>::try_from(&*v) {
+            Ok(b) => {
+                tokens.insert(k.to_vec(), u64::from_be_bytes(b));
+            }
+            Err(_) => rep.errors.push(format!(
+                "fencing token of thread {:?}: {} bytes",
+                String::from_utf8_lossy(&k),
+                v.len()
+            )),
+        }
+    }
+    let mut lease_fixes = rocksdb::WriteBatch::default();
+    for item in db
+        .raw()
+        .iterator_cf(db.cf(LEASES_CF), rocksdb::IteratorMode::Start)
+    {
+        let (k, v) = item.map_err(|e| CheckpointError::from(db.err(e)))?;
+        let name = String::from_utf8_lossy(&k).into_owned();
+        match serde_json::from_slice::<WriterLease>(&v) {
+            Err(e) => {
+                rep.leftovers
+                    .push(format!("lease of thread {name:?} does not decode: {e}"));
+                if repair {
+                    lease_fixes.delete_cf(db.cf(LEASES_CF), &k);
+                    rep.repaired
+                        .push(format!("dropped the undecodable lease of thread {name:?}"));
+                }
+            }
+            Ok(l) => {
+                let t = tokens.get(&*k).copied().unwrap_or(0);
+                if l.token > t {
+                    rep.errors.push(format!(
+                        "lease of thread {name:?} has token {} beyond the fencing token {t}",
+                        l.token
+                    ));
+                    if repair {
+                        lease_fixes.put_cf(db.cf(FENCING_CF), &k, l.token.to_be_bytes());
+                        rep.repaired.push(format!(
+                            "raised the fencing token of thread {name:?} to {}",
+                            l.token
+                        ));
+                        rep.errors.pop();
+                    }
+                }
+            }
+        }
+    }
+    if repair && !lease_fixes.is_empty() {
+        let mut o = rocksdb::WriteOptions::default();
+        o.set_sync(true);
+        db.raw()
+            .write_opt(lease_fixes, &o)
+            .map_err(|e| CheckpointError::from(db.err(e)))?;
+    }
+
+    // Objects.
+    let w = walk(store, true)?;
+    rep.mounts = w.mounts;
+    rep.objects_verified = w.marker.objects_read;
+    rep.errors.extend(w.problems.iter().map(|p| p.to_string()));
+    if !w.dircache_problems.is_empty() {
+        rep.leftovers.extend(
+            w.dircache_problems
+                .iter()
+                .map(|p| format!("directory cache (derivable): {p}")),
+        );
+        if repair {
+            dircache::clear_all(store)?;
+            rep.repaired
+                .push("dropped the directory cache (rebuilt by the next capture)".into());
+        }
+    }
+
+    // Dirty sets and upper files.
+    let keys = mount_keys(db)?;
+    for key in &keys {
+        check_mount(store, key, live.contains(key), repair, &mut rep)?;
+    }
+    // Mount directories with nothing in the database: left by a mount whose record was
+    // cleared (their files are nothing's).
+    let key_set: HashSet<String> = keys
+        .iter()
+        .map(|k| k.iter().map(|b| format!("{b:02x}")).collect())
+        .collect();
+    let mounts_dir = store.root().join("mounts");
+    if let Ok(rd) = std::fs::read_dir(&mounts_dir) {
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let live_dir = live
+                .iter()
+                .any(|k| k.iter().map(|b| format!("{b:02x}")).collect::<String>() == name);
+            if key_set.contains(&name) || live_dir {
+                continue;
+            }
+            let upper = e.path().join("upper");
+            let files = count_files(&upper);
+            if files > 0 {
+                rep.leftovers.push(format!(
+                    "{}: {files} upper file(s) of a mount with no dirty set",
+                    upper.display()
+                ));
+                if repair {
+                    remove_upper_files(&upper)?;
+                    rep.repaired.push(format!(
+                        "removed {files} stray file(s) in {}",
+                        upper.display()
+                    ));
+                }
+            }
+        }
+    }
+
+    // Unreachable objects: counted; swept by a repair when nothing live was unreadable.
+    let dry = !(repair && w.problems.is_empty());
+    let marked = w.marker.into_marked();
+    let sweep = store.rocks_objects().sweep(&marked, &collecting, dry)?;
+    rep.unreachable_objects = sweep.objects_freed;
+    rep.unreachable_bytes = sweep.bytes_freed;
+    if !dry && sweep.objects_freed > 0 {
+        rep.repaired.push(format!(
+            "deleted {} unreachable object(s) ({} bytes)",
+            sweep.objects_freed, sweep.bytes_freed
+        ));
+    }
+    drop(collecting);
+    rep.duration_ms = start.elapsed().as_millis() as u64;
+    Ok(rep)
+}
+
+fn count_files(dir: &Path) -> usize {
+    let mut n = 0;
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    for e in rd.flatten() {
+        match e.file_type() {
+            Ok(t) if t.is_dir() => n += count_files(&e.path()),
+            Ok(_) => n += 1,
+            Err(_) => {}
+        }
+    }
+    n
+}
+
+fn remove_upper_files(dir: &Path) -> CheckpointResult<()> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        let r = match e.file_type() {
+            Ok(t) if t.is_dir() => remove_upper_files(&p),
+            _ => std::fs::remove_file(&p).map_err(|err| CheckpointError::io(&p, err)),
+        };
+        r?;
+    }
+    Ok(())
+}
+
+/// Checks one mount's dirty set against itself and its upper directory.
+fn check_mount(
+    store: &Store,
+    key: &[u8; 8],
+    live: bool,
+    repair: bool,
+    rep: &mut FsckReport,
+) -> CheckpointResult<()> {
+    let d = DirtyStore::new(store.database().clone(), *key);
+    let dir = mount_dir_of(store, key);
+    let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    let nodes = match d.nodes() {
+        Ok(n) => n,
+        // Reported by the walk.
+        Err(_) => return Ok(()),
+    };
+    let inodes: HashSet<u64> = nodes.iter().map(|(i, _)| *i).collect();
+    match d.all_entries() {
+        Ok(entries) => {
+            for (parent, name, o) in entries {
+                if let Override::Node(ino) = o {
+                    if !inodes.contains(&ino) {
+                        rep.errors.push(format!(
+                            "mount {hex}: entry {:?} of directory inode {parent} names inode {ino}, which has no record",
+                            String::from_utf8_lossy(&name)
+                        ));
+                    }
+                }
+            }
+        }
+        Err(e) => rep.errors.push(format!("mount {hex}: {e}")),
+    }
+    let upper = dir.join("upper");
+    let mut wanted: HashSet<PathBuf> = HashSet::new();
+    for (ino, n) in &nodes {
+        if n.upper {
+            let p = upper.join(upper_rel(*ino));
+            if !p.is_file() {
+                rep.errors.push(format!(
+                    "mount {hex}: the upper file of inode {ino} ({}) is missing: its uncaptured content is lost",
+                    p.display()
+                ));
+            }
+            wanted.insert(p);
+        }
+    }
+    if live {
+        // A served mount keeps local copies of clean files and files still open after
+        // an unlink: its upper directory is its own business until it stops.
+        return Ok(());
+    }
+    let mut stray = Vec::new();
+    collect_files(&upper, &mut stray);
+    stray.retain(|p| !wanted.contains(p));
+    if !stray.is_empty() {
+        rep.leftovers.push(format!(
+            "mount {hex}: {} upper file(s) no record needs (local copies of clean files, or left by a crash; the next mount removes them), for example {}",
+            stray.len(),
+            stray[0].display()
+        ));
+        if repair {
+            for p in &stray {
+                std::fs::remove_file(p).map_err(|e| CheckpointError::io(p, e))?;
+            }
+            rep.repaired.push(format!(
+                "mount {hex}: removed {} stray upper file(s)",
+                stray.len()
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        match e.file_type() {
+            Ok(t) if t.is_dir() => collect_files(&e.path(), out),
+            Ok(_) => out.push(e.path()),
+            Err(_) => {}
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! `casfs gc`, `casfs prune` and `casfs fsck`: run here when the store is free, or by
+//! the mount daemon that has it open (through its control socket), so they are safe
+//! while that mount captures and restores.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::bail;
+use casfs::checkpoint::maintenance::{FsckReport, GcReport, PruneReport};
+use casfs::checkpoint::mountd::{control_request, MaintainOp, Request};
+use casfs::checkpoint::{OpenMode, Store};
+use serde_json::Value;
+
+use super::output::{bytes, json, millis, with_spinner};
+use super::Cli;
+
+/// The control socket of a mount daemon serving this store, if one answers.
+fn daemon_socket(cli: &Cli) -> Option<PathBuf> {
+    let rd = std::fs::read_dir(cli.store_root().join("mounts")).ok()?;
+    rd.flatten()
+        .map(|e| e.path().join("control.sock"))
+        .filter(|s| s.exists())
+        .find(|s| control_request(s, &Request::Status).is_ok())
+}
+
+/// Runs `op` on the store: here when its lock is free within a moment, else by the
+/// mount daemon that holds it; else waits for the lock as other commands do.
+fn run_op(cli: &Cli, op: MaintainOp, label: &str) -> anyhow::Result<Value> {
+    let root = cli.store_root();
+    let local = |store: Store| -> anyhow::Result<Value> {
+        let r = with_spinner(label, String::new, || op.run(&store, &HashSet::new()));
+        Ok(r?)
+    };
+    match Store::open(&root, OpenMode::MustExist, Duration::from_millis(300)) {
+        Ok(store) => local(store),
+        Err(first) => {
+            if let Some(sock) = daemon_socket(cli) {
+                tracing::info!("the store is held by the mount at {}", sock.display());
+                let req = Request::Maintain(op.clone());
+                return with_spinner(label, String::new, || control_request(&sock, &req))
+                    .map_err(|e| anyhow::anyhow!("{e}"));
+            }
+            if !first.to_string().contains("in use") {
+                return Err(first.into());
+            }
+            local(cli.open_store(OpenMode::MustExist)?)
+        }
+    }
+}
+
+fn print_gc(g: &GcReport) {
+    let verb = if g.dry_run { "would free" } else { "freed" };
+    println!(
+        "gc: {} of {} objects unreachable, {verb} {} (stored){}",
+        g.sweep.objects_freed,
+        g.sweep.objects_total,
+        bytes(g.sweep.bytes_freed),
+        if g.sweep.kept_new > 0 {
+            format!(", {} written meanwhile kept", g.sweep.kept_new)
+        } else {
+            String::new()
+        }
+    );
+    println!(
+        "    live: {} objects from {} checkpoint(s), {} mount(s), {} cached dir(s)",
+        g.reachable, g.checkpoints, g.mounts, g.dircache_dirs
+    );
+    if !g.dry_run {
+        println!(
+            "    database {} -> {}",
+            bytes(g.disk_bytes_before),
+            bytes(g.disk_bytes_after)
+        );
+    }
+    if g.dircache_dropped {
+        println!("    directory cache dropped (it named missing objects)");
+    }
+    println!("    {}", millis(g.duration_ms));
+}
+
+pub fn gc(cli: &Cli, dry_run: bool) -> anyhow::Result<()> {
+    let v = run_op(cli, MaintainOp::Gc { dry_run }, "collecting")?;
+    if cli.json {
+        return json(&v);
+    }
+    print_gc(&serde_json::from_value(v)?);
+    Ok(())
+}
+
+pub fn prune(
+    cli: &Cli,
+    keep_last: Option<usize>,
+    keep_within: Option<&str>,
+    thread: Option<&str>,
+    dry_run: bool,
+    then_gc: bool,
+) -> anyhow::Result<()> {
+    if keep_last.is_none() && keep_within.is_none() {
+        bail!("give --keep-last N and/or --keep-within DURATION (heads are always kept)");
+    }
+    let keep_within_ms = keep_within
+        .map(|s| {
+            humantime::parse_duration(s)
+                .map(|d| d.as_millis() as u64)
+                .map_err(|e| anyhow::anyhow!("--keep-within {s:?}: {e} (try 7d, 12h, 30m)"))
+        })
+        .transpose()?;
+    let op = MaintainOp::Prune {
+        keep_last,
+        keep_within_ms,
+        thread: thread.map(str::to_string),
+        dry_run,
+        gc: then_gc,
+    };
+    let v = run_op(cli, op, "pruning")?;
+    if cli.json {
+        return json(&v);
+    }
+    let p: PruneReport = serde_json::from_value(v["prune"].clone())?;
+    println!(
+        "prune: {} {} checkpoint(s), kept {} on {} thread(s){}",
+        if dry_run { "would remove" } else { "removed" },
+        p.pruned,
+        p.kept,
+        p.threads,
+        if then_gc || p.pruned == 0 {
+            ""
+        } else {
+            " (run `casfs gc` to free their objects)"
+        }
+    );
+    if !v["gc"].is_null() {
+        print_gc(&serde_json::from_value(v["gc"].clone())?);
+    }
+    Ok(())
+}
+
+pub fn fsck(cli: &Cli, repair: bool) -> anyhow::Result<()> {
+    let v = run_op(cli, MaintainOp::Fsck { repair }, "checking")?;
+    let r: FsckReport = serde_json::from_value(v.clone())?;
+    if cli.json {
+        json(&v)?;
+    } else {
+        for e in &r.errors {
+            println!("error: {e}");
+        }
+        for l in &r.leftovers {
+            println!("leftover: {l}");
+        }
+        for f in &r.repaired {
+            println!("repaired: {f}");
+        }
+        println!(
+            "fsck: {} checkpoint(s) on {} thread(s), {} mount(s), {} objects verified, {} unreachable ({}); {} error(s), {} leftover(s); {}",
+            r.checkpoints,
+            r.threads,
+            r.mounts,
+            r.objects_verified,
+            r.unreachable_objects,
+            bytes(r.unreachable_bytes),
+            r.errors.len(),
+            r.leftovers.len(),
+            millis(r.duration_ms)
+        );
+    }
+    if !r.errors.is_empty() {
+        bail!("the store has {} error(s)", r.errors.len());
+    }
+    Ok(())
+}
