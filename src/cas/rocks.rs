@@ -62,6 +62,19 @@ impl SpaceGuard {
         }
     }
 
+    fn has_room(&self, path: &Path, need: u64) -> bool {
+        if self.reserve == 0 {
+            return true;
+        }
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if last.0.elapsed() > std::time::Duration::from_millis(50) {
+            if let Some((_, free)) = statvfs_bytes(path) {
+                *last = (std::time::Instant::now(), free);
+            }
+        }
+        last.1 >= self.reserve.saturating_add(need)
+    }
+
     fn check(&self, path: &Path, need: u64) -> CasResult<()> {
         if self.reserve == 0 {
             return Ok(());
@@ -199,6 +212,12 @@ impl Database {
     /// filesystem that would leave less than the reserve free.
     pub fn ensure_space(&self, need: u64) -> CasResult<()> {
         self.space.check(&self.path, need)
+    }
+
+    /// Whether `need` bytes could be written leaving the reserve free (a hint: nothing
+    /// is counted).
+    pub fn has_room(&self, need: u64) -> bool {
+        self.space.has_room(&self.path, need)
     }
 
     /// Makes every write so far durable (syncs the write-ahead log).

@@ -66,6 +66,9 @@ pub struct RocksObjectStore {
     db: Arc<Database>,
     /// Whether objects were written without the write-ahead log since the last sync.
     unlogged: AtomicBool,
+    /// Bytes of objects put since the last flush: in memory, not yet in files, so the
+    /// filesystem's free space does not show them yet.
+    unflushed: std::sync::atomic::AtomicU64,
     fence: Fence,
 }
 
@@ -84,6 +87,7 @@ impl RocksObjectStore {
         RocksObjectStore {
             db,
             unlogged: AtomicBool::new(false),
+            unflushed: std::sync::atomic::AtomicU64::new(0),
             fence: Fence::default(),
         }
     }
@@ -198,8 +202,13 @@ impl ObjectStore for RocksObjectStore {
         let stored_len = ENCODE_BUF.with(|b| {
             let mut buf = b.borrow_mut();
             encode_stored_into(data, &mut buf);
-            // Twice: the value goes to the log or a memtable, then to a file.
-            self.db.ensure_space(2 * buf.len() as u64)?;
+            // The value goes to the log or a memtable, then to a file; and what earlier
+            // puts left in memory is still to be written.
+            let pending = self.unflushed.fetch_add(buf.len() as u64, Ordering::SeqCst);
+            if let Err(e) = self.db.ensure_space(2 * buf.len() as u64 + pending) {
+                self.unflushed.fetch_sub(buf.len() as u64, Ordering::SeqCst);
+                return Err(e);
+            }
             let r = self.db.raw().put_cf_opt(cf, id.0.as_bytes(), &*buf, &opts);
             let len = buf.len() as u64;
             if buf.capacity() > 4 << 20 {
@@ -249,6 +258,7 @@ impl ObjectStore for RocksObjectStore {
             .unwrap_or(0);
         if self.unlogged.swap(false, Ordering::SeqCst) || pending > FLUSH_AT_SYNC_BYTES {
             self.db.raw().flush_cf(cf).map_err(|e| self.db.err(e))?;
+            self.unflushed.store(0, Ordering::SeqCst);
         }
         self.db.sync()
     }

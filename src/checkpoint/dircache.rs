@@ -121,6 +121,18 @@ pub fn all_entries(store: &Store) -> CheckpointResult<Vec<(Vec<u8>, Option<DirCa
     Ok(out)
 }
 
+/// Forgets the cached directories under these keys (from [`all_entries`]).
+pub fn remove(store: &Store, keys: &[Vec<u8>]) -> CheckpointResult<()> {
+    let db = store.database();
+    let mut b = WriteBatch::default();
+    for k in keys {
+        b.delete_cf(db.cf(DIRCACHE_CF), k);
+    }
+    db.raw()
+        .write(b)
+        .map_err(|e| CheckpointError::from(db.err(e)))
+}
+
 /// Forgets the whole directory cache (it is derivable: the next capture or restore of
 /// each directory reads what it needs and writes it again).
 pub fn clear_all(store: &Store) -> CheckpointResult<()> {

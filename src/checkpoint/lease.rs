@@ -53,12 +53,61 @@ pub fn holder_name(program: &str) -> String {
         .as_bytes(),
     )
     .short(8);
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_default();
+    let host = this_host();
     format!("{program}@{host}:{}:{tag}", std::process::id())
+}
+
+fn this_host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Whether a lease holder named by [`holder_name`] is a process of this host that no
+/// longer exists (killed, crashed): its lease can be taken over at once instead of
+/// after its TTL, since a process that is gone can never publish. A holder of another
+/// host, of this process, or named otherwise is presumed alive.
+pub fn holder_is_dead(holder: &str) -> bool {
+    let Some((_, rest)) = holder.rsplit_once('@') else {
+        return false;
+    };
+    let mut parts = rest.rsplitn(3, ':');
+    let (Some(_tag), Some(pid), Some(host)) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    let Ok(pid) = pid.parse::<i32>() else {
+        return false;
+    };
+    if pid <= 0 || pid as u32 == std::process::id() || host != this_host() {
+        return false;
+    }
+    // SAFETY: signal 0 sends nothing; it only asks whether the process exists.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
 }
 
 pub fn millis(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_holder_is_dead_only_when_its_process_on_this_host_is_gone() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        let host = this_host();
+        assert!(holder_is_dead(&format!("casfs@{host}:{pid}:abcd1234")));
+        // This process, another host, or a name of another form: presumed alive.
+        let me = holder_name("casfs");
+        assert!(!holder_is_dead(&me));
+        assert!(!holder_is_dead(&format!("casfs@{host}x:{pid}:abcd1234")));
+        assert!(!holder_is_dead("writer-a"));
+        assert!(!holder_is_dead("a@b"));
+        let init = format!("casfs@{host}:1:abcd1234");
+        assert!(!holder_is_dead(&init));
+    }
 }

@@ -149,11 +149,45 @@ struct Walk<'a> {
     marker: Marker<'a>,
     /// Problems under records and mounts: data that is needed and damaged.
     problems: Vec<Problem>,
-    /// Problems under the directory cache (derivable: dropping it repairs them).
-    dircache_problems: Vec<Problem>,
     checkpoints: usize,
     mounts: usize,
-    dircache_dirs: usize,
+}
+
+/// The directory cache is not a root: it is derivable, and a cached directory may be
+/// long gone. Entries that name an object nothing live keeps (or the store lacks) are
+/// stale: a capture would reuse what they name. They are dropped before a sweep (under
+/// the fence, so no capture or restore is using the cache meanwhile). Returns (cached
+/// directories, stale ones, an example).
+fn stale_dircache(
+    store: &Store,
+    marked: &HashSet<Hash>,
+    drop_them: bool,
+) -> CheckpointResult<(usize, usize, Option<String>)> {
+    let entries = dircache::all_entries(store)?;
+    let mut stale = Vec::new();
+    let mut example = None;
+    for (key, entry) in &entries {
+        let ok = entry.as_ref().is_some_and(|dc| {
+            marked.contains(&dc.tree_id.0)
+                && dc.tree.entries().iter().all(|e| {
+                    e.file_ref().is_none_or(|f| marked.contains(&f.id.0))
+                        && e.tree_id().is_none_or(|t| marked.contains(&t.0))
+                })
+        });
+        if !ok {
+            if example.is_none() {
+                example = Some(format!(
+                    "{:?}",
+                    String::from_utf8_lossy(key.get(16..).unwrap_or_default())
+                ));
+            }
+            stale.push(key.clone());
+        }
+    }
+    if drop_them && !stale.is_empty() {
+        dircache::remove(store, &stale)?;
+    }
+    Ok((entries.len(), stale.len(), example))
 }
 
 fn walk(store: &Store, verify: bool) -> CheckpointResult<Walk<'_>> {
@@ -218,40 +252,11 @@ fn walk(store: &Store, verify: bool) -> CheckpointResult<Walk<'_>> {
         }
         take(&mut marker, &mut problems);
     }
-    let mut dircache_problems = Vec::new();
-    let mut dircache_dirs = 0;
-    for (key, entry) in dircache::all_entries(store)? {
-        dircache_dirs += 1;
-        let at = format!(
-            "directory cache {:?}",
-            String::from_utf8_lossy(key.get(16..).unwrap_or_default())
-        );
-        let Some(dc) = entry else {
-            dircache_problems.push(Problem {
-                object: String::new(),
-                what: "directory cache entry",
-                path: at,
-                detail: "does not decode".into(),
-            });
-            continue;
-        };
-        marker.object(dc.tree_id.0);
-        for e in dc.tree.entries() {
-            if let Some(f) = e.file_ref() {
-                marker.file(f, &at);
-            } else if let Some(t) = e.tree_id() {
-                marker.tree(t, &at);
-            }
-        }
-        take(&mut marker, &mut dircache_problems);
-    }
     Ok(Walk {
         marker,
         problems,
-        dircache_problems,
         checkpoints,
         mounts: keys.len(),
-        dircache_dirs,
     })
 }
 
@@ -264,8 +269,8 @@ pub struct GcReport {
     /// Objects reachable from those roots.
     pub reachable: u64,
     pub sweep: SweepReport,
-    /// Whether the directory cache was dropped (it named objects the store lacks).
-    pub dircache_dropped: bool,
+    /// Cached directories dropped because they named objects nothing live keeps.
+    pub dircache_dropped: usize,
     /// Bytes of the store's database files before and after.
     pub disk_bytes_before: u64,
     pub disk_bytes_after: u64,
@@ -302,23 +307,16 @@ pub fn gc(store: &Store, dry_run: bool) -> CheckpointResult<GcReport> {
             w.problems.len()
         )));
     }
-    let dircache_dropped = !w.dircache_problems.is_empty() && !dry_run;
-    if dircache_dropped {
-        tracing::warn!(
-            "directory cache names objects the store lacks ({}); dropping it",
-            w.dircache_problems[0]
-        );
-        dircache::clear_all(store)?;
-    }
     let reachable = w.marker.marked().len() as u64;
     let marked = w.marker.into_marked();
+    let (dircache_dirs, dircache_dropped, _) = stale_dircache(store, &marked, !dry_run)?;
     let sweep = store.rocks_objects().sweep(&marked, &collecting, dry_run)?;
     drop(collecting);
     Ok(GcReport {
         dry_run,
         checkpoints: w.checkpoints,
         mounts: w.mounts,
-        dircache_dirs: w.dircache_dirs,
+        dircache_dirs,
         reachable,
         sweep,
         dircache_dropped,
@@ -479,19 +477,6 @@ pub fn fsck(store: &Store, repair: bool, live: &HashSet<[u8; 8]>) -> CheckpointR
     rep.mounts = w.mounts;
     rep.objects_verified = w.marker.objects_read;
     rep.errors.extend(w.problems.iter().map(|p| p.to_string()));
-    if !w.dircache_problems.is_empty() {
-        rep.leftovers.extend(
-            w.dircache_problems
-                .iter()
-                .map(|p| format!("directory cache (derivable): {p}")),
-        );
-        if repair {
-            dircache::clear_all(store)?;
-            rep.repaired
-                .push("dropped the directory cache (rebuilt by the next capture)".into());
-        }
-    }
-
     // Dirty sets and upper files.
     let keys = mount_keys(db)?;
     for key in &keys {
@@ -534,6 +519,18 @@ pub fn fsck(store: &Store, repair: bool, live: &HashSet<[u8; 8]>) -> CheckpointR
     // Unreachable objects: counted; swept by a repair when nothing live was unreadable.
     let dry = !(repair && w.problems.is_empty());
     let marked = w.marker.into_marked();
+    let (_, stale, example) = stale_dircache(store, &marked, !dry)?;
+    if stale > 0 {
+        rep.leftovers.push(format!(
+            "directory cache: {stale} cached director(y/ies) name objects nothing live keeps \
+             (for example {}); derivable, dropped by gc",
+            example.unwrap_or_default()
+        ));
+        if !dry {
+            rep.repaired
+                .push(format!("dropped {stale} stale directory cache entr(y/ies)"));
+        }
+    }
     let sweep = store.rocks_objects().sweep(&marked, &collecting, dry)?;
     rep.unreachable_objects = sweep.objects_freed;
     rep.unreachable_bytes = sweep.bytes_freed;

@@ -220,7 +220,7 @@ impl CheckpointStore for RocksCheckpointStore {
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let now = SystemTime::now();
         if let Some(cur) = self.current_lease(thread)? {
-            if !cur.is_expired_at(now) {
+            if !cur.is_expired_at(now) && !super::lease::holder_is_dead(&cur.holder) {
                 return Err(CheckpointError::LeaseHeld {
                     thread: thread.clone(),
                     until: cur.expires_at(),

@@ -73,8 +73,11 @@ fn print_gc(g: &GcReport) {
             bytes(g.disk_bytes_after)
         );
     }
-    if g.dircache_dropped {
-        println!("    directory cache dropped (it named missing objects)");
+    if g.dircache_dropped > 0 {
+        println!(
+            "    {} stale cached director(y/ies) forgotten (the next capture there reads them)",
+            g.dircache_dropped
+        );
     }
     println!("    {}", millis(g.duration_ms));
 }

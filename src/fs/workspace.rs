@@ -47,6 +47,10 @@ const ROOT: u64 = 1;
 /// available, so the kernel reads them itself; smaller ones go through the chunk cache.
 const MATERIALIZE_MIN: u64 = 256 << 10;
 
+/// Free space (beyond the database's reserve) below which handles that may write are
+/// served by the daemon, which enforces the reserve, instead of through passthrough.
+const PASSTHROUGH_WRITE_ROOM: u64 = 1 << 30;
+
 /// How a workspace is served.
 #[derive(Debug, Clone)]
 pub struct WorkspaceOptions {
@@ -1989,7 +1993,9 @@ impl WorkspaceFs {
                     && (write
                         || (ws.passthrough.load(Ordering::Relaxed)
                             && n.open_plain == 0
-                            && c.size >= MATERIALIZE_MIN)) =>
+                            && c.size >= MATERIALIZE_MIN
+                            // A local copy is an optimisation: not when space is short.
+                            && ws.dirty.database().has_room(c.size + PASSTHROUGH_WRITE_ROOM))) =>
                 {
                     Some((*c, n.meta.atime, n.meta.mtime))
                 }
@@ -2044,11 +2050,16 @@ impl WorkspaceFs {
         };
         let n = tx.node(ino)?;
         let mut backing = n.backing.clone();
-        if let (None, true, 0, Some(u)) = (
+        // Writes through passthrough never reach the daemon, so nothing keeps them
+        // from using the space the store's database needs: a handle that may write
+        // gets passthrough only while the filesystem has ample room.
+        let may_pass = !write || ws.dirty.database().has_room(PASSTHROUGH_WRITE_ROOM);
+        if let (None, true, 0, Some(u), true) = (
             &backing,
             ws.passthrough.load(Ordering::Relaxed),
             n.open_plain,
             &upper,
+            may_pass,
         ) {
             match make_backing(u) {
                 Ok(b) => backing = Some(Arc::new(b)),

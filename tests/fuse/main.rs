@@ -8,6 +8,7 @@ mod common;
 mod bench;
 mod middleware;
 mod read_only;
+mod reliability;
 mod serve;
 mod workspace;
 
