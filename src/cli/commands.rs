@@ -105,6 +105,8 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
             no_passthrough,
             foreground,
             allow_other,
+            max_local_copies,
+            chunk_cache,
         } => super::mount::mount(
             cli,
             mountpoint,
@@ -112,8 +114,13 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
             at.as_deref(),
             *read_only,
             *foreground,
-            *allow_other,
-            *no_passthrough,
+            casfs::fs::WorkspaceOptions {
+                allow_other: *allow_other,
+                passthrough: !*no_passthrough,
+                local_copies_bytes: max_local_copies.saturating_mul(1 << 20),
+                chunk_cache_bytes: (chunk_cache.saturating_mul(1 << 20)) as usize,
+                ..casfs::fs::WorkspaceOptions::default()
+            },
         ),
         Command::Unmount { mountpoint, lazy } => super::mount::unmount(cli, mountpoint, *lazy),
         Command::Serve { .. } => super::serve::run(cli),

@@ -147,6 +147,13 @@ pub enum Command {
         /// Let other users in (permissions still apply)
         #[arg(long)]
         allow_other: bool,
+        /// Keep at most this many MiB of local copies of clean files (made for
+        /// passthrough reads and left by checkpoints); the oldest unused go first
+        #[arg(long, default_value_t = 2048, value_name = "MIB")]
+        max_local_copies: u64,
+        /// Chunk cache for reads served by the daemon, in MiB
+        #[arg(long, default_value_t = 64, value_name = "MIB")]
+        chunk_cache: u64,
     },
 
     /// Show a writable mount's thread, base checkpoint and uncaptured changes

@@ -32,9 +32,9 @@ pub fn mount(
     at: Option<&str>,
     read_only: bool,
     foreground: bool,
-    allow_other: bool,
-    no_passthrough: bool,
+    ws_opts: WorkspaceOptions,
 ) -> anyhow::Result<()> {
+    let allow_other = ws_opts.allow_other;
     if is_dead_mount(mountpoint) {
         bail!(
             "{}: a casfs mount whose daemon is gone is still attached; run `casfs unmount --lazy {}` first",
@@ -51,15 +51,7 @@ pub fn mount(
     let mountpoint = &std::fs::canonicalize(mountpoint)
         .with_context(|| format!("resolving {}", mountpoint.display()))?;
     if !read_only {
-        return mount_writable(
-            cli,
-            mountpoint,
-            thread,
-            at,
-            foreground,
-            allow_other,
-            no_passthrough,
-        );
+        return mount_writable(cli, mountpoint, thread, at, foreground, &ws_opts);
     }
     // Read-only, without the store lock: a writer may keep using the store.
     let store = Store::open_read_only(&cli.store_root())?;
@@ -106,15 +98,13 @@ fn wait_signal(signals: &libc::sigset_t, ms: i64) -> bool {
     sig > 0
 }
 
-#[allow(clippy::too_many_arguments)]
 fn mount_writable(
     cli: &Cli,
     mountpoint: &Path,
     thread: Option<&str>,
     at: Option<&str>,
     foreground: bool,
-    allow_other: bool,
-    no_passthrough: bool,
+    opts: &WorkspaceOptions,
 ) -> anyhow::Result<()> {
     if thread.is_none() && at.is_none() {
         bail!("mount needs --thread (or --at CHECKPOINT) unless --read-only");
@@ -141,11 +131,6 @@ fn mount_writable(
         (None, Some(id)) => store.checkpoints().get(&id)?.body.thread_id,
         (None, None) => bail!("mount needs --thread (or --at CHECKPOINT) unless --read-only"),
     };
-    let opts = WorkspaceOptions {
-        allow_other,
-        passthrough: !no_passthrough,
-        ..WorkspaceOptions::default()
-    };
     let dir = mount_dir(store.root(), mountpoint);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let socket = control_socket(store.root(), mountpoint);
@@ -155,7 +140,7 @@ fn mount_writable(
             socket.display()
         );
     }
-    let mounted = MountedThread::mount(store, mountpoint, thread, at, &opts)
+    let mounted = MountedThread::mount(store, mountpoint, thread, at, opts)
         .with_context(|| format!("mounting {}", mountpoint.display()))?;
     std::fs::write(dir.join("pid"), std::process::id().to_string())
         .with_context(|| format!("writing {}", dir.join("pid").display()))?;

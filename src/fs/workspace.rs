@@ -59,11 +59,15 @@ pub struct WorkspaceOptions {
     pub allow_other: bool,
     /// Use FUSE passthrough for files with a local copy when the kernel offers it.
     pub passthrough: bool,
+    /// At most this many bytes of local copies of clean files are kept (oldest unused
+    /// evicted).
+    pub local_copies_bytes: u64,
 }
 
 impl Default for WorkspaceOptions {
     fn default() -> Self {
         WorkspaceOptions {
+            local_copies_bytes: 2 << 30,
             chunk_cache_bytes: 64 << 20,
             threads: 4,
             allow_other: false,
@@ -209,6 +213,21 @@ struct State {
     tag: serde_json::Value,
     dirty: BTreeSet<u64>,
     events: Events,
+    copies: Copies,
+}
+
+/// Local copies of clean files (made for passthrough reads, or left by a checkpoint
+/// of a written file) that no handle has open: kept for the next open, evicted oldest
+/// first beyond the workspace's limit (reads then come from the store again).
+#[derive(Default)]
+struct Copies {
+    /// (inode, generation), oldest first; entries whose generation is not the one in
+    /// `sizes` are stale.
+    order: std::collections::VecDeque<(u64, u64)>,
+    /// inode -> (size, generation)
+    sizes: HashMap<u64, (u64, u64)>,
+    bytes: u64,
+    generation: u64,
 }
 
 /// Subscribers to the workspace's changes, and the last sequence number given out.
@@ -329,6 +348,8 @@ pub struct Workspace {
     notifier: OnceLock<Notifier>,
     owner: (u32, u32),
     mounted_at: i64,
+    /// Limit of [`Copies`] in bytes.
+    copies_limit: u64,
 }
 
 fn now_ns() -> i64 {
@@ -708,6 +729,70 @@ impl<'a> Tx<'a> {
     }
 
     /// Drops a node that no directory links any more, unless it is open.
+    /// Counts `ino`'s local copy among the unused ones, if it has one and is clean and
+    /// closed; evicts the oldest beyond the limit.
+    fn note_copy(&mut self, ino: u64) {
+        let Some(n) = self.st.nodes.get(&ino) else {
+            return;
+        };
+        let size = match &n.body {
+            Body::File {
+                clean: Some(c),
+                upper: Some(_),
+                ..
+            } if !n.dirty && n.open_plain + n.open_passthrough == 0 => c.size,
+            _ => return,
+        };
+        let copies = &mut self.st.copies;
+        if !copies.sizes.contains_key(&ino) {
+            copies.generation += 1;
+            copies.sizes.insert(ino, (size, copies.generation));
+            copies.bytes += size;
+            copies.order.push_back((ino, copies.generation));
+        }
+        while self.st.copies.bytes > self.ws.copies_limit {
+            let Some((old, generation)) = self.st.copies.order.pop_front() else {
+                break;
+            };
+            match self.st.copies.sizes.get(&old) {
+                Some(&(sz, g)) if g == generation => {
+                    self.st.copies.sizes.remove(&old);
+                    self.st.copies.bytes -= sz;
+                }
+                _ => continue,
+            }
+            let Some(n) = self.st.nodes.get_mut(&old) else {
+                continue;
+            };
+            let idle = !n.dirty && n.open_plain + n.open_passthrough == 0;
+            if let Body::File {
+                clean: Some(_),
+                upper,
+                ..
+            } = &mut n.body
+            {
+                if idle && upper.is_some() {
+                    *upper = None;
+                    self.ws.remove_upper(old);
+                }
+            }
+        }
+    }
+
+    /// `ino`'s copy is in use, changed or gone: no longer an unused copy.
+    fn forget_copy(&mut self, ino: u64) {
+        if let Some((sz, _)) = self.st.copies.sizes.remove(&ino) {
+            self.st.copies.bytes -= sz;
+        }
+        // Its place in `order` goes stale (a later note gets a new generation).
+        let c = &mut self.st.copies;
+        if c.order.len() > 64 && c.order.len() > 4 * c.sizes.len() {
+            let sizes = &c.sizes;
+            c.order
+                .retain(|(i, g)| sizes.get(i).is_some_and(|&(_, g2)| g2 == *g));
+        }
+    }
+
     fn maybe_free(&mut self, ino: u64) {
         let Some(n) = self.st.nodes.get(&ino) else {
             return;
@@ -715,6 +800,7 @@ impl<'a> Tx<'a> {
         if !n.links.is_empty() || n.open_plain + n.open_passthrough > 0 {
             return;
         }
+        self.forget_copy(ino);
         let n = self.st.nodes.remove(&ino).expect("present");
         if n.dirty {
             self.ws.dirty.delete_node(&mut self.batch, ino);
@@ -835,6 +921,7 @@ impl<'a> Tx<'a> {
 
     /// Gives file `ino` an upper file holding its current content.
     fn copy_up(&mut self, ino: u64, truncate: bool) -> Result<Arc<File>, Errno> {
+        self.forget_copy(ino);
         let n = self.node(ino)?;
         let dirty = n.dirty;
         let existing = match &n.body {
@@ -1211,7 +1298,9 @@ impl Workspace {
                 tag,
                 dirty: BTreeSet::new(),
                 events: Events::default(),
+                copies: Copies::default(),
             }),
+            copies_limit: opts.local_copies_bytes,
             barrier: RwLock::new(()),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
@@ -1695,6 +1784,7 @@ impl Workspace {
             tx.st.base
         };
         let (done, keep_dirty) = (cx.done, cx.keep_dirty);
+        let written: Vec<u64> = done.iter().map(|(ino, _)| *ino).collect();
         self.objects.sync()?;
         let (out, tag) = match publish(root, &stats) {
             Ok(x) => x,
@@ -1741,6 +1831,10 @@ impl Workspace {
                     still.push(ino);
                 }
             }
+        }
+        // Written files keep their upper files as local copies of their new content.
+        for ino in written {
+            tx.note_copy(ino);
         }
         tx.st.base = root;
         tx.st.tag = tag.clone();
@@ -1824,6 +1918,7 @@ impl Workspace {
         let root_node = self.root_node(root);
         tx.st.nodes.insert(ROOT, root_node);
         tx.st.dirty.clear();
+        tx.st.copies = Copies::default();
         tx.st.base = root;
         tx.st.tag = tag.clone();
         self.dirty.clear(&mut tx.batch);
@@ -1875,6 +1970,7 @@ impl Workspace {
                 n.close_upper();
             }
         }
+        tx.note_copy(h.ino);
         tx.maybe_free(h.ino);
         let _ = tx.commit();
     }
@@ -2007,6 +2103,8 @@ impl WorkspaceFs {
             None => None,
         };
         let mut tx = ws.tx();
+        // In use: not an idle copy while open (noted again, newest, at release).
+        tx.forget_copy(ino);
         let n = tx.node(ino)?;
         match n.kind {
             Kind::File => {}

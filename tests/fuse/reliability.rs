@@ -860,3 +860,76 @@ fn a_full_store_filesystem_refuses_writes_and_recovers() {
     let report = fsck_clean(&store);
     assert!(report["leftovers"].as_array().is_some());
 }
+
+fn upper_bytes(store: &Path) -> u64 {
+    fn walk(d: &Path) -> u64 {
+        fs::read_dir(d).map_or(0, |rd| {
+            rd.flatten()
+                .map(|e| {
+                    let m = e.metadata().unwrap();
+                    if m.is_dir() {
+                        walk(&e.path())
+                    } else {
+                        m.len()
+                    }
+                })
+                .sum()
+        })
+    }
+    fs::read_dir(store.join("mounts"))
+        .unwrap()
+        .flatten()
+        .map(|m| walk(&m.path().join("upper")))
+        .sum()
+}
+
+/// Local copies of clean files (for passthrough reads, and left by checkpoints of
+/// written files) stay within the mount's limit; evicted files read from the store.
+#[test]
+fn local_copies_stay_within_their_limit() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("s");
+    let src = t.path().join("src");
+    fs::create_dir(&src).unwrap();
+    let files: Vec<(String, Vec<u8>)> = (0..8u64)
+        .map(|i| (format!("r{i}"), pattern(400 << 10, i)))
+        .collect();
+    for (n, d) in &files {
+        fs::write(src.join(n), d).unwrap();
+    }
+    ok(&store, &["capture", s(&src), "-t", "lc"]);
+    let mp = t.path().join("mnt");
+    fs::create_dir(&mp).unwrap();
+    let _guard = MountGuard::new(&mp);
+    ok(
+        &store,
+        &["mount", s(&mp), "-t", "lc", "--max-local-copies", "1"],
+    );
+    let limit = 1 << 20;
+    for (n, d) in &files {
+        assert_eq!(&fs::read(mp.join(n)).unwrap(), d);
+    }
+    assert!(
+        wait_for(Duration::from_secs(5), || upper_bytes(&store) <= limit),
+        "{} bytes of local copies after reads",
+        upper_bytes(&store)
+    );
+    // Written files: after the checkpoint their upper files are copies too.
+    let written: Vec<(String, Vec<u8>)> = (0..6u64)
+        .map(|i| (format!("w{i}"), pattern(300 << 10, 100 + i)))
+        .collect();
+    for (n, d) in &written {
+        fs::write(mp.join(n), d).unwrap();
+    }
+    json(&store, &["checkpoint", s(&mp)]);
+    assert!(
+        wait_for(Duration::from_secs(5), || upper_bytes(&store) <= limit),
+        "{} bytes of local copies after a checkpoint",
+        upper_bytes(&store)
+    );
+    drop_caches();
+    for (n, d) in files.iter().chain(&written) {
+        assert_eq!(&fs::read(mp.join(n)).unwrap(), d, "{n}");
+    }
+    ok(&store, &["unmount", s(&mp)]);
+}
