@@ -48,3 +48,9 @@ if ! command -v pjdfstest >/dev/null 2>&1 && [ ! -x "${CARGO_HOME:-$HOME/.cargo}
   echo "casfs setup: installing pjdfstest 0.2.2 (cargo install)" >&2
   cargo install --quiet --locked pjdfstest --version 0.2.2
 fi
+
+# The fuzzer driver for scripts/fuzz.sh (libFuzzer through cargo-fuzz), from crates.io.
+if ! command -v cargo-fuzz >/dev/null 2>&1 && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo-fuzz" ]; then
+  echo "casfs setup: installing cargo-fuzz 0.13.2 (cargo install)" >&2
+  cargo install --quiet --locked cargo-fuzz --version 0.13.2
+fi

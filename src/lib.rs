@@ -8,6 +8,8 @@
 pub mod cas;
 pub mod checkpoint;
 pub mod fs;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod middleware;
 
 /// A crash-test hook: when the environment variable `CASFS_CRASH_AT` is `NAME` or

@@ -49,7 +49,6 @@ pub fn looks_compressed(data: &[u8]) -> bool {
 }
 
 /// Encodes `data` for storage: zstd when that is smaller, raw otherwise.
-#[cfg(test)]
 pub fn encode_stored(data: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     encode_stored_into(data, &mut out);

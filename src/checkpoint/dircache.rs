@@ -50,7 +50,7 @@ impl DirCache {
         Some((i, &self.tree.entries()[i], self.fingerprints[i]))
     }
 
-    fn encode(&self) -> Vec<u8> {
+    pub fn encode(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(40 + self.fingerprints.len() * 45);
         v.push(VERSION);
         v.extend_from_slice(self.tree_id.0.as_bytes());
@@ -68,7 +68,9 @@ impl DirCache {
         v
     }
 
-    fn decode(b: &[u8]) -> Option<DirCache> {
+    /// Decodes a stored entry; `None` for anything not written by `encode` (the cache
+    /// then treats the directory as not cached).
+    pub fn decode(b: &[u8]) -> Option<DirCache> {
         if b.first() != Some(&VERSION) || b.len() < 37 {
             return None;
         }

@@ -261,7 +261,8 @@ impl DirtyStore {
     }
 }
 
-fn decode_override(v: &[u8]) -> CasResult<Override> {
+/// Decodes a stored entry override.
+pub fn decode_override(v: &[u8]) -> CasResult<Override> {
     match v {
         [0] => Ok(Override::Whiteout),
         [1, rest @ ..] if rest.len() == 8 => Ok(Override::Node(u64::from_be_bytes(

@@ -1,0 +1,5 @@
+#![no_main]
+//! Fuzzes `casfs::fuzzing::chunk_list` (see src/fuzzing.rs).
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| casfs::fuzzing::chunk_list(data));
