@@ -178,6 +178,11 @@ impl MountedThread {
         self.mounted.is_finished()
     }
 
+    /// The key of this mount's dirty set and directory in the store.
+    pub fn key(&self) -> [u8; 8] {
+        mount_key(&self.mountpoint)
+    }
+
     pub fn unmount(self) -> std::io::Result<()> {
         self.mounted.unmount()
     }
@@ -402,8 +407,7 @@ impl MountedThread {
                 Ok(serde_json::to_value(&c).expect("json"))
             }
             Request::Maintain(op) => {
-                let live: std::collections::HashSet<[u8; 8]> =
-                    [mount_key(&self.mountpoint)].into_iter().collect();
+                let live: std::collections::HashSet<[u8; 8]> = [self.key()].into_iter().collect();
                 op.run(&self.store, &live)
             }
             Request::Restore {
@@ -450,17 +454,24 @@ pub enum Request {
 #[serde(tag = "what", rename_all = "lowercase")]
 pub enum MaintainOp {
     Gc {
+        #[serde(default)]
         dry_run: bool,
     },
     Prune {
+        #[serde(default)]
         keep_last: Option<usize>,
+        #[serde(default)]
         keep_within_ms: Option<u64>,
+        #[serde(default)]
         thread: Option<String>,
+        #[serde(default)]
         dry_run: bool,
         /// Collect garbage afterwards.
+        #[serde(default)]
         gc: bool,
     },
     Fsck {
+        #[serde(default)]
         repair: bool,
     },
 }

@@ -41,11 +41,47 @@ fn run_op(cli: &Cli, op: MaintainOp, label: &str) -> anyhow::Result<Value> {
                 return with_spinner(label, String::new, || control_request(&sock, &req))
                     .map_err(|e| anyhow::anyhow!("{e}"));
             }
+            let serve_sock = root.join("serve.sock");
+            if serve_sock.exists() {
+                if let Ok(v) = with_spinner(label, String::new, || via_serve(&serve_sock, &op)) {
+                    return v;
+                }
+            }
             if !first.to_string().contains("in use") {
                 return Err(first.into());
             }
             local(cli.open_store(OpenMode::MustExist)?)
         }
+    }
+}
+
+/// Runs `op` in a `casfs serve` listening on its default socket (POST /v1/maintenance).
+/// `Err` when nothing answers there; `Ok(Err)` when the server ran it and failed.
+fn via_serve(sock: &std::path::Path, op: &MaintainOp) -> Result<anyhow::Result<Value>, ()> {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(sock).map_err(|_| ())?;
+    let body = serde_json::to_vec(op).expect("json");
+    let head = format!(
+        "POST /v1/maintenance HTTP/1.1\r\nHost: casfs\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).map_err(|_| ())?;
+    s.write_all(&body).map_err(|_| ())?;
+    let mut reply = Vec::new();
+    s.read_to_end(&mut reply).map_err(|_| ())?;
+    let text = String::from_utf8_lossy(&reply);
+    let (head, body) = text.split_once("\r\n\r\n").ok_or(())?;
+    let ok = head.starts_with("HTTP/1.1 200");
+    let v: Value = serde_json::from_str(body.trim()).map_err(|_| ())?;
+    if ok {
+        Ok(Ok(v))
+    } else {
+        let msg = v["error"]["message"]
+            .as_str()
+            .unwrap_or("failed")
+            .to_string();
+        Ok(Err(anyhow::anyhow!("casfs serve: {msg}")))
     }
 }
 

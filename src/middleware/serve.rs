@@ -21,6 +21,7 @@ use super::{
     AbortInfo, ArtifactMeta, Chunk, FileEvent, FileEvents, Middleware, MiddlewareConfig,
     MiddlewareError, Persistence, Run, RunContext, StorePersistence,
 };
+use crate::checkpoint::mountd::MaintainOp;
 use crate::checkpoint::{CheckpointError, CheckpointId, Store, ThreadId};
 
 /// Every route the server answers, as `METHOD path`; `openapi.json` has the same.
@@ -41,6 +42,7 @@ pub const ROUTES: &[&str] = &[
     "POST /v1/runs/{run}/disconnect",
     "GET /v1/runs/{run}/events",
     "GET /v1/sandboxes",
+    "POST /v1/maintenance",
 ];
 
 /// What the server serves.
@@ -114,6 +116,7 @@ impl Server {
             .route("/v1/runs/{run}/disconnect", post(disconnect))
             .route("/v1/runs/{run}/events", get(events))
             .route("/v1/sandboxes", get(sandboxes))
+            .route("/v1/maintenance", post(maintain))
             .with_state(self.clone());
         if self.token.is_some() {
             r.layer(axum::middleware::from_fn_with_state(self.clone(), auth))
@@ -595,6 +598,19 @@ async fn sandboxes(State(s): State<Arc<Server>>) -> ApiResult {
                 .collect();
         list.sort_by(|a, b| a["key"].as_str().cmp(&b["key"].as_str()));
         Ok(Json(Value::Array(list)))
+    })
+    .await
+}
+
+async fn maintain(State(s): State<Arc<Server>>, Json(op): Json<MaintainOp>) -> ApiResult {
+    blocking(move || {
+        let live: std::collections::HashSet<[u8; 8]> =
+            s.mw.provider()
+                .live()
+                .iter()
+                .filter_map(|h| h.mount().map(|m| m.key()))
+                .collect();
+        Ok(Json(op.run(&s.store, &live)?))
     })
     .await
 }

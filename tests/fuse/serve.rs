@@ -290,6 +290,32 @@ fn the_http_api_drives_runs_over_the_unix_socket() {
         let (_, v) = call(&s, "GET", "/v1/threads", None);
         assert_eq!(v[0]["head"].as_str(), Some(id.as_str()), "{run} published");
     }
+    // Maintenance runs in the server's process (it holds the store), beside the live
+    // sandbox: fsck sees it and finds nothing wrong; prune + gc keep what it needs.
+    let fsck = json!({"what": "fsck", "repair": false});
+    let (st, v) = call(&s, "POST", "/v1/maintenance", Some(&fsck));
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        (v["errors"].clone(), v["mounts"].clone()),
+        (json!([]), json!(1)),
+        "{v}"
+    );
+    let prune = json!({"what": "prune", "keep_last": 1, "gc": true});
+    let (st, v) = call(&s, "POST", "/v1/maintenance", Some(&prune));
+    assert_eq!(st, 200, "{v}");
+    assert!(v["gc"]["reachable"].as_u64().unwrap() > 0, "{v}");
+    let (st, v) = call(&s, "GET", &format!("/v1/checkpoints/{id}"), None);
+    assert_eq!(st, 200, "the head is kept: {v}");
+    assert_eq!(std::fs::read(root.join("p.txt")).unwrap(), b"p");
+    let no_rule = json!({"what": "prune"});
+    refused(
+        &s,
+        "POST",
+        "/v1/maintenance",
+        Some(&no_rule),
+        400,
+        "invalid",
+    );
     drop(s);
     assert!(
         !casfs::fs::is_fuse_mount(&root),
