@@ -297,9 +297,14 @@ impl CheckpointStore for RocksCheckpointStore {
     }
 
     fn get(&self, id: &CheckpointId) -> CheckpointResult<Checkpoint> {
-        let bytes = self
-            .get_raw(CHECKPOINTS_CF, id.0.as_bytes())?
-            .ok_or_else(|| CheckpointError::NotFound(id.to_hex()))?;
+        let Some(bytes) = self.get_raw(CHECKPOINTS_CF, id.0.as_bytes())? else {
+            let pruned = self.is_pruned(id)?;
+            return Err(CheckpointError::NotFound(if pruned {
+                format!("{} (removed by retention)", id.to_hex())
+            } else {
+                id.to_hex()
+            }));
+        };
         Checkpoint::decode(id, &bytes)
     }
 
