@@ -204,7 +204,18 @@ impl ObjectStore for RocksObjectStore {
             encode_stored_into(data, &mut buf);
             // The value goes to the log or a memtable, then to a file; and what earlier
             // puts left in memory is still to be written.
-            let pending = self.unflushed.fetch_add(buf.len() as u64, Ordering::SeqCst);
+            let mut pending = self.unflushed.fetch_add(buf.len() as u64, Ordering::SeqCst);
+            if pending > 64 << 20 {
+                // RocksDB flushes full memtables by itself: count what is still in them.
+                if let Ok(Some(n)) = self
+                    .db
+                    .raw()
+                    .property_int_value_cf(cf, "rocksdb.cur-size-all-mem-tables")
+                {
+                    self.unflushed.store(n + buf.len() as u64, Ordering::SeqCst);
+                    pending = n;
+                }
+            }
             if let Err(e) = self.db.ensure_space(2 * buf.len() as u64 + pending) {
                 self.unflushed.fetch_sub(buf.len() as u64, Ordering::SeqCst);
                 return Err(e);

@@ -933,3 +933,120 @@ fn local_copies_stay_within_their_limit() {
     }
     ok(&store, &["unmount", s(&mp)]);
 }
+
+/// fsck names what is wrong (a corrupt object with the path that needs it, a lost upper
+/// file of uncaptured work) and exits non-zero; `--repair` removes leftovers (stray
+/// upper files, unreachable objects) and never what a checkpoint or a dirty file needs.
+#[test]
+fn fsck_names_damage_and_repair_removes_only_leftovers() {
+    use casfs::cas::rocks::OBJECTS_CF;
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("s");
+    let src = t.path().join("src");
+    fs::create_dir(&src).unwrap();
+    fs::write(src.join("keep.txt"), pattern(5000, 1)).unwrap();
+    fs::write(src.join("other.txt"), pattern(7000, 2)).unwrap();
+    let v = json(&store, &["capture", s(&src), "-t", "f"]);
+    let id = v["checkpoint"]["id"].as_str().unwrap().to_string();
+    // A mount with uncaptured work, left unmounted (its dirty set stays).
+    let mp = t.path().join("mnt");
+    fs::create_dir(&mp).unwrap();
+    let _guard = MountGuard::new(&mp);
+    ok(&store, &["mount", s(&mp), "-t", "f"]);
+    fs::write(mp.join("dirty.txt"), b"uncaptured work").unwrap();
+    ok(&store, &["unmount", s(&mp)]);
+    wait_daemon_gone(&store);
+    fsck_clean(&store);
+
+    // Leftovers only: a stray upper file and an object nothing names.
+    let mdir = fs::read_dir(store.join("mounts"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    fs::write(mdir.join("upper/tmp-999"), b"half a copy").unwrap();
+    {
+        let st = Store::open(&store, OpenMode::MustExist, Duration::from_secs(5)).unwrap();
+        st.objects().put(b"an object nothing refers to").unwrap();
+        st.objects().sync().unwrap();
+    }
+    let r = fsck_clean(&store);
+    assert_eq!(r["unreachable_objects"], 1, "{r:#}");
+    assert_eq!(r["leftovers"].as_array().unwrap().len(), 1, "{r:#}");
+    let r = json(&store, &["fsck", "--repair"]);
+    assert_eq!(r["repaired"].as_array().unwrap().len(), 2, "{r:#}");
+    let r = fsck_clean(&store);
+    assert_eq!(
+        (r["unreachable_objects"].clone(), r["leftovers"].clone()),
+        (serde_json::json!(0), serde_json::json!([])),
+        "{r:#}"
+    );
+    assert!(!mdir.join("upper/tmp-999").exists());
+
+    // Damage: a flipped byte in a checkpoint's file, a lost upper file.
+    let keep_id = {
+        let st = Store::open(&store, OpenMode::MustExist, Duration::from_secs(5)).unwrap();
+        let cp = st.checkpoints().get(&id.parse().unwrap()).unwrap();
+        let tree = casfs::cas::load_tree(st.objects(), &cp.body.root).unwrap();
+        let e = tree.get(b"keep.txt").unwrap();
+        let fid = e.file_ref().unwrap().id.0;
+        let db = st.database();
+        let cf = db.cf(OBJECTS_CF);
+        let mut raw = db.raw().get_cf(cf, fid.as_bytes()).unwrap().unwrap();
+        let last = raw.len() - 1;
+        raw[last] ^= 0x20;
+        db.raw().put_cf(cf, fid.as_bytes(), &raw).unwrap();
+        db.raw().flush_cf(cf).unwrap();
+        fid.to_hex()
+    };
+    let uppers: Vec<PathBuf> = {
+        let mut v = Vec::new();
+        for d in fs::read_dir(mdir.join("upper")).unwrap().flatten() {
+            if d.path().is_dir() {
+                v.extend(fs::read_dir(d.path()).unwrap().flatten().map(|f| f.path()));
+            }
+        }
+        v
+    };
+    assert_eq!(uppers.len(), 1, "{uppers:?}");
+    fs::remove_file(&uppers[0]).unwrap();
+    let out = casfs(&store, &["--json", "fsck", "--repair"]);
+    assert!(!out.status.success());
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let errors: Vec<String> = r["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains(&keep_id) && e.contains("keep.txt") && e.contains("integrity")),
+        "{errors:#?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("upper file") && e.contains("missing")),
+        "{errors:#?}"
+    );
+    // Nothing needed was deleted: the record, the other file, the dirty set.
+    assert_eq!(
+        ok(&store, &["cat", &id, "other.txt"]).as_bytes(),
+        &pattern(7000, 2)[..]
+    );
+    let err = fails(&store, &["cat", &id, "keep.txt"]);
+    assert!(err.contains(&keep_id), "{err}");
+    let st = Store::open(&store, OpenMode::MustExist, Duration::from_secs(5)).unwrap();
+    let key = fs::read_dir(store.join("mounts"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .file_name();
+    let key = casfs::cas::decode_hex(key.to_str().unwrap()).unwrap();
+    let d = casfs::fs::dirty::DirtyStore::new(st.database().clone(), key.try_into().unwrap());
+    assert!(d.nodes().unwrap().iter().any(|(_, n)| n.upper));
+}
