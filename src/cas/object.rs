@@ -98,6 +98,18 @@ pub fn decode_stored(id: &Hash, stored: &[u8]) -> CasResult<Vec<u8>> {
                 .len(MAX_OBJECT_LEN, "object length")
                 .map_err(|e| corrupt(format!("bad length header: {e}")))?;
             let frame = &rest[r.position()..];
+            // The frame says how much it holds: a damaged header is found before a
+            // buffer of its claimed size is allocated.
+            match zstd::zstd_safe::get_frame_content_size(frame) {
+                Ok(Some(n)) if n == len as u64 => {}
+                Ok(None) => {}
+                Ok(Some(n)) => {
+                    return Err(corrupt(format!(
+                        "zstd frame holds {n} bytes, header says {len}"
+                    )))
+                }
+                Err(_) => return Err(corrupt("not a zstd frame".into())),
+            }
             let out = DECOMPRESSOR.with(|d| {
                 let mut d = d.borrow_mut();
                 if d.is_none() {
