@@ -101,8 +101,8 @@ impl RocksObjectStore {
     }
 
     /// Deletes every object not in `keep` (nor put since `collecting` began), or with
-    /// `dry_run` only counts them; then compacts so the space is given back (blob files
-    /// rewritten without the dead values).
+    /// `dry_run` only counts them. The space comes back with [`Self::reclaim`], which
+    /// needs no fence.
     pub fn sweep(
         &self,
         keep: &HashSet<Hash>,
@@ -149,15 +149,12 @@ impl RocksObjectStore {
                 Ok(())
             })?;
         }
-        if !dry_run && report.objects_freed > 0 {
-            self.reclaim()?;
-        }
         Ok(report)
     }
 
     /// Compacts the objects column family with blob garbage collection over every
     /// blob file, so deleted objects' space returns to the filesystem.
-    fn reclaim(&self) -> CasResult<()> {
+    pub fn reclaim(&self) -> CasResult<()> {
         crate::crashpoint("gc.compact");
         let cf = self.db.cf(OBJECTS_CF);
         let raw = self.db.raw();

@@ -275,6 +275,9 @@ pub struct GcReport {
     pub disk_bytes_before: u64,
     pub disk_bytes_after: u64,
     pub duration_ms: u64,
+    /// How long writers (captures, checkpoints, restores) were held off: the mark and
+    /// the deletes, not the compaction.
+    pub fenced_ms: u64,
 }
 
 /// Bytes of the files directly in `dir` (RocksDB keeps its files flat).
@@ -298,6 +301,7 @@ pub fn gc(store: &Store, dry_run: bool) -> CheckpointResult<GcReport> {
     let db_dir = store.root().join("db");
     let before = dir_bytes(&db_dir);
     let collecting = fence(store)?;
+    let fenced = Instant::now();
     let w = walk(store, false)?;
     crate::crashpoint("gc.marked");
     if let Some(p) = w.problems.first() {
@@ -311,7 +315,12 @@ pub fn gc(store: &Store, dry_run: bool) -> CheckpointResult<GcReport> {
     let marked = w.marker.into_marked();
     let (dircache_dirs, dircache_dropped, _) = stale_dircache(store, &marked, !dry_run)?;
     let sweep = store.rocks_objects().sweep(&marked, &collecting, dry_run)?;
+    // Writers may go on: giving the space back (a compaction) needs no fence.
     drop(collecting);
+    let fenced_ms = fenced.elapsed().as_millis() as u64;
+    if !dry_run && sweep.objects_freed > 0 {
+        store.rocks_objects().reclaim()?;
+    }
     Ok(GcReport {
         dry_run,
         checkpoints: w.checkpoints,
@@ -323,6 +332,7 @@ pub fn gc(store: &Store, dry_run: bool) -> CheckpointResult<GcReport> {
         disk_bytes_before: before,
         disk_bytes_after: dir_bytes(&db_dir),
         duration_ms: start.elapsed().as_millis() as u64,
+        fenced_ms,
     })
 }
 
@@ -541,6 +551,9 @@ pub fn fsck(store: &Store, repair: bool, live: &HashSet<[u8; 8]>) -> CheckpointR
         ));
     }
     drop(collecting);
+    if !dry && sweep.objects_freed > 0 {
+        store.rocks_objects().reclaim()?;
+    }
     rep.duration_ms = start.elapsed().as_millis() as u64;
     Ok(rep)
 }

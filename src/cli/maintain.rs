@@ -115,7 +115,11 @@ fn print_gc(g: &GcReport) {
             g.dircache_dropped
         );
     }
-    println!("    {}", millis(g.duration_ms));
+    println!(
+        "    {} (writers held off for {})",
+        millis(g.duration_ms),
+        millis(g.fenced_ms)
+    );
 }
 
 pub fn gc(cli: &Cli, dry_run: bool) -> anyhow::Result<()> {
