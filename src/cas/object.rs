@@ -140,6 +140,17 @@ pub fn decode_stored(id: &Hash, stored: &[u8]) -> CasResult<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_length_header_the_frame_does_not_match_is_refused_before_allocating() {
+        let frame = zstd::bulk::compress(&b"hello world".repeat(10), 1).unwrap();
+        let mut stored = vec![ZSTD];
+        // LEB128 of 256 MiB: the largest length the header may claim.
+        stored.extend_from_slice(&[0x80, 0x80, 0x80, 0x80, 0x01]);
+        stored.extend_from_slice(&frame);
+        let err = decode_stored(&Hash::of(b"x"), &stored).unwrap_err();
+        assert!(err.to_string().contains("frame holds 110 bytes"), "{err}");
+    }
+
     use super::*;
 
     #[test]
