@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
+# PostgreSQL and an S3-compatible server on loopback, for the fleet tests.
+source scripts/services.sh
 
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings

@@ -10,6 +10,7 @@ pub mod file;
 pub mod gc;
 mod hash;
 pub mod object;
+pub mod remote;
 pub mod rocks;
 mod store;
 pub mod tree;

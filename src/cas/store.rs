@@ -96,6 +96,17 @@ impl RocksObjectStore {
         &self.db
     }
 
+    /// Keeps an object fetched from elsewhere in its stored encoding (the caller has
+    /// verified it against `id`).
+    pub fn put_stored(&self, id: &Hash, stored: &[u8]) -> CasResult<()> {
+        self.db.ensure_space(2 * stored.len() as u64)?;
+        let cf = self.db.cf(OBJECTS_CF);
+        self.db
+            .raw()
+            .put_cf(cf, id.as_bytes(), stored)
+            .map_err(|e| self.db.err(e))
+    }
+
     pub fn fence_ref(&self) -> &Fence {
         &self.fence
     }

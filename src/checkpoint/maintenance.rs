@@ -49,6 +49,13 @@ pub struct PruneReport {
 
 /// Holds the store's collection fence (writers wait until it is dropped).
 fn fence(store: &Store) -> CheckpointResult<Collecting<'_>> {
+    if store.backends().is_fleet() {
+        return Err(CheckpointError::Invalid(
+            "gc, prune and fsck work on the embedded store; a store with fleet backends \
+             (PostgreSQL, object storage) is not supported by them yet"
+                .into(),
+        ));
+    }
     Ok(store.rocks_objects().fence_ref().collect()?)
 }
 

@@ -13,6 +13,7 @@ pub mod fsutil;
 mod lease;
 pub mod maintenance;
 pub mod mountd;
+pub mod pg_store;
 mod record;
 pub mod restore;
 mod rocks_store;
@@ -27,6 +28,7 @@ pub use capture::{
 pub use error::{CheckpointError, CheckpointResult};
 pub use lease::{holder_name, WriterLease};
 pub use mountd::{MountCheckpoint, MountTag, MountedThread};
+pub use pg_store::PgCheckpointStore;
 pub use record::{
     Artifact, CaptureStats, Checkpoint, CheckpointBody, CheckpointId, ContentRef, NewCheckpoint,
     SecretFile, ThreadId,
@@ -36,4 +38,4 @@ pub use restore::{
 };
 pub use rocks_store::RocksCheckpointStore;
 pub use store::CheckpointStore;
-pub use store_dir::{OpenMode, Store, HOST_CF};
+pub use store_dir::{Backends, OpenMode, Store, HOST_CF};

@@ -27,12 +27,48 @@ pub enum OpenMode {
 /// middleware's conversation, artifact and blob stores): plain keys, not objects.
 pub const HOST_CF: &str = "host";
 
-/// An open store: objects and checkpoints in one RocksDB, exclusively this process's.
+/// Where a store's checkpoints and objects live beyond its own RocksDB (fleet
+/// backends): URLs without credentials, from the store's `casfs.json` or the command
+/// line.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Backends {
+    /// `postgres://user@host:port/db?schema=NAME` (password from PGPASSWORD).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoints: Option<String>,
+    /// `s3://bucket/prefix` and the like (credentials from the environment); the local
+    /// RocksDB becomes a read-through cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objects: Option<String>,
+}
+
+impl Backends {
+    pub fn is_fleet(&self) -> bool {
+        self.checkpoints.is_some() || self.objects.is_some()
+    }
+
+    /// `self`, with what `over` names replacing it.
+    pub fn overridden_by(&self, over: &Backends) -> Backends {
+        Backends {
+            checkpoints: over
+                .checkpoints
+                .clone()
+                .or_else(|| self.checkpoints.clone()),
+            objects: over.objects.clone().or_else(|| self.objects.clone()),
+        }
+    }
+}
+
+/// An open store: objects and checkpoints in one RocksDB, exclusively this process's;
+/// with fleet backends, checkpoints in PostgreSQL and objects in object storage (the
+/// RocksDB then caches objects and keeps the mounts' dirty sets).
 pub struct Store {
     root: PathBuf,
     db: Arc<Database>,
     objects: Arc<RocksObjectStore>,
     checkpoints: RocksCheckpointStore,
+    remote: Option<Arc<crate::cas::remote::RemoteObjectStore>>,
+    fleet_checkpoints: Option<super::PgCheckpointStore>,
+    backends: Backends,
     /// `None` for a read-only open, which takes no lock.
     _lock: Option<File>,
 }
@@ -41,6 +77,16 @@ impl Store {
     /// Opens the store at `root`, waiting up to `lock_timeout` for another process that
     /// has it open.
     pub fn open(root: &Path, mode: OpenMode, lock_timeout: Duration) -> CheckpointResult<Store> {
+        Self::open_with(root, mode, lock_timeout, &Backends::default())
+    }
+
+    /// Opens the store with the backends its `casfs.json` names, overridden by `over`.
+    pub fn open_with(
+        root: &Path,
+        mode: OpenMode,
+        lock_timeout: Duration,
+        over: &Backends,
+    ) -> CheckpointResult<Store> {
         let marker = root.join(MARKER);
         if !marker.exists() {
             if mode == OpenMode::MustExist {
@@ -77,39 +123,100 @@ impl Store {
                 format!("unsupported store format (this casfs reads format {FORMAT})"),
             ));
         }
+        let backends = read_backends(&marker)?.overridden_by(over);
         let lock = lock_store(root, lock_timeout)?;
         let mut cfs: Vec<&str> = COLUMN_FAMILIES.to_vec();
         cfs.push(DIRCACHE_CF);
         cfs.push(crate::fs::MOUNTS_CF);
         cfs.push(HOST_CF);
+        cfs.push(crate::cas::remote::REMOTE_CF);
         let db = Arc::new(Database::open(&root.join("db"), &cfs)?);
+        Store::assemble(root, db, Some(lock), backends)
+    }
+
+    fn assemble(
+        root: &Path,
+        db: Arc<Database>,
+        lock: Option<File>,
+        backends: Backends,
+    ) -> CheckpointResult<Store> {
+        let objects = Arc::new(RocksObjectStore::new(db.clone()));
+        let remote = match &backends.objects {
+            Some(url) => Some(Arc::new(crate::cas::remote::RemoteObjectStore::open(
+                objects.clone(),
+                url,
+            )?)),
+            None => None,
+        };
+        let fleet_checkpoints = match &backends.checkpoints {
+            Some(url) => Some(super::PgCheckpointStore::open(url)?),
+            None => None,
+        };
         Ok(Store {
             root: root.to_path_buf(),
-            objects: Arc::new(RocksObjectStore::new(db.clone())),
             checkpoints: RocksCheckpointStore::new(db.clone()),
+            objects,
+            remote,
+            fleet_checkpoints,
+            backends,
             db,
-            _lock: Some(lock),
+            _lock: lock,
         })
+    }
+
+    /// Writes `backends` into the store's `casfs.json` (URLs only; credentials never
+    /// belong there and are refused).
+    pub fn save_backends(root: &Path, backends: &Backends) -> CheckpointResult<()> {
+        let marker = root.join(MARKER);
+        for url in backends.checkpoints.iter().chain(&backends.objects) {
+            let u = url::Url::parse(url)
+                .map_err(|e| CheckpointError::Invalid(format!("backend URL: {e}")))?;
+            if u.password().is_some() {
+                return Err(CheckpointError::Invalid(
+                    "a backend URL with a password is never written to disk; give the password in the environment".into(),
+                ));
+            }
+        }
+        let mut v = serde_json::json!({"format": FORMAT});
+        if let Some(c) = &backends.checkpoints {
+            v["checkpoints"] = c.clone().into();
+        }
+        if let Some(o) = &backends.objects {
+            v["objects"] = o.clone().into();
+        }
+        let tmp = root.join(format!("{MARKER}.tmp"));
+        std::fs::write(&tmp, format!("{v:#}\n")).map_err(|e| CheckpointError::io(&tmp, e))?;
+        std::fs::rename(&tmp, &marker).map_err(|e| CheckpointError::io(&marker, e))
+    }
+
+    /// The backends in use.
+    pub fn backends(&self) -> &Backends {
+        &self.backends
+    }
+
+    /// The remote object store, with fleet objects.
+    pub fn remote(&self) -> Option<&Arc<crate::cas::remote::RemoteObjectStore>> {
+        self.remote.as_ref()
     }
 
     /// Opens an existing store read-only, without waiting for or taking its lock: a
     /// writer may have it open. Sees what was durable when it was opened, which includes
     /// every appended checkpoint and its objects.
     pub fn open_read_only(root: &Path) -> CheckpointResult<Store> {
+        Self::open_read_only_with(root, &Backends::default())
+    }
+
+    /// [`Store::open_read_only`] with backends as in [`Store::open_with`].
+    pub fn open_read_only_with(root: &Path, over: &Backends) -> CheckpointResult<Store> {
         if !root.join(MARKER).exists() {
             return Err(CheckpointError::path(
                 root,
                 "no casfs store here (run `casfs init`, or pass --store / set CASFS_STORE)",
             ));
         }
+        let backends = read_backends(&root.join(MARKER))?.overridden_by(over);
         let db = Arc::new(Database::open_read_only(&root.join("db"))?);
-        Ok(Store {
-            root: root.to_path_buf(),
-            objects: Arc::new(RocksObjectStore::new(db.clone())),
-            checkpoints: RocksCheckpointStore::new(db.clone()),
-            db,
-            _lock: None,
-        })
+        Store::assemble(root, db, None, backends)
     }
 
     pub fn root(&self) -> &Path {
@@ -121,16 +228,25 @@ impl Store {
     }
 
     pub fn objects(&self) -> &dyn ObjectStore {
-        self.objects.as_ref()
+        match &self.remote {
+            Some(r) => r.as_ref(),
+            None => self.objects.as_ref(),
+        }
     }
 
     /// The object store, shareable with threads that outlive a borrow (the mount).
     pub fn objects_shared(&self) -> Arc<dyn ObjectStore> {
-        self.objects.clone()
+        match &self.remote {
+            Some(r) => r.clone(),
+            None => self.objects.clone(),
+        }
     }
 
     pub fn checkpoints(&self) -> &dyn CheckpointStore {
-        &self.checkpoints
+        match &self.fleet_checkpoints {
+            Some(pg) => pg,
+            None => &self.checkpoints,
+        }
     }
 
     /// The embedded checkpoint store itself (retention and fsck need more than the
@@ -143,6 +259,12 @@ impl Store {
     pub fn rocks_objects(&self) -> &RocksObjectStore {
         &self.objects
     }
+}
+
+/// The backends a store's `casfs.json` names.
+fn read_backends(marker: &Path) -> CheckpointResult<Backends> {
+    let text = std::fs::read_to_string(marker).map_err(|e| CheckpointError::io(marker, e))?;
+    serde_json::from_str(&text).map_err(|e| CheckpointError::path(marker, format!("backends: {e}")))
 }
 
 fn lock_store(root: &Path, timeout: Duration) -> CheckpointResult<File> {

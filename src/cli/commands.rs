@@ -40,6 +40,10 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         Command::Fsck { repair } => super::maintain::fsck(cli, *repair),
         Command::Init => {
             let store = cli.open_store(OpenMode::Create)?;
+            if store.backends().is_fleet() {
+                // Remembered by the store, so later commands need no flags.
+                Store::save_backends(store.root(), store.backends())?;
+            }
             if cli.json {
                 json(&json!({ "store": store.root() }))
             } else {

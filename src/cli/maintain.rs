@@ -32,7 +32,12 @@ fn run_op(cli: &Cli, op: MaintainOp, label: &str) -> anyhow::Result<Value> {
         let r = with_spinner(label, String::new, || op.run(&store, &HashSet::new()));
         Ok(r?)
     };
-    match Store::open(&root, OpenMode::MustExist, Duration::from_millis(300)) {
+    match Store::open_with(
+        &root,
+        OpenMode::MustExist,
+        Duration::from_millis(300),
+        &cli.backends(),
+    ) {
         Ok(store) => local(store),
         Err(first) => {
             if let Some(sock) = daemon_socket(cli) {

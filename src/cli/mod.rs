@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
-use casfs::checkpoint::{OpenMode, Store};
+use casfs::checkpoint::{Backends, OpenMode, Store};
 
 #[derive(Parser)]
 #[command(
@@ -28,6 +28,18 @@ pub struct Cli {
     /// Store directory [default: $XDG_DATA_HOME/casfs, else ~/.local/share/casfs]
     #[arg(long, global = true, env = "CASFS_STORE", value_name = "DIR")]
     store: Option<PathBuf>,
+
+    /// Checkpoints, heads and leases in PostgreSQL
+    /// (postgres://user@host:port/db?schema=NAME; password from PGPASSWORD) instead of
+    /// the store's own database [default: what the store's casfs.json names]
+    #[arg(long, global = true, env = "CASFS_CHECKPOINTS", value_name = "URL")]
+    checkpoints: Option<String>,
+
+    /// Objects in S3-compatible storage (s3://bucket/prefix; also gs://, az://,
+    /// file://), credentials from the environment (AWS_ACCESS_KEY_ID, ...); the store's
+    /// own database caches them [default: what the store's casfs.json names]
+    #[arg(long, global = true, env = "CASFS_OBJECTS", value_name = "URL")]
+    objects: Option<String>,
 
     /// Print machine-readable JSON instead of text
     #[arg(long, global = true)]
@@ -340,14 +352,24 @@ impl Cli {
 
     /// Opens the store for reading only: no lock, so this works while a mount or a
     /// capture has it open.
-    fn open_store_read(&self) -> anyhow::Result<Store> {
-        Ok(Store::open_read_only(&self.store_root())?)
+    pub(crate) fn backends(&self) -> Backends {
+        Backends {
+            checkpoints: self.checkpoints.clone(),
+            objects: self.objects.clone(),
+        }
+    }
+
+    pub(crate) fn open_store_read(&self) -> anyhow::Result<Store> {
+        Ok(Store::open_read_only_with(
+            &self.store_root(),
+            &self.backends(),
+        )?)
     }
 
     fn open_store(&self, mode: OpenMode) -> anyhow::Result<Store> {
         let root = self.store_root();
         let timeout = Duration::from_secs_f64(self.lock_timeout.max(0.0));
-        Ok(Store::open(&root, mode, timeout)?)
+        Ok(Store::open_with(&root, mode, timeout, &self.backends())?)
     }
 }
 

@@ -54,7 +54,7 @@ pub fn mount(
         return mount_writable(cli, mountpoint, thread, at, foreground, &ws_opts);
     }
     // Read-only, without the store lock: a writer may keep using the store.
-    let store = Store::open_read_only(&cli.store_root())?;
+    let store = cli.open_store_read()?;
     let id = resolve(&store, &thread_or_at("mount", thread, at)?)?;
     let cp = store.checkpoints().get(&id)?;
     if !foreground {
@@ -124,7 +124,12 @@ fn mount_writable(
     // A daemon does not wait long for a store another process holds: the command that
     // started it gives up after MOUNT_WAIT, and the holder's pid is the useful answer.
     let timeout = Duration::from_secs_f64(cli.lock_timeout.clamp(0.0, 10.0));
-    let store = Arc::new(Store::open(&cli.store_root(), OpenMode::Create, timeout)?);
+    let store = Arc::new(Store::open_with(
+        &cli.store_root(),
+        OpenMode::Create,
+        timeout,
+        &cli.backends(),
+    )?);
     let at = at.map(|r| resolve(&store, r)).transpose()?;
     let thread = match (thread, at) {
         (Some(t), _) => ThreadId::new(t)?,
@@ -275,11 +280,11 @@ pub fn restore_mount(
         // A full id needs no lookup (and no opening of the store).
         (Some(r), _) if r.len() == 64 && r.parse::<CheckpointId>().is_ok() => r.parse()?,
         (Some(r), _) => {
-            let store = Store::open_read_only(&cli.store_root())?;
+            let store = cli.open_store_read()?;
             resolve(&store, r)?
         }
         (None, Some(t)) => {
-            let store = Store::open_read_only(&cli.store_root())?;
+            let store = cli.open_store_read()?;
             resolve(&store, &format!("@{t}"))?
         }
         (None, None) => {

@@ -1,0 +1,516 @@
+//! [`CheckpointStore`] on PostgreSQL, for fleets: many hosts share checkpoints, heads
+//! and writer leases.
+//!
+//! Tables (in the schema the URL's `schema=` parameter names, default `public`):
+//! `casfs_checkpoints` (id, thread, body: the canonical record), `casfs_heads` (thread ->
+//! id), `casfs_leases` (thread -> holder, token, acquired_at, expires_at, ttl_ms),
+//! `casfs_fencing` (thread -> last token handed out), `casfs_meta` (schema version).
+//! casfs creates them on first use (under an advisory lock, so hosts starting together
+//! do not race).
+//!
+//! Every operation that checks and changes is one transaction that locks the thread's
+//! fencing row first (`SELECT ... FOR UPDATE`), so operations on one thread are
+//! serialized across hosts. Lease expiry is measured by the database's clock (`now()`),
+//! which every host shares: a host whose clock is off cannot keep a lease alive, nor
+//! cut another's short.
+//!
+//! The password comes from `PGPASSWORD` (or a `.pgpass` file), never from the URL.
+
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use postgres::{Client, NoTls, Transaction};
+
+use super::lease::holder_is_dead;
+use super::{
+    Checkpoint, CheckpointError, CheckpointId, CheckpointResult, CheckpointStore, NewCheckpoint,
+    ThreadId, WriterLease,
+};
+use crate::cas::Hash;
+
+const SCHEMA_VERSION: i32 = 1;
+
+pub struct PgCheckpointStore {
+    client: Mutex<Client>,
+    /// The URL without credentials or query, for messages.
+    name: String,
+}
+
+impl PgCheckpointStore {
+    /// Connects to `url` (`postgres://user@host:port/db?schema=NAME`) and creates the
+    /// tables if they are missing.
+    pub fn open(url: &str) -> CheckpointResult<PgCheckpointStore> {
+        let name = crate::cas::remote::redact_url(url);
+        let bad = |d: String| CheckpointError::Invalid(format!("checkpoint store {name}: {d}"));
+        let mut parsed = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
+        if parsed.password().is_some() {
+            return Err(bad(
+                "a password does not belong in the URL; give it in PGPASSWORD".into(),
+            ));
+        }
+        let mut schema = "public".to_string();
+        let rest: Vec<(String, String)> = parsed
+            .query_pairs()
+            .filter(|(k, v)| {
+                if k == "schema" {
+                    schema = v.to_string();
+                    false
+                } else {
+                    true
+                }
+            })
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
+        if schema.is_empty()
+            || !schema
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            return Err(bad(format!(
+                "schema {schema:?}: use letters, digits and '_'"
+            )));
+        }
+        parsed.set_query(None);
+        if !rest.is_empty() {
+            parsed.query_pairs_mut().extend_pairs(rest);
+        }
+        let mut config: postgres::Config = parsed
+            .as_str()
+            .parse()
+            .map_err(|e: postgres::Error| bad(e.to_string()))?;
+        if let Ok(pw) = std::env::var("PGPASSWORD") {
+            config.password(pw);
+        }
+        config.connect_timeout(Duration::from_secs(10));
+        config.application_name("casfs");
+        let mut client = config
+            .connect(NoTls)
+            .map_err(|e| bad(format!("connecting: {e}")))?;
+        let migrate = format!(
+            "SELECT pg_advisory_lock(727235);
+             CREATE SCHEMA IF NOT EXISTS {schema};
+             SET search_path TO {schema};
+             CREATE TABLE IF NOT EXISTS casfs_meta (key text PRIMARY KEY, value text NOT NULL);
+             CREATE TABLE IF NOT EXISTS casfs_checkpoints (
+                 id bytea PRIMARY KEY, thread text NOT NULL, body bytea NOT NULL);
+             CREATE INDEX IF NOT EXISTS casfs_checkpoints_thread ON casfs_checkpoints (thread);
+             CREATE TABLE IF NOT EXISTS casfs_heads (thread text PRIMARY KEY, id bytea NOT NULL);
+             CREATE TABLE IF NOT EXISTS casfs_leases (
+                 thread text PRIMARY KEY, holder text NOT NULL, token bigint NOT NULL,
+                 acquired_at timestamptz NOT NULL, expires_at timestamptz NOT NULL,
+                 ttl_ms bigint NOT NULL);
+             CREATE TABLE IF NOT EXISTS casfs_fencing (thread text PRIMARY KEY, token bigint NOT NULL);
+             INSERT INTO casfs_meta VALUES ('schema_version', '{SCHEMA_VERSION}')
+                 ON CONFLICT (key) DO NOTHING;
+             SELECT pg_advisory_unlock(727235);"
+        );
+        client
+            .batch_execute(&migrate)
+            .map_err(|e| bad(format!("creating tables: {e}")))?;
+        let v: String = client
+            .query_one(
+                "SELECT value FROM casfs_meta WHERE key = 'schema_version'",
+                &[],
+            )
+            .map_err(|e| bad(e.to_string()))?
+            .get(0);
+        if v != SCHEMA_VERSION.to_string() {
+            return Err(bad(format!(
+                "schema version {v}; this casfs reads version {SCHEMA_VERSION}"
+            )));
+        }
+        Ok(PgCheckpointStore {
+            client: Mutex::new(client),
+            name,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn db_err(&self, e: postgres::Error) -> CheckpointError {
+        CheckpointError::Invalid(format!("checkpoint store {}: {e}", self.name))
+    }
+
+    /// Runs `f` in a transaction (committed when it returns `Ok`).
+    fn tx<T>(
+        &self,
+        f: impl FnOnce(&mut Transaction<'_>) -> CheckpointResult<T>,
+    ) -> CheckpointResult<T> {
+        let mut c = self.client.lock().unwrap_or_else(|p| p.into_inner());
+        if c.is_closed() {
+            return Err(CheckpointError::Invalid(format!(
+                "checkpoint store {}: the connection is closed",
+                self.name
+            )));
+        }
+        let mut t = c.transaction().map_err(|e| self.db_err(e))?;
+        let r = f(&mut t)?;
+        t.commit().map_err(|e| self.db_err(e))?;
+        Ok(r)
+    }
+
+    /// Locks the thread's fencing row (creating it) and returns the last token.
+    fn lock_thread(&self, t: &mut Transaction<'_>, thread: &ThreadId) -> CheckpointResult<u64> {
+        t.execute(
+            "INSERT INTO casfs_fencing VALUES ($1, 0) ON CONFLICT (thread) DO NOTHING",
+            &[&thread.as_str()],
+        )
+        .map_err(|e| self.db_err(e))?;
+        let row = t
+            .query_one(
+                "SELECT token FROM casfs_fencing WHERE thread = $1 FOR UPDATE",
+                &[&thread.as_str()],
+            )
+            .map_err(|e| self.db_err(e))?;
+        Ok(row.get::<_, i64>(0) as u64)
+    }
+
+    /// The thread's lease as stored, with whether it is live by the database's clock.
+    fn lease_row(
+        &self,
+        t: &mut Transaction<'_>,
+        thread: &ThreadId,
+    ) -> CheckpointResult<Option<(WriterLease, bool)>> {
+        let row = t
+            .query_opt(
+                "SELECT holder, token,
+                        (extract(epoch FROM acquired_at) * 1000)::bigint,
+                        (extract(epoch FROM expires_at) * 1000)::bigint,
+                        ttl_ms, expires_at > now()
+                 FROM casfs_leases WHERE thread = $1",
+                &[&thread.as_str()],
+            )
+            .map_err(|e| self.db_err(e))?;
+        Ok(row.map(|r| {
+            (
+                WriterLease {
+                    thread: thread.clone(),
+                    holder: r.get(0),
+                    token: r.get::<_, i64>(1) as u64,
+                    acquired_at_ms: r.get::<_, i64>(2) as u64,
+                    expires_at_ms: r.get::<_, i64>(3) as u64,
+                    ttl_ms: r.get::<_, i64>(4) as u64,
+                },
+                r.get::<_, bool>(5),
+            )
+        }))
+    }
+
+    /// Checks that `lease` is the thread's live, current lease (the thread locked).
+    fn check_lease(&self, t: &mut Transaction<'_>, lease: &WriterLease) -> CheckpointResult<()> {
+        let lost = |detail: String| CheckpointError::LeaseLost {
+            thread: lease.thread.clone(),
+            token: lease.token,
+            detail,
+        };
+        match self.lease_row(t, &lease.thread)? {
+            None => Err(lost(
+                "no lease is held (released or expired and cleared)".into(),
+            )),
+            Some((cur, _)) if cur.token != lease.token => Err(lost(format!(
+                "taken over by {:?} with token {}",
+                cur.holder, cur.token
+            ))),
+            Some((cur, false)) => Err(CheckpointError::LeaseExpired {
+                thread: lease.thread.clone(),
+                token: lease.token,
+                expired_at: cur.expires_at(),
+            }),
+            Some(_) => Ok(()),
+        }
+    }
+
+    fn head_in(
+        &self,
+        t: &mut Transaction<'_>,
+        thread: &ThreadId,
+    ) -> CheckpointResult<Option<CheckpointId>> {
+        let row = t
+            .query_opt(
+                "SELECT id FROM casfs_heads WHERE thread = $1",
+                &[&thread.as_str()],
+            )
+            .map_err(|e| self.db_err(e))?;
+        row.map(|r| {
+            let b: Vec<u8> = r.get(0);
+            Hash::from_slice(&b)
+                .map(CheckpointId)
+                .ok_or_else(|| CheckpointError::Corrupt {
+                    id: format!("head of thread {thread:?}"),
+                    detail: format!("{} bytes", b.len()),
+                })
+        })
+        .transpose()
+    }
+
+    fn get_in(&self, t: &mut Transaction<'_>, id: &CheckpointId) -> CheckpointResult<Checkpoint> {
+        let row = t
+            .query_opt(
+                "SELECT body FROM casfs_checkpoints WHERE id = $1",
+                &[&id.0.as_bytes().as_slice()],
+            )
+            .map_err(|e| self.db_err(e))?
+            .ok_or_else(|| CheckpointError::NotFound(id.to_hex()))?;
+        let body: Vec<u8> = row.get(0);
+        Checkpoint::decode(id, &body)
+    }
+
+    fn put_checkpoint(&self, t: &mut Transaction<'_>, cp: &Checkpoint) -> CheckpointResult<()> {
+        t.execute(
+            "INSERT INTO casfs_checkpoints VALUES ($1, $2, $3) ON CONFLICT (id) DO NOTHING",
+            &[
+                &cp.id.0.as_bytes().as_slice(),
+                &cp.body.thread_id.as_str(),
+                &cp.encode(),
+            ],
+        )
+        .map_err(|e| self.db_err(e))?;
+        t.execute(
+            "INSERT INTO casfs_heads VALUES ($1, $2)
+             ON CONFLICT (thread) DO UPDATE SET id = EXCLUDED.id",
+            &[&cp.body.thread_id.as_str(), &cp.id.0.as_bytes().as_slice()],
+        )
+        .map_err(|e| self.db_err(e))?;
+        Ok(())
+    }
+}
+
+impl CheckpointStore for PgCheckpointStore {
+    fn acquire_writer(
+        &self,
+        thread: &ThreadId,
+        holder: &str,
+        ttl: Duration,
+    ) -> CheckpointResult<WriterLease> {
+        if ttl.is_zero() || ttl > Duration::from_secs(24 * 3600) {
+            return Err(CheckpointError::Invalid(format!(
+                "lease TTL {ttl:?}: use more than 0 and at most 24 hours"
+            )));
+        }
+        let ttl_ms = ttl.as_millis().max(1) as i64;
+        self.tx(|t| {
+            let last = self.lock_thread(t, thread)?;
+            if let Some((cur, live)) = self.lease_row(t, thread)? {
+                if live && !holder_is_dead(&cur.holder) {
+                    return Err(CheckpointError::LeaseHeld {
+                        thread: thread.clone(),
+                        until: cur.expires_at(),
+                        holder: cur.holder,
+                    });
+                }
+            }
+            let token = last + 1;
+            t.execute(
+                "UPDATE casfs_fencing SET token = $2 WHERE thread = $1",
+                &[&thread.as_str(), &(token as i64)],
+            )
+            .map_err(|e| self.db_err(e))?;
+            let row = t
+                .query_one(
+                    "INSERT INTO casfs_leases
+                         VALUES ($1, $2, $3, now(), now() + $4::bigint * interval '1 millisecond', $4::bigint)
+                     ON CONFLICT (thread) DO UPDATE SET holder = EXCLUDED.holder,
+                         token = EXCLUDED.token, acquired_at = EXCLUDED.acquired_at,
+                         expires_at = EXCLUDED.expires_at, ttl_ms = EXCLUDED.ttl_ms
+                     RETURNING (extract(epoch FROM acquired_at) * 1000)::bigint,
+                               (extract(epoch FROM expires_at) * 1000)::bigint",
+                    &[&thread.as_str(), &holder, &(token as i64), &ttl_ms],
+                )
+                .map_err(|e| self.db_err(e))?;
+            Ok(WriterLease {
+                thread: thread.clone(),
+                holder: holder.to_string(),
+                token,
+                acquired_at_ms: row.get::<_, i64>(0) as u64,
+                expires_at_ms: row.get::<_, i64>(1) as u64,
+                ttl_ms: ttl_ms as u64,
+            })
+        })
+    }
+
+    fn renew(&self, lease: &WriterLease) -> CheckpointResult<WriterLease> {
+        self.tx(|t| {
+            self.lock_thread(t, &lease.thread)?;
+            self.check_lease(t, lease)?;
+            let row = t
+                .query_one(
+                    "UPDATE casfs_leases SET expires_at = now() + ttl_ms * interval '1 millisecond'
+                     WHERE thread = $1
+                     RETURNING (extract(epoch FROM expires_at) * 1000)::bigint",
+                    &[&lease.thread.as_str()],
+                )
+                .map_err(|e| self.db_err(e))?;
+            let mut renewed = lease.clone();
+            renewed.expires_at_ms = row.get::<_, i64>(0) as u64;
+            Ok(renewed)
+        })
+    }
+
+    fn release(&self, lease: &WriterLease) -> CheckpointResult<()> {
+        self.tx(|t| {
+            let last = self.lock_thread(t, &lease.thread)?;
+            match self.lease_row(t, &lease.thread)? {
+                Some((cur, _)) if cur.token == lease.token => {
+                    t.execute(
+                        "DELETE FROM casfs_leases WHERE thread = $1",
+                        &[&lease.thread.as_str()],
+                    )
+                    .map_err(|e| self.db_err(e))?;
+                    Ok(())
+                }
+                Some((cur, _)) => Err(CheckpointError::LeaseLost {
+                    thread: lease.thread.clone(),
+                    token: lease.token,
+                    detail: format!("taken over by {:?} with token {}", cur.holder, cur.token),
+                }),
+                None if last == lease.token => Ok(()),
+                None => Err(CheckpointError::LeaseLost {
+                    thread: lease.thread.clone(),
+                    token: lease.token,
+                    detail: "a later writer took and released the thread".into(),
+                }),
+            }
+        })
+    }
+
+    fn head(&self, thread: &ThreadId) -> CheckpointResult<Option<CheckpointId>> {
+        self.tx(|t| self.head_in(t, thread))
+    }
+
+    fn get(&self, id: &CheckpointId) -> CheckpointResult<Checkpoint> {
+        self.tx(|t| self.get_in(t, id))
+    }
+
+    fn append(
+        &self,
+        new: NewCheckpoint,
+        expected_head: Option<CheckpointId>,
+        lease: &WriterLease,
+    ) -> CheckpointResult<Checkpoint> {
+        if lease.thread != new.thread_id {
+            return Err(CheckpointError::Invalid(format!(
+                "lease is for thread {:?}, checkpoint for {:?}",
+                lease.thread, new.thread_id
+            )));
+        }
+        self.tx(|t| {
+            self.lock_thread(t, &new.thread_id)?;
+            self.check_lease(t, lease)?;
+            let actual = self.head_in(t, &new.thread_id)?;
+            if actual != expected_head {
+                return Err(CheckpointError::HeadMismatch {
+                    thread: new.thread_id.clone(),
+                    expected: expected_head,
+                    actual,
+                });
+            }
+            if let Some(parent) = expected_head {
+                self.get_in(t, &parent)?;
+            }
+            let cp = Checkpoint::from_new(new, expected_head, SystemTime::now());
+            crate::crashpoint("append.before");
+            self.put_checkpoint(t, &cp)?;
+            Ok(cp)
+        })
+    }
+
+    fn log(&self, thread: &ThreadId, limit: usize) -> CheckpointResult<Vec<Checkpoint>> {
+        let mut out = Vec::new();
+        let mut next = self.head(thread)?;
+        while let Some(id) = next {
+            if out.len() >= limit {
+                break;
+            }
+            let cp = self.get(&id)?;
+            next = cp.body.parent_id;
+            out.push(cp);
+        }
+        Ok(out)
+    }
+
+    fn fork(&self, new_thread: &ThreadId, from: &CheckpointId) -> CheckpointResult<Checkpoint> {
+        self.tx(|t| {
+            self.lock_thread(t, new_thread)?;
+            if self.head_in(t, new_thread)?.is_some() {
+                return Err(CheckpointError::ThreadExists(new_thread.clone()));
+            }
+            if let Some((cur, true)) = self.lease_row(t, new_thread)? {
+                return Err(CheckpointError::LeaseHeld {
+                    thread: new_thread.clone(),
+                    until: cur.expires_at(),
+                    holder: cur.holder,
+                });
+            }
+            let src = self.get_in(t, from)?;
+            let new = NewCheckpoint {
+                thread_id: new_thread.clone(),
+                reason: format!("fork of {} ({})", from.short(), src.body.thread_id),
+                source_run_id: None,
+                root: src.body.root,
+                conversation: src.body.conversation,
+                artifacts: src.body.artifacts.clone(),
+                workspace_hash: src.body.workspace_hash.clone(),
+                stats: src.body.stats.clone(),
+                secret_files: src.body.secret_files.clone(),
+            };
+            let cp = Checkpoint::from_new(new, Some(*from), SystemTime::now());
+            self.put_checkpoint(t, &cp)?;
+            Ok(cp)
+        })
+    }
+
+    fn threads(&self) -> CheckpointResult<Vec<(ThreadId, CheckpointId)>> {
+        self.tx(|t| {
+            let rows = t
+                .query("SELECT thread, id FROM casfs_heads ORDER BY thread", &[])
+                .map_err(|e| self.db_err(e))?;
+            rows.into_iter()
+                .map(|r| {
+                    let name: String = r.get(0);
+                    let id: Vec<u8> = r.get(1);
+                    let h = Hash::from_slice(&id).ok_or_else(|| CheckpointError::Corrupt {
+                        id: format!("head of thread {name:?}"),
+                        detail: format!("{} bytes", id.len()),
+                    })?;
+                    Ok((ThreadId::new(&name)?, CheckpointId(h)))
+                })
+                .collect()
+        })
+    }
+
+    fn resolve_prefix(&self, prefix: &str) -> CheckpointResult<CheckpointId> {
+        let p = prefix.to_ascii_lowercase();
+        if p.len() < 4 || p.len() > 64 || !p.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(CheckpointError::Invalid(format!(
+                "checkpoint {prefix:?}: expected at least 4 hex digits"
+            )));
+        }
+        if let Some(h) = Hash::from_hex(&p) {
+            let id = CheckpointId(h);
+            self.get(&id)?;
+            return Ok(id);
+        }
+        let ids: Vec<CheckpointId> = self.tx(|t| {
+            let rows = t
+                .query(
+                    "SELECT id FROM casfs_checkpoints WHERE encode(id, 'hex') LIKE $1 LIMIT 9",
+                    &[&format!("{p}%")],
+                )
+                .map_err(|e| self.db_err(e))?;
+            Ok(rows
+                .into_iter()
+                .filter_map(|r| Hash::from_slice(&r.get::<_, Vec<u8>>(0)).map(CheckpointId))
+                .collect())
+        })?;
+        match ids.len() {
+            0 => Err(CheckpointError::NotFound(prefix.to_string())),
+            1 => Ok(ids[0]),
+            _ => Err(CheckpointError::Ambiguous {
+                prefix: prefix.to_string(),
+                candidates: ids,
+            }),
+        }
+    }
+}
