@@ -330,4 +330,41 @@ impl ObjectStore for RemoteObjectStore {
     fn fence(&self) -> Option<&Fence> {
         self.local.fence()
     }
+
+    fn prefetch(&self, ids: &[ObjectId]) {
+        let mut want = Vec::new();
+        for id in ids {
+            if !self.local.contains(id).unwrap_or(true) {
+                want.push((id.0, self.key(&id.0)));
+            }
+        }
+        if want.is_empty() {
+            return;
+        }
+        let remote = self.remote.clone();
+        let got: Vec<(Hash, bytes::Bytes)> = self.run(async move {
+            stream::iter(want.into_iter().map(|(id, key)| {
+                let remote = remote.clone();
+                async move {
+                    let r = remote.get(&key).await.ok()?;
+                    r.bytes().await.ok().map(|b| (id, b))
+                }
+            }))
+            .buffer_unordered(PARALLEL)
+            .filter_map(|x| async move { x })
+            .collect()
+            .await
+        });
+        let mut marked = Vec::with_capacity(got.len());
+        for (id, stored) in got {
+            // Kept only when it is what it claims to be (a read reports the rest).
+            if decode_stored(&id, &stored).is_ok() && self.local.put_stored(&id, &stored).is_ok() {
+                self.fetched_objects.fetch_add(1, Ordering::Relaxed);
+                self.fetched_bytes
+                    .fetch_add(stored.len() as u64, Ordering::Relaxed);
+                marked.push(id);
+            }
+        }
+        let _ = self.mark_remote(&marked);
+    }
 }

@@ -46,6 +46,10 @@ pub trait ObjectStore: Send + Sync {
     fn fence(&self) -> Option<&Fence> {
         None
     }
+
+    /// A hint that these objects will be read soon: a remote store fetches the ones it
+    /// lacks locally, many at a time. Best effort: a failure shows at the read.
+    fn prefetch(&self, _ids: &[ObjectId]) {}
 }
 
 /// What a sweep found and did.

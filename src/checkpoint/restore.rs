@@ -29,7 +29,7 @@ use super::fsutil::{
 };
 use super::{xattr, CheckpointError, CheckpointResult, Store};
 use crate::cas::file::{check_present, hash_reader, write_file_to};
-use crate::cas::{load_tree, EntryContent, Tree, TreeEntry, TreeId};
+use crate::cas::{load_tree, EntryContent, ObjectId, Tree, TreeEntry, TreeId};
 
 #[derive(Debug, Default)]
 pub struct RestoreProgress {
@@ -226,6 +226,9 @@ fn preflight(store: &Store, root: TreeId) -> CheckpointResult<HashMap<TreeId, Tr
     let mut trees = HashMap::new();
     let mut level = vec![root];
     while !level.is_empty() {
+        // From a remote store, a level's trees come many at a time.
+        let ids: Vec<ObjectId> = level.iter().map(|t| ObjectId(t.0)).collect();
+        store.objects().prefetch(&ids);
         let loaded: Vec<(TreeId, Tree)> = level
             .par_iter()
             .map(|id| Ok((*id, load_tree(store.objects(), id)?)))
@@ -244,6 +247,8 @@ fn preflight(store: &Store, root: TreeId) -> CheckpointResult<HashMap<TreeId, Tr
         }
         files.sort_by_key(|f| f.id);
         files.dedup();
+        let ids: Vec<ObjectId> = files.iter().map(|f| ObjectId(f.id.0)).collect();
+        store.objects().prefetch(&ids);
         files
             .par_iter()
             .try_for_each(|f| check_present(store.objects(), f))?;
