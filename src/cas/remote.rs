@@ -281,8 +281,14 @@ impl RemoteObjectStore {
         };
         // Verified before anything is kept or returned.
         let data = decode_stored(&id.0, &stored)?;
-        self.local.put_stored(&id.0, &stored)?;
-        self.mark_remote(&[id.0])?;
+        // Keeping it is an optimisation (a read-only open cannot).
+        if let Err(e) = self
+            .local
+            .put_stored(&id.0, &stored)
+            .and_then(|()| self.mark_remote(&[id.0]))
+        {
+            tracing::debug!("not caching object {}: {e}", id.0);
+        }
         self.fetched_objects.fetch_add(1, Ordering::Relaxed);
         self.fetched_bytes
             .fetch_add(stored.len() as u64, Ordering::Relaxed);
