@@ -157,6 +157,9 @@ impl MountedThread {
         let ws = Arc::new(ws);
         let mounted = mount_workspace(ws, mountpoint, opts)
             .map_err(|e| CheckpointError::io(mountpoint, e))?;
+        if let Some(id) = base {
+            start_prefetch(&store, id);
+        }
         Ok(MountedThread {
             store,
             mounted,
@@ -230,6 +233,16 @@ impl MountedThread {
         let start = Instant::now();
         // Objects the snapshot puts are named by nothing until the append.
         let _session = crate::cas::write_session(self.store.objects());
+        let mut template = template;
+        let reads = self.workspace().take_reads();
+        if !reads.is_empty() && template.read_first.is_none() {
+            let list: Vec<(String, u64)> =
+                reads.iter().map(|f| (f.id.0.to_hex(), f.size)).collect();
+            let bytes = serde_json::to_vec(&list).expect("a list serializes");
+            let mut stats = crate::cas::StoreStats::default();
+            let c = crate::cas::file::store_bytes(self.store.objects(), &bytes, &mut stats)?;
+            template.read_first = Some(c.into());
+        }
         let tag = self.tag();
         if template.thread_id != tag.thread {
             return Err(CheckpointError::Invalid(format!(
@@ -322,6 +335,7 @@ impl MountedThread {
                 force,
             )
             .map_err(ws_err)?;
+        start_prefetch(&self.store, id);
         Ok((tag, start.elapsed().as_micros() as u64))
     }
 
@@ -576,6 +590,60 @@ fn adopt_landed_checkpoint(
         }
     }
     Ok(())
+}
+
+/// With a remote object store, fetches in the background the files the run that made
+/// checkpoint `id` read, in the order it first read them, so a restore on another host
+/// reads what the agent will likely read first from its own cache.
+fn start_prefetch(store: &Arc<Store>, id: CheckpointId) {
+    if store.remote().is_none() {
+        return;
+    }
+    let Ok(cp) = store.checkpoints().get(&id) else {
+        return;
+    };
+    let Some(list) = cp.body.read_first else {
+        return;
+    };
+    let store = store.clone();
+    let _ = std::thread::Builder::new()
+        .name("casfs-prefetch".into())
+        .spawn(move || {
+            let objects = store.objects();
+            let Ok(bytes) = crate::cas::file::read_file(objects, &list.into()) else {
+                return;
+            };
+            let Ok(files) = serde_json::from_slice::<Vec<(String, u64)>>(&bytes) else {
+                return;
+            };
+            let files: Vec<crate::cas::FileRef> = files
+                .into_iter()
+                .filter_map(|(hex, size)| {
+                    Some(crate::cas::FileRef {
+                        id: crate::cas::FileId(crate::cas::Hash::from_hex(&hex)?),
+                        size,
+                    })
+                })
+                .collect();
+            for batch in files.chunks(256) {
+                let ids: Vec<crate::cas::ObjectId> =
+                    batch.iter().map(|f| crate::cas::ObjectId(f.id.0)).collect();
+                objects.prefetch(&ids);
+                // A large file's chunks, now that its chunk list is here.
+                let mut chunks = Vec::new();
+                for f in batch.iter().filter(|f| f.is_chunked()) {
+                    if let Ok(l) = crate::cas::file::load_chunk_list(objects, f) {
+                        chunks.extend(l.chunks.iter().map(|(c, _)| crate::cas::ObjectId(c.0)));
+                    }
+                }
+                objects.prefetch(&chunks);
+            }
+            tracing::debug!(
+                "prefetched {} file(s) of checkpoint {}",
+                files.len(),
+                id.short()
+            );
+        });
 }
 
 fn empty_tree(store: &Store) -> CheckpointResult<TreeId> {

@@ -158,6 +158,9 @@ pub struct NewCheckpoint {
     pub workspace_hash: Option<String>,
     pub stats: CaptureStats,
     pub secret_files: Vec<SecretFile>,
+    /// The clean files the run read, in the order first read (a list stored as
+    /// content): another host restoring this checkpoint fetches them first.
+    pub read_first: Option<ContentRef>,
 }
 
 impl NewCheckpoint {
@@ -172,6 +175,7 @@ impl NewCheckpoint {
             workspace_hash: None,
             stats: CaptureStats::default(),
             secret_files: Vec::new(),
+            read_first: None,
         }
     }
 }
@@ -194,6 +198,9 @@ pub struct CheckpointBody {
     /// Absent from records without any (so their encoding, and id, is as before).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secret_files: Vec<SecretFile>,
+    /// See [`NewCheckpoint::read_first`]; absent when none (older ids unchanged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_first: Option<ContentRef>,
 }
 
 /// A checkpoint: an immutable record naming a root tree, its parent and its thread.
@@ -228,6 +235,7 @@ impl Checkpoint {
             workspace_hash: new.workspace_hash,
             stats: new.stats,
             secret_files: new.secret_files,
+            read_first: new.read_first,
         };
         let id = CheckpointId(Hash::of(&body_bytes(&body)));
         Checkpoint { id, body }

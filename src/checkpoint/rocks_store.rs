@@ -381,6 +381,7 @@ impl CheckpointStore for RocksCheckpointStore {
             workspace_hash: src.body.workspace_hash.clone(),
             stats: src.body.stats.clone(),
             secret_files: src.body.secret_files.clone(),
+            read_first: src.body.read_first,
         };
         let cp = Checkpoint::from_new(new, Some(*from), SystemTime::now());
         let mut batch = WriteBatch::default();

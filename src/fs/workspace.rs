@@ -47,6 +47,9 @@ const ROOT: u64 = 1;
 /// available, so the kernel reads them itself; smaller ones go through the chunk cache.
 const MATERIALIZE_MIN: u64 = 256 << 10;
 
+/// How many first-read files a workspace remembers between checkpoints.
+const MAX_READS_KEPT: usize = 8192;
+
 /// Free space (beyond the database's reserve) below which handles that may write are
 /// served by the daemon, which enforces the reserve, instead of through passthrough.
 const PASSTHROUGH_WRITE_ROOM: u64 = 1 << 30;
@@ -350,6 +353,8 @@ pub struct Workspace {
     mounted_at: i64,
     /// Limit of [`Copies`] in bytes.
     copies_limit: u64,
+    /// Clean files opened since the last checkpoint, in first-open order.
+    reads: Mutex<(std::collections::HashSet<crate::cas::FileId>, Vec<FileRef>)>,
 }
 
 fn now_ns() -> i64 {
@@ -1301,6 +1306,7 @@ impl Workspace {
                 copies: Copies::default(),
             }),
             copies_limit: opts.local_copies_bytes,
+            reads: Mutex::new((std::collections::HashSet::new(), Vec::new())),
             barrier: RwLock::new(()),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
@@ -1498,6 +1504,21 @@ impl Workspace {
     /// makes every create slower.
     fn upper_rel(ino: u64) -> String {
         upper_rel(ino)
+    }
+
+    fn note_read(&self, f: FileRef) {
+        let mut r = self.reads.lock().unwrap_or_else(|p| p.into_inner());
+        if r.1.len() < MAX_READS_KEPT && r.0.insert(f.id) {
+            r.1.push(f);
+        }
+    }
+
+    /// The clean files opened since the last call, in the order first opened (at most
+    /// the first 8192): what a run read, for another host to fetch first.
+    pub fn take_reads(&self) -> Vec<FileRef> {
+        let mut r = self.reads.lock().unwrap_or_else(|p| p.into_inner());
+        r.0.clear();
+        std::mem::take(&mut r.1)
     }
 
     fn upper_path(&self, ino: u64) -> PathBuf {
@@ -2135,6 +2156,9 @@ impl WorkspaceFs {
             Body::File { upper, clean, .. } => (upper.clone(), *clean),
             _ => unreachable!(),
         };
+        if let (false, Some(c)) = (n.dirty, clean) {
+            ws.note_read(c);
+        }
         // While a handle is open the upper file stays open.
         let upper = match upper {
             Some(u) => {

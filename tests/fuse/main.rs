@@ -6,6 +6,7 @@
 mod common;
 
 mod bench;
+mod fleet;
 mod middleware;
 mod read_only;
 mod reliability;
