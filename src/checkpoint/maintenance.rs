@@ -210,6 +210,12 @@ fn walk(store: &Store, verify: bool) -> CheckpointResult<Walk<'_>> {
         if let Some(c) = cp.body.conversation {
             marker.file(c.into(), &format!("checkpoint {} conversation", id.short()));
         }
+        if let Some(c) = cp.body.read_first {
+            marker.file(
+                c.into(),
+                &format!("checkpoint {} read-first list", id.short()),
+            );
+        }
         for a in &cp.body.artifacts {
             marker.file(
                 a.content.into(),
