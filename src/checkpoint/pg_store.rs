@@ -444,18 +444,7 @@ impl CheckpointStore for PgCheckpointStore {
                 });
             }
             let src = self.get_in(t, from)?;
-            let new = NewCheckpoint {
-                thread_id: new_thread.clone(),
-                reason: format!("fork of {} ({})", from.short(), src.body.thread_id),
-                source_run_id: None,
-                root: src.body.root,
-                conversation: src.body.conversation,
-                artifacts: src.body.artifacts.clone(),
-                workspace_hash: src.body.workspace_hash.clone(),
-                stats: src.body.stats.clone(),
-                secret_files: src.body.secret_files.clone(),
-                read_first: src.body.read_first,
-            };
+            let new = NewCheckpoint::fork_of(new_thread, &src);
             let cp = Checkpoint::from_new(new, Some(*from), SystemTime::now());
             self.put_checkpoint(t, &cp)?;
             Ok(cp)
@@ -482,12 +471,7 @@ impl CheckpointStore for PgCheckpointStore {
     }
 
     fn resolve_prefix(&self, prefix: &str) -> CheckpointResult<CheckpointId> {
-        let p = prefix.to_ascii_lowercase();
-        if p.len() < 4 || p.len() > 64 || !p.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(CheckpointError::Invalid(format!(
-                "checkpoint {prefix:?}: expected at least 4 hex digits"
-            )));
-        }
+        let p = super::store::checked_prefix(prefix)?;
         if let Some(h) = Hash::from_hex(&p) {
             let id = CheckpointId(h);
             self.get(&id)?;

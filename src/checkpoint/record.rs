@@ -164,6 +164,23 @@ pub struct NewCheckpoint {
 }
 
 impl NewCheckpoint {
+    /// The first checkpoint of `new_thread`, forked from `src`: its content, conversation
+    /// and artifacts.
+    pub fn fork_of(new_thread: &ThreadId, src: &Checkpoint) -> NewCheckpoint {
+        NewCheckpoint {
+            thread_id: new_thread.clone(),
+            reason: format!("fork of {} ({})", src.id.short(), src.body.thread_id),
+            source_run_id: None,
+            root: src.body.root,
+            conversation: src.body.conversation,
+            artifacts: src.body.artifacts.clone(),
+            workspace_hash: src.body.workspace_hash.clone(),
+            stats: src.body.stats.clone(),
+            secret_files: src.body.secret_files.clone(),
+            read_first: src.body.read_first,
+        }
+    }
+
     pub fn new(thread_id: ThreadId, root: TreeId, reason: impl Into<String>) -> NewCheckpoint {
         NewCheckpoint {
             thread_id,

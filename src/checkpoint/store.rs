@@ -50,3 +50,14 @@ pub trait CheckpointStore: Send + Sync {
     /// Resolves a unique hex prefix (at least 4 digits) to a checkpoint id.
     fn resolve_prefix(&self, prefix: &str) -> CheckpointResult<CheckpointId>;
 }
+
+/// A checkpoint prefix as typed, checked and lowercased: 4 to 64 hex digits.
+pub(crate) fn checked_prefix(prefix: &str) -> CheckpointResult<String> {
+    let p = prefix.to_ascii_lowercase();
+    if p.len() < 4 || p.len() > 64 || !p.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(super::CheckpointError::Invalid(format!(
+            "checkpoint {prefix:?}: expected at least 4 hex digits"
+        )));
+    }
+    Ok(p)
+}
