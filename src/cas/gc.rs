@@ -250,9 +250,4 @@ impl<'a> Marker<'a> {
             }
         }
     }
-
-    /// Marks one object that is not a tree or file (for example a stray root).
-    pub fn object(&mut self, id: Hash) {
-        self.marked.insert(id);
-    }
 }

@@ -208,33 +208,26 @@ impl RemoteObjectStore {
                 unknown.push(*id);
             }
         }
-        // The stored bytes of each (compressed as stored locally).
-        let mut work = Vec::with_capacity(unknown.len());
-        for id in &unknown {
-            let cf = self.db().cf(super::rocks::OBJECTS_CF);
-            let stored = self
-                .db()
-                .raw()
-                .get_cf(cf, id.as_bytes())
-                .map_err(|e| self.db().err(e))?
-                .ok_or(CasError::NotFound {
-                    what: "object to upload",
-                    id: *id,
-                })?;
-            work.push((*id, self.key(id), stored));
-        }
         self.checked_objects
-            .fetch_add(work.len() as u64, Ordering::Relaxed);
-        let remote = self.remote.clone();
+            .fetch_add(unknown.len() as u64, Ordering::Relaxed);
+        let (remote, local) = (self.remote.clone(), self.local.clone());
+        let work: Vec<(Hash, RemotePath)> = unknown.iter().map(|id| (*id, self.key(id))).collect();
+        // Each object's stored bytes are read only when the remote lacks it, and only
+        // PARALLEL at a time are in memory.
         let results: Result<Vec<Uploaded>, (Hash, String)> = self.run(async move {
-            stream::iter(work.into_iter().map(|(id, key, stored)| {
-                let remote = remote.clone();
+            stream::iter(work.into_iter().map(|(id, key)| {
+                let (remote, local) = (remote.clone(), local.clone());
                 async move {
                     match remote.head(&key).await {
                         Ok(_) => return Ok((id, None)),
                         Err(object_store::Error::NotFound { .. }) => {}
                         Err(e) => return Err((id, format!("checking: {e}"))),
                     }
+                    let stored = match local.get_stored(&id) {
+                        Ok(Some(s)) => s,
+                        Ok(None) => return Err((id, "not in the local store".into())),
+                        Err(e) => return Err((id, e.to_string())),
+                    };
                     let len = stored.len() as u64;
                     remote
                         .put(&key, PutPayload::from(stored))
@@ -254,10 +247,9 @@ impl RemoteObjectStore {
                 self.uploaded_bytes.fetch_add(*len, Ordering::Relaxed);
             }
         }
-        let all: Vec<Hash> = ids;
-        self.mark_remote(&all)?;
+        self.mark_remote(&ids)?;
         let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        for id in &all {
+        for id in &ids {
             p.remove(id);
         }
         Ok(())

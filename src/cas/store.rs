@@ -100,6 +100,15 @@ impl RocksObjectStore {
         &self.db
     }
 
+    /// An object's stored encoding (header byte, raw or zstd), unverified.
+    pub fn get_stored(&self, id: &Hash) -> CasResult<Option<Vec<u8>>> {
+        let cf = self.db.cf(OBJECTS_CF);
+        self.db
+            .raw()
+            .get_cf(cf, id.as_bytes())
+            .map_err(|e| self.db.err(e))
+    }
+
     /// Keeps an object fetched from elsewhere in its stored encoding (the caller has
     /// verified it against `id`).
     pub fn put_stored(&self, id: &Hash, stored: &[u8]) -> CasResult<()> {

@@ -135,19 +135,6 @@ pub fn remove(store: &Store, keys: &[Vec<u8>]) -> CheckpointResult<()> {
         .map_err(|e| CheckpointError::from(db.err(e)))
 }
 
-/// Forgets the whole directory cache (it is derivable: the next capture or restore of
-/// each directory reads what it needs and writes it again).
-pub fn clear_all(store: &Store) -> CheckpointResult<()> {
-    let db = store.database();
-    let mut b = WriteBatch::default();
-    for (k, _) in all_entries(store)? {
-        b.delete_cf(db.cf(DIRCACHE_CF), k);
-    }
-    db.raw()
-        .write(b)
-        .map_err(|e| CheckpointError::from(db.err(e)))
-}
-
 /// A pending write: key and new value, or `None` to delete.
 type Update = (Vec<u8>, Option<Vec<u8>>);
 

@@ -17,9 +17,11 @@ use serde::{Deserialize, Serialize};
 
 use super::dircache;
 use super::lease::millis;
+use super::mountd::{key_hex, mount_dir_of_key};
 use super::rocks_store::{FENCING_CF, HEADS_CF, LEASES_CF};
 use super::{
-    CheckpointError, CheckpointId, CheckpointResult, MountTag, Store, ThreadId, WriterLease,
+    CheckpointError, CheckpointId, CheckpointResult, CheckpointStore as _, MountTag, Store,
+    ThreadId, WriterLease,
 };
 use crate::cas::gc::Collecting;
 use crate::cas::{Hash, Marker, Problem, SweepReport};
@@ -57,11 +59,6 @@ fn fence(store: &Store) -> CheckpointResult<Collecting<'_>> {
         ));
     }
     Ok(store.rocks_objects().fence_ref().collect()?)
-}
-
-fn mount_dir_of(store: &Store, key: &[u8; 8]) -> PathBuf {
-    let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
-    store.root().join("mounts").join(hex)
 }
 
 /// The checkpoints every mount's dirty set is based on or will append on.
@@ -227,7 +224,7 @@ fn walk(store: &Store, verify: bool) -> CheckpointResult<Walk<'_>> {
     let keys = mount_keys(store.database())?;
     for key in &keys {
         let d = DirtyStore::new(store.database().clone(), *key);
-        let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+        let hex = key_hex(key);
         match d.meta() {
             Ok(Some(meta)) => marker.tree(meta.base, &format!("mount {hex} base:/")),
             Ok(None) => {}
@@ -385,11 +382,13 @@ pub fn fsck(store: &Store, repair: bool, live: &HashSet<[u8; 8]>) -> CheckpointR
 
     // Records, parents, heads.
     let records = cps.all_records()?;
-    let mut present: HashSet<CheckpointId> = HashSet::new();
+    // Each readable record's thread, by id (heads and parents are looked up in it).
+    let mut present: std::collections::HashMap<CheckpointId, ThreadId> =
+        std::collections::HashMap::new();
     for (id, rec) in &records {
         match rec {
-            Ok(_) => {
-                present.insert(*id);
+            Ok(cp) => {
+                present.insert(*id, cp.body.thread_id.clone());
             }
             Err(e) => rep.errors.push(format!("checkpoint record {id}: {e}")),
         }
@@ -397,7 +396,7 @@ pub fn fsck(store: &Store, repair: bool, live: &HashSet<[u8; 8]>) -> CheckpointR
     for (id, rec) in &records {
         if let Ok(cp) = rec {
             if let Some(p) = cp.body.parent_id {
-                if !present.contains(&p) && !cps.is_pruned(&p)? {
+                if !present.contains_key(&p) && !cps.is_pruned(&p)? {
                     rep.errors.push(format!(
                         "checkpoint {id}: parent {p} is missing (and was not pruned)"
                     ));
@@ -418,16 +417,16 @@ pub fn fsck(store: &Store, repair: bool, live: &HashSet<[u8; 8]>) -> CheckpointR
                 "head of thread {name:?}: {} bytes, not an id",
                 v.len()
             )),
-            Some(id) => match records.iter().find(|(i, _)| *i == id) {
-                None => rep.errors.push(format!(
+            Some(id) => match present.get(&id) {
+                None if !records.iter().any(|(i, _)| *i == id) => rep.errors.push(format!(
                     "head of thread {name:?}: checkpoint {id} is missing"
                 )),
-                Some((_, Ok(cp))) if cp.body.thread_id.as_str() != name => {
-                    rep.errors.push(format!(
-                        "head of thread {name:?}: checkpoint {id} belongs to thread {:?}",
-                        cp.body.thread_id.as_str()
-                    ))
-                }
+                // A record that does not decode: reported above.
+                None => {}
+                Some(t) if t.as_str() != name => rep.errors.push(format!(
+                    "head of thread {name:?}: checkpoint {id} belongs to thread {:?}",
+                    t.as_str()
+                )),
                 Some(_) => {}
             },
         }
@@ -507,31 +506,27 @@ pub fn fsck(store: &Store, repair: bool, live: &HashSet<[u8; 8]>) -> CheckpointR
     }
     // Mount directories with nothing in the database: left by a mount whose record was
     // cleared (their files are nothing's).
-    let key_set: HashSet<String> = keys
-        .iter()
-        .map(|k| k.iter().map(|b| format!("{b:02x}")).collect())
-        .collect();
+    let known: HashSet<String> = keys.iter().chain(live).map(key_hex).collect();
     let mounts_dir = store.root().join("mounts");
     if let Ok(rd) = std::fs::read_dir(&mounts_dir) {
         for e in rd.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let live_dir = live
-                .iter()
-                .any(|k| k.iter().map(|b| format!("{b:02x}")).collect::<String>() == name);
-            if key_set.contains(&name) || live_dir {
+            if known.contains(e.file_name().to_string_lossy().as_ref()) {
                 continue;
             }
             let upper = e.path().join("upper");
-            let files = count_files(&upper);
-            if files > 0 {
+            let mut stray = Vec::new();
+            collect_files(&upper, &mut stray);
+            if !stray.is_empty() {
                 rep.leftovers.push(format!(
-                    "{}: {files} upper file(s) of a mount with no dirty set",
-                    upper.display()
+                    "{}: {} upper file(s) of a mount with no dirty set",
+                    upper.display(),
+                    stray.len()
                 ));
                 if repair {
-                    remove_upper_files(&upper)?;
+                    remove_files(&stray)?;
                     rep.repaired.push(format!(
-                        "removed {files} stray file(s) in {}",
+                        "removed {} stray file(s) in {}",
+                        stray.len(),
                         upper.display()
                     ));
                 }
@@ -571,32 +566,9 @@ pub fn fsck(store: &Store, repair: bool, live: &HashSet<[u8; 8]>) -> CheckpointR
     Ok(rep)
 }
 
-fn count_files(dir: &Path) -> usize {
-    let mut n = 0;
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    for e in rd.flatten() {
-        match e.file_type() {
-            Ok(t) if t.is_dir() => n += count_files(&e.path()),
-            Ok(_) => n += 1,
-            Err(_) => {}
-        }
-    }
-    n
-}
-
-fn remove_upper_files(dir: &Path) -> CheckpointResult<()> {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return Ok(());
-    };
-    for e in rd.flatten() {
-        let p = e.path();
-        let r = match e.file_type() {
-            Ok(t) if t.is_dir() => remove_upper_files(&p),
-            _ => std::fs::remove_file(&p).map_err(|err| CheckpointError::io(&p, err)),
-        };
-        r?;
+fn remove_files(files: &[PathBuf]) -> CheckpointResult<()> {
+    for p in files {
+        std::fs::remove_file(p).map_err(|e| CheckpointError::io(p, e))?;
     }
     Ok(())
 }
@@ -610,8 +582,8 @@ fn check_mount(
     rep: &mut FsckReport,
 ) -> CheckpointResult<()> {
     let d = DirtyStore::new(store.database().clone(), *key);
-    let dir = mount_dir_of(store, key);
-    let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    let dir = mount_dir_of_key(store.root(), key);
+    let hex = key_hex(key);
     let nodes = match d.nodes() {
         Ok(n) => n,
         // Reported by the walk.
@@ -662,9 +634,7 @@ fn check_mount(
             stray[0].display()
         ));
         if repair {
-            for p in &stray {
-                std::fs::remove_file(p).map_err(|e| CheckpointError::io(p, e))?;
-            }
+            remove_files(&stray)?;
             rep.repaired.push(format!(
                 "mount {hex}: removed {} stray upper file(s)",
                 stray.len()

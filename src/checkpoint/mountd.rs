@@ -41,9 +41,17 @@ pub struct MountTag {
 
 /// Where a mount's files live in the store.
 pub fn mount_dir(store_root: &Path, mountpoint: &Path) -> PathBuf {
-    let key = mount_key(mountpoint);
-    let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
-    store_root.join("mounts").join(hex)
+    mount_dir_of_key(store_root, &mount_key(mountpoint))
+}
+
+/// A mount key as it names the mount's directory: 16 hex digits.
+pub fn key_hex(key: &[u8; 8]) -> String {
+    key.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Where the files of the mount with dirty-set key `key` live in the store.
+pub fn mount_dir_of_key(store_root: &Path, key: &[u8; 8]) -> PathBuf {
+    store_root.join("mounts").join(key_hex(key))
 }
 
 /// The control socket of the mount at `mountpoint` (canonical path).
@@ -235,7 +243,9 @@ impl MountedThread {
         let _session = crate::cas::write_session(self.store.objects());
         let mut template = template;
         let reads = self.workspace().take_reads();
-        if !reads.is_empty() && template.read_first.is_none() {
+        // Only another host fetches ahead (from a remote object store): a local store
+        // would pay a list of up to 8192 files on every checkpoint for nothing.
+        if self.store.remote().is_some() && !reads.is_empty() && template.read_first.is_none() {
             let list: Vec<(String, u64)> =
                 reads.iter().map(|f| (f.id.0.to_hex(), f.size)).collect();
             let bytes = serde_json::to_vec(&list).expect("a list serializes");

@@ -200,26 +200,8 @@ impl PgCheckpointStore {
 
     /// Checks that `lease` is the thread's live, current lease (the thread locked).
     fn check_lease(&self, t: &mut Transaction<'_>, lease: &WriterLease) -> CheckpointResult<()> {
-        let lost = |detail: String| CheckpointError::LeaseLost {
-            thread: lease.thread.clone(),
-            token: lease.token,
-            detail,
-        };
-        match self.lease_row(t, &lease.thread)? {
-            None => Err(lost(
-                "no lease is held (released or expired and cleared)".into(),
-            )),
-            Some((cur, _)) if cur.token != lease.token => Err(lost(format!(
-                "taken over by {:?} with token {}",
-                cur.holder, cur.token
-            ))),
-            Some((cur, false)) => Err(CheckpointError::LeaseExpired {
-                thread: lease.thread.clone(),
-                token: lease.token,
-                expired_at: cur.expires_at(),
-            }),
-            Some(_) => Ok(()),
-        }
+        let current = self.lease_row(t, &lease.thread)?;
+        super::store::check_current(lease, current)
     }
 
     fn head_in(
@@ -351,27 +333,15 @@ impl CheckpointStore for PgCheckpointStore {
     fn release(&self, lease: &WriterLease) -> CheckpointResult<()> {
         self.tx(|t| {
             let last = self.lock_thread(t, &lease.thread)?;
-            match self.lease_row(t, &lease.thread)? {
-                Some((cur, _)) if cur.token == lease.token => {
-                    t.execute(
-                        "DELETE FROM casfs_leases WHERE thread = $1",
-                        &[&lease.thread.as_str()],
-                    )
-                    .map_err(|e| self.db_err(e))?;
-                    Ok(())
-                }
-                Some((cur, _)) => Err(CheckpointError::LeaseLost {
-                    thread: lease.thread.clone(),
-                    token: lease.token,
-                    detail: format!("taken over by {:?} with token {}", cur.holder, cur.token),
-                }),
-                None if last == lease.token => Ok(()),
-                None => Err(CheckpointError::LeaseLost {
-                    thread: lease.thread.clone(),
-                    token: lease.token,
-                    detail: "a later writer took and released the thread".into(),
-                }),
+            let current = self.lease_row(t, &lease.thread)?.map(|(l, _)| l);
+            if super::store::release_deletes(lease, current.as_ref(), last)? {
+                t.execute(
+                    "DELETE FROM casfs_leases WHERE thread = $1",
+                    &[&lease.thread.as_str()],
+                )
+                .map_err(|e| self.db_err(e))?;
             }
+            Ok(())
         })
     }
 
@@ -389,12 +359,7 @@ impl CheckpointStore for PgCheckpointStore {
         expected_head: Option<CheckpointId>,
         lease: &WriterLease,
     ) -> CheckpointResult<Checkpoint> {
-        if lease.thread != new.thread_id {
-            return Err(CheckpointError::Invalid(format!(
-                "lease is for thread {:?}, checkpoint for {:?}",
-                lease.thread, new.thread_id
-            )));
-        }
+        super::store::check_lease_thread(&new, lease)?;
         self.tx(|t| {
             self.lock_thread(t, &new.thread_id)?;
             self.check_lease(t, lease)?;
@@ -414,20 +379,6 @@ impl CheckpointStore for PgCheckpointStore {
             self.put_checkpoint(t, &cp)?;
             Ok(cp)
         })
-    }
-
-    fn log(&self, thread: &ThreadId, limit: usize) -> CheckpointResult<Vec<Checkpoint>> {
-        let mut out = Vec::new();
-        let mut next = self.head(thread)?;
-        while let Some(id) = next {
-            if out.len() >= limit {
-                break;
-            }
-            let cp = self.get(&id)?;
-            next = cp.body.parent_id;
-            out.push(cp);
-        }
-        Ok(out)
     }
 
     fn fork(&self, new_thread: &ThreadId, from: &CheckpointId) -> CheckpointResult<Checkpoint> {

@@ -87,26 +87,14 @@ impl RocksCheckpointStore {
 
     /// Checks that `lease` is the thread's live, current lease.
     fn check_lease(&self, lease: &WriterLease, now: SystemTime) -> CheckpointResult<()> {
-        let lost = |detail: String| CheckpointError::LeaseLost {
-            thread: lease.thread.clone(),
-            token: lease.token,
-            detail,
-        };
-        match self.current_lease(&lease.thread)? {
-            None => Err(lost(
-                "no lease is held (released or expired and cleared)".into(),
-            )),
-            Some(cur) if cur.token != lease.token => Err(lost(format!(
-                "taken over by {:?} with token {}",
-                cur.holder, cur.token
-            ))),
-            Some(cur) if cur.is_expired_at(now) => Err(CheckpointError::LeaseExpired {
-                thread: lease.thread.clone(),
-                token: lease.token,
-                expired_at: cur.expires_at(),
+        let current = self.current_lease(&lease.thread)?;
+        super::store::check_current(
+            lease,
+            current.map(|c| {
+                let live = !c.is_expired_at(now);
+                (c, live)
             }),
-            Some(_) => Ok(()),
-        }
+        )
     }
 
     /// Every stored checkpoint record, each decoded (and checked against its id) or
@@ -136,11 +124,6 @@ impl RocksCheckpointStore {
             out.push((id, Checkpoint::decode(&id, &v)));
         }
         Ok(out)
-    }
-
-    /// Whether retention removed this checkpoint.
-    pub fn is_pruned(&self, id: &CheckpointId) -> CheckpointResult<bool> {
-        Ok(self.get_raw(PRUNED_CF, id.0.as_bytes())?.is_some())
     }
 
     /// Removes checkpoint records (retention), leaving a tombstone for each. A
@@ -263,25 +246,14 @@ impl CheckpointStore for RocksCheckpointStore {
 
     fn release(&self, lease: &WriterLease) -> CheckpointResult<()> {
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        match self.current_lease(&lease.thread)? {
-            Some(cur) if cur.token == lease.token => {
-                let mut batch = WriteBatch::default();
-                batch.delete_cf(self.db.cf(LEASES_CF), lease.thread.as_str().as_bytes());
-                self.write(batch)
-            }
-            Some(cur) => Err(CheckpointError::LeaseLost {
-                thread: lease.thread.clone(),
-                token: lease.token,
-                detail: format!("taken over by {:?} with token {}", cur.holder, cur.token),
-            }),
-            // Nobody holds it: releasing again is harmless unless someone took it since.
-            None if self.last_token(&lease.thread)? == lease.token => Ok(()),
-            None => Err(CheckpointError::LeaseLost {
-                thread: lease.thread.clone(),
-                token: lease.token,
-                detail: "a later writer took and released the thread".into(),
-            }),
+        let current = self.current_lease(&lease.thread)?;
+        let last = self.last_token(&lease.thread)?;
+        if super::store::release_deletes(lease, current.as_ref(), last)? {
+            let mut batch = WriteBatch::default();
+            batch.delete_cf(self.db.cf(LEASES_CF), lease.thread.as_str().as_bytes());
+            self.write(batch)?;
         }
+        Ok(())
     }
 
     fn head(&self, thread: &ThreadId) -> CheckpointResult<Option<CheckpointId>> {
@@ -314,12 +286,7 @@ impl CheckpointStore for RocksCheckpointStore {
         expected_head: Option<CheckpointId>,
         lease: &WriterLease,
     ) -> CheckpointResult<Checkpoint> {
-        if lease.thread != new.thread_id {
-            return Err(CheckpointError::Invalid(format!(
-                "lease is for thread {:?}, checkpoint for {:?}",
-                lease.thread, new.thread_id
-            )));
-        }
+        super::store::check_lease_thread(&new, lease)?;
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let now = SystemTime::now();
         self.check_lease(lease, now)?;
@@ -336,24 +303,8 @@ impl CheckpointStore for RocksCheckpointStore {
         Ok(cp)
     }
 
-    fn log(&self, thread: &ThreadId, limit: usize) -> CheckpointResult<Vec<Checkpoint>> {
-        let mut out = Vec::new();
-        let mut next = self.head(thread)?;
-        while let Some(id) = next {
-            if out.len() >= limit {
-                break;
-            }
-            let cp = match self.get(&id) {
-                // Older checkpoints were removed by retention: the log ends here.
-                Err(CheckpointError::NotFound(_)) if !out.is_empty() && self.is_pruned(&id)? => {
-                    break
-                }
-                r => r?,
-            };
-            next = cp.body.parent_id;
-            out.push(cp);
-        }
-        Ok(out)
+    fn is_pruned(&self, id: &CheckpointId) -> CheckpointResult<bool> {
+        Ok(self.get_raw(PRUNED_CF, id.0.as_bytes())?.is_some())
     }
 
     fn fork(&self, new_thread: &ThreadId, from: &CheckpointId) -> CheckpointResult<Checkpoint> {

@@ -37,8 +37,32 @@ pub trait CheckpointStore: Send + Sync {
     ) -> CheckpointResult<Checkpoint>;
 
     /// The thread's history, newest first, following parents (across forks), at most
-    /// `limit` records.
-    fn log(&self, thread: &ThreadId, limit: usize) -> CheckpointResult<Vec<Checkpoint>>;
+    /// `limit` records; it ends at a checkpoint retention removed.
+    fn log(&self, thread: &ThreadId, limit: usize) -> CheckpointResult<Vec<Checkpoint>> {
+        let mut out = Vec::new();
+        let mut next = self.head(thread)?;
+        while let Some(id) = next {
+            if out.len() >= limit {
+                break;
+            }
+            let cp = match self.get(&id) {
+                Err(super::CheckpointError::NotFound(_))
+                    if !out.is_empty() && self.is_pruned(&id)? =>
+                {
+                    break
+                }
+                r => r?,
+            };
+            next = cp.body.parent_id;
+            out.push(cp);
+        }
+        Ok(out)
+    }
+
+    /// Whether retention removed this checkpoint (stores without retention: never).
+    fn is_pruned(&self, _id: &CheckpointId) -> CheckpointResult<bool> {
+        Ok(false)
+    }
 
     /// Starts `new_thread` with a checkpoint whose parent is `from` and whose content is
     /// `from`'s. The new thread must not exist.
@@ -60,4 +84,66 @@ pub(crate) fn checked_prefix(prefix: &str) -> CheckpointResult<String> {
         )));
     }
     Ok(p)
+}
+
+/// The rules every store applies to a writer's lease, given the thread's current lease
+/// and whether it is live by the store's clock: `lease` must be it, and live.
+pub(crate) fn check_current(
+    lease: &WriterLease,
+    current: Option<(WriterLease, bool)>,
+) -> CheckpointResult<()> {
+    let lost = |detail: String| super::CheckpointError::LeaseLost {
+        thread: lease.thread.clone(),
+        token: lease.token,
+        detail,
+    };
+    match current {
+        None => Err(lost(
+            "no lease is held (released or expired and cleared)".into(),
+        )),
+        Some((cur, _)) if cur.token != lease.token => Err(lost(format!(
+            "taken over by {:?} with token {}",
+            cur.holder, cur.token
+        ))),
+        Some((cur, false)) => Err(super::CheckpointError::LeaseExpired {
+            thread: lease.thread.clone(),
+            token: lease.token,
+            expired_at: cur.expires_at(),
+        }),
+        Some(_) => Ok(()),
+    }
+}
+
+/// Whether releasing `lease` deletes the current lease (`true`), is a harmless repeat
+/// (`false`), or is refused because a later writer took the thread.
+pub(crate) fn release_deletes(
+    lease: &WriterLease,
+    current: Option<&WriterLease>,
+    last_token: u64,
+) -> CheckpointResult<bool> {
+    let lost = |detail: String| super::CheckpointError::LeaseLost {
+        thread: lease.thread.clone(),
+        token: lease.token,
+        detail,
+    };
+    match current {
+        Some(cur) if cur.token == lease.token => Ok(true),
+        Some(cur) => Err(lost(format!(
+            "taken over by {:?} with token {}",
+            cur.holder, cur.token
+        ))),
+        None if last_token == lease.token => Ok(false),
+        None => Err(lost("a later writer took and released the thread".into())),
+    }
+}
+
+/// An append must be on the thread its lease is for.
+pub(crate) fn check_lease_thread(new: &NewCheckpoint, lease: &WriterLease) -> CheckpointResult<()> {
+    if lease.thread != new.thread_id {
+        return Err(super::CheckpointError::Invalid(format!(
+            "lease is for thread {:?}, checkpoint for {:?}",
+            lease.thread, new.thread_id
+        )));
+    }
+    Ok(())
 }
