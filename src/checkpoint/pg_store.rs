@@ -21,7 +21,6 @@ use std::time::{Duration, SystemTime};
 
 use postgres::{Client, NoTls, Transaction};
 
-use super::lease::holder_is_dead;
 use super::{
     Checkpoint, CheckpointError, CheckpointId, CheckpointResult, CheckpointStore, NewCheckpoint,
     ThreadId, WriterLease,
@@ -266,23 +265,12 @@ impl CheckpointStore for PgCheckpointStore {
         holder: &str,
         ttl: Duration,
     ) -> CheckpointResult<WriterLease> {
-        if ttl.is_zero() || ttl > Duration::from_secs(24 * 3600) {
-            return Err(CheckpointError::Invalid(format!(
-                "lease TTL {ttl:?}: use more than 0 and at most 24 hours"
-            )));
-        }
+        super::store::check_ttl(ttl)?;
         let ttl_ms = ttl.as_millis().max(1) as i64;
         self.tx(|t| {
             let last = self.lock_thread(t, thread)?;
-            if let Some((cur, live)) = self.lease_row(t, thread)? {
-                if live && !holder_is_dead(&cur.holder) {
-                    return Err(CheckpointError::LeaseHeld {
-                        thread: thread.clone(),
-                        until: cur.expires_at(),
-                        holder: cur.holder,
-                    });
-                }
-            }
+            let current = self.lease_row(t, thread)?;
+            super::store::check_free(thread, current)?;
             let token = last + 1;
             t.execute(
                 "UPDATE casfs_fencing SET token = $2 WHERE thread = $1",

@@ -195,22 +195,17 @@ impl CheckpointStore for RocksCheckpointStore {
         holder: &str,
         ttl: Duration,
     ) -> CheckpointResult<WriterLease> {
-        if ttl.is_zero() || ttl > Duration::from_secs(24 * 3600) {
-            return Err(CheckpointError::Invalid(format!(
-                "lease TTL {ttl:?}: use more than 0 and at most 24 hours"
-            )));
-        }
+        super::store::check_ttl(ttl)?;
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let now = SystemTime::now();
-        if let Some(cur) = self.current_lease(thread)? {
-            if !cur.is_expired_at(now) && !super::lease::holder_is_dead(&cur.holder) {
-                return Err(CheckpointError::LeaseHeld {
-                    thread: thread.clone(),
-                    until: cur.expires_at(),
-                    holder: cur.holder,
-                });
-            }
-        }
+        let current = self.current_lease(thread)?;
+        super::store::check_free(
+            thread,
+            current.map(|c| {
+                let live = !c.is_expired_at(now);
+                (c, live)
+            }),
+        )?;
         let token = self.last_token(thread)? + 1;
         let ttl_ms = ttl.as_millis().max(1) as u64;
         let lease = WriterLease {

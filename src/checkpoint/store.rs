@@ -147,3 +147,31 @@ pub(crate) fn check_lease_thread(new: &NewCheckpoint, lease: &WriterLease) -> Ch
     }
     Ok(())
 }
+
+/// A lease TTL a store accepts: more than 0, at most 24 hours.
+pub(crate) fn check_ttl(ttl: std::time::Duration) -> CheckpointResult<()> {
+    if ttl.is_zero() || ttl > std::time::Duration::from_secs(24 * 3600) {
+        return Err(super::CheckpointError::Invalid(format!(
+            "lease TTL {ttl:?}: use more than 0 and at most 24 hours"
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses a new lease while the thread's current one (live by the store's clock) is
+/// held by a process that still exists.
+pub(crate) fn check_free(
+    thread: &ThreadId,
+    current: Option<(WriterLease, bool)>,
+) -> CheckpointResult<()> {
+    match current {
+        Some((cur, true)) if !super::lease::holder_is_dead(&cur.holder) => {
+            Err(super::CheckpointError::LeaseHeld {
+                thread: thread.clone(),
+                until: cur.expires_at(),
+                holder: cur.holder,
+            })
+        }
+        _ => Ok(()),
+    }
+}
