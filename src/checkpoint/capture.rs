@@ -21,6 +21,7 @@ use super::fsutil::{
     child, cstr, ctime_ns, file_type, fstat, list_dir, lstat_at, mtime_ns, open_at, open_dir,
     open_dir_at, readlink_at, Fingerprint,
 };
+use super::watch::{self, Changes};
 use super::{
     xattr, CaptureStats, Checkpoint, CheckpointError, CheckpointId, CheckpointResult,
     NewCheckpoint, Store, ThreadId, WriterLease,
@@ -78,6 +79,7 @@ struct Counters {
     bytes_hashed: AtomicU64,
     files_skipped: AtomicU64,
     unsupported: AtomicU64,
+    dirs_reused: AtomicU64,
 }
 
 struct Ctx<'a> {
@@ -89,6 +91,8 @@ struct Ctx<'a> {
     objects: Mutex<StoreStats>,
     warnings: Mutex<Vec<String>>,
     filter: Option<&'a dyn SnapshotFilter>,
+    /// What a running watcher says changed since the last capture.
+    changes: Option<Changes>,
 }
 
 impl Ctx<'_> {
@@ -148,9 +152,34 @@ pub fn capture_dir(
     let _session = crate::cas::write_session(store.objects());
     let dir = fs::canonicalize(dir).map_err(|e| CheckpointError::io(dir, e))?;
     let fd = open_dir(&dir)?;
+    let cache = DirCacheSet::new(store, &dir, !opts.no_stat_cache && opts.filter.is_none());
+    // Asked before the walk: whatever changes from now on is in its next answer.
+    let mut watcher = None;
+    let changes = if cache.reads() {
+        match watch::ask(store.root(), &dir, cache.token()?) {
+            Some(a) => {
+                cache.set_token(a.token());
+                match a {
+                    watch::Answer::Changes { dirs, new, .. } => {
+                        watcher = Some("changes".to_string());
+                        Some(Changes::new(dirs, new))
+                    }
+                    watch::Answer::Full { why, .. } => {
+                        tracing::info!("the watcher asks for a full look: {why}");
+                        watcher = Some(format!("full: {why}"));
+                        None
+                    }
+                }
+            }
+            None => None,
+        }
+    } else {
+        None
+    };
     let ctx = Ctx {
         store,
-        cache: DirCacheSet::new(store, &dir, !opts.no_stat_cache && opts.filter.is_none()),
+        cache,
+        changes,
         filter: opts.filter,
         racy_after_ns: now_ns() - RACY_MARGIN.as_nanos() as i64,
         progress: opts.progress,
@@ -172,6 +201,8 @@ pub fn capture_dir(
         bytes_hashed: n.bytes_hashed.load(Ordering::Relaxed),
         files_skipped: n.files_skipped.load(Ordering::Relaxed),
         unsupported: n.unsupported.load(Ordering::Relaxed),
+        dirs_reused: n.dirs_reused.load(Ordering::Relaxed),
+        watcher,
         new_objects: o.new_objects,
         new_bytes: o.new_bytes,
         reused_objects: o.reused_objects,
@@ -188,13 +219,46 @@ pub fn capture_dir(
 
 /// Captures the open directory `fd` (at `path`, `rel` below the root); returns its tree.
 fn capture_tree(ctx: &Ctx<'_>, fd: RawFd, path: &Path, rel: &[u8]) -> CheckpointResult<TreeId> {
-    let names = list_dir(fd).map_err(|e| CheckpointError::io(path, e))?;
     let cached = ctx.cache.get(rel)?;
-    let results: Vec<Option<Seen>> = names
-        .par_iter()
-        .with_min_len(4)
-        .map(|name| capture_entry(ctx, fd, path, rel, name, cached.as_ref()))
-        .collect::<CheckpointResult<_>>()?;
+    let results: Vec<Option<Seen>> = match (&ctx.changes, &cached) {
+        // The watcher saw nothing change here or below: as cached.
+        (Some(ch), Some(c)) if ch.untouched(rel) => {
+            ctx.n.dirs_reused.fetch_add(1, Ordering::Relaxed);
+            return Ok(c.tree_id);
+        }
+        // Its entries are as cached; only those on the way to a change are looked at.
+        (Some(ch), Some(c)) if !ch.changed(rel) => c
+            .tree
+            .entries()
+            .par_iter()
+            .enumerate()
+            .map(|(i, e)| {
+                let fp = c.fingerprints[i];
+                match (fp, e.tree_id()) {
+                    (Some(fp), Some(_)) if ch.untouched(&join_rel(rel, &e.name)) => {
+                        ctx.n.dirs_reused.fetch_add(1, Ordering::Relaxed);
+                        Ok(Some(Seen::Cached(i, fp)))
+                    }
+                    (Some(fp), None) => {
+                        if e.file_ref().is_some() {
+                            ctx.n.files_skipped.fetch_add(1, Ordering::Relaxed);
+                            ctx.count_file(e.size);
+                        }
+                        Ok(Some(Seen::Cached(i, fp)))
+                    }
+                    _ => capture_entry(ctx, fd, path, rel, &e.name, Some(c)),
+                }
+            })
+            .collect::<CheckpointResult<_>>()?,
+        _ => {
+            let names = list_dir(fd).map_err(|e| CheckpointError::io(path, e))?;
+            names
+                .par_iter()
+                .with_min_len(4)
+                .map(|name| capture_entry(ctx, fd, path, rel, name, cached.as_ref()))
+                .collect::<CheckpointResult<_>>()?
+        }
+    };
     let results: Vec<Seen> = results.into_iter().flatten().collect();
     if let Some(c) = &cached {
         // Every entry as cached, in the same places: the tree is the same.

@@ -24,6 +24,7 @@ use std::sync::Mutex;
 use rocksdb::WriteBatch;
 
 use super::fsutil::Fingerprint;
+use super::watch::Token;
 use super::{CheckpointError, CheckpointResult, Store};
 use crate::cas::{Hash, Tree, TreeEntry, TreeId};
 
@@ -118,6 +119,10 @@ pub fn all_entries(store: &Store) -> CheckpointResult<Vec<(Vec<u8>, Option<DirCa
         .iterator_cf(db.cf(DIRCACHE_CF), rocksdb::IteratorMode::Start)
     {
         let (k, v) = item.map_err(|e| CheckpointError::from(db.err(e)))?;
+        if k.get(16) == Some(&0) {
+            // A watcher token, not a directory.
+            continue;
+        }
         out.push((k.to_vec(), DirCache::decode(&v)));
     }
     Ok(out)
@@ -145,7 +150,13 @@ pub struct DirCacheSet<'a> {
     /// Whether to use what the cache holds (it is always updated).
     read: bool,
     updates: Mutex<Vec<Update>>,
+    /// The watcher's token to record with the updates; without one, a recorded token
+    /// is removed (the cache no longer matches what a watcher vouched for).
+    token: Mutex<Option<Token>>,
 }
+
+/// Where the watcher's token is kept: after the root's key, with a NUL no path has.
+const TOKEN_SUFFIX: &[u8] = b"\0watch";
 
 impl<'a> DirCacheSet<'a> {
     /// The cache of the directory at `root` (absolute and canonical). With `read` false
@@ -159,7 +170,31 @@ impl<'a> DirCacheSet<'a> {
             scope,
             read,
             updates: Mutex::new(Vec::new()),
+            token: Mutex::new(None),
         }
+    }
+
+    /// Whether what the cache holds is used.
+    pub fn reads(&self) -> bool {
+        self.read
+    }
+
+    /// The watcher token the last capture recorded (only when the cache is read).
+    pub fn token(&self) -> CheckpointResult<Option<Token>> {
+        if !self.read {
+            return Ok(None);
+        }
+        let db = self.store.database();
+        let v = db
+            .raw()
+            .get_pinned_cf(db.cf(DIRCACHE_CF), self.key(TOKEN_SUFFIX))
+            .map_err(|e| CheckpointError::Cas(db.err(e)))?;
+        Ok(v.and_then(|v| Token::decode(&v)))
+    }
+
+    /// Records `t` when the updates are saved.
+    pub fn set_token(&self, t: Token) {
+        *self.token.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);
     }
 
     fn key(&self, rel: &[u8]) -> Vec<u8> {
@@ -202,12 +237,16 @@ impl<'a> DirCacheSet<'a> {
     /// syncing, and a lost update just means reading some files again.
     pub fn save(self) -> CheckpointResult<()> {
         let updates = self.updates.into_inner().unwrap_or_else(|p| p.into_inner());
-        if updates.is_empty() {
-            return Ok(());
-        }
+        let token = self.token.into_inner().unwrap_or_else(|p| p.into_inner());
         let db = self.store.database();
         let cf = db.cf(DIRCACHE_CF);
         let mut batch = WriteBatch::default();
+        let mut token_key = self.scope.to_vec();
+        token_key.extend_from_slice(TOKEN_SUFFIX);
+        match token {
+            Some(t) => batch.put_cf(cf, token_key, t.encode()),
+            None => batch.delete_cf(cf, token_key),
+        }
         for (k, v) in updates {
             match v {
                 Some(v) => batch.put_cf(cf, k, v),

@@ -19,6 +19,7 @@ pub mod restore;
 mod rocks_store;
 mod store;
 mod store_dir;
+pub mod watch;
 pub mod xattr;
 
 pub use capture::{

@@ -120,6 +120,10 @@ pub struct SecretFile {
     pub secrets: Vec<String>,
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 /// What a capture did, kept with the checkpoint.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CaptureStats {
@@ -138,6 +142,13 @@ pub struct CaptureStats {
     pub files_skipped: u64,
     /// Sockets and other entries that cannot be stored (left out, with a warning).
     pub unsupported: u64,
+    /// Directories taken whole from the directory cache because the watcher saw
+    /// nothing change in them (their files are not counted above).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dirs_reused: u64,
+    /// What the watcher answered ("changes", or "full: why"); absent without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watcher: Option<String>,
     pub new_objects: u64,
     /// Bytes added to the store (compressed).
     pub new_bytes: u64,

@@ -126,6 +126,11 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
                 ..casfs::fs::WorkspaceOptions::default()
             },
         ),
+        Command::Watch {
+            dir,
+            foreground,
+            stop,
+        } => super::watch::watch(cli, dir, *foreground, *stop),
         Command::Unmount { mountpoint, lazy } => super::mount::unmount(cli, mountpoint, *lazy),
         Command::Serve { .. } => super::serve::run(cli),
         Command::Bench { .. } => super::bench::main(cli),
@@ -252,6 +257,17 @@ fn capture(
         s.new_objects,
         bytes(s.new_bytes)
     );
+    match &s.watcher {
+        Some(w) if w == "changes" => println!(
+            "  watcher: {} directories unchanged, not looked at",
+            s.dirs_reused
+        ),
+        Some(w) => println!(
+            "  watcher: looked at everything ({})",
+            w.trim_start_matches("full: ")
+        ),
+        None => {}
+    }
     println!("  took {}", millis(s.duration_ms));
     for w in warnings {
         eprintln!("casfs: warning: {w}");

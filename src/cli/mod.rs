@@ -8,6 +8,7 @@ mod mount;
 mod output;
 mod plot;
 mod serve;
+mod watch;
 mod workload;
 
 use std::path::PathBuf;
@@ -176,6 +177,18 @@ pub enum Command {
         mountpoint: PathBuf,
         #[arg(long, short, default_value = "checkpoint")]
         reason: String,
+    },
+
+    /// Follow a plain directory with inotify so that its re-captures look only at the
+    /// directories that changed (like git's fsmonitor); runs until stopped
+    Watch {
+        dir: PathBuf,
+        /// Stay in the foreground (otherwise return once the watcher answers)
+        #[arg(long)]
+        foreground: bool,
+        /// Stop the directory's watcher
+        #[arg(long, conflicts_with = "foreground")]
+        stop: bool,
     },
 
     /// Unmount a casfs mount

@@ -1,0 +1,699 @@
+//! The watcher: a process that follows a plain directory with inotify, so that a
+//! re-capture looks only at the directories that changed (git's fsmonitor, watchman)
+//! instead of stat-ing every entry.
+//!
+//! `casfs watch DIR` adds a watch to every directory of DIR and answers on a Unix
+//! socket (`<store>/watch/<id>.sock`, 0600). A capture asks it what changed since the
+//! token its last capture of DIR recorded in the directory cache; the watcher first
+//! reads every event the kernel has queued (inotify queues an event before the system
+//! call that caused it returns, so every change made before the question is in), then
+//! answers with a new token and either the directories whose entries changed plus
+//! the subtrees that appeared (created or moved in), or "look at everything".
+//!
+//! "Everything" is the answer whenever the watcher cannot vouch for its list: a
+//! token from another watcher (restarted) or from before an event-queue overflow, a
+//! tree holding hard-linked files (a write through one name is reported only in that
+//! name's directory), a directory it could not watch, or a capture that recorded no
+//! token. The capture then walks the whole tree with the stat cache, as without a
+//! watcher. The token is recorded only by an unfiltered capture; every other writer
+//! of the directory cache (a filtered capture, a restore) removes it.
+//!
+//! Not seen (as with every inotify-based monitor): writes through a shared memory
+//! mapping, changes made through a hard link from outside DIR created after the
+//! watcher started, and changes on network or FUSE filesystems (refused).
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::CString;
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cas::Hash;
+
+/// What a capture recorded of the watcher's state when it asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Token {
+    /// Random per watcher process: a token from another one means nothing.
+    pub instance: u64,
+    pub seq: u64,
+}
+
+impl Token {
+    pub fn encode(&self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&self.instance.to_le_bytes());
+        b[8..].copy_from_slice(&self.seq.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Option<Token> {
+        let b: &[u8; 16] = b.try_into().ok()?;
+        Some(Token {
+            instance: u64::from_le_bytes(b[..8].try_into().ok()?),
+            seq: u64::from_le_bytes(b[8..].try_into().ok()?),
+        })
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Question {
+    since: Option<Token>,
+}
+
+/// The watcher's answer. Paths are relative to the watched directory ("" is the root).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Answer {
+    /// Look at everything.
+    Full { token: Token, why: String },
+    Changes {
+        token: Token,
+        /// Directories whose entries changed (created, removed, renamed, written,
+        /// attributes changed).
+        dirs: Vec<Vec<u8>>,
+        /// Directories that appeared: walk them whole.
+        new: Vec<Vec<u8>>,
+    },
+}
+
+impl Answer {
+    pub fn token(&self) -> Token {
+        match self {
+            Answer::Full { token, .. } | Answer::Changes { token, .. } => *token,
+        }
+    }
+}
+
+/// What a capture may skip: every directory that is neither changed, nor new, nor an
+/// ancestor of one, is as the directory cache holds it.
+#[derive(Debug, Default)]
+pub struct Changes {
+    dirs: HashSet<Vec<u8>>,
+    new: HashSet<Vec<u8>>,
+    /// The changed and new directories and all their ancestors.
+    touched: HashSet<Vec<u8>>,
+}
+
+fn ancestors(p: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let cuts = p
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| **c == b'/')
+        .map(|(i, _)| i);
+    std::iter::once(&p[..0])
+        .chain(cuts.map(move |i| &p[..i]))
+        .chain(std::iter::once(p))
+}
+
+impl Changes {
+    pub fn new(dirs: Vec<Vec<u8>>, new: Vec<Vec<u8>>) -> Changes {
+        let mut touched = HashSet::new();
+        for p in dirs.iter().chain(new.iter()) {
+            for a in ancestors(p) {
+                touched.insert(a.to_vec());
+            }
+        }
+        Changes {
+            dirs: dirs.into_iter().collect(),
+            new: new.into_iter().collect(),
+            touched,
+        }
+    }
+
+    /// Whether nothing at or below `rel` changed.
+    pub fn untouched(&self, rel: &[u8]) -> bool {
+        !self.touched.contains(rel)
+    }
+
+    /// Whether the entries of `rel` itself may have changed.
+    pub fn changed(&self, rel: &[u8]) -> bool {
+        self.dirs.contains(rel) || self.is_new(rel)
+    }
+
+    /// Whether `rel` is in a subtree that appeared (nothing of it may be skipped).
+    pub fn is_new(&self, rel: &[u8]) -> bool {
+        ancestors(rel).any(|a| self.new.contains(a))
+    }
+}
+
+/// The socket of the watcher of `root` (absolute, canonical) for the store at `store`.
+pub fn socket_path(store: &Path, root: &Path) -> PathBuf {
+    let id = Hash::of(root.as_os_str().as_bytes()).short(16);
+    store.join("watch").join(format!("{id}.sock"))
+}
+
+/// Asks the watcher of `root`, if one runs, what changed since `since`. `None` when no
+/// watcher answers (the capture then looks at everything).
+pub fn ask(store: &Path, root: &Path, since: Option<Token>) -> Option<Answer> {
+    let socket = socket_path(store, root);
+    if !socket.exists() {
+        return None;
+    }
+    let r = (|| -> std::io::Result<Answer> {
+        let s = UnixStream::connect(&socket)?;
+        s.set_read_timeout(Some(Duration::from_secs(30)))?;
+        s.set_write_timeout(Some(Duration::from_secs(5)))?;
+        let mut line = serde_json::to_vec(&Question { since })?;
+        line.push(b'\n');
+        (&s).write_all(&line)?;
+        let mut answer = String::new();
+        BufReader::new(&s).read_line(&mut answer)?;
+        Ok(serde_json::from_str(&answer)?)
+    })();
+    match r {
+        Ok(a) => Some(a),
+        Err(e) => {
+            tracing::warn!(
+                "the watcher of {} did not answer ({e}); looking at every file",
+                root.display()
+            );
+            None
+        }
+    }
+}
+
+const MASK: u32 = libc::IN_MODIFY
+    | libc::IN_ATTRIB
+    | libc::IN_CREATE
+    | libc::IN_DELETE
+    | libc::IN_DELETE_SELF
+    | libc::IN_MOVE_SELF
+    | libc::IN_MOVED_FROM
+    | libc::IN_MOVED_TO
+    | libc::IN_ONLYDIR
+    | libc::IN_DONT_FOLLOW;
+
+/// Filesystems whose changes can happen elsewhere, unseen by inotify.
+const REMOTE_FS: &[i64] = &[
+    0x6546_5546, // fuse
+    0x6969,      // nfs
+    0xFF53_4D42, // cifs
+    0xFE53_4D42, // smb2
+    0x0102_1997, // 9p
+    0x00C3_6400, // ceph
+];
+
+fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    if dir.is_empty() {
+        return name.to_vec();
+    }
+    let mut v = dir.to_vec();
+    v.push(b'/');
+    v.extend_from_slice(name);
+    v
+}
+
+fn parent(p: &[u8]) -> Option<&[u8]> {
+    if p.is_empty() {
+        return None;
+    }
+    Some(match p.iter().rposition(|c| *c == b'/') {
+        Some(i) => &p[..i],
+        None => &p[..0],
+    })
+}
+
+/// The inotify state of one watched tree.
+pub struct Watcher {
+    root: PathBuf,
+    fd: OwnedFd,
+    instance: u64,
+    /// The stamp of events read now; a token names the last stamp it covers.
+    seq: u64,
+    wds: HashMap<i32, Vec<u8>>,
+    /// Directory -> stamp of its last change.
+    dirs: HashMap<Vec<u8>, u64>,
+    /// Directory that appeared -> stamp.
+    new: HashMap<Vec<u8>, u64>,
+    /// Events before this stamp may be lost (queue overflow, a directory not watched).
+    lost_at: u64,
+    lost_why: String,
+    /// Hard-linked files are in the tree: every answer is "everything".
+    hard_links: Option<String>,
+}
+
+impl Watcher {
+    /// Watches every directory under `root`.
+    pub fn new(root: &Path) -> std::io::Result<Watcher> {
+        let root = std::fs::canonicalize(root)?;
+        let c = CString::new(root.as_os_str().as_bytes())
+            .map_err(|_| std::io::Error::other("NUL in path"))?;
+        // SAFETY: statfs on a NUL-terminated path into a zeroed struct.
+        let mut sfs: libc::statfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::statfs(c.as_ptr(), &mut sfs) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if REMOTE_FS.contains(&(sfs.f_type as i64)) {
+            return Err(std::io::Error::other(format!(
+                "{} is on a network or FUSE filesystem (type {:#x}), whose changes inotify \
+                 does not see",
+                root.display(),
+                sfs.f_type
+            )));
+        }
+        // SAFETY: plain syscall; the fd is owned below.
+        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a fresh fd we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let instance = {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos();
+            let h = Hash::of(format!("{t}:{}", std::process::id()).as_bytes());
+            u64::from_le_bytes(h.0[..8].try_into().expect("8 bytes"))
+        };
+        let mut w = Watcher {
+            root,
+            fd,
+            instance,
+            seq: 1,
+            wds: HashMap::new(),
+            dirs: HashMap::new(),
+            new: HashMap::new(),
+            lost_at: 0,
+            lost_why: String::new(),
+            hard_links: None,
+        };
+        w.add_tree(b"");
+        Ok(w)
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Directories watched.
+    pub fn watched(&self) -> usize {
+        self.wds.len()
+    }
+
+    fn abs(&self, rel: &[u8]) -> PathBuf {
+        if rel.is_empty() {
+            self.root.clone()
+        } else {
+            self.root.join(std::ffi::OsStr::from_bytes(rel))
+        }
+    }
+
+    fn lose(&mut self, why: String) {
+        tracing::warn!("{why}: the next capture looks at every file");
+        self.lost_at = self.seq;
+        self.lost_why = why;
+    }
+
+    /// Watches `rel` and every directory below it, noting hard-linked files.
+    fn add_tree(&mut self, rel: &[u8]) {
+        let mut stack = vec![rel.to_vec()];
+        while let Some(d) = stack.pop() {
+            let abs = self.abs(&d);
+            let Ok(c) = CString::new(abs.as_os_str().as_bytes()) else {
+                continue;
+            };
+            // SAFETY: valid fd and NUL-terminated path.
+            let wd = unsafe { libc::inotify_add_watch(self.fd.as_raw_fd(), c.as_ptr(), MASK) };
+            if wd < 0 {
+                let e = std::io::Error::last_os_error();
+                match e.raw_os_error() {
+                    // Gone or replaced meanwhile: its parent's event says so.
+                    Some(libc::ENOENT) | Some(libc::ENOTDIR) => {}
+                    Some(libc::ENOSPC) => self.lose(format!(
+                        "cannot watch {}: out of inotify watches \
+                         (raise fs.inotify.max_user_watches)",
+                        abs.display()
+                    )),
+                    _ => self.lose(format!("cannot watch {}: {e}", abs.display())),
+                }
+                continue;
+            }
+            self.wds.insert(wd, d.clone());
+            let entries = match std::fs::read_dir(&abs) {
+                Ok(e) => e,
+                Err(e) => {
+                    if e.kind() != std::io::ErrorKind::NotFound {
+                        self.lose(format!("cannot list {}: {e}", abs.display()));
+                    }
+                    continue;
+                }
+            };
+            for e in entries.flatten() {
+                let Ok(t) = e.file_type() else { continue };
+                let name = e.file_name();
+                let child = join(&d, name.as_bytes());
+                if t.is_dir() {
+                    stack.push(child);
+                } else if t.is_file() {
+                    self.note_links(&child);
+                }
+            }
+        }
+    }
+
+    /// A regular file with more than one name makes every answer "everything".
+    fn note_links(&mut self, rel: &[u8]) {
+        if self.hard_links.is_some() {
+            return;
+        }
+        if let Ok(m) = std::fs::symlink_metadata(self.abs(rel)) {
+            if m.file_type().is_file() && m.nlink() > 1 {
+                self.hard_links = Some(format!(
+                    "{} has {} hard links",
+                    self.abs(rel).display(),
+                    m.nlink()
+                ));
+            }
+        }
+    }
+
+    /// Stops watching `rel` and everything below it (removed or moved away; a move
+    /// within the tree watches it again under its new name).
+    fn drop_tree(&mut self, rel: &[u8]) {
+        let gone: Vec<i32> = self
+            .wds
+            .iter()
+            .filter(|(_, p)| {
+                p.as_slice() == rel || (p.starts_with(rel) && p.get(rel.len()) == Some(&b'/'))
+            })
+            .map(|(wd, _)| *wd)
+            .collect();
+        for wd in gone {
+            self.wds.remove(&wd);
+            // SAFETY: plain syscall; EINVAL for a watch the kernel already dropped.
+            unsafe { libc::inotify_rm_watch(self.fd.as_raw_fd(), wd) };
+        }
+    }
+
+    fn mark(&mut self, dir: &[u8]) {
+        self.dirs.insert(dir.to_vec(), self.seq);
+    }
+
+    fn event(&mut self, wd: i32, mask: u32, name: &[u8]) {
+        if mask & libc::IN_Q_OVERFLOW != 0 {
+            self.lose("the inotify event queue overflowed".into());
+            return;
+        }
+        let Some(dir) = self.wds.get(&wd).cloned() else {
+            return;
+        };
+        if mask & libc::IN_IGNORED != 0 {
+            self.wds.remove(&wd);
+            return;
+        }
+        if name.is_empty() {
+            // The directory itself: its entry in its parent changed too.
+            self.mark(&dir);
+            if let Some(p) = parent(&dir) {
+                let p = p.to_vec();
+                self.mark(&p);
+            } else if mask & (libc::IN_DELETE_SELF | libc::IN_MOVE_SELF) != 0 {
+                self.lose(format!("{} was removed or moved", self.root.display()));
+            }
+            return;
+        }
+        self.mark(&dir);
+        let child = join(&dir, name);
+        if mask & libc::IN_ISDIR != 0 {
+            if mask & (libc::IN_MOVED_FROM | libc::IN_DELETE) != 0 {
+                self.drop_tree(&child);
+            }
+            if mask & (libc::IN_CREATE | libc::IN_MOVED_TO) != 0 {
+                // Marked before its watches exist: whatever happens in it before then
+                // is found by walking it whole.
+                self.new.insert(child.clone(), self.seq);
+                self.add_tree(&child);
+            }
+        } else if mask & (libc::IN_CREATE | libc::IN_MOVED_TO) != 0 {
+            self.note_links(&child);
+        }
+    }
+
+    /// Reads every queued event.
+    pub fn drain(&mut self) -> std::io::Result<()> {
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            // SAFETY: reading into a buffer we own, of its length.
+            let n = unsafe {
+                libc::read(
+                    self.fd.as_raw_fd(),
+                    buf.as_mut_ptr() as *mut libc::c_void,
+                    buf.len(),
+                )
+            };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EAGAIN) => return Ok(()),
+                    Some(libc::EINTR) => continue,
+                    _ => return Err(e),
+                }
+            }
+            let n = n as usize;
+            let head = std::mem::size_of::<libc::inotify_event>();
+            let mut pos = 0;
+            while pos + head <= n {
+                // SAFETY: the kernel wrote a whole event at `pos` (read returns whole
+                // events); read_unaligned copes with the byte buffer's alignment.
+                let ev: libc::inotify_event =
+                    unsafe { std::ptr::read_unaligned(buf[pos..].as_ptr() as *const _) };
+                let len = ev.len as usize;
+                let raw = &buf[pos + head..(pos + head + len).min(n)];
+                let name = &raw[..raw.iter().position(|c| *c == 0).unwrap_or(raw.len())];
+                let name = name.to_vec();
+                self.event(ev.wd, ev.mask, &name);
+                pos += head + len;
+            }
+        }
+    }
+
+    /// Reads every queued event and answers a capture that last asked at `since`.
+    pub fn answer(&mut self, since: Option<Token>) -> std::io::Result<Answer> {
+        self.drain()?;
+        let token = Token {
+            instance: self.instance,
+            seq: self.seq,
+        };
+        // Events read from now on come after this answer.
+        self.seq += 1;
+        let full = |why: &str| Answer::Full {
+            token,
+            why: why.to_string(),
+        };
+        let since = match since {
+            None => return Ok(full("no earlier capture recorded a token")),
+            Some(s) if s.instance != self.instance => {
+                return Ok(full("the token is from another watcher"))
+            }
+            Some(s) => s.seq,
+        };
+        if let Some(why) = &self.hard_links {
+            return Ok(full(why));
+        }
+        if self.lost_at > since {
+            return Ok(full(&self.lost_why.clone()));
+        }
+        let after = |m: &HashMap<Vec<u8>, u64>| {
+            m.iter()
+                .filter(|(_, s)| **s > since)
+                .map(|(p, _)| p.clone())
+                .collect::<Vec<_>>()
+        };
+        Ok(Answer::Changes {
+            token,
+            dirs: after(&self.dirs),
+            new: after(&self.new),
+        })
+    }
+}
+
+/// Watches `root` and answers captures on the socket for `store` until SIGINT or
+/// SIGTERM (or the root goes away). `ready` runs once the watches are in place and
+/// the socket listens.
+pub fn serve(store: &Path, root: &Path, ready: impl FnOnce(&Watcher)) -> std::io::Result<()> {
+    let mut w = Watcher::new(root)?;
+    let socket = socket_path(store, w.root());
+    let dir = socket.parent().expect("socket in a directory");
+    std::fs::create_dir_all(dir)?;
+    if let Ok(s) = UnixStream::connect(&socket) {
+        drop(s);
+        return Err(std::io::Error::other(format!(
+            "{} is already watched (socket {})",
+            w.root().display(),
+            socket.display()
+        )));
+    }
+    let _ = std::fs::remove_file(&socket);
+    let listener = UnixListener::bind(&socket)?;
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))?;
+    listener.set_nonblocking(true)?;
+    struct Cleanup(PathBuf);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _cleanup = Cleanup(socket);
+
+    // SIGINT and SIGTERM arrive through a signalfd polled with the rest.
+    // SAFETY: signal-set manipulation on a local set; blocking them in this thread.
+    let sfd = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGHUP);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK)
+    };
+    if sfd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd we own.
+    let sfd = unsafe { OwnedFd::from_raw_fd(sfd) };
+    ready(&w);
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: w.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: listener.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: sfd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: polling fds we own, with the array's length.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(e);
+        }
+        if fds[2].revents != 0 {
+            tracing::info!("stopping the watcher of {}", w.root().display());
+            return Ok(());
+        }
+        if fds[0].revents != 0 {
+            w.drain()?;
+        }
+        if fds[1].revents != 0 {
+            while let Ok((conn, _)) = listener.accept() {
+                if let Err(e) = reply(&mut w, conn) {
+                    tracing::warn!("a capture's question went unanswered: {e}");
+                }
+            }
+        }
+        if !w.root.exists() {
+            return Err(std::io::Error::other(format!(
+                "{} is gone",
+                w.root().display()
+            )));
+        }
+    }
+}
+
+fn reply(w: &mut Watcher, conn: UnixStream) -> std::io::Result<()> {
+    conn.set_nonblocking(false)?;
+    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+    conn.set_write_timeout(Some(Duration::from_secs(5)))?;
+    let mut line = String::new();
+    BufReader::new(&conn).read_line(&mut line)?;
+    let q: Question = serde_json::from_str(&line)
+        .map_err(|e| std::io::Error::other(format!("not a question: {e}")))?;
+    let a = w.answer(q.since)?;
+    let mut out = serde_json::to_vec(&a)?;
+    out.push(b'\n');
+    (&conn).write_all(&out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ancestors_cover_the_root_and_every_prefix() {
+        let a: Vec<&[u8]> = ancestors(b"a/b/c").collect();
+        assert_eq!(a, vec![&b""[..], b"a", b"a/b", b"a/b/c"]);
+        let c = Changes::new(vec![b"a/b".to_vec()], vec![b"x".to_vec()]);
+        assert!(!c.untouched(b""));
+        assert!(!c.untouched(b"a"));
+        assert!(c.untouched(b"a/c"));
+        assert!(c.changed(b"a/b"));
+        assert!(!c.changed(b"a"));
+        assert!(c.is_new(b"x/y/z"));
+        assert!(!c.is_new(b"xy"));
+        assert_eq!(parent(b"a/b"), Some(&b"a"[..]));
+        assert_eq!(parent(b"a"), Some(&b""[..]));
+        assert_eq!(parent(b""), None);
+        let t = Token {
+            instance: 7,
+            seq: 9,
+        };
+        assert_eq!(Token::decode(&t.encode()), Some(t));
+        assert_eq!(Token::decode(b"short"), None);
+    }
+
+    #[test]
+    fn answers_name_what_changed_since_the_token() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("a/b")).unwrap();
+        std::fs::create_dir_all(d.path().join("c")).unwrap();
+        std::fs::write(d.path().join("a/b/f"), b"1").unwrap();
+        let mut w = Watcher::new(d.path()).unwrap();
+        assert_eq!(w.watched(), 4);
+        let first = w.answer(None).unwrap();
+        assert!(matches!(first, Answer::Full { .. }));
+        let t = first.token();
+        std::fs::write(d.path().join("a/b/f"), b"2").unwrap();
+        std::fs::create_dir_all(d.path().join("c/new/deep")).unwrap();
+        let a = w.answer(Some(t)).unwrap();
+        let Answer::Changes { token, dirs, new } = &a else {
+            panic!("{a:?}")
+        };
+        let mut dirs = dirs.clone();
+        dirs.sort();
+        assert_eq!(dirs, vec![b"a/b".to_vec(), b"c".to_vec()]);
+        assert_eq!(new, &vec![b"c/new".to_vec()]);
+        // Nothing since: nothing changed; the new subtree is watched now.
+        let a = w.answer(Some(*token)).unwrap();
+        assert!(
+            matches!(&a, Answer::Changes { dirs, new, .. } if dirs.is_empty() && new.is_empty())
+        );
+        std::fs::write(d.path().join("c/new/deep/g"), b"x").unwrap();
+        let b = w.answer(Some(a.token())).unwrap();
+        assert!(
+            matches!(&b, Answer::Changes { dirs, .. } if dirs == &vec![b"c/new/deep".to_vec()])
+        );
+        // A token from another watcher, and a hard link, mean "everything".
+        let other = Token {
+            instance: t.instance ^ 1,
+            seq: 1,
+        };
+        assert!(matches!(
+            w.answer(Some(other)).unwrap(),
+            Answer::Full { .. }
+        ));
+        std::fs::hard_link(d.path().join("a/b/f"), d.path().join("c/f2")).unwrap();
+        let c = w.answer(Some(b.token())).unwrap();
+        assert!(
+            matches!(&c, Answer::Full { why, .. } if why.contains("hard links")),
+            "{c:?}"
+        );
+    }
+}

@@ -1,0 +1,118 @@
+//! `casfs watch DIR`: the watcher process that lets re-captures of DIR skip every
+//! directory in which nothing changed (see `casfs::checkpoint::watch`).
+
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use casfs::checkpoint::watch;
+
+use super::Cli;
+
+/// How long a new watcher may take to watch every directory before it answers.
+const START_WAIT: Duration = Duration::from_secs(300);
+
+pub fn watch(cli: &Cli, dir: &Path, foreground: bool, stop: bool) -> anyhow::Result<()> {
+    let root = std::fs::canonicalize(dir).with_context(|| format!("{}", dir.display()))?;
+    if !root.is_dir() {
+        bail!("{} is not a directory", root.display());
+    }
+    let store = cli.store_root();
+    if !store.is_dir() {
+        bail!(
+            "no store at {} (create one with `casfs init`)",
+            store.display()
+        );
+    }
+    let socket = watch::socket_path(&store, &root);
+    let pid_file = socket.with_extension("pid");
+    if stop {
+        return stop_watcher(&root, &socket, &pid_file);
+    }
+    if foreground {
+        let r = watch::serve(&store, &root, |w| {
+            let _ = std::fs::write(&pid_file, std::process::id().to_string());
+            println!(
+                "watching {} ({} directories; socket {})",
+                w.root().display(),
+                w.watched(),
+                socket.display()
+            );
+            let _ = std::io::stdout().flush();
+        });
+        let _ = std::fs::remove_file(&pid_file);
+        return r.with_context(|| format!("watching {}", root.display()));
+    }
+    if watch::ask(&store, &root, None).is_some() {
+        bail!("{} is already watched", root.display());
+    }
+    let log = socket.with_extension("log");
+    std::fs::create_dir_all(log.parent().expect("in the store"))?;
+    let err = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+    let exe = std::env::current_exe().context("finding the casfs executable")?;
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    args.push("--foreground".into());
+    let mut cmd = Command::new(exe);
+    cmd.args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(err);
+    // SAFETY: setsid in the child before exec detaches it from our session.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().context("starting the watcher")?;
+    let start = Instant::now();
+    loop {
+        if socket.exists() && watch::ask(&store, &root, None).is_some() {
+            println!("watching {} (pid {})", root.display(), child.id());
+            return Ok(());
+        }
+        if let Some(status) = child.try_wait()? {
+            let msg = std::fs::read_to_string(&log).unwrap_or_default();
+            let msg = msg.trim().trim_start_matches("casfs: error: ");
+            bail!("the watcher exited ({status}): {msg}");
+        }
+        if start.elapsed() > START_WAIT {
+            let _ = child.kill();
+            bail!(
+                "the watcher of {} did not answer within {:?}",
+                root.display(),
+                START_WAIT
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn stop_watcher(root: &Path, socket: &Path, pid_file: &Path) -> anyhow::Result<()> {
+    let pid = std::fs::read_to_string(pid_file)
+        .ok()
+        .and_then(|s| s.trim().parse::<libc::pid_t>().ok());
+    let Some(pid) = pid else {
+        bail!("{} is not watched", root.display());
+    };
+    // SAFETY: sending SIGTERM to the pid the watcher recorded.
+    if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
+        let _ = std::fs::remove_file(pid_file);
+        let _ = std::fs::remove_file(socket);
+        bail!("{} is not watched (its watcher is gone)", root.display());
+    }
+    let start = Instant::now();
+    // SAFETY: signal 0 only checks that the process exists.
+    while unsafe { libc::kill(pid, 0) } == 0 && socket.exists() {
+        if start.elapsed() > Duration::from_secs(10) {
+            bail!("the watcher (pid {pid}) did not stop");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    println!("stopped watching {}", root.display());
+    Ok(())
+}
