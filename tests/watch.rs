@@ -121,6 +121,15 @@ fn watched_recaptures_look_only_where_changes_were_and_store_the_same_tree() {
         assert_eq!(c["root"].as_str().unwrap(), full_root(&other, &work));
     }
 
+    // A directory moved away and another one made under its old name, with a
+    // subdirectory of the same name as before: nothing of it comes from the cache.
+    fs::rename(work.join("d10"), work.join("renamed10")).unwrap();
+    fs::create_dir_all(work.join("d10/e0")).unwrap();
+    fs::write(work.join("d10/e0/f0.txt"), b"another").unwrap();
+    let c = capture(&store, &work);
+    assert_eq!(c["stats"]["watcher"], "changes");
+    assert_eq!(c["root"].as_str().unwrap(), full_root(&other, &work));
+
     // A hard link: a write through one name shows only in that name's directory, so
     // the watcher asks for a full look from now on.
     fs::hard_link(work.join("d0/e0/f0.txt"), work.join("d9/e0/hard")).unwrap();

@@ -125,9 +125,10 @@ impl Changes {
         }
     }
 
-    /// Whether nothing at or below `rel` changed.
+    /// Whether nothing at or below `rel` changed (nothing in a subtree that appeared
+    /// counts as unchanged).
     pub fn untouched(&self, rel: &[u8]) -> bool {
-        !self.touched.contains(rel)
+        !self.touched.contains(rel) && !self.is_new(rel)
     }
 
     /// Whether the entries of `rel` itself may have changed.
@@ -637,6 +638,7 @@ mod tests {
         assert!(c.changed(b"a/b"));
         assert!(!c.changed(b"a"));
         assert!(c.is_new(b"x/y/z"));
+        assert!(!c.untouched(b"x/y"));
         assert!(!c.is_new(b"xy"));
         assert_eq!(parent(b"a/b"), Some(&b"a"[..]));
         assert_eq!(parent(b"a"), Some(&b""[..]));

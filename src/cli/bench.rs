@@ -158,6 +158,19 @@ fn sh(cmd: &str, env: &[(&str, String)]) -> anyhow::Result<Duration> {
     Ok(d)
 }
 
+/// Stops a watcher the benchmark started, also when a step fails.
+struct StopWatcher(String);
+
+impl Drop for StopWatcher {
+    fn drop(&mut self) {
+        let _ = Command::new("sh")
+            .args(["-c", &self.0])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
 fn q(p: &Path) -> String {
     let s = p.to_string_lossy();
     format!("'{}'", s.replace('\'', "'\\''"))
@@ -296,12 +309,36 @@ impl Bench<'_> {
         let mut snaps = 0usize;
         if self.scenario("recapture") {
             let mut runs: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+            // casfs with `casfs watch` running: its own store (the plain casfs runs
+            // must not see the watcher), captured once and once more with the watcher
+            // (which records its token), untimed.
+            let wstore = d.join("casfs-watched");
+            let watch = self.casfs_cmd(&wstore, &format!("watch {}", q(w)));
+            sh(
+                &self.casfs_cmd(&wstore, &format!("capture {} -t bench", q(w))),
+                &[],
+            )?;
+            sh(&watch, &[])?;
+            let _stop = StopWatcher(format!("{watch} --stop"));
+            sh(
+                &self.casfs_cmd(&wstore, &format!("capture {} -t bench", q(w))),
+                &[],
+            )?;
+            let mut all = tools.clone();
+            all.insert(1, "casfs+watch".into());
             for r in 0..reps {
                 round += 1;
                 change(files, self.opts.changes, round)?;
-                for tool in &tools {
+                for tool in &all {
                     self.step(format!("re-capture {n} files: {tool} ({}/{reps})", r + 1));
-                    let t = self.again(tool, w, &d, &mut snaps)?;
+                    let t = if tool == "casfs+watch" {
+                        sh(
+                            &self.casfs_cmd(&wstore, &format!("capture {} -t bench", q(w))),
+                            &[],
+                        )?
+                    } else {
+                        self.again(tool, w, &d, &mut snaps)?
+                    };
                     runs.entry(tool.clone()).or_default().push(ms(t));
                 }
             }
@@ -939,7 +976,8 @@ pub fn table(r: &Report) -> String {
             continue;
         }
         // casfs first, then the peers in a fixed order.
-        let tools: Vec<String> = std::iter::once("casfs")
+        let tools: Vec<String> = ["casfs", "casfs+watch"]
+            .into_iter()
             .chain(PEERS.iter().copied())
             .filter(|t| rows.iter().any(|s| s.tool == *t))
             .map(String::from)
