@@ -70,6 +70,8 @@ pub struct RocksObjectStore {
     db: Arc<Database>,
     /// Whether objects were written without the write-ahead log since the last sync.
     unlogged: AtomicBool,
+    /// Bytes of large objects written through the log by this process.
+    logged: std::sync::atomic::AtomicU64,
     /// Bytes of objects put since the last flush: in memory, not yet in files, so the
     /// filesystem's free space does not show them yet.
     unflushed: std::sync::atomic::AtomicU64,
@@ -82,6 +84,11 @@ pub struct RocksObjectStore {
 /// of a few small changes syncs the log instead of flushing a memtable.
 const UNLOGGED_MIN: usize = 4 << 10;
 
+/// The first MiB of large objects a process writes still goes through the log: a
+/// capture of a few changed files then syncs the log it syncs anyway, instead of
+/// flushing a memtable (a table file, a blob file and the manifest, each synced).
+const LOGGED_BUDGET: u64 = 1 << 20;
+
 /// At a sync, flush anyway when the memtable holds more than this, so the next open does
 /// not replay a long log.
 const FLUSH_AT_SYNC_BYTES: u64 = 16 << 20;
@@ -91,6 +98,7 @@ impl RocksObjectStore {
         RocksObjectStore {
             db,
             unlogged: AtomicBool::new(false),
+            logged: std::sync::atomic::AtomicU64::new(0),
             unflushed: std::sync::atomic::AtomicU64::new(0),
             fence: Fence::default(),
         }
@@ -214,7 +222,13 @@ impl ObjectStore for RocksObjectStore {
         crate::crashpoint("objects.put");
         let cf = self.db.cf(OBJECTS_CF);
         let mut opts = WriteOptions::default();
-        if data.len() >= UNLOGGED_MIN {
+        if data.len() >= UNLOGGED_MIN
+            && self
+                .logged
+                .fetch_add(data.len() as u64, Ordering::Relaxed)
+                .saturating_add(data.len() as u64)
+                > LOGGED_BUDGET
+        {
             // Written once, to a blob file, when the memtable is flushed; `sync` flushes
             // before anything may refer to it.
             opts.disable_wal(true);
