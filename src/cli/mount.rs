@@ -330,18 +330,11 @@ fn block_signals() -> libc::sigset_t {
     }
 }
 
-/// Starts `casfs mount --foreground` as a detached process and waits until the mount
-/// answers; a child that fails first has its error reported.
-/// The daemon's stderr (its log) goes to `log`.
-fn spawn_background(
-    mountpoint: &Path,
-    what: &str,
-    socket: Option<&Path>,
-    log: &Path,
-) -> anyhow::Result<()> {
+/// Runs this command again with `--foreground` as a detached process (its own
+/// session, no terminal), its stderr to `log`.
+pub(super) fn spawn_foreground_copy(log: &Path, what: &str) -> anyhow::Result<std::process::Child> {
     let exe = std::env::current_exe().context("finding the casfs executable")?;
-    let log = log.to_path_buf();
-    let err = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+    let err = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     args.push("--foreground".into());
     let mut cmd = Command::new(exe);
@@ -356,7 +349,20 @@ fn spawn_background(
             Ok(())
         });
     }
-    let mut child = cmd.spawn().context("starting the mount process")?;
+    cmd.spawn().with_context(|| format!("starting {what}"))
+}
+
+/// Starts `casfs mount --foreground` as a detached process and waits until the mount
+/// answers; a child that fails first has its error reported.
+/// The daemon's stderr (its log) goes to `log`.
+fn spawn_background(
+    mountpoint: &Path,
+    what: &str,
+    socket: Option<&Path>,
+    log: &Path,
+) -> anyhow::Result<()> {
+    let log = log.to_path_buf();
+    let mut child = spawn_foreground_copy(&log, "the mount process")?;
     let start = Instant::now();
     loop {
         if is_fuse_mount(mountpoint) && socket.is_none_or(|s| s.exists()) {

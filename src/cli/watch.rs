@@ -2,9 +2,7 @@
 //! directory in which nothing changed (see `casfs::checkpoint::watch`).
 
 use std::io::Write;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -52,23 +50,7 @@ pub fn watch(cli: &Cli, dir: &Path, foreground: bool, stop: bool) -> anyhow::Res
     }
     let log = socket.with_extension("log");
     std::fs::create_dir_all(log.parent().expect("in the store"))?;
-    let err = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-    let exe = std::env::current_exe().context("finding the casfs executable")?;
-    let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-    args.push("--foreground".into());
-    let mut cmd = Command::new(exe);
-    cmd.args(&args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(err);
-    // SAFETY: setsid in the child before exec detaches it from our session.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::setsid();
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().context("starting the watcher")?;
+    let mut child = super::mount::spawn_foreground_copy(&log, "the watcher")?;
     let start = Instant::now();
     loop {
         if socket.exists() && watch::ask(&store, &root, None).is_some() {
