@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The end-to-end demo on the embedded default store: builds casfs, makes a workspace,
-# captures it, changes it, captures again, restores the first checkpoint, mounts it
-# read-only through FUSE; then mounts the thread writable, writes into it, checkpoints
+# captures it, changes it, captures again, restores the first checkpoint, re-captures
+# with `casfs watch` running, mounts it read-only through FUSE; then mounts the thread writable, writes into it, checkpoints
 # (only what changed is read), changes more, restores instantly; then runs agent runs
 # through `casfs serve` (lease, sandbox, conversation, secrets, pause); and prints what it
 # did with timings. Everything lives in a temporary directory.
@@ -12,7 +12,7 @@ source scripts/setup.sh
 cargo build --release --locked --quiet
 CASFS="$PWD/target/release/casfs"
 DEMO="$(mktemp -d -t casfs-demo.XXXXXX)"
-trap 'rm -rf "$DEMO"' EXIT
+trap '"$CASFS" watch "$DEMO/workspace" --stop >/dev/null 2>&1; rm -rf "$DEMO"' EXIT
 export CASFS_STORE="$DEMO/store"
 W="$DEMO/workspace"
 
@@ -71,6 +71,13 @@ else
   echo "   MISMATCH"; exit 1
 fi
 
+step "Watch the workspace: a re-capture then looks only where inotify saw changes"
+"$CASFS" watch "$W"
+"$CASFS" capture "$W" --thread watched --reason "arms the watcher" >/dev/null
+for i in $(seq 0 9); do echo "// watched edit $i" >> "$W/pkg$i/mod$((i % 7))/file$i.rs"; done
+timed "$CASFS" capture "$W" --thread watched --reason "10 files changed"
+"$CASFS" watch "$W" --stop
+
 step "Restore checkpoint 2 into an empty directory"
 timed "$CASFS" restore "$DEMO/copy" --at @demo
 
@@ -119,7 +126,7 @@ export API_KEY="sk-demo-4f1e2d3c4b5a6978"   # a secret the workspace resolves
 "$CASFS" serve --socket "$S" --sandboxes "$DEMO/sandboxes" --secret API_KEY --diffs \
   2> "$DEMO/serve.log" &
 SERVE=$!
-trap 'kill $SERVE 2>/dev/null; wait $SERVE 2>/dev/null; umount -l "$DEMO"/sandboxes/* 2>/dev/null; rm -rf "$DEMO"' EXIT
+trap 'kill $SERVE 2>/dev/null || true; wait $SERVE 2>/dev/null || true; umount -l "$DEMO"/sandboxes/* 2>/dev/null || true; rm -rf "$DEMO"' EXIT
 for _ in $(seq 200); do [ -S "$S" ] && break; sleep 0.05; done
 api() { curl -sS --unix-socket "$S" -X "$1" "http://casfs$2" -H 'Content-Type: application/json' ${3:+-d "$3"}; }
 # Like `timed`, for a call whose JSON answer goes to a file.
