@@ -236,6 +236,9 @@ pub struct Watcher {
     lost_why: String,
     /// Hard-linked files are in the tree: every answer is "everything".
     hard_links: Option<String>,
+    /// The watched directory itself was removed or moved: nothing is watched any more
+    /// (a directory made again under its name is another one).
+    root_gone: bool,
 }
 
 impl Watcher {
@@ -283,6 +286,7 @@ impl Watcher {
             lost_at: 0,
             lost_why: String::new(),
             hard_links: None,
+            root_gone: false,
         };
         w.add_tree(b"");
         Ok(w)
@@ -406,6 +410,9 @@ impl Watcher {
         };
         if mask & libc::IN_IGNORED != 0 {
             self.wds.remove(&wd);
+            if dir.is_empty() {
+                self.root_gone = true;
+            }
             return;
         }
         if name.is_empty() {
@@ -415,7 +422,7 @@ impl Watcher {
                 let p = p.to_vec();
                 self.mark(&p);
             } else if mask & (libc::IN_DELETE_SELF | libc::IN_MOVE_SELF) != 0 {
-                self.lose(format!("{} was removed or moved", self.root.display()));
+                self.root_gone = true;
             }
             return;
         }
@@ -494,6 +501,12 @@ impl Watcher {
             }
             Some(s) => s.seq,
         };
+        if self.root_gone {
+            return Ok(full(&format!(
+                "{} was removed or moved away",
+                self.root.display()
+            )));
+        }
         if let Some(why) = &self.hard_links {
             return Ok(full(why));
         }
@@ -600,9 +613,9 @@ pub fn serve(store: &Path, root: &Path, ready: impl FnOnce(&Watcher)) -> std::io
                 }
             }
         }
-        if !w.root.exists() {
+        if w.root_gone {
             return Err(std::io::Error::other(format!(
-                "{} is gone",
+                "{} was removed or moved away: stopping",
                 w.root().display()
             )));
         }
@@ -697,5 +710,17 @@ mod tests {
             matches!(&c, Answer::Full { why, .. } if why.contains("hard links")),
             "{c:?}"
         );
+        // The root moved away and another directory made under its name: nothing of
+        // the new one is watched, so every answer is "everything".
+        let moved = d.path().with_extension("moved");
+        std::fs::rename(d.path(), &moved).unwrap();
+        std::fs::create_dir(d.path()).unwrap();
+        let e = w.answer(Some(c.token())).unwrap();
+        assert!(
+            matches!(&e, Answer::Full { why, .. } if why.contains("moved away")),
+            "{e:?}"
+        );
+        std::fs::remove_dir(d.path()).unwrap();
+        std::fs::rename(&moved, d.path()).unwrap();
     }
 }
