@@ -205,9 +205,6 @@ struct Handle {
     ino: u64,
     /// Opened for writing (counted in its node's `writers`).
     write: bool,
-    /// Opened with `FOPEN_NOFLUSH` (nobody watched changes then): its close sends no
-    /// flush, so its release announces the change if someone watches by then.
-    noflush: bool,
     src: Src,
     backing: Option<Arc<BackingId>>,
 }
@@ -1978,10 +1975,6 @@ impl Workspace {
             .remove(&fh);
         let Some(h) = h else { return };
         let mut tx = self.tx();
-        if h.write && h.noflush && tx.watched() && tx.st.nodes.contains_key(&h.ino) {
-            let path = tx.path_of(h.ino);
-            tx.events.push((FsEventKind::Modify, path, None, false));
-        }
         if let Some(n) = tx.st.nodes.get_mut(&h.ino) {
             if h.write {
                 n.writers = n.writers.saturating_sub(1);
@@ -2094,7 +2087,7 @@ impl WorkspaceFs {
         ino: u64,
         flags: i32,
         make_backing: impl FnOnce(&File) -> std::io::Result<BackingId>,
-    ) -> Result<(u64, Option<Arc<BackingId>>, FopenFlags), Errno> {
+    ) -> Result<(u64, Option<Arc<BackingId>>), Errno> {
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let trunc = flags & libc::O_TRUNC != 0 && write;
         let ws = self.ws();
@@ -2210,10 +2203,6 @@ impl WorkspaceFs {
             (None, Some(c)) => Src::Clean(c),
             (None, None) => Src::None,
         };
-        // A flush is a synchronous round trip on every close; it is needed only to
-        // announce a writer's change before the writer goes on, which matters only
-        // while someone watches (events).
-        let noflush = !tx.watched();
         tx.commit()?;
         let fh = ws.new_fh();
         ws.handles.lock().unwrap_or_else(|p| p.into_inner()).insert(
@@ -2221,17 +2210,11 @@ impl WorkspaceFs {
             Handle {
                 ino,
                 write,
-                noflush,
                 src,
                 backing: backing.clone(),
             },
         );
-        let flags = if noflush {
-            FopenFlags::FOPEN_NOFLUSH
-        } else {
-            FopenFlags::empty()
-        };
-        Ok((fh, backing, flags))
+        Ok((fh, backing))
     }
 
     /// Directory `ino`'s entries from position `offset` (`.` and `..` first, then the
@@ -2686,8 +2669,8 @@ impl Filesystem for WorkspaceFs {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let r = self.open_node(ino.0, flags.0, |f| reply.open_backing(f));
         match r {
-            Ok((fh, Some(b), flags)) => reply.opened_passthrough(FileHandle(fh), flags, &b),
-            Ok((fh, None, flags)) => reply.opened(FileHandle(fh), flags),
+            Ok((fh, Some(b))) => reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &b),
+            Ok((fh, None)) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => reply.error(e),
         }
     }
@@ -3027,12 +3010,21 @@ impl Filesystem for WorkspaceFs {
             Err(e) => return reply.error(e),
         };
         match self.open_node(ino, flags & !libc::O_TRUNC, |f| reply.open_backing(f)) {
-            Ok((fh, Some(b), flags)) => {
-                reply.created_passthrough(&TTL, &attr, Generation(0), FileHandle(fh), flags, &b)
-            }
-            Ok((fh, None, flags)) => {
-                reply.created(&TTL, &attr, Generation(0), FileHandle(fh), flags)
-            }
+            Ok((fh, Some(b))) => reply.created_passthrough(
+                &TTL,
+                &attr,
+                Generation(0),
+                FileHandle(fh),
+                FopenFlags::empty(),
+                &b,
+            ),
+            Ok((fh, None)) => reply.created(
+                &TTL,
+                &attr,
+                Generation(0),
+                FileHandle(fh),
+                FopenFlags::empty(),
+            ),
             Err(e) => reply.error(e),
         }
     }
