@@ -119,6 +119,12 @@ impl Ctx<'_> {
         }
     }
 
+    /// A file taken from the directory cache without reading it.
+    fn file_unchanged(&self, size: u64) {
+        self.n.files_skipped.fetch_add(1, Ordering::Relaxed);
+        self.count_file(size);
+    }
+
     /// A fingerprint to remember, if the entry is old enough to be trusted.
     fn trusted(&self, st: &libc::stat) -> Option<Fingerprint> {
         (ctime_ns(st) < self.racy_after_ns).then(|| Fingerprint::of(st))
@@ -154,28 +160,7 @@ pub fn capture_dir(
     let fd = open_dir(&dir)?;
     let cache = DirCacheSet::new(store, &dir, !opts.no_stat_cache && opts.filter.is_none());
     // Asked before the walk: whatever changes from now on is in its next answer.
-    let mut watcher = None;
-    let changes = if cache.reads() {
-        match watch::ask(store.root(), &dir, cache.token()?) {
-            Some(a) => {
-                cache.set_token(a.token());
-                match a {
-                    watch::Answer::Changes { dirs, new, .. } => {
-                        watcher = Some("changes".to_string());
-                        Some(Changes::new(dirs, new))
-                    }
-                    watch::Answer::Full { why, .. } => {
-                        tracing::info!("the watcher asks for a full look: {why}");
-                        watcher = Some(format!("full: {why}"));
-                        None
-                    }
-                }
-            }
-            None => None,
-        }
-    } else {
-        None
-    };
+    let (changes, watcher) = ask_watcher(store, &dir, &cache)?;
     let ctx = Ctx {
         store,
         cache,
@@ -217,6 +202,32 @@ pub fn capture_dir(
     })
 }
 
+/// What the watcher of `dir`, if one runs, says changed since the token `cache` holds
+/// (`None`: look at everything), and how the capture's stats name its answer. Its new
+/// token goes into `cache`, recorded when the cache is saved.
+fn ask_watcher(
+    store: &Store,
+    dir: &Path,
+    cache: &DirCacheSet<'_>,
+) -> CheckpointResult<(Option<Changes>, Option<String>)> {
+    if !cache.reads() {
+        return Ok((None, None));
+    }
+    let Some(answer) = watch::ask(store.root(), dir, cache.token()?) else {
+        return Ok((None, None));
+    };
+    cache.set_token(answer.token());
+    Ok(match answer {
+        watch::Answer::Changes { dirs, new, .. } => {
+            (Some(Changes::new(dirs, new)), Some("changes".into()))
+        }
+        watch::Answer::Full { why, .. } => {
+            tracing::info!("the watcher asks for a full look: {why}");
+            (None, Some(format!("full: {why}")))
+        }
+    })
+}
+
 /// Captures the open directory `fd` (at `path`, `rel` below the root); returns its tree.
 fn capture_tree(ctx: &Ctx<'_>, fd: RawFd, path: &Path, rel: &[u8]) -> CheckpointResult<TreeId> {
     let cached = ctx.cache.get(rel)?;
@@ -241,8 +252,7 @@ fn capture_tree(ctx: &Ctx<'_>, fd: RawFd, path: &Path, rel: &[u8]) -> Checkpoint
                     }
                     (Some(fp), None) => {
                         if e.file_ref().is_some() {
-                            ctx.n.files_skipped.fetch_add(1, Ordering::Relaxed);
-                            ctx.count_file(e.size);
+                            ctx.file_unchanged(e.size);
                         }
                         Ok(Some(Seen::Cached(i, fp)))
                     }
@@ -374,8 +384,7 @@ fn capture_entry(
     let e = match kind {
         libc::S_IFREG => {
             if let Some((i, e)) = hit.filter(|(_, e)| e.file_ref().is_some()) {
-                ctx.n.files_skipped.fetch_add(1, Ordering::Relaxed);
-                ctx.count_file(e.size);
+                ctx.file_unchanged(e.size);
                 return Ok(Some(Seen::Cached(i, fp)));
             }
             return capture_file(ctx, dir, &cname, &path, &rel, name, &st);

@@ -119,8 +119,7 @@ pub fn all_entries(store: &Store) -> CheckpointResult<Vec<(Vec<u8>, Option<DirCa
         .iterator_cf(db.cf(DIRCACHE_CF), rocksdb::IteratorMode::Start)
     {
         let (k, v) = item.map_err(|e| CheckpointError::from(db.err(e)))?;
-        if k.get(16) == Some(&0) {
-            // A watcher token, not a directory.
+        if is_token_key(&k) {
             continue;
         }
         out.push((k.to_vec(), DirCache::decode(&v)));
@@ -158,6 +157,11 @@ pub struct DirCacheSet<'a> {
 /// Where the watcher's token is kept: after the root's key, with a NUL no path has.
 const TOKEN_SUFFIX: &[u8] = b"\0watch";
 
+/// Whether a `dircache` key is a watcher token's rather than a directory's.
+fn is_token_key(k: &[u8]) -> bool {
+    k.get(16) == Some(&0)
+}
+
 impl<'a> DirCacheSet<'a> {
     /// The cache of the directory at `root` (absolute and canonical). With `read` false
     /// the cache is ignored but still rewritten with what is seen.
@@ -181,15 +185,7 @@ impl<'a> DirCacheSet<'a> {
 
     /// The watcher token the last capture recorded (only when the cache is read).
     pub fn token(&self) -> CheckpointResult<Option<Token>> {
-        if !self.read {
-            return Ok(None);
-        }
-        let db = self.store.database();
-        let v = db
-            .raw()
-            .get_pinned_cf(db.cf(DIRCACHE_CF), self.key(TOKEN_SUFFIX))
-            .map_err(|e| CheckpointError::Cas(db.err(e)))?;
-        Ok(v.and_then(|v| Token::decode(&v)))
+        self.read_key(TOKEN_SUFFIX, Token::decode)
     }
 
     /// Records `t` when the updates are saved.
@@ -206,15 +202,25 @@ impl<'a> DirCacheSet<'a> {
 
     /// What the cache holds for the directory `rel`; an unreadable entry is ignored.
     pub fn get(&self, rel: &[u8]) -> CheckpointResult<Option<DirCache>> {
+        self.read_key(rel, DirCache::decode)
+    }
+
+    /// The value under this cache's key for `suffix`, decoded (`None` when the cache is
+    /// not read, the key is absent or the value does not decode).
+    fn read_key<T>(
+        &self,
+        suffix: &[u8],
+        decode: impl FnOnce(&[u8]) -> Option<T>,
+    ) -> CheckpointResult<Option<T>> {
         if !self.read {
             return Ok(None);
         }
         let db = self.store.database();
         let v = db
             .raw()
-            .get_pinned_cf(db.cf(DIRCACHE_CF), self.key(rel))
+            .get_pinned_cf(db.cf(DIRCACHE_CF), self.key(suffix))
             .map_err(|e| CheckpointError::Cas(db.err(e)))?;
-        Ok(v.and_then(|v| DirCache::decode(&v)))
+        Ok(v.and_then(|v| decode(&v)))
     }
 
     pub fn put(&self, rel: &[u8], c: &DirCache) {
@@ -236,13 +242,12 @@ impl<'a> DirCacheSet<'a> {
     /// Writes what changed. The cache is only an accelerator: it is written without
     /// syncing, and a lost update just means reading some files again.
     pub fn save(self) -> CheckpointResult<()> {
+        let token_key = self.key(TOKEN_SUFFIX);
         let updates = self.updates.into_inner().unwrap_or_else(|p| p.into_inner());
         let token = self.token.into_inner().unwrap_or_else(|p| p.into_inner());
         let db = self.store.database();
         let cf = db.cf(DIRCACHE_CF);
         let mut batch = WriteBatch::default();
-        let mut token_key = self.scope.to_vec();
-        token_key.extend_from_slice(TOKEN_SUFFIX);
         match token {
             Some(t) => batch.put_cf(cf, token_key, t.encode()),
             None => batch.delete_cf(cf, token_key),

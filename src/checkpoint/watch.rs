@@ -239,6 +239,8 @@ pub struct Watcher {
     /// The watched directory itself was removed or moved: nothing is watched any more
     /// (a directory made again under its name is another one).
     root_gone: bool,
+    /// Where events are read into.
+    buf: Vec<u8>,
 }
 
 impl Watcher {
@@ -287,6 +289,7 @@ impl Watcher {
             lost_why: String::new(),
             hard_links: None,
             root_gone: false,
+            buf: vec![0u8; 64 << 10],
         };
         w.add_tree(b"");
         Ok(w)
@@ -445,7 +448,14 @@ impl Watcher {
 
     /// Reads every queued event.
     pub fn drain(&mut self) -> std::io::Result<()> {
-        let mut buf = vec![0u8; 64 << 10];
+        // The buffer is taken out while events are handled (they change `self`).
+        let mut buf = std::mem::take(&mut self.buf);
+        let r = self.drain_with(&mut buf);
+        self.buf = buf;
+        r
+    }
+
+    fn drain_with(&mut self, buf: &mut [u8]) -> std::io::Result<()> {
         loop {
             // SAFETY: reading into a buffer we own, of its length.
             let n = unsafe {
@@ -474,8 +484,7 @@ impl Watcher {
                 let len = ev.len as usize;
                 let raw = &buf[pos + head..(pos + head + len).min(n)];
                 let name = &raw[..raw.iter().position(|c| *c == 0).unwrap_or(raw.len())];
-                let name = name.to_vec();
-                self.event(ev.wd, ev.mask, &name);
+                self.event(ev.wd, ev.mask, name);
                 pos += head + len;
             }
         }

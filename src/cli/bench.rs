@@ -314,16 +314,11 @@ impl Bench<'_> {
             // (which records its token), untimed.
             let wstore = d.join("casfs-watched");
             let watch = self.casfs_cmd(&wstore, &format!("watch {}", q(w)));
-            sh(
-                &self.casfs_cmd(&wstore, &format!("capture {} -t bench", q(w))),
-                &[],
-            )?;
+            let wcapture = self.casfs_cmd(&wstore, &format!("capture {} -t bench", q(w)));
+            sh(&wcapture, &[])?;
             sh(&watch, &[])?;
             let _stop = StopWatcher(format!("{watch} --stop"));
-            sh(
-                &self.casfs_cmd(&wstore, &format!("capture {} -t bench", q(w))),
-                &[],
-            )?;
+            sh(&wcapture, &[])?;
             let mut all = tools.clone();
             all.insert(1, "casfs+watch".into());
             for r in 0..reps {
@@ -332,10 +327,7 @@ impl Bench<'_> {
                 for tool in &all {
                     self.step(format!("re-capture {n} files: {tool} ({}/{reps})", r + 1));
                     let t = if tool == "casfs+watch" {
-                        sh(
-                            &self.casfs_cmd(&wstore, &format!("capture {} -t bench", q(w))),
-                            &[],
-                        )?
+                        sh(&wcapture, &[])?
                     } else {
                         self.again(tool, w, &d, &mut snaps)?
                     };

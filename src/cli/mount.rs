@@ -331,8 +331,15 @@ fn block_signals() -> libc::sigset_t {
 }
 
 /// Runs this command again with `--foreground` as a detached process (its own
-/// session, no terminal), its stderr to `log`.
-pub(super) fn spawn_foreground_copy(log: &Path, what: &str) -> anyhow::Result<std::process::Child> {
+/// session, no terminal, stderr to `log`) and waits until `ready` says it answers;
+/// returns its pid. A child that exits first has its log reported as the error; one
+/// that does not answer within `wait` is killed.
+pub(super) fn start_detached(
+    log: &Path,
+    what: &str,
+    wait: Duration,
+    mut ready: impl FnMut() -> bool,
+) -> anyhow::Result<u32> {
     let exe = std::env::current_exe().context("finding the casfs executable")?;
     let err = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
@@ -349,11 +356,28 @@ pub(super) fn spawn_foreground_copy(log: &Path, what: &str) -> anyhow::Result<st
             Ok(())
         });
     }
-    cmd.spawn().with_context(|| format!("starting {what}"))
+    let mut child = cmd.spawn().with_context(|| format!("starting {what}"))?;
+    let start = Instant::now();
+    loop {
+        if ready() {
+            return Ok(child.id());
+        }
+        if let Some(status) = child.try_wait()? {
+            let msg = std::fs::read_to_string(log).unwrap_or_default();
+            let _ = std::fs::remove_file(log);
+            let msg = msg.trim().trim_start_matches("casfs: error: ");
+            bail!("{what} exited ({status}): {msg}");
+        }
+        if start.elapsed() > wait {
+            let _ = child.kill();
+            bail!("{what} did not answer within {wait:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Starts `casfs mount --foreground` as a detached process and waits until the mount
-/// answers; a child that fails first has its error reported.
+/// answers (and its control socket, if it has one, exists).
 /// The daemon's stderr (its log) goes to `log`.
 fn spawn_background(
     mountpoint: &Path,
@@ -361,38 +385,15 @@ fn spawn_background(
     socket: Option<&Path>,
     log: &Path,
 ) -> anyhow::Result<()> {
-    let log = log.to_path_buf();
-    let mut child = spawn_foreground_copy(&log, "the mount process")?;
-    let start = Instant::now();
-    loop {
-        if is_fuse_mount(mountpoint) && socket.is_none_or(|s| s.exists()) {
-            println!(
-                "mounted {what} at {} (pid {})",
-                mountpoint.display(),
-                child.id()
-            );
-            return Ok(());
-        }
-        if let Some(status) = child.try_wait()? {
-            let msg = std::fs::read_to_string(&log).unwrap_or_default();
-            let _ = std::fs::remove_file(&log);
-            let msg = msg.trim().trim_start_matches("casfs: error: ");
-            bail!("the mount process exited ({status}): {msg}");
-        }
-        if start.elapsed() > MOUNT_WAIT {
-            let _ = child.kill();
-            bail!(
-                "{} did not answer as a mount within {:?}",
-                mountpoint.display(),
-                MOUNT_WAIT
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let pid = start_detached(log, "the mount process", MOUNT_WAIT, || {
+        is_fuse_mount(mountpoint) && socket.is_none_or(|s| s.exists())
+    })?;
+    println!("mounted {what} at {} (pid {pid})", mountpoint.display());
+    Ok(())
 }
 
 /// Waits (at most MOUNT_WAIT) for the daemon named by `pid_file` to remove it or end.
-fn wait_daemon_exit(pid_file: &Path) {
+pub(super) fn wait_daemon_exit(pid_file: &Path) {
     let Some(pid) = std::fs::read_to_string(pid_file)
         .ok()
         .and_then(|s| s.trim().parse::<libc::pid_t>().ok())

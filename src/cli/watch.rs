@@ -3,7 +3,7 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 
@@ -50,28 +50,11 @@ pub fn watch(cli: &Cli, dir: &Path, foreground: bool, stop: bool) -> anyhow::Res
     }
     let log = socket.with_extension("log");
     std::fs::create_dir_all(log.parent().expect("in the store"))?;
-    let mut child = super::mount::spawn_foreground_copy(&log, "the watcher")?;
-    let start = Instant::now();
-    loop {
-        if socket.exists() && watch::ask(&store, &root, None).is_some() {
-            println!("watching {} (pid {})", root.display(), child.id());
-            return Ok(());
-        }
-        if let Some(status) = child.try_wait()? {
-            let msg = std::fs::read_to_string(&log).unwrap_or_default();
-            let msg = msg.trim().trim_start_matches("casfs: error: ");
-            bail!("the watcher exited ({status}): {msg}");
-        }
-        if start.elapsed() > START_WAIT {
-            let _ = child.kill();
-            bail!(
-                "the watcher of {} did not answer within {:?}",
-                root.display(),
-                START_WAIT
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let pid = super::mount::start_detached(&log, "the watcher", START_WAIT, || {
+        watch::ask(&store, &root, None).is_some()
+    })?;
+    println!("watching {} (pid {pid})", root.display());
+    Ok(())
 }
 
 fn stop_watcher(root: &Path, socket: &Path, pid_file: &Path) -> anyhow::Result<()> {
@@ -87,14 +70,7 @@ fn stop_watcher(root: &Path, socket: &Path, pid_file: &Path) -> anyhow::Result<(
         let _ = std::fs::remove_file(socket);
         bail!("{} is not watched (its watcher is gone)", root.display());
     }
-    let start = Instant::now();
-    // SAFETY: signal 0 only checks that the process exists.
-    while unsafe { libc::kill(pid, 0) } == 0 && socket.exists() {
-        if start.elapsed() > Duration::from_secs(10) {
-            bail!("the watcher (pid {pid}) did not stop");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    super::mount::wait_daemon_exit(pid_file);
     println!("stopped watching {}", root.display());
     Ok(())
 }
