@@ -201,6 +201,57 @@ pub fn store_reader_over(
     })
 }
 
+/// Stores a new version of a large file (`size` bytes of `file`, more than one chunk)
+/// whose previous version had chunk list `base`, when only the chunks numbered in
+/// `changed` may differ from `base` (the caller saw every write since): those, and
+/// chunks `base` lacks or has at another length, are read, hashed and stored; every
+/// other chunk is taken from `base` unread. Returns the reference and the bytes read.
+pub fn store_changed_chunks(
+    store: &dyn ObjectStore,
+    file: &std::fs::File,
+    path: &Path,
+    size: u64,
+    base: &ChunkList,
+    changed: &std::collections::BTreeSet<u64>,
+    stats: &mut StoreStats,
+) -> CasResult<(FileRef, u64)> {
+    use std::os::unix::fs::FileExt;
+    debug_assert!(size > CHUNK_SIZE as u64);
+    let chunk = CHUNK_SIZE as u64;
+    let mut list = ChunkList {
+        chunks: Vec::with_capacity(size.div_ceil(chunk) as usize),
+    };
+    let mut buf = Vec::new();
+    let mut read = 0u64;
+    for i in 0..size.div_ceil(chunk) {
+        let len = chunk.min(size - i * chunk) as u32;
+        match base.chunks.get(i as usize) {
+            Some(&(id, l)) if l == len && !changed.contains(&i) => {
+                stats.reused_objects += 1;
+                list.chunks.push((id, len));
+                continue;
+            }
+            _ => {}
+        }
+        buf.resize(len as usize, 0);
+        file.read_exact_at(&mut buf, i * chunk)
+            .map_err(|e| CasError::io(path, e))?;
+        read += len as u64;
+        let p = store.put(&buf)?;
+        stats.record(&p);
+        list.chunks.push((ChunkId(p.id.0), len));
+    }
+    let p = store.put(&list.encode())?;
+    stats.record(&p);
+    Ok((
+        FileRef {
+            id: FileId(p.id.0),
+            size,
+        },
+        read,
+    ))
+}
+
 fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
@@ -359,6 +410,61 @@ mod tests {
                 x as u8
             })
             .collect()
+    }
+
+    /// Reading only the chunks named changed gives the same reference as reading the
+    /// whole new version, for growth, shrinking and writes inside.
+    #[test]
+    fn changed_chunks_give_the_reference_of_a_full_read() {
+        let (d, s) = store();
+        let c = CHUNK_SIZE;
+        let old = pattern(5 * c + 100, 1);
+        let old_ref = store_bytes(&s, &old, &mut StoreStats::default()).unwrap();
+        let base = load_chunk_list(&s, &old_ref).unwrap();
+        let edits: Vec<(Vec<u8>, Vec<u64>)> = vec![
+            (old.clone(), vec![]),
+            // A write inside chunk 2.
+            (
+                {
+                    let mut v = old.clone();
+                    v[2 * c + 7] ^= 1;
+                    v
+                },
+                vec![2],
+            ),
+            // Grown by 3 chunks (chunk 5 gets longer).
+            (
+                {
+                    let mut v = old.clone();
+                    v.extend(pattern(3 * c, 2));
+                    v
+                },
+                vec![5, 6, 7, 8],
+            ),
+            // Shrunk into chunk 3.
+            (old[..3 * c + 10].to_vec(), vec![3, 4, 5]),
+            // Shrunk to a chunk boundary: chunk 1 keeps its length and content.
+            (old[..2 * c].to_vec(), vec![2, 3, 4, 5]),
+        ];
+        for (i, (new, changed)) in edits.into_iter().enumerate() {
+            let path = d.path().join(format!("f{i}"));
+            std::fs::write(&path, &new).unwrap();
+            let f = std::fs::File::open(&path).unwrap();
+            let changed: std::collections::BTreeSet<u64> = changed.into_iter().collect();
+            let mut st = StoreStats::default();
+            let (r, read) =
+                store_changed_chunks(&s, &f, &path, new.len() as u64, &base, &changed, &mut st)
+                    .unwrap();
+            let full = store_bytes(&s, &new, &mut StoreStats::default()).unwrap();
+            assert_eq!(r, full, "edit {i}");
+            assert_eq!(read_file(&s, &r).unwrap(), new, "edit {i}");
+            let expect_read: u64 = changed
+                .iter()
+                .filter(|&&k| (k as usize) * c < new.len())
+                .map(|&k| (new.len() - k as usize * c).min(c) as u64)
+                .sum();
+            assert_eq!(read, expect_read, "edit {i}: read only the changed chunks");
+        }
     }
 
     #[test]

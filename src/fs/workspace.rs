@@ -8,7 +8,7 @@
 //! touched to the dirty set in the same step, so a killed daemon loses nothing the
 //! kernel had been told was done.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ffi::{CString, OsStr};
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -29,7 +29,10 @@ use rocksdb::WriteBatch;
 
 use super::dirty::{DirtyStore, Kind, MountMeta, NodeRecord, Override};
 use super::{reply_getxattr, reply_listxattr, ChunkReader, Mounted};
-use crate::cas::file::{load_chunk_list, read_chunk, store_bytes, store_reader_over, ChunkList};
+use crate::cas::file::{
+    load_chunk_list, read_chunk, store_bytes, store_changed_chunks, store_reader_over, ChunkList,
+    CHUNK_SIZE,
+};
 use crate::cas::tree::{MAX_NAME_LEN, MAX_SYMLINK_LEN, MAX_XATTR_NAME_LEN, MAX_XATTR_VALUE_LEN};
 use crate::cas::{
     load_tree, store_tree, CasError, ChunkId, EntryContent, FileRef, ObjectStore, StoreStats, Tree,
@@ -46,6 +49,14 @@ const ROOT: u64 = 1;
 /// Clean files at least this large get a local copy when opened with passthrough
 /// available, so the kernel reads them itself; smaller ones go through the chunk cache.
 const MATERIALIZE_MIN: u64 = 256 << 10;
+
+/// A file at least this large that is opened for writing (without `O_TRUNC`) is
+/// written through the daemon instead of passthrough, so that the daemon sees every
+/// write and a checkpoint reads and hashes only the chunks written, not the whole file.
+const TRACK_WRITES_MIN: u64 = 16 << 20;
+
+/// More changed chunks than this are not listed: the snapshot reads the file whole.
+const MAX_CHANGED_CHUNKS: u64 = 1 << 16;
 
 /// How many first-read files a workspace remembers between checkpoints.
 const MAX_READS_KEPT: usize = 8192;
@@ -160,6 +171,14 @@ struct Node {
     open_plain: u32,
     open_passthrough: u32,
     writers: u32,
+    /// Handles that may write through passthrough, behind the daemon's back.
+    pass_writers: u32,
+    /// Which chunks of its upper file may differ from `clean` (besides its length):
+    /// every write to the upper file since it last equalled `clean` went through the
+    /// daemon, which noted the chunks it touched, so a snapshot reads only those.
+    /// `None` when that is not known (a passthrough writer, a remount): the snapshot
+    /// reads the whole file.
+    changed_chunks: Option<BTreeSet<u64>>,
     backing: Option<Arc<BackingId>>,
 }
 
@@ -172,6 +191,24 @@ impl Node {
     fn absorb(&mut self, st: &libc::stat) {
         let dirty = self.dirty;
         self.meta.absorb(st, dirty);
+    }
+
+    /// Notes that bytes `from..to` of its upper file may have changed.
+    fn note_changed(&mut self, from: u64, to: u64) {
+        let Some(set) = &mut self.changed_chunks else {
+            return;
+        };
+        if from >= to {
+            return;
+        }
+        let c = CHUNK_SIZE as u64;
+        let (first, end) = (from / c, to.div_ceil(c));
+        if end - first > MAX_CHANGED_CHUNKS || set.len() as u64 > MAX_CHANGED_CHUNKS {
+            // Mostly changed anyway: the snapshot reads it whole.
+            self.changed_chunks = None;
+            return;
+        }
+        set.extend(first..end);
     }
 
     /// Closes its local copy (no handle needs it), keeping what its stat says: a closed
@@ -508,6 +545,8 @@ fn node_from_entry(e: &TreeEntry, dir: u64, owner: (u32, u32)) -> Node {
         open_plain: 0,
         open_passthrough: 0,
         writers: 0,
+        pass_writers: 0,
+        changed_chunks: None,
         backing: None,
     }
 }
@@ -941,7 +980,9 @@ impl<'a> Tx<'a> {
                 *upper = Some(Upper::Open(u.clone()));
             }
             if truncate {
+                let old = fstat(&u).map_err(io_errno)?.st_size as u64;
                 u.set_len(0).map_err(io_errno)?;
+                self.node_mut(ino)?.note_changed(0, old);
             }
             if !dirty {
                 self.persist(ino)?;
@@ -968,6 +1009,11 @@ impl<'a> Tx<'a> {
             *upper = Some(Upper::Open(f.clone()));
         }
         let n = self.node_mut(ino)?;
+        // Equal to `clean` until something writes it; emptied, it differs everywhere.
+        n.changed_chunks = Some(BTreeSet::new());
+        if let (Some(c), true) = (clean, truncate) {
+            n.note_changed(0, c.size);
+        }
         n.base = None;
         if truncate {
             n.meta.ctime = now_ns();
@@ -1016,6 +1062,8 @@ impl<'a> Tx<'a> {
             open_plain: 0,
             open_passthrough: 0,
             writers: 0,
+            pass_writers: 0,
+            changed_chunks: None,
             backing: None,
         }
     }
@@ -1098,6 +1146,7 @@ impl<'a> Tx<'a> {
                         Body::File { clean, upper, .. } => (*clean, upper.clone()),
                         _ => unreachable!(),
                     };
+                    let changed = n.changed_chunks.clone();
                     let (fref, mtime) = match (upper, clean) {
                         (Some(_), _) => {
                             let path = self.ws.upper_path(child);
@@ -1120,28 +1169,44 @@ impl<'a> Tx<'a> {
                                     .map_err(|e| WorkspaceError::Io(format!("{rel}: {e}")))?,
                                 None => None,
                             };
-                            let fref = match other {
-                                Some(data) => {
+                            let size = st.st_size as u64;
+                            let (fref, hashed) = match (other, changed, &base) {
+                                (Some(data), _, _) => {
                                     // Stored in another form: the workspace keeps its own.
                                     cx.keep_dirty.push(child);
-                                    store_bytes(self.ws.objects.as_ref(), &data, &mut cas)?
+                                    let r = store_bytes(self.ws.objects.as_ref(), &data, &mut cas)?;
+                                    (r, data.len() as u64)
                                 }
-                                None => {
+                                // Every write since it equalled `clean` was seen: read only
+                                // the chunks they touched.
+                                (None, Some(changed), Some(base)) if size > CHUNK_SIZE as u64 => {
+                                    store_changed_chunks(
+                                        self.ws.objects.as_ref(),
+                                        &f,
+                                        &path,
+                                        size,
+                                        base,
+                                        &changed,
+                                        &mut cas,
+                                    )?
+                                }
+                                (None, _, _) => {
                                     use std::io::Seek;
                                     f.rewind().map_err(|e| {
                                         WorkspaceError::Io(format!("{}: {e}", path.display()))
                                     })?;
-                                    store_reader_over(
+                                    let r = store_reader_over(
                                         self.ws.objects.as_ref(),
                                         &mut f,
                                         &path,
                                         base.as_ref(),
                                         &mut cas,
-                                    )?
+                                    )?;
+                                    (r, r.size)
                                 }
                             };
                             cx.stats.files_hashed += 1;
-                            cx.stats.bytes_hashed += fref.size;
+                            cx.stats.bytes_hashed += hashed;
                             cx.stats.changed_paths.push(self.path_of(child));
                             let mtime = st.st_mtime * 1_000_000_000 + st.st_mtime_nsec;
                             (fref, mtime)
@@ -1347,6 +1412,8 @@ impl Workspace {
             open_plain: 0,
             open_passthrough: 0,
             writers: 0,
+            pass_writers: 0,
+            changed_chunks: None,
             backing: None,
         }
     }
@@ -1414,6 +1481,8 @@ impl Workspace {
                 open_plain: 0,
                 open_passthrough: 0,
                 writers: 0,
+                pass_writers: 0,
+                changed_chunks: None,
                 backing: None,
             };
             if let Some(st) = upper_st {
@@ -1813,6 +1882,7 @@ impl Workspace {
         };
         // The new base: every node written becomes clean, but a file open for writing
         // may change behind the daemon's back (passthrough) and stays dirty.
+        let other_form: HashSet<u64> = keep_dirty.iter().copied().collect();
         let mut still = keep_dirty;
         for (ino, entry) in done {
             let n = tx.st.nodes.get_mut(&ino).expect("built");
@@ -1824,6 +1894,10 @@ impl Workspace {
                     });
                     *chunks = None;
                 }
+                // Its upper file now holds `clean` exactly, unless it was stored in
+                // another form or a passthrough writer may have changed it since.
+                n.changed_chunks =
+                    (n.pass_writers == 0 && !other_form.contains(&ino)).then(BTreeSet::new);
             }
             if let EntryContent::Dir(id) = entry.content {
                 if let Body::Dir { tree, .. } = &mut n.body {
@@ -1967,6 +2041,13 @@ impl Workspace {
         self.next_fh.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// Notes that bytes `from..to` of `ino`'s upper file may have changed.
+    fn note_changed(&self, ino: u64, from: u64, to: u64) {
+        if let Some(n) = self.lock().nodes.get_mut(&ino) {
+            n.note_changed(from, to);
+        }
+    }
+
     fn release_handle(&self, fh: u64) {
         let h = self
             .handles
@@ -1978,6 +2059,9 @@ impl Workspace {
         if let Some(n) = tx.st.nodes.get_mut(&h.ino) {
             if h.write {
                 n.writers = n.writers.saturating_sub(1);
+                if h.backing.is_some() {
+                    n.pass_writers = n.pass_writers.saturating_sub(1);
+                }
             }
             if h.backing.is_some() {
                 n.open_passthrough = n.open_passthrough.saturating_sub(1);
@@ -2137,7 +2221,9 @@ impl WorkspaceFs {
                 matches!(&n.body, Body::File { clean: Some(c2), upper: None, .. } if c2.id == c.id);
             if still {
                 ws.install_upper(&tmp, ino).map_err(io_errno)?;
-                if let Body::File { upper, .. } = &mut tx.node_mut(ino)?.body {
+                let n = tx.node_mut(ino)?;
+                n.changed_chunks = Some(BTreeSet::new());
+                if let Body::File { upper, .. } = &mut n.body {
                     *upper = Some(Upper::Open(Arc::new(f)));
                 }
             } else {
@@ -2174,8 +2260,12 @@ impl WorkspaceFs {
         let mut backing = n.backing.clone();
         // Writes through passthrough never reach the daemon, so nothing keeps them
         // from using the space the store's database needs: a handle that may write
-        // gets passthrough only while the filesystem has ample room.
-        let may_pass = !write || ws.dirty.database().has_room(PASSTHROUGH_WRITE_ROOM);
+        // gets passthrough only while the filesystem has ample room. Nor does the
+        // daemon see which chunks they change: a large file's writers go through the
+        // daemon, so that its checkpoint reads only what they wrote.
+        let may_pass = !write
+            || (ws.dirty.database().has_room(PASSTHROUGH_WRITE_ROOM)
+                && (trunc || ws.attr_of(ino, n).size < TRACK_WRITES_MIN));
         if let (None, true, 0, Some(u), true) = (
             &backing,
             ws.passthrough.load(Ordering::Relaxed),
@@ -2191,6 +2281,10 @@ impl WorkspaceFs {
         let n = tx.node_mut(ino)?;
         if write {
             n.writers += 1;
+            if backing.is_some() {
+                n.pass_writers += 1;
+                n.changed_chunks = None;
+            }
         }
         if backing.is_some() {
             n.open_passthrough += 1;
@@ -2379,7 +2473,10 @@ impl Filesystem for WorkspaceFs {
                 }
                 let _ = fh;
                 let u = tx.copy_up(ino, sz == 0)?;
+                let before = fstat(&u).map_err(io_errno)?.st_size as u64;
                 u.set_len(sz).map_err(io_errno)?;
+                tx.node_mut(ino)?
+                    .note_changed(before.min(sz), before.max(sz));
                 tx.node_mut(ino)?.meta.ctime = t;
                 if tx.watched() {
                     let path = tx.path_of(ino);
@@ -2737,7 +2834,13 @@ impl Filesystem for WorkspaceFs {
             .ensure_space(data.len() as u64)
             .map_err(eio)
             .and_then(|()| self.writable_upper(ino.0, fh.0))
-            .and_then(|u| u.write_all_at(data, offset).map_err(io_errno));
+            .and_then(|u| {
+                // A write past the end also changes the gap before it (a hole, zeros).
+                let end = fstat(&u).map_err(io_errno)?.st_size as u64;
+                u.write_all_at(data, offset).map_err(io_errno)?;
+                ws.note_changed(ino.0, offset.min(end), offset + data.len() as u64);
+                Ok(())
+            });
         match r {
             Ok(()) => reply.written(data.len() as u32),
             Err(e) => reply.error(e),
@@ -3050,11 +3153,20 @@ impl Filesystem for WorkspaceFs {
         let r = space
             .and_then(|()| self.writable_upper(ino.0, fh.0))
             .and_then(|u| {
+                let before = fstat(&u).map_err(io_errno)?.st_size as u64;
                 // SAFETY: a valid fd; the kernel checks the range and mode.
                 let rc =
                     unsafe { libc::fallocate(u.as_raw_fd(), mode, offset as i64, length as i64) };
                 if rc != 0 {
                     return Err(io_errno(std::io::Error::last_os_error()));
+                }
+                let after = fstat(&u).map_err(io_errno)?.st_size as u64;
+                if mode & (libc::FALLOC_FL_COLLAPSE_RANGE | libc::FALLOC_FL_INSERT_RANGE) != 0 {
+                    // Everything after `offset` moved.
+                    ws.note_changed(ino.0, offset, before.max(after));
+                } else {
+                    ws.note_changed(ino.0, offset, offset.saturating_add(length));
+                    ws.note_changed(ino.0, before.min(after), before.max(after));
                 }
                 Ok(())
             });

@@ -977,3 +977,205 @@ fn an_exiting_daemon_leaves_the_next_mount_at_its_path_alone() {
         wait_for_daemons_to_exit(&b);
     }
 }
+
+/// A large file opened for writing is written through the daemon, which notes the
+/// chunks each write, truncate and fallocate touches: its checkpoint reads only those
+/// (`bytes_hashed`), and stores exactly what the same changes give on ext4. A writer
+/// through passthrough, or a remount after SIGKILL, makes it read the file whole.
+#[test]
+fn a_large_file_checkpoint_reads_only_the_chunks_written() {
+    use std::os::unix::fs::FileExt;
+    const MIB: u64 = 1 << 20;
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("s");
+    let native = t.path().join("native");
+    let mp = t.path().join("mnt");
+    fs::create_dir(&native).unwrap();
+    fs::create_dir(&mp).unwrap();
+    fs::write(native.join("big.bin"), pattern(40 * MIB as usize + 123, 9)).unwrap();
+    ok(&store, &["capture", native.to_str().unwrap(), "-t", "big"]);
+    let _guard = MountGuard::new(&mp);
+    ok(&store, &["mount", mp.to_str().unwrap(), "-t", "big"]);
+    let passthrough = json(&store, &["status", mp.to_str().unwrap()])["read_mode"] == "passthrough";
+
+    let open_rw = |dir: &Path| {
+        fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(dir.join("big.bin"))
+            .unwrap()
+    };
+    // Applies `change` to both copies, checkpoints the mount, and checks what was read
+    // and that the stored file is the native one.
+    let round = |what: &str, change: &dyn Fn(&Path), hashed: Option<u64>| {
+        for dir in [&native, &mp] {
+            change(dir);
+        }
+        let cp = json(&store, &["checkpoint", mp.to_str().unwrap()]);
+        assert_eq!(cp["ok"], true, "{what}: {cp}");
+        let id = cp["checkpoint"].as_str().unwrap().to_string();
+        let want = fs::read(native.join("big.bin")).unwrap();
+        if let Some(h) = hashed {
+            assert_eq!(cp["stats"]["bytes_hashed"], h, "{what}: {cp}");
+        } else {
+            assert_eq!(
+                cp["stats"]["bytes_hashed"],
+                want.len() as u64,
+                "{what}: {cp}"
+            );
+        }
+        let stored = casfs(&store, &["cat", &id, "big.bin"]);
+        assert!(stored.status.success(), "{what}: cat failed");
+        assert!(
+            stored.stdout == want,
+            "{what}: stored content differs from ext4's"
+        );
+        assert!(
+            fs::read(mp.join("big.bin")).unwrap() == want,
+            "{what}: mount differs"
+        );
+    };
+
+    // The first write copies the file up; only chunk 5 is read back.
+    round(
+        "a write inside chunk 5",
+        &|d| open_rw(d).write_all_at(b"hello", 5 * MIB + 100).unwrap(),
+        Some(MIB),
+    );
+    // Across a chunk boundary, from a handle kept open over the checkpoint before.
+    let keep = open_rw(&mp);
+    let keep_native = open_rw(&native);
+    round(
+        "a write across chunks 7 and 8",
+        &|d| {
+            let f = if d == mp { &keep } else { &keep_native };
+            f.write_all_at(&[7u8; 64], 8 * MIB - 32).unwrap();
+        },
+        Some(2 * MIB),
+    );
+    round(
+        "the same handle after a checkpoint",
+        &|d| {
+            let f = if d == mp { &keep } else { &keep_native };
+            f.write_all_at(b"again", 30 * MIB).unwrap();
+        },
+        Some(MIB),
+    );
+    drop((keep, keep_native));
+    // Past the end: the hole before the write changed too (chunk 40 grows, 41-44 new).
+    round(
+        "a write past the end",
+        &|d| open_rw(d).write_all_at(b"tail", 45 * MIB - 2).unwrap(),
+        Some(5 * MIB + 2),
+    );
+    // Truncate into chunk 20, then grow again: chunks 20.. read.
+    round(
+        "truncate down and up",
+        &|d| {
+            let f = open_rw(d);
+            f.set_len(20 * MIB + 5).unwrap();
+            f.set_len(24 * MIB).unwrap();
+        },
+        Some(4 * MIB),
+    );
+    // fallocate: punch a hole in chunk 2, zero a range in chunk 3.
+    round(
+        "fallocate",
+        &|d| {
+            let f = open_rw(d);
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+            let keep = libc::FALLOC_FL_KEEP_SIZE;
+            // SAFETY: a valid fd; ranges inside the file.
+            unsafe {
+                assert_eq!(
+                    libc::fallocate(
+                        fd,
+                        libc::FALLOC_FL_PUNCH_HOLE | keep,
+                        2 * MIB as i64 + 4096,
+                        8192
+                    ),
+                    0
+                );
+                assert_eq!(
+                    libc::fallocate(fd, libc::FALLOC_FL_ZERO_RANGE, 3 * MIB as i64 + 10, 100),
+                    0
+                );
+            }
+        },
+        Some(2 * MIB),
+    );
+    // A shared writable mapping: its pages reach the daemon as writes (syncfs).
+    round(
+        "a write through mmap",
+        &|d| {
+            let f = open_rw(d);
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+            // SAFETY: mapping 4 KiB of a file at least that long, written and unmapped here.
+            unsafe {
+                let m = libc::mmap(
+                    std::ptr::null_mut(),
+                    4096,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    fd,
+                    (12 * MIB) as i64,
+                );
+                assert_ne!(m, libc::MAP_FAILED);
+                std::ptr::copy_nonoverlapping(b"mapped".as_ptr(), m as *mut u8, 6);
+                assert_eq!(libc::msync(m, 4096, libc::MS_SYNC), 0);
+                assert_eq!(libc::munmap(m, 4096), 0);
+            }
+        },
+        Some(MIB),
+    );
+    // A reader through passthrough is open when the writer comes: the writer must use
+    // passthrough too, its writes are not seen, and the file is read whole.
+    round(
+        "a writer sharing a passthrough reader's backing file",
+        &|d| {
+            let r = fs::File::open(d.join("big.bin")).unwrap();
+            open_rw(d).write_all_at(b"unseen", 17 * MIB).unwrap();
+            drop(r);
+        },
+        if passthrough { None } else { Some(MIB) },
+    );
+    round(
+        "tracked again after that checkpoint",
+        &|d| open_rw(d).write_all_at(b"seen", 19 * MIB).unwrap(),
+        Some(MIB),
+    );
+
+    // SIGKILL: the remount cannot know which chunks changed, so it reads the file whole.
+    for dir in [&native, &mp] {
+        open_rw(dir).write_all_at(b"before the kill", MIB).unwrap();
+    }
+    let pid = json(&store, &["status", mp.to_str().unwrap()])["pid"]
+        .as_u64()
+        .unwrap() as i32;
+    // SAFETY: killing the daemon this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    // SAFETY: probing whether the process still exists.
+    assert!(wait_for(Duration::from_secs(10), || unsafe {
+        libc::kill(pid, 0) != 0
+    }));
+    ok(&store, &["unmount", "--lazy", mp.to_str().unwrap()]);
+    ok(&store, &["mount", mp.to_str().unwrap(), "-t", "big"]);
+    round("after a remount", &|_| {}, None);
+    round(
+        "tracked after the remount's checkpoint",
+        &|d| open_rw(d).write_all_at(b"x", 23 * MIB).unwrap(),
+        Some(MIB),
+    );
+    // Emptied by truncate(2), grown back, one byte written: nothing of the old content
+    // may be taken for the zeros.
+    round(
+        "emptied and grown",
+        &|d| {
+            let f = open_rw(d);
+            f.set_len(0).unwrap();
+            f.set_len(18 * MIB).unwrap();
+            f.write_all_at(b"y", 3 * MIB).unwrap();
+        },
+        Some(18 * MIB),
+    );
+}
