@@ -14,10 +14,18 @@
 //! the first `find` and `rm -rf` (once each); and the daemon's peak RSS after looking up
 //! every file of the largest tree.
 //!
-//! Checkpoint and restore figures are medians of `--reps` runs; ratios are peer / casfs.
-//! Results also go to `target/bench-mount.json`.
+//! A large file: a 1 GiB file (random bytes) committed once; per repetition 4 KiB are
+//! written into it at a new place and `casfs checkpoint MP` runs, against
+//! `git add -A && git commit` and `restic backup` of a plain copy getting the same
+//! write. And what routing a large file's writes through the daemon costs (that is what
+//! lets a checkpoint read only the chunks written): overwriting 256 MiB of it in place
+//! (`dd bs=1M conv=notrunc`) and 4,096 writes of 4 KiB, on ext4 and through casfs.
 //!
-//! Run: `cargo bench --bench mount -- [--sizes 1k,10k,100k] [--reps 5] [--no-io]`
+//! Checkpoint and restore figures are medians of `--reps` runs; ratios are peer / casfs.
+//! Results also go to `target/bench-mount.json`. `CASFS_BENCH_BIN` runs another casfs
+//! binary (an older build, say) in the casfs columns.
+//!
+//! Run: `cargo bench --bench mount -- [--sizes 1k,10k,100k] [--reps 5] [--no-io] [--no-large]`
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -28,8 +36,12 @@ use std::time::{Duration, Instant};
 mod common;
 use common::*;
 
+fn casfs_bin() -> String {
+    std::env::var("CASFS_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_casfs").into())
+}
+
 fn casfs(store: &Path, args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_casfs"))
+    let out = Command::new(casfs_bin())
         .arg("--store")
         .arg(store)
         .args(args)
@@ -239,6 +251,10 @@ fn main() {
     if !args.flags.iter().any(|f| f == "--no-io") {
         io_rows = io_bench(&base, overlay);
     }
+    let mut large_rows: Vec<(&str, &str, Duration)> = Vec::new();
+    if !args.flags.iter().any(|f| f == "--no-large") {
+        large_rows = large_file_bench(&base, args.reps, git, restic);
+    }
 
     println!();
     println!("checkpoint after 10 changed files / restore of the previous checkpoint");
@@ -284,6 +300,29 @@ fn main() {
             );
         }
     }
+    if !large_rows.is_empty() {
+        println!();
+        println!(
+            "a 1 GiB file (medians of {}; ratio = time / casfs checkpoint, or / ext4)",
+            args.reps
+        );
+        for (scenario, tool, d) in &large_rows {
+            let reference = large_rows
+                .iter()
+                .find(|(s, t, _)| {
+                    s == scenario && (*t == "ext4" || *t == "casfs" || *t == "casfs (CLI)")
+                })
+                .map(|x| x.2)
+                .unwrap_or(*d);
+            println!(
+                "{:<34} {:>16} {:>12} {:>8.2}x",
+                scenario,
+                tool,
+                ms(*d),
+                d.as_secs_f64() / reference.as_secs_f64()
+            );
+        }
+    }
     println!("daemon peak RSS: {} MB", peak_rss_kb / 1024);
     if !overlay {
         println!("note: fuse-overlayfs not installed; skipped");
@@ -296,6 +335,9 @@ fn main() {
             "median_ms": r.median.as_secs_f64() * 1000.0,
         })).collect::<Vec<_>>(),
         "io": io_rows.iter().map(|(s, t, d)| serde_json::json!({
+            "scenario": s, "tool": t, "ms": d.as_secs_f64() * 1000.0,
+        })).collect::<Vec<_>>(),
+        "large_file": large_rows.iter().map(|(s, t, d)| serde_json::json!({
             "scenario": s, "tool": t, "ms": d.as_secs_f64() * 1000.0,
         })).collect::<Vec<_>>(),
         "daemon_peak_rss_kb": peak_rss_kb,
@@ -397,5 +439,122 @@ fn io_bench(base: &Path, overlay: bool) -> Vec<(&'static str, &'static str, Dura
     if overlay {
         lazy_umount(&omp);
     }
+    out
+}
+
+/// A 1 GiB file changed by 4 KiB per repetition: the checkpoint against git and restic,
+/// and the cost of writing a large file through the daemon against ext4.
+fn large_file_bench(
+    base: &Path,
+    reps: usize,
+    git: bool,
+    restic: bool,
+) -> Vec<(&'static str, &'static str, Duration)> {
+    use std::os::unix::fs::FileExt;
+    const MIB: u64 = 1 << 20;
+    let dir = base.join("large");
+    let plain = dir.join("plain");
+    let store = dir.join("store");
+    let mp = dir.join("mnt");
+    for d in [&plain, &mp] {
+        fs::create_dir_all(d).unwrap();
+    }
+    let name = "big.bin";
+    sh(
+        &format!(
+            "head -c 1073741824 /dev/urandom > {}",
+            plain.join(name).display()
+        ),
+        &[],
+    );
+    casfs(&store, &["capture", plain.to_str().unwrap(), "-t", "large"]);
+    casfs(&store, &["mount", mp.to_str().unwrap(), "-t", "large"]);
+    // 4 KiB at a new place each round (round 0 also copies the file up, untimed).
+    let write_4k = |file: &Path, round: usize| {
+        let f = fs::OpenOptions::new().write(true).open(file).unwrap();
+        let at = (round as u64 * 97 + 13) % 1023 * MIB + 12_345;
+        f.write_all_at(&[round as u8 ^ 0x5a; 4096], at).unwrap();
+    };
+    write_4k(&mp.join(name), 0);
+    casfs(&store, &["checkpoint", mp.to_str().unwrap()]);
+    let mut out = Vec::new();
+    let scenario = "checkpoint after a 4 KiB write";
+    let (mut cli, mut daemon) = (vec![], vec![]);
+    for r in 1..=reps {
+        write_4k(&mp.join(name), r);
+        let mut v = serde_json::Value::Null;
+        cli.push(timed(|| {
+            v = casfs_json(&store, &["checkpoint", mp.to_str().unwrap()]);
+        }));
+        daemon.push(Duration::from_micros(v["duration_us"].as_u64().unwrap()));
+        eprintln!(
+            "  large file round {r}: read {} bytes",
+            v["stats"]["bytes_hashed"]
+        );
+    }
+    out.push((scenario, "casfs (CLI)", median(cli)));
+    out.push((scenario, "casfs (daemon)", median(daemon)));
+    if git {
+        let gd = dir.join("git");
+        let env = git_env(&gd, &plain);
+        sh(
+            &format!(
+                "git init -q {0} && git -C {0} config gc.auto 0",
+                gd.display()
+            ),
+            &env,
+        );
+        sh("git add -A && git commit -qm init", &env);
+        let mut c = vec![];
+        for r in 1..=reps {
+            write_4k(&plain.join(name), 100 + r);
+            c.push(sh("git add -A && git commit -qm change", &env));
+        }
+        out.push((scenario, "git", median(c)));
+        let _ = fs::remove_dir_all(&gd);
+    }
+    if restic {
+        let repo = dir.join("restic");
+        let env = [
+            ("RESTIC_PASSWORD", "bench"),
+            ("RESTIC_REPOSITORY", repo.to_str().unwrap()),
+        ];
+        sh("restic init -q", &env);
+        sh(&format!("restic backup -q {}", plain.display()), &env);
+        let mut c = vec![];
+        for r in 1..=reps {
+            write_4k(&plain.join(name), 200 + r);
+            c.push(sh(&format!("restic backup -q {}", plain.display()), &env));
+        }
+        out.push((scenario, "restic", median(c)));
+        let _ = fs::remove_dir_all(&repo);
+    }
+
+    // What writing a large file through the daemon costs, against ext4.
+    let med3 = |f: &dyn Fn() -> Duration| median((0..3).map(|_| f()).collect());
+    for (tool, file) in [("ext4", plain.join(name)), ("casfs", mp.join(name))] {
+        let over = || {
+            sh(
+                &format!(
+                    "dd if=/dev/zero of={} bs=1M count=256 seek=300 conv=notrunc status=none",
+                    file.display()
+                ),
+                &[],
+            )
+        };
+        out.push(("overwrite 256 MiB in place", tool, med3(&over)));
+        let small = || {
+            sh(
+                &format!(
+                    "dd if=/dev/zero of={} bs=4k count=4096 seek=1000 conv=notrunc status=none",
+                    file.display()
+                ),
+                &[],
+            )
+        };
+        out.push(("4,096 writes of 4 KiB", tool, med3(&small)));
+    }
+    casfs(&store, &["unmount", mp.to_str().unwrap()]);
+    let _ = fs::remove_dir_all(&dir);
     out
 }
