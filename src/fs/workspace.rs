@@ -55,6 +55,9 @@ const MATERIALIZE_MIN: u64 = 256 << 10;
 /// write and a checkpoint reads and hashes only the chunks written, not the whole file.
 const TRACK_WRITES_MIN: u64 = 16 << 20;
 
+/// The extended attribute holding a file's capabilities: a write removes it.
+const FILE_CAPS: &[u8] = b"security.capability";
+
 /// More changed chunks than this are not listed: the snapshot reads the file whole.
 const MAX_CHANGED_CHUNKS: u64 = 1 << 16;
 
@@ -191,6 +194,13 @@ impl Node {
     fn absorb(&mut self, st: &libc::stat) {
         let dirty = self.dirty;
         self.meta.absorb(st, dirty);
+    }
+
+    /// Set-id bits or file capabilities, which a write must clear: passthrough writes
+    /// would not reach the daemon that clears them.
+    fn has_privs(&self) -> bool {
+        self.meta.mode & (libc::S_ISUID | libc::S_ISGID) != 0
+            || self.xattrs.iter().any(|(k, _)| k == FILE_CAPS)
     }
 
     /// Notes that bytes `from..to` of its upper file may have changed.
@@ -871,6 +881,32 @@ impl<'a> Tx<'a> {
         n.meta.ctime = t;
         n.base = None;
         self.persist(ino)
+    }
+
+    /// What a write or truncate does to a file, as the kernel's VFS does it (the daemon
+    /// does it here: FUSE_HANDLE_KILLPRIV_V2). By a caller without `CAP_FSETID`
+    /// (`by: Some(request)`): setuid goes, and setgid if the group may execute or the
+    /// caller is not in the file's group. File capabilities go in any case. Persists
+    /// only a change.
+    fn kill_privs(&mut self, ino: u64, by: Option<&Request>) -> Result<(), Errno> {
+        let n = self.node_mut(ino)?;
+        if n.kind != Kind::File {
+            return Ok(());
+        }
+        let before = (n.meta.mode, n.xattrs.len());
+        if let Some(req) = by {
+            n.meta.mode &= !libc::S_ISUID;
+            if n.meta.mode & libc::S_ISGID != 0
+                && (n.meta.mode & libc::S_IXGRP != 0 || !in_group(req, n.meta.gid))
+            {
+                n.meta.mode &= !libc::S_ISGID;
+            }
+        }
+        n.xattrs.retain(|(k, _)| k != FILE_CAPS);
+        if (n.meta.mode, n.xattrs.len()) != before {
+            self.changed(ino, now_ns())?;
+        }
+        Ok(())
     }
 
     /// One name of `ino` was detached: a directory is gone, a file loses a link and goes
@@ -2048,6 +2084,28 @@ impl Workspace {
         }
     }
 
+    /// After a write through the daemon of bytes `from..to` of `ino`: notes the chunks,
+    /// and clears what a write clears (set-id bits only if `kill_suidgid`: the kernel
+    /// says so when the writer lacks `CAP_FSETID`).
+    fn written(
+        &self,
+        ino: u64,
+        from: u64,
+        to: u64,
+        kill_suidgid: Option<&Request>,
+    ) -> Result<(), Errno> {
+        let mut tx = self.tx();
+        let Some(n) = tx.st.nodes.get_mut(&ino) else {
+            return Ok(());
+        };
+        n.note_changed(from, to);
+        if n.has_privs() {
+            tx.kill_privs(ino, kill_suidgid)?;
+            tx.commit()?;
+        }
+        Ok(())
+    }
+
     fn release_handle(&self, fh: u64) {
         let h = self
             .handles
@@ -2079,6 +2137,21 @@ impl Workspace {
         tx.maybe_free(h.ino);
         let _ = tx.commit();
     }
+}
+
+/// Whether the caller of `req` is in group `gid` (its group, or one of its supplementary
+/// groups as /proc tells).
+fn in_group(req: &Request, gid: u32) -> bool {
+    if req.gid() == gid {
+        return true;
+    }
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", req.pid())) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
 }
 
 fn reply_empty(r: Result<(), Errno>, reply: ReplyEmpty) {
@@ -2265,6 +2338,7 @@ impl WorkspaceFs {
         // daemon, so that its checkpoint reads only what they wrote.
         let may_pass = !write
             || (ws.dirty.database().has_room(PASSTHROUGH_WRITE_ROOM)
+                && !n.has_privs()
                 && (trunc || ws.attr_of(ino, n).size < TRACK_WRITES_MIN));
         if let (None, true, 0, Some(u), true) = (
             &backing,
@@ -2388,6 +2462,11 @@ impl Filesystem for WorkspaceFs {
         }
         let _ = config
             .add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
+        // The daemon clears set-id bits and file capabilities itself (see `kill_privs`).
+        // Without it the kernel asks for `security.capability` before every write(2),
+        // passthrough ones included, and for the attributes before every chown: a
+        // round trip each.
+        let _ = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2);
         Ok(())
     }
 
@@ -2437,7 +2516,7 @@ impl Filesystem for WorkspaceFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -2477,6 +2556,10 @@ impl Filesystem for WorkspaceFs {
                 u.set_len(sz).map_err(io_errno)?;
                 tx.node_mut(ino)?
                     .note_changed(before.min(sz), before.max(sz));
+                // A truncate clears set-id bits unless the caller has CAP_FSETID (fuser
+                // does not pass on the kernel's FATTR_KILL_SUIDGID: root is taken for
+                // the capability).
+                tx.kill_privs(ino, (req.uid() != 0).then_some(req))?;
                 tx.node_mut(ino)?.meta.ctime = t;
                 if tx.watched() {
                     let path = tx.path_of(ino);
@@ -2814,12 +2897,12 @@ impl Filesystem for WorkspaceFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
@@ -2838,8 +2921,13 @@ impl Filesystem for WorkspaceFs {
                 // A write past the end also changes the gap before it (a hole, zeros).
                 let end = fstat(&u).map_err(io_errno)?.st_size as u64;
                 u.write_all_at(data, offset).map_err(io_errno)?;
-                ws.note_changed(ino.0, offset.min(end), offset + data.len() as u64);
-                Ok(())
+                let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+                ws.written(
+                    ino.0,
+                    offset.min(end),
+                    offset + data.len() as u64,
+                    kill.then_some(req),
+                )
             });
         match r {
             Ok(()) => reply.written(data.len() as u32),

@@ -270,6 +270,27 @@ os.chown(p("suid"), 0, 0)
 os.chmod(p("suid"), 0o6777)
 rec("nobody writes setuid file", as_nobody(lambda: os.write(os.open(p("suid"), os.O_WRONLY), b"w")))
 rec("after write by nobody", mode(p("suid")))
+# Set-id bits and file capabilities under writes and truncates by root and by others.
+os.chmod(p("suid"), 0o6777)
+with open(p("suid"), "r+b") as f:
+    f.write(b"root")
+rec("after write by root", mode(p("suid")))
+rec("nobody truncates setuid file", as_nobody(lambda: os.truncate(p("suid"), 1) or "ok"))
+rec("after truncate by nobody", mode(p("suid")))
+os.chmod(p("suid"), 0o2666)
+rec("nobody writes setgid file without group exec", as_nobody(lambda: os.write(os.open(p("suid"), os.O_WRONLY), b"g")))
+rec("after that write", mode(p("suid")))
+os.chmod(p("suid"), 0o4766)
+for i in range(2):
+    rec(f"nobody appends to setuid file {i}", as_nobody(lambda: os.write(os.open(p("suid"), os.O_WRONLY | os.O_APPEND), b"a")))
+    rec(f"after append {i}", mode(p("suid")))
+    os.chmod(p("suid"), 0o4766)
+CAPS = b"\x00\x00\x00\x02" + (1 << 10).to_bytes(4, "little") + bytes(12)
+os.setxattr(p("suid"), "security.capability", CAPS)
+rec("file capabilities set", os.getxattr(p("suid"), "security.capability") == CAPS)
+with open(p("suid"), "r+b") as f:
+    f.write(b"c")
+rec("file capabilities after write by root", err(os.getxattr, p("suid"), "security.capability"))
 with open(p("private"), "wb") as f:
     f.write(b"p")
 os.chmod(p("private"), 0o600)
