@@ -702,6 +702,16 @@ fn which(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// Entries under `dir` (itself included), not following symlinks.
+fn walk_count(dir: &Path) -> usize {
+    1 + match fs::symlink_metadata(dir) {
+        Ok(m) if m.is_dir() => fs::read_dir(dir)
+            .map(|rd| rd.flatten().map(|e| walk_count(&e.path())).sum())
+            .unwrap_or(0),
+        _ => 0,
+    }
+}
+
 /// What agents do in a workspace, inside the mount: unpack a real tree, git, a C build,
 /// `rm -rf`; each with the result it has on ext4.
 #[test]
@@ -725,31 +735,44 @@ fn real_workloads_inside_the_mount() {
         );
         String::from_utf8(out.stdout).unwrap()
     };
-    // A real tree, unpacked: the same as the original, byte for byte.
-    let tarball = ws._t.path().join("doc.tar");
+    // A real tree of 30k+ entries (this machine's manual pages, C headers and package
+    // docs), unpacked: the same as the original, byte for byte.
+    let parts = ["share/man", "include", "share/doc"];
+    let entries: usize = parts
+        .iter()
+        .map(|d| walk_count(&Path::new("/usr").join(d)))
+        .sum();
+    assert!(
+        entries >= 30_000,
+        "/usr/{{share/man,include,share/doc}} hold {entries} entries, fewer than 30,000"
+    );
+    let tarball = ws._t.path().join("usr.tar");
     let st = Command::new("tar")
         .arg("-C")
-        .arg("/usr/share/doc")
+        .arg("/usr")
         .arg("-cf")
         .arg(&tarball)
-        .arg(".")
+        .args(parts)
         .status()
         .unwrap();
     assert!(st.success());
-    fs::create_dir(ws.p("doc")).unwrap();
-    sh(&format!("tar -C doc -xf {}", tarball.display()));
-    let st = Command::new("diff")
-        .args(["-r", "--no-dereference", "/usr/share/doc"])
-        .arg(ws.p("doc"))
-        .status()
-        .unwrap();
-    assert!(st.success(), "unpacked tree differs from /usr/share/doc");
+    fs::create_dir(ws.p("usr")).unwrap();
+    sh(&format!("tar -C usr -xf {}", tarball.display()));
+    for d in parts {
+        let st = Command::new("diff")
+            .args(["-r", "--no-dereference"])
+            .arg(Path::new("/usr").join(d))
+            .arg(ws.p("usr").join(d))
+            .status()
+            .unwrap();
+        assert!(st.success(), "unpacked tree differs from /usr/{d}");
+    }
 
     // git: add, commit, a clean status, an intact repository.
     sh("git init -q . && git config gc.auto 0 && git add -A && git commit -qm import");
     assert_eq!(sh("git status --porcelain"), "");
     sh("git fsck --no-progress 2>&1");
-    sh("echo change >> doc/$(ls doc | head -1)/copyright || echo new > doc/new-file");
+    sh("echo change >> usr/include/stdio.h || echo new > usr/new-file");
     assert_ne!(sh("git status --porcelain"), "");
     sh("git add -A && git commit -qm change && git status --porcelain");
 
@@ -781,7 +804,7 @@ fn real_workloads_inside_the_mount() {
     // Everything checkpoints; then rm -rf empties the tree.
     let cp = ws.checkpoint();
     assert!(cp["changed_files"].as_u64().unwrap() > 1000, "{cp}");
-    sh("rm -rf doc .git proj");
+    sh("rm -rf usr .git proj");
     assert_eq!(fs::read_dir(&ws.mp).unwrap().count(), 0);
     // The checkpoint still has it all.
     ws.unmount();
