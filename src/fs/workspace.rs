@@ -2085,8 +2085,8 @@ impl Workspace {
     }
 
     /// After a write through the daemon of bytes `from..to` of `ino`: notes the chunks,
-    /// and clears what a write clears (set-id bits only if `kill_suidgid`: the kernel
-    /// says so when the writer lacks `CAP_FSETID`).
+    /// and clears what a write clears (set-id bits only if `kill_suidgid` names the
+    /// writer: one without `CAP_FSETID`).
     fn written(
         &self,
         ino: u64,
@@ -3222,7 +3222,7 @@ impl Filesystem for WorkspaceFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -3249,14 +3249,16 @@ impl Filesystem for WorkspaceFs {
                     return Err(io_errno(std::io::Error::last_os_error()));
                 }
                 let after = fstat(&u).map_err(io_errno)?.st_size as u64;
+                // As a write: set-id bits go unless the caller has CAP_FSETID (root is
+                // taken for it, as for truncates), file capabilities go.
+                let kill = (req.uid() != 0).then_some(req);
                 if mode & (libc::FALLOC_FL_COLLAPSE_RANGE | libc::FALLOC_FL_INSERT_RANGE) != 0 {
                     // Everything after `offset` moved.
-                    ws.note_changed(ino.0, offset, before.max(after));
+                    ws.written(ino.0, offset, before.max(after), kill)
                 } else {
-                    ws.note_changed(ino.0, offset, offset.saturating_add(length));
                     ws.note_changed(ino.0, before.min(after), before.max(after));
+                    ws.written(ino.0, offset, offset.saturating_add(length), kill)
                 }
-                Ok(())
             });
         reply_empty(r, reply);
     }

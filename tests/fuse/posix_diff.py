@@ -285,6 +285,8 @@ for i in range(2):
     rec(f"nobody appends to setuid file {i}", as_nobody(lambda: os.write(os.open(p("suid"), os.O_WRONLY | os.O_APPEND), b"a")))
     rec(f"after append {i}", mode(p("suid")))
     os.chmod(p("suid"), 0o4766)
+rec("nobody fallocates setuid file", as_nobody(lambda: os.posix_fallocate(os.open(p("suid"), os.O_WRONLY), 0, 8192) or "ok"))
+rec("after fallocate by nobody", mode(p("suid")))
 CAPS = b"\x00\x00\x00\x02" + (1 << 10).to_bytes(4, "little") + bytes(12)
 os.setxattr(p("suid"), "security.capability", CAPS)
 rec("file capabilities set", os.getxattr(p("suid"), "security.capability") == CAPS)
