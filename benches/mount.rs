@@ -72,6 +72,31 @@ fn lazy_umount(p: &Path) {
     let _ = Command::new("umount").arg("-l").arg(p).status();
 }
 
+/// A git repository at `git_dir` whose work tree `tree` is committed; its environment.
+fn git_init<'a>(git_dir: &'a Path, tree: &'a Path) -> Vec<(&'a str, &'a str)> {
+    let env = git_env(git_dir, tree);
+    sh(
+        &format!(
+            "git init -q {0} && git -C {0} config gc.auto 0",
+            git_dir.display()
+        ),
+        &env,
+    );
+    sh("git add -A && git commit -qm init", &env);
+    env
+}
+
+/// A restic repository at `repo` holding a first backup of `tree`; its environment.
+fn restic_init<'a>(repo: &'a Path, tree: &Path) -> [(&'static str, &'a str); 2] {
+    let env = [
+        ("RESTIC_PASSWORD", "bench"),
+        ("RESTIC_REPOSITORY", repo.to_str().unwrap()),
+    ];
+    sh("restic init -q", &env);
+    sh(&format!("restic backup -q {}", tree.display()), &env);
+    env
+}
+
 fn touch_files(files: &[PathBuf], round: usize) {
     for (i, f) in files.iter().enumerate() {
         fs::write(f, format!("round {round} change {i}\n")).unwrap();
@@ -174,15 +199,7 @@ fn main() {
         let changed_plain: Vec<PathBuf> = (0..10).map(|i| files[i * step].clone()).collect();
         if git {
             let gd = dir.join("git");
-            let env = git_env(&gd, &plain);
-            sh(
-                &format!(
-                    "git init -q {0} && git -C {0} config gc.auto 0",
-                    gd.display()
-                ),
-                &env,
-            );
-            sh("git add -A && git commit -qm init", &env);
+            let env = git_init(&gd, &plain);
             let (mut c, mut r_) = (vec![], vec![]);
             for r in 0..args.reps {
                 touch_files(&changed_plain, 100 + r);
@@ -205,12 +222,7 @@ fn main() {
         }
         if restic {
             let repo = dir.join("restic");
-            let env = [
-                ("RESTIC_PASSWORD", "bench"),
-                ("RESTIC_REPOSITORY", repo.to_str().unwrap()),
-            ];
-            sh("restic init -q", &env);
-            sh(&format!("restic backup -q {}", plain.display()), &env);
+            let env = restic_init(&repo, &plain);
             let mut c = vec![];
             for r in 0..args.reps {
                 touch_files(&changed_plain, 200 + r);
@@ -496,15 +508,7 @@ fn large_file_bench(
     out.push((scenario, "casfs (daemon)", median(daemon)));
     if git {
         let gd = dir.join("git");
-        let env = git_env(&gd, &plain);
-        sh(
-            &format!(
-                "git init -q {0} && git -C {0} config gc.auto 0",
-                gd.display()
-            ),
-            &env,
-        );
-        sh("git add -A && git commit -qm init", &env);
+        let env = git_init(&gd, &plain);
         let mut c = vec![];
         for r in 1..=reps {
             write_4k(&plain.join(name), 100 + r);
@@ -515,12 +519,7 @@ fn large_file_bench(
     }
     if restic {
         let repo = dir.join("restic");
-        let env = [
-            ("RESTIC_PASSWORD", "bench"),
-            ("RESTIC_REPOSITORY", repo.to_str().unwrap()),
-        ];
-        sh("restic init -q", &env);
-        sh(&format!("restic backup -q {}", plain.display()), &env);
+        let env = restic_init(&repo, &plain);
         let mut c = vec![];
         for r in 1..=reps {
             write_4k(&plain.join(name), 200 + r);
