@@ -106,10 +106,14 @@ rm "$M/NOTES.md"
 step "Checkpoint the mount: only the dirty files are read, no walk of the tree"
 timed "$CASFS" checkpoint "$M" --reason "agent run 1"
 
-step "Change more, then restore the checkpoint before it (a root swap: nothing copied)"
+step "A large file: 4 KiB written into the 64 MiB model.bin; the checkpoint reads only that 1 MiB chunk"
+head -c 4096 /dev/urandom | dd of="$M/model.bin" bs=4096 seek=4000 conv=notrunc status=none
+timed "$CASFS" checkpoint "$M" --reason "model.bin edited"
+
+step "Change more, then restore checkpoint 2, before both (a root swap: nothing copied)"
 echo "scratch" > "$M/scratch.txt"
 rm -rf "$M/pkg1"
-timed "$CASFS" restore "$M" @demo~1 --force
+timed "$CASFS" restore "$M" @demo~2 --force
 printf '   pkg1 is back: %s files; generated/ is gone: ' "$(find "$M/pkg1" -type f | wc -l)"
 [ ! -e "$M/generated" ] && echo yes || { echo NO; exit 1; }
 printf '   restored content equals the captured one: '
