@@ -506,52 +506,52 @@ fn large_file_bench(
     }
     out.push((scenario, "casfs (CLI)", median(cli)));
     out.push((scenario, "casfs (daemon)", median(daemon)));
+    // A peer: per round the same 4 KiB write into the plain copy, then its command.
+    let peer = |seed: usize, cmd: &str, env: &[(&str, &str)]| {
+        let times = (1..=reps).map(|r| {
+            write_4k(&plain.join(name), seed + r);
+            sh(cmd, env)
+        });
+        median(times.collect())
+    };
     if git {
         let gd = dir.join("git");
         let env = git_init(&gd, &plain);
-        let mut c = vec![];
-        for r in 1..=reps {
-            write_4k(&plain.join(name), 100 + r);
-            c.push(sh("git add -A && git commit -qm change", &env));
-        }
-        out.push((scenario, "git", median(c)));
+        out.push((
+            scenario,
+            "git",
+            peer(100, "git add -A && git commit -qm change", &env),
+        ));
         let _ = fs::remove_dir_all(&gd);
     }
     if restic {
         let repo = dir.join("restic");
         let env = restic_init(&repo, &plain);
-        let mut c = vec![];
-        for r in 1..=reps {
-            write_4k(&plain.join(name), 200 + r);
-            c.push(sh(&format!("restic backup -q {}", plain.display()), &env));
-        }
-        out.push((scenario, "restic", median(c)));
+        let cmd = format!("restic backup -q {}", plain.display());
+        out.push((scenario, "restic", peer(200, &cmd, &env)));
         let _ = fs::remove_dir_all(&repo);
     }
 
-    // What writing a large file through the daemon costs, against ext4.
-    let med3 = |f: &dyn Fn() -> Duration| median((0..3).map(|_| f()).collect());
+    // What writing a large file through the daemon costs, against ext4: `dd` in place
+    // with the block size, count and offset given (median of 3).
     for (tool, file) in [("ext4", plain.join(name)), ("casfs", mp.join(name))] {
-        let over = || {
-            sh(
-                &format!(
-                    "dd if=/dev/zero of={} bs=1M count=256 seek=300 conv=notrunc status=none",
-                    file.display()
-                ),
-                &[],
-            )
+        let dd = |blocks: &str| {
+            let cmd = format!(
+                "dd if=/dev/zero of={} {blocks} conv=notrunc status=none",
+                file.display()
+            );
+            median((0..3).map(|_| sh(&cmd, &[])).collect())
         };
-        out.push(("overwrite 256 MiB in place", tool, med3(&over)));
-        let small = || {
-            sh(
-                &format!(
-                    "dd if=/dev/zero of={} bs=4k count=4096 seek=1000 conv=notrunc status=none",
-                    file.display()
-                ),
-                &[],
-            )
-        };
-        out.push(("4,096 writes of 4 KiB", tool, med3(&small)));
+        out.push((
+            "overwrite 256 MiB in place",
+            tool,
+            dd("bs=1M count=256 seek=300"),
+        ));
+        out.push((
+            "4,096 writes of 4 KiB",
+            tool,
+            dd("bs=4k count=4096 seek=1000"),
+        ));
     }
     casfs(&store, &["unmount", mp.to_str().unwrap()]);
     let _ = fs::remove_dir_all(&dir);

@@ -180,7 +180,9 @@ struct Node {
     /// every write to the upper file since it last equalled `clean` went through the
     /// daemon, which noted the chunks it touched, so a snapshot reads only those.
     /// `None` when that is not known (a passthrough writer, a remount): the snapshot
-    /// reads the whole file.
+    /// reads the whole file. Whatever shortens the file notes everything it cut, so
+    /// the zeros a later write past the end leaves lie in noted chunks or beyond
+    /// `clean` (chunks the snapshot reads anyway): writes note only what they write.
     changed_chunks: Option<BTreeSet<u64>>,
     backing: Option<Arc<BackingId>>,
 }
@@ -2077,13 +2079,6 @@ impl Workspace {
         self.next_fh.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Notes that bytes `from..to` of `ino`'s upper file may have changed.
-    fn note_changed(&self, ino: u64, from: u64, to: u64) {
-        if let Some(n) = self.lock().nodes.get_mut(&ino) {
-            n.note_changed(from, to);
-        }
-    }
-
     /// After a write through the daemon of bytes `from..to` of `ino`: notes the chunks,
     /// and clears what a write clears (set-id bits only if `kill_suidgid` names the
     /// writer: one without `CAP_FSETID`).
@@ -2918,13 +2913,11 @@ impl Filesystem for WorkspaceFs {
             .map_err(eio)
             .and_then(|()| self.writable_upper(ino.0, fh.0))
             .and_then(|u| {
-                // A write past the end also changes the gap before it (a hole, zeros).
-                let end = fstat(&u).map_err(io_errno)?.st_size as u64;
                 u.write_all_at(data, offset).map_err(io_errno)?;
                 let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
                 ws.written(
                     ino.0,
-                    offset.min(end),
+                    offset,
                     offset + data.len() as u64,
                     kill.then_some(req),
                 )
@@ -3241,24 +3234,24 @@ impl Filesystem for WorkspaceFs {
         let r = space
             .and_then(|()| self.writable_upper(ino.0, fh.0))
             .and_then(|u| {
-                let before = fstat(&u).map_err(io_errno)?.st_size as u64;
+                let end = fstat(&u).map_err(io_errno)?.st_size as u64;
                 // SAFETY: a valid fd; the kernel checks the range and mode.
                 let rc =
                     unsafe { libc::fallocate(u.as_raw_fd(), mode, offset as i64, length as i64) };
                 if rc != 0 {
                     return Err(io_errno(std::io::Error::last_os_error()));
                 }
-                let after = fstat(&u).map_err(io_errno)?.st_size as u64;
+                let moves = libc::FALLOC_FL_COLLAPSE_RANGE | libc::FALLOC_FL_INSERT_RANGE;
+                // Collapse and insert move everything after `offset` (up to the old end,
+                // so a collapse notes what it cut); the others change only their range.
+                let to = if mode & moves != 0 {
+                    end.max(offset.saturating_add(length))
+                } else {
+                    offset.saturating_add(length)
+                };
                 // As a write: set-id bits go unless the caller has CAP_FSETID (root is
                 // taken for it, as for truncates), file capabilities go.
-                let kill = (req.uid() != 0).then_some(req);
-                if mode & (libc::FALLOC_FL_COLLAPSE_RANGE | libc::FALLOC_FL_INSERT_RANGE) != 0 {
-                    // Everything after `offset` moved.
-                    ws.written(ino.0, offset, before.max(after), kill)
-                } else {
-                    ws.note_changed(ino.0, before.min(after), before.max(after));
-                    ws.written(ino.0, offset, offset.saturating_add(length), kill)
-                }
+                ws.written(ino.0, offset, to, (req.uid() != 0).then_some(req))
             });
         reply_empty(r, reply);
     }
