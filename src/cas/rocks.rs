@@ -21,6 +21,8 @@ pub struct Database {
     db: DB,
     path: PathBuf,
     space: SpaceGuard,
+    /// Every column family opened.
+    cf_names: Vec<String>,
 }
 
 /// Keeps writes from filling the database's filesystem: RocksDB (Debian's build, at
@@ -116,6 +118,11 @@ impl Database {
         opts.set_max_file_opening_threads(1);
         opts.set_skip_stats_update_on_db_open(true);
         opts.set_stats_dump_period_sec(0);
+        // A new MANIFEST (a snapshot of the live files) at every change of the file
+        // set, the old one deleted: the MANIFEST names each table file's first and last
+        // key, and after `purge_deleted` none of a deleted record may stay on disk.
+        // It holds a few hundred bytes per table file: cheap to write.
+        opts.set_max_manifest_file_size(1);
 
         let mut names: Vec<String> = extra_cfs.iter().map(|s| s.to_string()).collect();
         // Column families a store already has must be opened too (RocksDB refuses to open
@@ -128,9 +135,11 @@ impl Database {
             }
         }
         let mut cfs = vec![ColumnFamilyDescriptor::new(OBJECTS_CF, objects_options())];
+        let mut cf_names = vec![OBJECTS_CF.to_string()];
         for name in names {
             let mut o = Options::default();
             o.set_compression_type(DBCompressionType::None);
+            cf_names.push(name.clone());
             cfs.push(ColumnFamilyDescriptor::new(name, o));
         }
         let db = DB::open_cf_descriptors(&opts, path, cfs).map_err(|source| CasError::Db {
@@ -141,6 +150,7 @@ impl Database {
             db,
             space: SpaceGuard::new(path),
             path: path.to_path_buf(),
+            cf_names,
         })
     }
 
@@ -159,6 +169,7 @@ impl Database {
         let mut attempt = 0;
         loop {
             let names = DB::list_cf(&opts, path).map_err(err)?;
+            let cf_names = names.clone();
             let cfs = names.into_iter().map(|name| {
                 let o = if name == OBJECTS_CF {
                     objects_options()
@@ -173,6 +184,7 @@ impl Database {
                         db,
                         space: SpaceGuard::new(path),
                         path: path.to_path_buf(),
+                        cf_names,
                     })
                 }
                 Err(e) if attempt < 5 && e.to_string().contains("No such file") => {
@@ -191,6 +203,11 @@ impl Database {
     /// The raw RocksDB handle.
     pub fn raw(&self) -> &DB {
         &self.db
+    }
+
+    /// Every column family opened.
+    pub fn cf_names(&self) -> &[String] {
+        &self.cf_names
     }
 
     /// A column family that was named at open.
@@ -223,6 +240,28 @@ impl Database {
     /// Makes every write so far durable (syncs the write-ahead log).
     pub fn sync(&self) -> CasResult<()> {
         self.db.flush_wal(true).map_err(|e| self.err(e))
+    }
+
+    /// Purges deleted records from the files of the database, so that no byte of them
+    /// stays on disk once this returns (for records that held secrets): every column
+    /// family's memtable is flushed, so no write-ahead log file holding them is needed
+    /// any more and RocksDB deletes those files; then column family `cf` is compacted
+    /// down to its last level, which drops the deleted records from its table files.
+    /// Costs a flush of every column family: for rare use.
+    pub fn purge_deleted(&self, cf: &str) -> CasResult<()> {
+        let mut fo = rocksdb::FlushOptions::default();
+        fo.set_wait(true);
+        for name in &self.cf_names {
+            self.db
+                .flush_cf_opt(self.cf(name), &fo)
+                .map_err(|e| self.err(e))?;
+        }
+        let mut co = rocksdb::CompactOptions::default();
+        co.set_exclusive_manual_compaction(true);
+        co.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
+        self.db
+            .compact_range_cf_opt(self.cf(cf), None::<&[u8]>, None::<&[u8]>, &co);
+        Ok(())
     }
 }
 

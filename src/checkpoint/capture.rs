@@ -300,6 +300,13 @@ fn capture_tree(ctx: &Ctx<'_>, fd: RawFd, path: &Path, rel: &[u8]) -> Checkpoint
             Seen::New(e, _) => e,
         });
     }
+    if let Some(f) = ctx.filter {
+        // Before the tree is stored: a refused entry leaves no object naming it.
+        let dir = String::from_utf8_lossy(rel);
+        for e in &entries {
+            f.vet(&dir, e).map_err(CheckpointError::Refused)?;
+        }
+    }
     let tree = Tree::from_sorted_entries(entries).map_err(|d| CheckpointError::path(path, d))?;
     if let Some(c) = &cached {
         // Directories that disappeared (or stopped being directories) lose their cache.

@@ -75,6 +75,10 @@ pub enum CheckpointError {
     #[error("invalid input: {0}")]
     Invalid(String),
 
+    /// A capture filter refused what it was given (a secret in a name, say).
+    #[error("capture refused: {0}")]
+    Refused(String),
+
     #[error("{path}: {detail}")]
     Path { path: PathBuf, detail: String },
 

@@ -28,7 +28,7 @@ pub use capture::{
 };
 pub use error::{CheckpointError, CheckpointResult};
 pub use lease::{holder_name, WriterLease};
-pub use mountd::{MountCheckpoint, MountTag, MountedThread};
+pub use mountd::{discard_mount_state, MountCheckpoint, MountTag, MountedThread};
 pub use pg_store::PgCheckpointStore;
 pub use record::{
     Artifact, CaptureStats, Checkpoint, CheckpointBody, CheckpointId, ContentRef, NewCheckpoint,

@@ -23,6 +23,7 @@ use super::{
     WriterLease,
 };
 use crate::cas::{store_tree, Tree, TreeId};
+use crate::fs::dirty::DirtyStore;
 use crate::fs::{
     mount_key, mount_workspace, MountedWorkspace, SnapshotFilter, SnapshotStats, Workspace,
     WorkspaceError, WorkspaceOptions, WorkspaceStatus,
@@ -62,6 +63,7 @@ pub fn control_socket(store_root: &Path, mountpoint: &Path) -> PathBuf {
 fn ws_err(e: WorkspaceError) -> CheckpointError {
     match e {
         WorkspaceError::Cas(c) => CheckpointError::Cas(c),
+        WorkspaceError::Refused(why) => CheckpointError::Refused(why),
         other => CheckpointError::Invalid(other.to_string()),
     }
 }
@@ -80,9 +82,45 @@ pub struct MountCheckpoint {
 /// A workspace being served for a thread.
 pub struct MountedThread {
     store: Arc<Store>,
-    mounted: MountedWorkspace,
+    workspace: Arc<Workspace>,
+    /// The FUSE session (none once unmounted).
+    mounted: std::sync::Mutex<Option<MountedWorkspace>>,
     mountpoint: PathBuf,
     pub lease_ttl: Duration,
+}
+
+/// Discards the uncaptured work of the workspace at `mountpoint` (canonical), which must
+/// not be mounted: its dirty set and every file of it under the store (upper files,
+/// local copies). Checkpoints are not touched. Returns whether there was anything.
+///
+/// With `purge`, the database is then purged of the deleted records
+/// ([`crate::cas::Database::purge_deleted`]): the dirty set keeps names, symlink
+/// targets and extended attributes as they are, and a workspace that held a secret in
+/// one (even one deleted since) must leave no byte of it in a log or table file.
+pub fn discard_mount_state(
+    store: &Store,
+    mountpoint: &Path,
+    purge: bool,
+) -> CheckpointResult<bool> {
+    let dirty = DirtyStore::new(store.database().clone(), mount_key(mountpoint));
+    let dir = mount_dir(store.root(), mountpoint);
+    let had = dirty.meta()?.is_some() || dir.exists();
+    if !had {
+        return Ok(false);
+    }
+    let mut b = dirty.batch();
+    dirty.clear_all(&mut b);
+    dirty.commit(b)?;
+    dirty.sync()?;
+    match std::fs::remove_dir_all(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(CheckpointError::io(&dir, e)),
+    }
+    if purge {
+        store.database().purge_deleted(crate::fs::MOUNTS_CF)?;
+    }
+    Ok(true)
 }
 
 impl MountedThread {
@@ -163,21 +201,26 @@ impl MountedThread {
         }
         drop(session);
         let ws = Arc::new(ws);
-        let mounted = mount_workspace(ws, mountpoint, opts)
+        let mounted = mount_workspace(ws.clone(), mountpoint, opts)
             .map_err(|e| CheckpointError::io(mountpoint, e))?;
         if let Some(id) = base {
             start_prefetch(&store, id);
         }
         Ok(MountedThread {
             store,
-            mounted,
+            workspace: ws,
+            mounted: std::sync::Mutex::new(Some(mounted)),
             mountpoint: mountpoint.to_path_buf(),
             lease_ttl: Duration::from_secs(30),
         })
     }
 
     pub fn workspace(&self) -> &Arc<Workspace> {
-        &self.mounted.workspace
+        &self.workspace
+    }
+
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
     }
 
     pub fn tag(&self) -> MountTag {
@@ -185,8 +228,13 @@ impl MountedThread {
         serde_json::from_value(t).expect("the daemon wrote it")
     }
 
+    /// Whether the mount is gone (unmounted here or by someone else).
     pub fn is_finished(&self) -> bool {
-        self.mounted.is_finished()
+        self.session().as_ref().is_none_or(|m| m.is_finished())
+    }
+
+    fn session(&self) -> std::sync::MutexGuard<'_, Option<MountedWorkspace>> {
+        self.mounted.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The key of this mount's dirty set and directory in the store.
@@ -194,8 +242,23 @@ impl MountedThread {
         mount_key(&self.mountpoint)
     }
 
-    pub fn unmount(self) -> std::io::Result<()> {
-        self.mounted.unmount()
+    /// Unmounts (whoever else holds this mount sees it finished). A busy mount is an
+    /// error and stays mounted; unmounting again later may succeed.
+    pub fn unmount(&self) -> std::io::Result<()> {
+        let mut s = self.session();
+        if let Some(m) = s.as_mut() {
+            m.try_unmount()?;
+        }
+        *s = None;
+        Ok(())
+    }
+
+    /// Unmounts and discards the uncaptured work ([`discard_mount_state`]): what was
+    /// not checkpointed is gone, and the next mount of this mountpoint starts clean.
+    pub fn discard(&self, purge: bool) -> CheckpointResult<bool> {
+        self.unmount()
+            .map_err(|e| CheckpointError::io(&self.mountpoint, e))?;
+        discard_mount_state(&self.store, &self.mountpoint, purge)
     }
 
     /// Checkpoints the dirty set: under the thread's writer lease, appends a checkpoint

@@ -236,10 +236,16 @@ pub enum Command {
         /// Writer lease TTL in seconds
         #[arg(long, default_value_t = 30.0)]
         lease_ttl: f64,
+        /// Destroy a run's sandbox when it finishes (its uncaptured work is discarded)
         #[arg(long)]
         destroy_on_complete: bool,
+        /// Destroy a run's sandbox when it fails
         #[arg(long)]
         destroy_on_error: bool,
+        /// The largest request body in bytes (larger ones get 413; artifacts travel
+        /// base64-encoded, so about three quarters of it)
+        #[arg(long, default_value_t = casfs::middleware::serve::DEFAULT_MAX_BODY)]
+        max_body: usize,
     },
 
     /// Benchmark capture, re-capture, restore, a run-like loop and mounted I/O against

@@ -174,6 +174,7 @@ fn mount_writable(
     let unmounted = mounted
         .unmount()
         .with_context(|| format!("unmounting {}", mountpoint.display()));
+    drop(mounted);
     let _ = std::fs::remove_file(dir.join("pid"));
     if !detached {
         unmounted?;

@@ -12,7 +12,7 @@ use casfs::fs::WorkspaceOptions;
 use casfs::middleware::serve::{serve, Listen, Server};
 use casfs::middleware::{
     CasfsProvider, DirProvider, FileEvents, Lifecycle, MiddlewareConfig, Persistence,
-    SandboxProvider, SnapshotConfig, SnapshotPolicy, StorePersistence,
+    SandboxProvider, Secrets, SnapshotConfig, SnapshotPolicy, StorePersistence,
 };
 
 pub fn run(cli: &Cli) -> anyhow::Result<()> {
@@ -29,6 +29,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         lease_ttl,
         destroy_on_complete,
         destroy_on_error,
+        max_body,
     } = &cli.command
     else {
         unreachable!("dispatched on Serve")
@@ -77,7 +78,11 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
     let sandboxes = sandboxes.clone().unwrap_or_else(|| root.join("sandboxes"));
     std::fs::create_dir_all(&sandboxes)
         .with_context(|| format!("creating {}", sandboxes.display()))?;
-    let sp = Arc::new(StorePersistence::new(store.database().clone()));
+    // The host column family keeps conversations and artifacts: scrubbed too.
+    let sp = Arc::new(
+        StorePersistence::new(store.database().clone())
+            .with_secrets(Secrets::new(secret_values.clone())?),
+    );
     let mut snap = SnapshotConfig::new(Persistence::on_store(sp.clone()));
     snap.policy = policy;
     snap.workspace = workspace;
@@ -88,7 +93,6 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         lifecycle: Lifecycle {
             destroy_on_complete: *destroy_on_complete,
             destroy_on_error: *destroy_on_error,
-            snapshot_after_run: false,
         },
         file_events: Some(FileEvents {
             on_event: Arc::new(|_| {}),
@@ -104,7 +108,11 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
             WorkspaceOptions::default(),
         ))
     };
+    if *max_body < 1024 {
+        bail!("--max-body {max_body}: give at least 1024 bytes");
+    }
     let server = Server::new(store, sp, provider, config, token)?;
+    server.set_max_body(*max_body);
     let where_ = match listen {
         Some(a) => Listen::Tcp(*a),
         None => Listen::Unix(socket.clone().unwrap_or_else(|| root.join("serve.sock"))),
@@ -122,6 +130,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         "casfs: serving {shown} (sandboxes in {})",
         sandboxes.display()
     );
+    let serving = server.clone();
     rt.block_on(async move {
         let stop = async {
             let mut term =
@@ -132,8 +141,10 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
                 _ = term.recv() => {},
             }
         };
-        serve(server, where_, stop).await
+        serve(serving, where_, stop).await
     })
     .with_context(|| format!("serving {shown}"))?;
+    // Nothing a run left uncaptured outlives the server: its sandboxes go.
+    server.close().context("destroying the sandboxes")?;
     Ok(())
 }

@@ -62,6 +62,12 @@ impl Mounted {
         self.finish()
     }
 
+    /// [`Mounted::unmount`] that keeps the session on failure (a busy mount), so it can
+    /// be tried again.
+    pub fn try_unmount(&mut self) -> std::io::Result<()> {
+        self.finish()
+    }
+
     /// Whether the kernel side is gone (someone unmounted it).
     pub fn is_finished(&self) -> bool {
         self.session.as_ref().is_none_or(|s| s.guard.is_finished())

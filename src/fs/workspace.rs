@@ -104,6 +104,9 @@ pub enum WorkspaceError {
     Uncaptured { count: usize, example: String },
     #[error("{0}")]
     Io(String),
+    /// A [`SnapshotFilter`] refused an entry.
+    #[error("refused: {0}")]
+    Refused(String),
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -287,9 +290,6 @@ struct Copies {
 struct Events {
     seq: u64,
     subscribers: Vec<std::sync::mpsc::Sender<FsEvent>>,
-    /// The path of the last event if it was a modify: a shell's `>` truncates, writes
-    /// and closes, which is one change.
-    last_modify: Option<String>,
 }
 
 /// A change to the workspace as the mount saw it. Sequence numbers grow by one per
@@ -311,7 +311,8 @@ pub struct FsEvent {
 pub enum FsEventKind {
     Create,
     /// Content changed: a handle that was open for writing was closed (writes through
-    /// passthrough never reach the daemon, the close does), or a truncate.
+    /// passthrough never reach the daemon, the close does), or a file was truncated by
+    /// path (a truncate through a writing handle is announced by its close).
     Modify,
     Delete,
     Rename,
@@ -347,6 +348,13 @@ pub trait SnapshotFilter: Sync {
     /// `file` holds (read from its start), or `None` to store it as it is. An error
     /// fails the snapshot.
     fn transform(&self, path: &str, file: &mut File, size: u64) -> Result<Option<Vec<u8>>, String>;
+
+    /// Vets an entry of a changed directory (`dir`, relative) before the directory's
+    /// tree is stored: its name, symlink target and extended attributes. An error fails
+    /// the snapshot, and no tree naming the entry has been stored.
+    fn vet(&self, _dir: &str, _entry: &TreeEntry) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// What a snapshot's walk carries along.
@@ -947,10 +955,6 @@ impl<'a> Tx<'a> {
         let events = std::mem::take(&mut self.events);
         let ev = &mut self.st.events;
         for (kind, path, to, is_dir) in events {
-            if kind == FsEventKind::Modify && ev.last_modify.as_deref() == Some(path.as_str()) {
-                continue;
-            }
-            ev.last_modify = (kind == FsEventKind::Modify).then(|| path.clone());
             ev.seq += 1;
             let e = FsEvent {
                 seq: ev.seq,
@@ -1319,6 +1323,13 @@ impl<'a> Tx<'a> {
                         format!("{dir}/{name}")
                     });
                 }
+            }
+        }
+        if let Some(f) = cx.filter {
+            // Before the tree is stored: a refused entry leaves no object naming it.
+            let dir = self.path_of(ino);
+            for e in &entries {
+                f.vet(&dir, e).map_err(WorkspaceError::Refused)?;
             }
         }
         let tree = Tree::from_sorted_entries(entries)
@@ -2530,6 +2541,7 @@ impl Filesystem for WorkspaceFs {
         let ino = ino.0;
         let r = (|| {
             let ws = self.ws();
+            let _ = fh;
             let _b = ws.barrier.read().unwrap_or_else(|p| p.into_inner());
             let mut tx = ws.tx();
             let t = now_ns();
@@ -2545,7 +2557,6 @@ impl Filesystem for WorkspaceFs {
                 if kind != Kind::File {
                     return Err(Errno::EINVAL);
                 }
-                let _ = fh;
                 let u = tx.copy_up(ino, sz == 0)?;
                 let before = fstat(&u).map_err(io_errno)?.st_size as u64;
                 u.set_len(sz).map_err(io_errno)?;
@@ -2556,7 +2567,11 @@ impl Filesystem for WorkspaceFs {
                 // the capability).
                 tx.kill_privs(ino, (req.uid() != 0).then_some(req))?;
                 tx.node_mut(ino)?.meta.ctime = t;
-                if tx.watched() {
+                // A truncate while the file is open for writing (a shell's `>`: the
+                // kernel opens, then truncates without naming the handle) is announced
+                // by the writer's close, with what was written after it: one change,
+                // one event.
+                if tx.watched() && tx.node(ino)?.writers == 0 {
                     let path = tx.path_of(ino);
                     tx.events.push((FsEventKind::Modify, path, None, false));
                 }
@@ -3302,6 +3317,11 @@ pub struct MountedWorkspace {
 impl MountedWorkspace {
     pub fn unmount(self) -> std::io::Result<()> {
         self.mounted.unmount()
+    }
+
+    /// Unmounts; a busy mount stays mounted and served, and this may be tried again.
+    pub fn try_unmount(&mut self) -> std::io::Result<()> {
+        self.mounted.try_unmount()
     }
 
     pub fn is_finished(&self) -> bool {

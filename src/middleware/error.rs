@@ -30,6 +30,10 @@ pub enum MiddlewareError {
     #[error("sandbox {key:?}: {detail}")]
     Sandbox { key: String, detail: String },
 
+    /// The sandbox is in use by processes that keep it from being torn down.
+    #[error("sandbox {key:?} is busy: {detail}")]
+    SandboxBusy { key: String, detail: String },
+
     #[error("capture policy: {0}")]
     Policy(String),
 

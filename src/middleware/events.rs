@@ -1,9 +1,16 @@
 //! File events of a run: the mount announces every create, modify, delete and rename
 //! (a plain directory: inotify, through `notify`); a dispatcher hands them to the host
-//! in order, with a unified diff against the
-//! checkpoint the workspace started from when asked. Draining at finish, pause, abort
-//! and error delivers every change made before it.
+//! in order, with a unified diff against the checkpoint the workspace started from when
+//! asked. Draining at finish, pause, abort and error delivers every change made before
+//! it.
+//!
+//! A modify is announced when a handle that wrote is closed (or a file is truncated by
+//! path): every close after a write is an event, however soon after the last. The one
+//! coalescing: modifies of one file already queued back to back when the first of them
+//! is delivered become one event (see [`coalesce`]). A diff is read when its event is
+//! delivered, so it shows the file as it is then: after the change, never before it.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Condvar, Mutex};
@@ -234,9 +241,18 @@ fn dispatch(
     h: &SandboxHandle,
     cfg: &FileEvents,
 ) {
+    // Events taken off the channel to look behind a modify, not delivered yet.
+    let mut queued: VecDeque<FsEvent> = VecDeque::new();
     loop {
-        match rx.recv_timeout(Duration::from_millis(50)) {
-            Ok(e) => {
+        let next = match queued.pop_front() {
+            Some(e) => Ok(e),
+            None => rx.recv_timeout(Duration::from_millis(50)),
+        };
+        match next {
+            Ok(mut e) => {
+                if e.kind == FsEventKind::Modify && !e.is_dir {
+                    e = coalesce(e, rx, &mut queued);
+                }
                 let (lock, cvar) = delivered;
                 if e.path.starts_with(MARKER_PREFIX) && !e.path.contains('/') {
                     if e.kind == FsEventKind::Create {
@@ -264,8 +280,24 @@ fn dispatch(
     }
 }
 
+/// Modifies of the file of `e` that are already queued right behind it (nothing else
+/// between them) are delivered as one event, numbered as the last of them: its diff,
+/// read when it is delivered, covers all of them. Nothing waits for more to come.
+fn coalesce(mut e: FsEvent, rx: &Receiver<FsEvent>, queued: &mut VecDeque<FsEvent>) -> FsEvent {
+    while let Ok(n) = rx.try_recv() {
+        queued.push_back(n);
+    }
+    while queued
+        .front()
+        .is_some_and(|n| n.kind == FsEventKind::Modify && n.path == e.path && !n.is_dir)
+    {
+        e = queued.pop_front().expect("looked at");
+    }
+    e
+}
+
 /// The unified diff of a created or modified file against the base checkpoint, as the
-/// file is when the event is delivered.
+/// file is when the event is delivered (which is after the change it reports).
 fn diff_of(h: &SandboxHandle, e: &FsEvent) -> Option<String> {
     if e.is_dir || !matches!(e.kind, FsEventKind::Create | FsEventKind::Modify) {
         return None;

@@ -51,13 +51,12 @@ impl SnapshotConfig {
     }
 }
 
-/// What happens to a sandbox when a run ends.
+/// What happens to a sandbox when a run ends. (There is no provider snapshot after a
+/// run: with casfs the published checkpoint is the snapshot.)
 #[derive(Debug, Clone, Default)]
 pub struct Lifecycle {
     pub destroy_on_complete: bool,
     pub destroy_on_error: bool,
-    /// Take the provider's own snapshot after a finished run.
-    pub snapshot_after_run: bool,
 }
 
 #[derive(Clone, Default)]
@@ -98,7 +97,6 @@ pub struct RunOutcome {
     pub skipped: Vec<String>,
     /// Files stored with secret placeholders.
     pub secret_files: usize,
-    pub provider_snapshot: Option<String>,
 }
 
 /// The lifecycle middleware over one store and one sandbox provider.
@@ -131,6 +129,12 @@ impl Middleware {
             }
             workspace_hash = Some(super::workspace_hash(&s.workspace));
         }
+        // Whatever sandboxes of a process that died left behind holds uncaptured work
+        // (and maybe secrets): gone before the first run.
+        let cleaned = provider.recover(&secrets)?;
+        if cleaned > 0 {
+            tracing::info!("cleaned {cleaned} sandbox(es) left by an earlier process");
+        }
         Ok(Middleware {
             store,
             provider,
@@ -146,6 +150,12 @@ impl Middleware {
 
     pub fn provider(&self) -> &Arc<dyn SandboxProvider> {
         &self.provider
+    }
+
+    /// Destroys every live sandbox of the provider (a host shutting down): their
+    /// uncaptured work is discarded.
+    pub fn destroy_all_sandboxes(&self) -> MiddlewareResult<()> {
+        self.provider.destroy_all(&self.secrets)
     }
 
     /// Starts a run. `persistence` is what the host's run writes through: it must be the
@@ -169,6 +179,7 @@ impl Middleware {
         persistence: Option<&Persistence>,
         events: Option<FileEvents>,
     ) -> MiddlewareResult<Run> {
+        self.check_names(&ctx)?;
         let mut keeper = None;
         if let Some(s) = &self.config.snapshots {
             let theirs = persistence.ok_or_else(|| {
@@ -214,6 +225,36 @@ impl Middleware {
                 Err(e)
             }
         }
+    }
+}
+
+impl Middleware {
+    /// A run's names go into records (thread, run id) and directory names (tenant):
+    /// none may hold a secret value, and the tenant must make a sandbox key.
+    fn check_names(&self, ctx: &RunContext) -> MiddlewareResult<()> {
+        if let Some(t) = &ctx.tenant {
+            super::check_tenant(t).map_err(MiddlewareError::Config)?;
+        }
+        if ctx.run_id.is_empty() || ctx.run_id.len() > 200 {
+            return Err(MiddlewareError::Config(format!(
+                "run id {:?}: use 1 to 200 bytes",
+                ctx.run_id
+            )));
+        }
+        let named = [
+            ("thread", Some(ctx.thread.as_str())),
+            ("run id", Some(ctx.run_id.as_str())),
+            ("tenant", ctx.tenant.as_deref()),
+        ];
+        for (what, v) in named {
+            if let Some(secret) = v.and_then(|v| self.secrets.found_in(v.as_bytes())) {
+                return Err(MiddlewareError::Config(format!(
+                    "the run's {what} holds the value of secret {secret}; names are stored as \
+                     they are, so this is refused"
+                )));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -286,7 +327,7 @@ impl Run {
             Some(cfg) => self.head_checkpoint(cfg)?,
             None => None,
         };
-        let (handle, outcome) = self.mw.provider.ensure(&self.ctx)?;
+        let (handle, outcome) = self.mw.provider.ensure(&self.ctx, &self.mw.secrets)?;
         self.created
             .store(outcome != EnsureOutcome::Resumed, Ordering::SeqCst);
         *self.handle.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle.clone());
@@ -306,7 +347,14 @@ impl Run {
         // published left in it is not the thread's state.
         match &handle.workspace {
             SandboxWorkspace::Mount(m) => {
-                m.restore(cp.id, None, true)?;
+                // A new mount starts at the head already (its provider discarded what
+                // an earlier sandbox of the key left).
+                let fresh = outcome == EnsureOutcome::Created
+                    && m.tag().base == Some(cp.id)
+                    && m.workspace().status().dirty_nodes == 0;
+                if !fresh {
+                    m.restore(cp.id, None, true)?;
+                }
             }
             SandboxWorkspace::Dir(d) => {
                 restore_tree(
@@ -372,10 +420,15 @@ impl Run {
         }
         let bytes =
             read_file(self.mw.store.objects(), &FileRef::from(c)).map_err(CheckpointError::from)?;
-        let bytes = self.mw.secrets.fill(&bytes).unwrap_or(bytes);
         let messages: Vec<serde_json::Value> = serde_json::from_slice(&bytes).map_err(|e| {
             MiddlewareError::Persistence(format!("stored conversation {}: {e}", c.id))
         })?;
+        // Placeholders are put back into the decoded strings: a value holding `"` or
+        // `\` put into the encoded form would break it.
+        let messages: Vec<serde_json::Value> = messages
+            .iter()
+            .map(|m| self.mw.secrets.fill_json(m))
+            .collect();
         parts.messages.save_thread(&self.ctx.thread, &messages)
     }
 
@@ -392,12 +445,18 @@ impl Run {
                 .blob_key
                 .clone()
                 .unwrap_or_else(|| format!("casfs/{}/{}", self.ctx.thread, a.content.id.to_hex()));
-            if parts.blobs.head(&key)?.is_none() {
-                let bytes = read_file(self.mw.store.objects(), &FileRef::from(a.content))
-                    .map_err(CheckpointError::from)?;
-                let bytes = self.mw.secrets.fill(&bytes).unwrap_or(bytes);
-                parts.blobs.put(&key, &bytes)?;
-            }
+            // The size recorded is that of the blob the host has: with secrets put
+            // back, not the stored (scrubbed) size.
+            let size = match parts.blobs.head(&key)? {
+                Some(n) => n,
+                None => {
+                    let bytes = read_file(self.mw.store.objects(), &FileRef::from(a.content))
+                        .map_err(CheckpointError::from)?;
+                    let bytes = self.mw.secrets.fill(&bytes).unwrap_or(bytes);
+                    parts.blobs.put(&key, &bytes)?;
+                    bytes.len() as u64
+                }
+            };
             let id = a
                 .artifact_id
                 .clone()
@@ -413,7 +472,7 @@ impl Run {
                         .media_type
                         .clone()
                         .unwrap_or_else(|| "application/octet-stream".into()),
-                    size: a.content.size,
+                    size,
                     created_at_ms: a.created_at_ms.unwrap_or(0),
                 })?;
             }
@@ -449,27 +508,15 @@ impl Run {
             Ok(o) => outcome = o,
             Err(e) => primary = Some(e),
         }
-        if primary.is_none() {
-            let r = (|| {
-                if lifecycle.snapshot_after_run {
-                    if let Some(key) = self.sandbox().map(|h| h.key) {
-                        let label = format!("after-run-{}", self.ctx.run_id);
-                        if let Some(snap) = self.mw.provider.snapshot(&key, &label) {
-                            outcome.provider_snapshot = Some(snap?);
-                        }
-                    }
-                }
-                if lifecycle.destroy_on_complete {
-                    self.destroy()?;
-                }
-                Ok(())
-            })();
-            if let Err(e) = r {
-                primary = Some(e);
-            }
-        } else if lifecycle.destroy_on_complete {
+        if lifecycle.destroy_on_complete {
             if let Err(c) = self.destroy() {
-                tracing::warn!(run = %self.ctx.run_id, "destroy after a failed finish: {c}");
+                match primary {
+                    // A capture error wins over a cleanup error, which is logged.
+                    Some(_) => {
+                        tracing::warn!(run = %self.ctx.run_id, "destroy after a failed finish: {c}")
+                    }
+                    None => primary = Some(c),
+                }
             }
         }
         let cleanup = self.close_lease();
@@ -501,7 +548,11 @@ impl Run {
     pub fn on_error(&self, error: &str) -> MiddlewareResult<()> {
         self.end()?;
         self.drain_events("error");
-        tracing::info!(run = %self.ctx.run_id, "run failed: {error}");
+        tracing::info!(
+            run = %self.ctx.run_id,
+            "run failed: {}",
+            self.mw.secrets.scrub_str(error)
+        );
         let release = self.close_lease();
         if self.mw.config.lifecycle.destroy_on_error {
             self.destroy()?;
@@ -547,7 +598,7 @@ impl Run {
         };
         let key = h.key.clone();
         drop(h);
-        self.mw.provider.destroy(&key)
+        self.mw.provider.destroy(&key, &self.mw.secrets)
     }
 
     /// Whether the run may still publish: an error if the lease was lost.
@@ -593,13 +644,18 @@ impl Run {
                 .map_err(CheckpointError::from)?
                 .into())
         };
+        // Values are scrubbed before they are encoded: encoding escapes a value next
+        // to `"` or `\`, and the escaped form would not be found.
         let conversation = if messages.is_empty() {
             None
         } else {
+            let scrubbed: Vec<serde_json::Value> =
+                messages.iter().map(|m| secrets.scrub_json(m)).collect();
             Some(store_scrubbed(
-                serde_json::to_vec(&messages).expect("JSON values serialize"),
+                serde_json::to_vec(&scrubbed).expect("JSON values serialize"),
             )?)
         };
+        let scrub = |s: &str| secrets.scrub_str(s);
         let mut artifacts = Vec::new();
         for a in parts.artifacts.list_for_thread(&self.ctx.thread)? {
             let Some(key) = &a.blob_key else {
@@ -611,13 +667,14 @@ impl Run {
                     a.artifact_id, a.name
                 ))
             })?;
+            // The record goes into the checkpoint: its names are scrubbed too.
             artifacts.push(Artifact {
-                name: a.name.clone(),
+                name: scrub(&a.name),
                 content: store_scrubbed(bytes)?,
-                media_type: Some(a.mime_type.clone()),
-                artifact_id: Some(a.artifact_id.clone()),
-                blob_key: Some(key.clone()),
-                run_id: Some(a.run_id.clone()),
+                media_type: Some(scrub(&a.mime_type)),
+                artifact_id: Some(scrub(&a.artifact_id)),
+                blob_key: Some(scrub(key)),
+                run_id: Some(scrub(&a.run_id)),
                 created_at_ms: Some(a.created_at_ms),
             });
         }
@@ -698,7 +755,7 @@ impl Run {
             })(),
         };
         let st = filter.into_state();
-        if let Some(why) = st.oversize {
+        if let Some(why) = st.oversize.or(st.refused) {
             return Err(MiddlewareError::Policy(why));
         }
         let cp = match r {
@@ -720,7 +777,6 @@ impl Run {
             changed_files: cp.1,
             skipped: st.skipped,
             secret_files: st.secret_files.len(),
-            provider_snapshot: None,
         })
     }
 }

@@ -36,7 +36,7 @@ pub use persistence::{
 };
 pub use policy::{workspace_hash, Oversize, SnapshotPolicy};
 pub use provider::{
-    CasfsProvider, DirProvider, DirWorkspace, EnsureOutcome, SandboxHandle, SandboxProvider,
-    SandboxWorkspace,
+    check_tenant, sandbox_key, CasfsProvider, DirProvider, DirWorkspace, EnsureOutcome,
+    SandboxHandle, SandboxProvider, SandboxWorkspace,
 };
 pub use secrets::{Secrets, PLACEHOLDER_PREFIX};

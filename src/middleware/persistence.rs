@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{MiddlewareError, MiddlewareResult};
+use super::{MiddlewareError, MiddlewareResult, Secrets};
 use crate::cas::Database;
 use crate::checkpoint::{ThreadId, HOST_CF};
 
@@ -124,19 +124,33 @@ pub(crate) struct Parts<'a> {
 
 /// Conversations, artifacts and blobs in the casfs store. Writes are synchronous, so
 /// a run's persistence is complete when its writes have returned.
+///
+/// With secrets, nothing it writes holds a secret value: keys, messages, artifact
+/// records and blobs have every value replaced by its placeholder on the way in (JSON
+/// before it is encoded) and put back on the way out, so the host reads what it wrote.
 pub struct StorePersistence {
     db: Arc<Database>,
+    secrets: Secrets,
 }
 
 impl StorePersistence {
     pub fn new(db: Arc<Database>) -> StorePersistence {
-        StorePersistence { db }
+        StorePersistence {
+            db,
+            secrets: Secrets::default(),
+        }
     }
 
-    fn key(kind: u8, parts: &[&str]) -> Vec<u8> {
+    /// Keeps the values of `secrets` out of everything it stores.
+    pub fn with_secrets(mut self, secrets: Secrets) -> StorePersistence {
+        self.secrets = secrets;
+        self
+    }
+
+    fn key(&self, kind: u8, parts: &[&str]) -> Vec<u8> {
         let mut k = vec![kind];
         for p in parts {
-            k.extend_from_slice(p.as_bytes());
+            k.extend_from_slice(self.secrets.scrub_str(p).as_bytes());
             k.push(0);
         }
         k
@@ -182,8 +196,11 @@ fn decode<T: serde::de::DeserializeOwned>(what: &str, bytes: &[u8]) -> Middlewar
 
 impl MessageStore for StorePersistence {
     fn load_thread(&self, thread: &ThreadId) -> MiddlewareResult<Vec<serde_json::Value>> {
-        match self.get(&Self::key(b'm', &[thread.as_str()]))? {
-            Some(b) => decode("conversation", &b),
+        match self.get(&self.key(b'm', &[thread.as_str()]))? {
+            Some(b) => {
+                let stored: Vec<serde_json::Value> = decode("conversation", &b)?;
+                Ok(stored.iter().map(|m| self.secrets.fill_json(m)).collect())
+            }
             None => Ok(Vec::new()),
         }
     }
@@ -193,27 +210,37 @@ impl MessageStore for StorePersistence {
         thread: &ThreadId,
         messages: &[serde_json::Value],
     ) -> MiddlewareResult<()> {
-        let bytes = serde_json::to_vec(messages).expect("JSON values serialize");
-        self.put(&Self::key(b'm', &[thread.as_str()]), &bytes)
+        let scrubbed: Vec<serde_json::Value> = messages
+            .iter()
+            .map(|m| self.secrets.scrub_json(m))
+            .collect();
+        let bytes = serde_json::to_vec(&scrubbed).expect("JSON values serialize");
+        self.put(&self.key(b'm', &[thread.as_str()]), &bytes)
     }
 }
 
 impl ArtifactStore for StorePersistence {
     fn list_for_thread(&self, thread: &ThreadId) -> MiddlewareResult<Vec<ArtifactMeta>> {
         let mut v: Vec<ArtifactMeta> = self
-            .scan(&Self::key(b'a', &[thread.as_str()]))?
+            .scan(&self.key(b'a', &[thread.as_str()]))?
             .iter()
-            .map(|b| decode("artifact", b))
+            .map(|b| {
+                let stored: serde_json::Value = decode("artifact", b)?;
+                serde_json::from_value(self.secrets.fill_json(&stored)).map_err(|e| {
+                    MiddlewareError::Persistence(format!("stored artifact unreadable: {e}"))
+                })
+            })
             .collect::<MiddlewareResult<_>>()?;
         v.sort_by(|a, b| (a.created_at_ms, &a.artifact_id).cmp(&(b.created_at_ms, &b.artifact_id)));
         Ok(v)
     }
 
     fn put(&self, meta: &ArtifactMeta) -> MiddlewareResult<()> {
-        let bytes = serde_json::to_vec(meta).expect("artifact serializes");
+        let v = serde_json::to_value(meta).expect("artifact serializes");
+        let bytes = serde_json::to_vec(&self.secrets.scrub_json(&v)).expect("JSON serializes");
         StorePersistence::put(
             self,
-            &Self::key(b'a', &[meta.thread.as_str(), &meta.artifact_id]),
+            &self.key(b'a', &[meta.thread.as_str(), &meta.artifact_id]),
             &bytes,
         )
     }
@@ -221,15 +248,21 @@ impl ArtifactStore for StorePersistence {
 
 impl BlobStore for StorePersistence {
     fn get(&self, key: &str) -> MiddlewareResult<Option<Vec<u8>>> {
-        StorePersistence::get(self, &Self::key(b'b', &[key]))
+        Ok(StorePersistence::get(self, &self.key(b'b', &[key]))?
+            .map(|b| self.secrets.fill(&b).unwrap_or(b)))
     }
 
     fn head(&self, key: &str) -> MiddlewareResult<Option<u64>> {
-        Ok(StorePersistence::get(self, &Self::key(b'b', &[key]))?.map(|b| b.len() as u64))
+        Ok(BlobStore::get(self, key)?.map(|b| b.len() as u64))
     }
 
     fn put(&self, key: &str, body: &[u8]) -> MiddlewareResult<()> {
-        StorePersistence::put(self, &Self::key(b'b', &[key]), body)
+        let stored = self.secrets.scrub(body).map(|(b, _)| b);
+        StorePersistence::put(
+            self,
+            &self.key(b'b', &[key]),
+            stored.as_deref().unwrap_or(body),
+        )
     }
 }
 

@@ -9,6 +9,7 @@ use globset::{Glob, GlobSet, GlobSetBuilder};
 use serde::{Deserialize, Serialize};
 
 use super::{MiddlewareError, MiddlewareResult, Secrets};
+use crate::cas::{EntryContent, TreeEntry};
 use crate::checkpoint::SecretFile;
 use crate::fs::{EntryKind, SnapshotFilter};
 
@@ -119,6 +120,8 @@ pub(crate) struct FilterState {
     pub oversize: Option<String>,
     pub bytes: u64,
     pub secret_files: Vec<SecretFile>,
+    /// Why the capture was refused (a secret value in a name, target or xattr).
+    pub refused: Option<String>,
 }
 
 impl<'a> CaptureFilter<'a> {
@@ -197,6 +200,35 @@ impl SnapshotFilter for CaptureFilter<'_> {
         true
     }
 
+    /// Names, symlink targets and extended attributes are stored as they are, so one
+    /// holding a secret value refuses the capture (documented in the README): the
+    /// error names the entry with the value replaced by its placeholder.
+    fn vet(&self, dir: &str, entry: &TreeEntry) -> Result<(), String> {
+        if self.secrets.is_empty() {
+            return Ok(());
+        }
+        let Some((what, secret)) = self.secret_in(entry) else {
+            return Ok(());
+        };
+        let name = String::from_utf8_lossy(&entry.name);
+        let path = if dir.is_empty() {
+            name.into_owned()
+        } else {
+            format!("{dir}/{name}")
+        };
+        let why = format!(
+            "the {what} of {:?} holds the value of secret {secret}; casfs stores names, \
+             symlink targets and extended attributes as they are, so it refuses to capture \
+             them: rename, remove or exclude the entry",
+            self.secrets.scrub_str(&path)
+        );
+        let mut st = self.state();
+        if st.refused.is_none() {
+            st.refused = Some(why.clone());
+        }
+        Err(why)
+    }
+
     fn transform(&self, path: &str, file: &mut File, size: u64) -> Result<Option<Vec<u8>>, String> {
         if let Some(why) = &self.state().oversize {
             // Fail early: nothing of this capture will be published.
@@ -220,6 +252,28 @@ impl SnapshotFilter for CaptureFilter<'_> {
             });
             out
         }))
+    }
+}
+
+impl CaptureFilter<'_> {
+    /// A secret value in an entry's name, symlink target or extended attribute (name or
+    /// value): where and which, without the value.
+    fn secret_in(&self, entry: &TreeEntry) -> Option<(&'static str, &str)> {
+        let s = self.secrets;
+        if let Some(n) = s.found_in(&entry.name) {
+            return Some(("name", n));
+        }
+        if let EntryContent::Symlink(t) = &entry.content {
+            if let Some(n) = s.found_in(t) {
+                return Some(("symlink target", n));
+            }
+        }
+        for (k, v) in &entry.xattrs {
+            if let Some(n) = s.found_in(k).or_else(|| s.found_in(v)) {
+                return Some(("extended attribute", n));
+            }
+        }
+        None
     }
 }
 

@@ -1,14 +1,20 @@
 //! Sandboxes: where a run's workspace lives. The casfs provider mounts one writable
 //! workspace per sandbox key, in this process; the directory provider uses plain
 //! directories (for hosts without FUSE): captured by walking them, events from inotify.
+//!
+//! A sandbox key names a directory: [`sandbox_key`] makes it from the tenant and thread
+//! so that two different (tenant, thread) pairs never share one, whatever characters
+//! they hold. Destroying a sandbox discards its uncaptured work (upper files and dirty
+//! set, or the plain directory): a sandbox created later for the same key starts at the
+//! thread's head, or empty. Only a sandbox resumed alive keeps what the last run left.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use super::{MiddlewareError, MiddlewareResult, RunContext};
+use super::{MiddlewareError, MiddlewareResult, RunContext, Secrets};
 use crate::cas::TreeId;
-use crate::checkpoint::{CheckpointId, MountedThread, Store};
+use crate::checkpoint::{discard_mount_state, CheckpointId, MountedThread, Store, ThreadId};
 use crate::fs::WorkspaceOptions;
 
 /// How [`SandboxProvider::ensure`] got the sandbox.
@@ -88,29 +94,106 @@ impl SandboxHandle {
     }
 }
 
-pub trait SandboxProvider: Send + Sync {
-    /// The sandbox key of a run (default: the tenant, if any, and the thread).
-    fn key(&self, ctx: &RunContext) -> String {
-        match &ctx.tenant {
-            Some(t) => format!("{t}.{}", ctx.thread),
-            None => ctx.thread.to_string(),
+/// The longest sandbox key; longer ones end in a hash of the whole.
+const MAX_KEY_LEN: usize = 200;
+
+/// The sandbox key of a run on `thread` for `tenant`: a directory name that two
+/// different pairs never share. Letters, digits, `_` and `-` stay, as does `.` but
+/// first; every other byte is `%XX`. The tenant comes first, joined by `+` (which the
+/// escaping never leaves in a part). A key that would be longer than 200 bytes is cut
+/// and ends in `~` and a hash of the pair (`~` never appears otherwise).
+pub fn sandbox_key(tenant: Option<&str>, thread: &ThreadId) -> String {
+    fn escape(part: &str, out: &mut String) {
+        for (i, b) in part.bytes().enumerate() {
+            let keep = b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || (b == b'.' && i > 0);
+            if keep {
+                out.push(b as char);
+            } else {
+                out.push_str(&format!("%{b:02X}"));
+            }
         }
     }
+    let mut key = String::new();
+    if let Some(t) = tenant {
+        escape(t, &mut key);
+        key.push('+');
+    }
+    escape(thread.as_str(), &mut key);
+    if key.len() <= MAX_KEY_LEN {
+        return key;
+    }
+    let mut h = blake3::Hasher::new();
+    if let Some(t) = tenant {
+        h.update(&(t.len() as u64).to_le_bytes());
+        h.update(t.as_bytes());
+    }
+    h.update(thread.as_str().as_bytes());
+    let hash = h.finalize().to_hex();
+    // Escaped keys are ASCII: any byte index is a character boundary.
+    format!("{}~{}", &key[..MAX_KEY_LEN - 33], &hash[..32])
+}
 
-    fn ensure(&self, ctx: &RunContext) -> MiddlewareResult<(SandboxHandle, EnsureOutcome)>;
+/// Checks a run's tenant: 1 to 200 bytes (any characters: the sandbox key escapes them).
+pub fn check_tenant(tenant: &str) -> Result<(), String> {
+    if tenant.is_empty() || tenant.len() > 200 {
+        return Err(format!("tenant {tenant:?}: use 1 to 200 bytes"));
+    }
+    Ok(())
+}
 
-    /// Tears the sandbox down (its uncaptured work goes with it).
-    fn destroy(&self, key: &str) -> MiddlewareResult<()>;
+pub trait SandboxProvider: Send + Sync {
+    /// The sandbox key of a run (default: [`sandbox_key`] of its tenant and thread).
+    fn key(&self, ctx: &RunContext) -> String {
+        sandbox_key(ctx.tenant.as_deref(), &ctx.thread)
+    }
+
+    /// The run's sandbox: the live one of its key, or a new one. A new sandbox holds
+    /// nothing that was not checkpointed (a provider cleans what an earlier sandbox of
+    /// the key left). `secrets` are the workspace's: see [`SandboxProvider::destroy`].
+    fn ensure(
+        &self,
+        ctx: &RunContext,
+        secrets: &Secrets,
+    ) -> MiddlewareResult<(SandboxHandle, EnsureOutcome)>;
+
+    /// Tears the sandbox down and discards its uncaptured work, so that nothing of it
+    /// reaches a later sandbox of the key. Whatever of it held one of `secrets`
+    /// (names, link targets, attributes kept in the store's records) is purged from
+    /// the store's files.
+    fn destroy(&self, key: &str, secrets: &Secrets) -> MiddlewareResult<()>;
 
     /// The live sandboxes this provider holds.
     fn live(&self) -> Vec<SandboxHandle> {
         Vec::new()
     }
 
-    /// The provider's own snapshot of the sandbox, if it has such a thing: its id.
-    fn snapshot(&self, _key: &str, _label: &str) -> Option<MiddlewareResult<String>> {
-        None
+    /// Cleans what sandboxes of an earlier process left behind (a server killed
+    /// mid-run): mounts, uncaptured work. Live sandboxes of this one are not touched.
+    /// Returns how many it cleaned.
+    fn recover(&self, _secrets: &Secrets) -> MiddlewareResult<usize> {
+        Ok(0)
     }
+
+    /// Destroys every live sandbox (a server stopping): tries each, reports the first
+    /// failure.
+    fn destroy_all(&self, secrets: &Secrets) -> MiddlewareResult<()> {
+        let mut first = Ok(());
+        for h in self.live() {
+            if let Err(e) = self.destroy(&h.key, secrets) {
+                tracing::warn!("destroying sandbox {:?}: {e}", h.key);
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+        }
+        first
+    }
+}
+
+/// Whether discarding a sandbox must purge the store's files of its records: whenever
+/// there are secrets, since its names, link targets and attributes may have held one.
+fn purge(secrets: &Secrets) -> bool {
+    !secrets.is_empty()
 }
 
 /// Mounts workspaces of one store under `dir/<key>`.
@@ -119,15 +202,23 @@ pub struct CasfsProvider {
     dir: PathBuf,
     opts: WorkspaceOptions,
     live: Mutex<HashMap<String, SandboxHandle>>,
+    /// Sandboxes destroyed while busy (files open in them): unmounted and discarded
+    /// before their key is used again.
+    doomed: Mutex<HashMap<String, Arc<MountedThread>>>,
 }
 
 impl CasfsProvider {
     pub fn new(store: Arc<Store>, dir: &Path, opts: WorkspaceOptions) -> CasfsProvider {
+        // Mountpoints are named from the canonical directory: a mountpoint's key in the
+        // store must not depend on how the directory was spelled.
+        let _ = std::fs::create_dir_all(dir);
+        let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
         CasfsProvider {
             store,
-            dir: dir.to_path_buf(),
+            dir,
             opts,
             live: Mutex::new(HashMap::new()),
+            doomed: Mutex::new(HashMap::new()),
         }
     }
 
@@ -135,57 +226,107 @@ impl CasfsProvider {
         self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn doomed_map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<MountedThread>>> {
+        self.doomed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// The mountpoint of sandbox `key`.
     pub fn mountpoint(&self, key: &str) -> PathBuf {
         self.dir.join(key)
     }
+
+    /// Unmounts and discards `m`; a busy mount goes to the doomed list.
+    fn discard(&self, key: &str, m: Arc<MountedThread>, secrets: &Secrets) -> MiddlewareResult<()> {
+        match m.discard(purge(secrets)) {
+            Ok(_) => {
+                self.doomed_map().remove(key);
+                Ok(())
+            }
+            Err(e) => {
+                self.doomed_map().insert(key.to_string(), m);
+                Err(MiddlewareError::SandboxBusy {
+                    key: key.to_string(),
+                    detail: format!(
+                        "destroyed, but unmounting it failed ({e}); processes still use it: \
+                         it is discarded when they have let go"
+                    ),
+                })
+            }
+        }
+    }
 }
 
+/// Checks a sandbox key a provider made: it names one directory under the provider's.
 fn check_key(key: &str) -> MiddlewareResult<()> {
     let ok = !key.is_empty()
-        && key.len() <= 200
-        && key != "."
-        && key != ".."
+        && key.len() <= MAX_KEY_LEN
+        && !key.starts_with('.')
         && key
             .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "_.-:@".contains(c));
+            .all(|c| c.is_ascii_alphanumeric() || "_.-:@%+~".contains(c));
     if ok {
         Ok(())
     } else {
         Err(MiddlewareError::Sandbox {
             key: key.to_string(),
-            detail: "a sandbox key is 1 to 200 of A-Z a-z 0-9 _ . - : @ (it names a directory)"
+            detail: "a sandbox key is 1 to 200 of A-Z a-z 0-9 _ . - : @ % + ~, not starting \
+                     with '.' (it names a directory)"
                 .into(),
         })
     }
 }
 
+/// Detaches whatever FUSE mount (live or dead) sits at `path`.
+fn detach_mount(path: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    if let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) {
+        // SAFETY: a NUL-terminated path; MNT_DETACH never blocks on a dead daemon.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
 impl SandboxProvider for CasfsProvider {
-    fn ensure(&self, ctx: &RunContext) -> MiddlewareResult<(SandboxHandle, EnsureOutcome)> {
+    fn ensure(
+        &self,
+        ctx: &RunContext,
+        secrets: &Secrets,
+    ) -> MiddlewareResult<(SandboxHandle, EnsureOutcome)> {
         let key = self.key(ctx);
         check_key(&key)?;
         let mut live = self.live_map();
         if let Some(h) = live.get(&key) {
-            let m = h.mount().expect("casfs sandboxes are mounts");
+            let m = h.mount().expect("casfs sandboxes are mounts").clone();
             if !m.is_finished() && m.tag().thread == ctx.thread {
                 return Ok((h.clone(), EnsureOutcome::Resumed));
             }
+            // Unmounted behind our back, or another thread's: not this run's to resume.
             live.remove(&key);
+            self.discard(&key, m, secrets)?;
+        }
+        let doomed = self.doomed_map().get(&key).cloned();
+        if let Some(m) = doomed {
+            self.discard(&key, m, secrets)?;
         }
         let sandbox_err = |detail: String| MiddlewareError::Sandbox {
             key: key.clone(),
             detail,
         };
         let mp = self.mountpoint(&key);
+        if crate::fs::is_dead_mount(&mp) {
+            detach_mount(&mp);
+        }
         std::fs::create_dir_all(&mp).map_err(|e| sandbox_err(format!("{}: {e}", mp.display())))?;
-        let mp = std::fs::canonicalize(&mp)
-            .map_err(|e| sandbox_err(format!("{}: {e}", mp.display())))?;
         if crate::fs::is_fuse_mount(&mp) {
             return Err(sandbox_err(format!(
                 "{} is already a mount this provider does not own",
                 mp.display()
             )));
         }
+        // A created sandbox starts at the head: uncaptured work an earlier sandbox of
+        // this key left (a process that died before destroying it) is not the thread's.
+        discard_mount_state(&self.store, &mp, purge(secrets)).map_err(|e| {
+            sandbox_err(format!("discarding earlier work in {}: {e}", mp.display()))
+        })?;
         let mount = MountedThread::mount(
             self.store.clone(),
             &mp,
@@ -207,21 +348,53 @@ impl SandboxProvider for CasfsProvider {
         self.live_map().values().cloned().collect()
     }
 
-    fn destroy(&self, key: &str) -> MiddlewareResult<()> {
+    fn destroy(&self, key: &str, secrets: &Secrets) -> MiddlewareResult<()> {
         let Some(h) = self.live_map().remove(key) else {
-            return Ok(());
+            let doomed = self.doomed_map().get(key).cloned();
+            return match doomed {
+                Some(m) => self.discard(key, m, secrets),
+                None => Ok(()),
+            };
         };
         let SandboxWorkspace::Mount(m) = h.workspace else {
             return Ok(());
         };
-        // The last handle unmounts (a run may still hold a clone: then its drop does).
-        match Arc::try_unwrap(m) {
-            Ok(m) => m.unmount().map_err(|e| MiddlewareError::Sandbox {
-                key: key.to_string(),
-                detail: format!("unmounting {}: {e}", h.root.display()),
-            }),
-            Err(_) => Ok(()),
+        // Whoever else holds the mount (an event dispatcher, a listing) sees it gone.
+        self.discard(key, m, secrets)
+    }
+
+    fn recover(&self, secrets: &Secrets) -> MiddlewareResult<usize> {
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => {
+                return Err(MiddlewareError::Sandbox {
+                    key: String::new(),
+                    detail: format!("listing {}: {e}", self.dir.display()),
+                })
+            }
+        };
+        let live: Vec<String> = self.live_map().keys().cloned().collect();
+        let mut cleaned = 0;
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if live.contains(&name) || check_key(&name).is_err() {
+                continue;
+            }
+            let mp = self.dir.join(&name);
+            if crate::fs::is_dead_mount(&mp) || crate::fs::is_fuse_mount(&mp) {
+                detach_mount(&mp);
+            }
+            discard_mount_state(&self.store, &mp, purge(secrets)).map_err(|err| {
+                MiddlewareError::Sandbox {
+                    key: name.clone(),
+                    detail: format!("discarding what {} held: {err}", mp.display()),
+                }
+            })?;
+            let _ = std::fs::remove_dir(&mp);
+            cleaned += 1;
         }
+        Ok(cleaned)
     }
 }
 
@@ -248,8 +421,23 @@ impl DirProvider {
     }
 }
 
+fn remove_tree(key: &str, path: &Path) -> MiddlewareResult<()> {
+    match std::fs::remove_dir_all(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(MiddlewareError::Sandbox {
+            key: key.to_string(),
+            detail: format!("removing {}: {e}", path.display()),
+        }),
+    }
+}
+
 impl SandboxProvider for DirProvider {
-    fn ensure(&self, ctx: &RunContext) -> MiddlewareResult<(SandboxHandle, EnsureOutcome)> {
+    fn ensure(
+        &self,
+        ctx: &RunContext,
+        _secrets: &Secrets,
+    ) -> MiddlewareResult<(SandboxHandle, EnsureOutcome)> {
         let key = self.key(ctx);
         check_key(&key)?;
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
@@ -257,6 +445,8 @@ impl SandboxProvider for DirProvider {
             return Ok((h.clone(), EnsureOutcome::Resumed));
         }
         let root = self.path(&key);
+        // What an earlier sandbox of the key left is not the thread's state.
+        remove_tree(&key, &root)?;
         let err = |e: std::io::Error| MiddlewareError::Sandbox {
             key: key.clone(),
             detail: format!("{}: {e}", root.display()),
@@ -275,7 +465,16 @@ impl SandboxProvider for DirProvider {
         Ok((h, EnsureOutcome::Created))
     }
 
-    fn destroy(&self, key: &str) -> MiddlewareResult<()> {
+    fn live(&self) -> Vec<SandboxHandle> {
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    fn destroy(&self, key: &str, _secrets: &Secrets) -> MiddlewareResult<()> {
         let Some(h) = self
             .live
             .lock()
@@ -284,9 +483,73 @@ impl SandboxProvider for DirProvider {
         else {
             return Ok(());
         };
-        std::fs::remove_dir_all(&h.root).map_err(|e| MiddlewareError::Sandbox {
-            key: key.to_string(),
-            detail: format!("removing {}: {e}", h.root.display()),
-        })
+        remove_tree(key, &h.root)
+    }
+
+    fn recover(&self, _secrets: &Secrets) -> MiddlewareResult<usize> {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return Ok(0);
+        };
+        let live: Vec<String> = self
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect();
+        let mut cleaned = 0;
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if live.contains(&name) || check_key(&name).is_err() {
+                continue;
+            }
+            remove_tree(&name, &e.path())?;
+            cleaned += 1;
+        }
+        Ok(cleaned)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> ThreadId {
+        ThreadId::new(s).unwrap()
+    }
+
+    #[test]
+    fn sandbox_keys_never_collide_and_name_one_directory() {
+        let pairs: Vec<(Option<&str>, &str)> = vec![
+            (None, "t"),
+            (Some("a"), "b.c"),
+            (Some("a.b"), "c"),
+            (Some("a+b"), "c"),
+            (Some("a"), "b+c"),
+            (None, "a+b"),
+            (None, "a%2Bb"),
+            (Some("../.."), "x"),
+            (Some("/etc"), "passwd"),
+            (None, ".."),
+            (None, ".hidden"),
+            (None, "üñï"),
+        ];
+        let mut seen = std::collections::HashMap::new();
+        for (tenant, thread) in &pairs {
+            let k = sandbox_key(*tenant, &t(thread));
+            check_key(&k).unwrap();
+            assert!(!k.contains('/') && k != "." && k != "..", "{k}");
+            if let Some(prev) = seen.insert(k.clone(), (tenant, thread)) {
+                panic!("{k} for both {prev:?} and {:?}", (tenant, thread));
+            }
+        }
+        assert_eq!(sandbox_key(None, &t("t")), "t");
+        assert_eq!(sandbox_key(Some("acme"), &t("t-1")), "acme+t-1");
+        let long = "x".repeat(200);
+        let a = sandbox_key(Some(&long), &t(&long));
+        let b = sandbox_key(Some(&long), &t(&format!("{}y", &long[..199])));
+        assert!(a.len() <= MAX_KEY_LEN && a.contains('~'), "{a}");
+        assert_ne!(a, b);
+        check_key(&a).unwrap();
     }
 }

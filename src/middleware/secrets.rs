@@ -122,6 +122,56 @@ impl Secrets {
         }
         Some(put_back.replace_all_bytes(data, &self.values))
     }
+
+    /// The name of the first secret whose value `data` holds.
+    pub fn found_in(&self, data: &[u8]) -> Option<&str> {
+        let m = self.find.as_ref()?.find(data)?;
+        Some(&self.names[m.pattern().as_usize()])
+    }
+
+    /// `s` with every secret value replaced by its placeholder.
+    pub fn scrub_str(&self, s: &str) -> String {
+        match self.scrub(s.as_bytes()) {
+            // Values and placeholders are whole strings: UTF-8 in, UTF-8 out.
+            Some((out, _)) => String::from_utf8(out).expect("UTF-8 in, UTF-8 out"),
+            None => s.to_string(),
+        }
+    }
+
+    /// `s` with the placeholders of defined secrets replaced by their values.
+    pub fn fill_str(&self, s: &str) -> String {
+        match self.fill(s.as_bytes()) {
+            Some(out) => String::from_utf8(out).expect("UTF-8 in, UTF-8 out"),
+            None => s.to_string(),
+        }
+    }
+
+    /// `v` with every secret value in its strings and object keys replaced by its
+    /// placeholder. Values are scrubbed before they are encoded: in the encoded form a
+    /// value next to `"` or `\` is escaped and would no longer be found.
+    pub fn scrub_json(&self, v: &serde_json::Value) -> serde_json::Value {
+        self.map_json(v, &|s| self.scrub_str(s))
+    }
+
+    /// `v` with the placeholders in its strings and keys replaced by the values.
+    pub fn fill_json(&self, v: &serde_json::Value) -> serde_json::Value {
+        self.map_json(v, &|s| self.fill_str(s))
+    }
+
+    fn map_json(&self, v: &serde_json::Value, f: &dyn Fn(&str) -> String) -> serde_json::Value {
+        use serde_json::Value;
+        if self.is_empty() {
+            return v.clone();
+        }
+        match v {
+            Value::String(s) => Value::String(f(s)),
+            Value::Array(a) => Value::Array(a.iter().map(|x| self.map_json(x, f)).collect()),
+            Value::Object(m) => {
+                Value::Object(m.iter().map(|(k, x)| (f(k), self.map_json(x, f))).collect())
+            }
+            other => other.clone(),
+        }
+    }
 }
 
 fn placeholder(name: &str) -> String {
@@ -165,6 +215,23 @@ mod tests {
             "x {{casfs-secret:LONG}} y {{casfs-secret:SHORT}}"
         );
         assert_eq!(names, vec!["LONG".to_string(), "SHORT".to_string()]);
+    }
+
+    #[test]
+    fn json_is_scrubbed_before_it_is_encoded() {
+        let s = secrets(&[("API_KEY", "sk\"live\\123")]).unwrap();
+        let v = serde_json::json!([
+            {"role": "user", "content": "use sk\"live\\123 please"},
+            {"sk\"live\\123": ["x", 1, null, "sk\"live\\123"]}
+        ]);
+        let scrubbed = s.scrub_json(&v);
+        let bytes = serde_json::to_vec(&scrubbed).unwrap();
+        assert!(s.found_in(&bytes).is_none());
+        // Neither the value nor its escaped form is left.
+        let text = String::from_utf8(bytes).unwrap();
+        assert!(!text.contains("live"), "{text}");
+        assert_eq!(s.fill_json(&scrubbed), v);
+        assert_eq!(s.found_in(b"a sk\"live\\123 b"), Some("API_KEY"));
     }
 
     #[test]

@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request, State};
+use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -45,13 +47,25 @@ pub const ROUTES: &[&str] = &[
     "POST /v1/maintenance",
 ];
 
+/// The largest request body served by default (`casfs serve --max-body`): an artifact
+/// travels base64-encoded, so about three quarters of it.
+pub const DEFAULT_MAX_BODY: usize = 32 << 20;
+
 /// What the server serves.
 pub struct Server {
     store: Arc<Store>,
     persistence: Arc<StorePersistence>,
     mw: Arc<Middleware>,
-    runs: Mutex<HashMap<String, LiveRun>>,
+    runs: Mutex<HashMap<String, RunSlot>>,
     token: Option<String>,
+    max_body: std::sync::atomic::AtomicUsize,
+}
+
+/// A run id taken: the run is being set up, or going.
+enum RunSlot {
+    /// Reserved by a start that has not returned yet (the id is taken atomically).
+    Starting,
+    Live(LiveRun),
 }
 
 struct LiveRun {
@@ -78,7 +92,35 @@ impl Server {
             mw,
             runs: Mutex::new(HashMap::new()),
             token,
+            max_body: DEFAULT_MAX_BODY.into(),
         }))
+    }
+
+    /// Sets the largest request body (bytes) of routers made from now on; larger ones
+    /// get 413.
+    pub fn set_max_body(&self, bytes: usize) {
+        self.max_body
+            .store(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Ends the server's runs (as a disconnect: nothing published, leases released) and
+    /// destroys every sandbox: nothing a run left uncaptured outlives the server.
+    pub fn close(&self) -> Result<(), MiddlewareError> {
+        let runs: Vec<RunSlot> = self
+            .runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .map(|(_, r)| r)
+            .collect();
+        for r in runs {
+            if let RunSlot::Live(l) = r {
+                if let Err(e) = l.run.on_disconnect() {
+                    tracing::warn!(run = %l.run.context().run_id, "closing the run: {e}");
+                }
+            }
+        }
+        self.mw.destroy_all_sandboxes()
     }
 
     /// The persistence layer runs write through (the server's store).
@@ -117,6 +159,11 @@ impl Server {
             .route("/v1/runs/{run}/events", get(events))
             .route("/v1/sandboxes", get(sandboxes))
             .route("/v1/maintenance", post(maintain))
+            .fallback(no_route)
+            .method_not_allowed_fallback(no_method)
+            .layer(DefaultBodyLimit::max(
+                self.max_body.load(std::sync::atomic::Ordering::Relaxed),
+            ))
             .with_state(self.clone());
         if self.token.is_some() {
             r.layer(axum::middleware::from_fn_with_state(self.clone(), auth))
@@ -126,29 +173,49 @@ impl Server {
     }
 
     fn run(&self, id: &str) -> Result<Arc<Run>, ApiError> {
-        self.runs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(id)
-            .map(|r| r.run.clone())
-            .ok_or_else(|| {
-                ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no run {id:?}"))
-            })
+        self.live(id, |l| l.run.clone())
+    }
+
+    /// `f` of live run `id`; 404 if there is none, 409 while it is still starting.
+    fn live<T>(&self, id: &str, f: impl FnOnce(&LiveRun) -> T) -> Result<T, ApiError> {
+        match self.runs.lock().unwrap_or_else(|p| p.into_inner()).get(id) {
+            Some(RunSlot::Live(l)) => Ok(f(l)),
+            Some(RunSlot::Starting) => Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "run_starting",
+                format!("run {id:?} is still being set up"),
+            )),
+            None => Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no run {id:?}"),
+            )),
+        }
     }
 
     /// Runs a terminal hook of run `id`; the run is forgotten whatever the hook says.
+    /// The run is taken out first: a second terminal call finds no run (404).
     fn end_run<T>(
         &self,
         id: &str,
         hook: impl FnOnce(&Run) -> Result<T, MiddlewareError>,
     ) -> Result<T, ApiError> {
         let r = self.run(id)?;
-        let out = hook(&r);
-        self.runs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(id);
-        Ok(out?)
+        let taken = {
+            let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+            match runs.get(id) {
+                Some(RunSlot::Live(l)) if Arc::ptr_eq(&l.run, &r) => runs.remove(id).is_some(),
+                _ => false,
+            }
+        };
+        if !taken {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no run {id:?} (it ended)"),
+            ));
+        }
+        Ok(hook(&r)?)
     }
 }
 
@@ -177,6 +244,89 @@ async fn auth(State(s): State<Arc<Server>>, req: Request, next: Next) -> Respons
         )
         .into_response()
     }
+}
+
+/// The request body as JSON; a body that is not (bad JSON, wrong type, missing field,
+/// no JSON content type, too large) is an [`ApiError`] like every other.
+struct ApiJson<T>(T);
+
+impl<T, S> FromRequest<S> for ApiJson<T>
+where
+    Json<T>: FromRequest<S, Rejection = JsonRejection>,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(ApiJson(v)),
+            Err(r) => Err(match r.status() {
+                StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "too_large",
+                    format!("{} (the server's --max-body)", r.body_text()),
+                ),
+                StatusCode::UNSUPPORTED_MEDIA_TYPE => ApiError::new(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "unsupported_media_type",
+                    r.body_text(),
+                ),
+                _ => ApiError::bad(r.body_text()),
+            }),
+        }
+    }
+}
+
+/// A path parameter; one that does not decode is a 400.
+struct ApiPath<T>(T);
+
+impl<T, S> FromRequestParts<S> for ApiPath<T>
+where
+    axum::extract::Path<T>: FromRequestParts<S, Rejection = PathRejection>,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|p| ApiPath(p.0))
+            .map_err(|r| ApiError::bad(r.body_text()))
+    }
+}
+
+/// The query string; one that does not parse is a 400.
+struct ApiQuery<T>(T);
+
+impl<T, S> FromRequestParts<S> for ApiQuery<T>
+where
+    axum::extract::Query<T>: FromRequestParts<S, Rejection = QueryRejection>,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|q| ApiQuery(q.0))
+            .map_err(|r| ApiError::bad(r.body_text()))
+    }
+}
+
+async fn no_route(req: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no route {} {}", req.method(), req.uri().path()),
+    )
+}
+
+async fn no_method(req: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{} is not served on {}", req.method(), req.uri().path()),
+    )
 }
 
 /// An error answer: `{"error": {"kind": ..., "message": ...}}`.
@@ -220,6 +370,7 @@ impl From<MiddlewareError> for ApiError {
             M::HeadMissing { .. } => (StatusCode::CONFLICT, "head_missing"),
             M::WorkspaceMismatch { .. } => (StatusCode::CONFLICT, "workspace_mismatch"),
             M::Sandbox { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "sandbox"),
+            M::SandboxBusy { .. } => (StatusCode::CONFLICT, "sandbox_busy"),
             M::Policy(_) => (StatusCode::UNPROCESSABLE_ENTITY, "policy"),
             M::Persistence(_) => (StatusCode::INTERNAL_SERVER_ERROR, "persistence"),
             M::Cancelled(_) => (StatusCode::CONFLICT, "cancelled"),
@@ -245,6 +396,7 @@ fn checkpoint_error(e: &CheckpointError, message: String) -> ApiError {
         C::HeadMismatch { .. } => (StatusCode::CONFLICT, "head_mismatch"),
         C::ThreadExists(_) => (StatusCode::CONFLICT, "thread_exists"),
         C::Invalid(_) | C::Ambiguous { .. } => (StatusCode::BAD_REQUEST, "invalid"),
+        C::Refused(_) => (StatusCode::UNPROCESSABLE_ENTITY, "policy"),
         _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
     };
     ApiError::new(status, kind, message)
@@ -292,8 +444,8 @@ struct LogQuery {
 
 async fn thread_log(
     State(s): State<Arc<Server>>,
-    Path(thread): Path<String>,
-    Query(q): Query<LogQuery>,
+    ApiPath(thread): ApiPath<String>,
+    ApiQuery(q): ApiQuery<LogQuery>,
 ) -> ApiResult {
     blocking(move || {
         let t = thread_id(&thread)?;
@@ -306,7 +458,7 @@ async fn thread_log(
     .await
 }
 
-async fn checkpoint(State(s): State<Arc<Server>>, Path(id): Path<String>) -> ApiResult {
+async fn checkpoint(State(s): State<Arc<Server>>, ApiPath(id): ApiPath<String>) -> ApiResult {
     blocking(move || {
         let id = match crate::cas::Hash::from_hex(&id) {
             Some(h) => CheckpointId(h),
@@ -317,7 +469,7 @@ async fn checkpoint(State(s): State<Arc<Server>>, Path(id): Path<String>) -> Api
     .await
 }
 
-async fn messages(State(s): State<Arc<Server>>, Path(thread): Path<String>) -> ApiResult {
+async fn messages(State(s): State<Arc<Server>>, ApiPath(thread): ApiPath<String>) -> ApiResult {
     blocking(move || {
         let t = thread_id(&thread)?;
         let m = super::MessageStore::load_thread(&*s.persistence, &t)?;
@@ -328,8 +480,8 @@ async fn messages(State(s): State<Arc<Server>>, Path(thread): Path<String>) -> A
 
 async fn put_messages(
     State(s): State<Arc<Server>>,
-    Path(thread): Path<String>,
-    Json(body): Json<Vec<Value>>,
+    ApiPath(thread): ApiPath<String>,
+    ApiJson(body): ApiJson<Vec<Value>>,
 ) -> ApiResult {
     blocking(move || {
         let t = thread_id(&thread)?;
@@ -339,7 +491,7 @@ async fn put_messages(
     .await
 }
 
-async fn artifacts(State(s): State<Arc<Server>>, Path(thread): Path<String>) -> ApiResult {
+async fn artifacts(State(s): State<Arc<Server>>, ApiPath(thread): ApiPath<String>) -> ApiResult {
     blocking(move || {
         let t = thread_id(&thread)?;
         Ok(Json(to_json(&super::ArtifactStore::list_for_thread(
@@ -362,8 +514,8 @@ struct NewArtifact {
 
 async fn post_artifact(
     State(s): State<Arc<Server>>,
-    Path(thread): Path<String>,
-    Json(a): Json<NewArtifact>,
+    ApiPath(thread): ApiPath<String>,
+    ApiJson(a): ApiJson<NewArtifact>,
 ) -> ApiResult {
     blocking(move || {
         let t = thread_id(&thread)?;
@@ -400,23 +552,14 @@ struct StartRun {
     tenant: Option<String>,
 }
 
-async fn start_run(State(s): State<Arc<Server>>, Json(b): Json<StartRun>) -> ApiResult {
+async fn start_run(State(s): State<Arc<Server>>, ApiJson(b): ApiJson<StartRun>) -> ApiResult {
     blocking(move || {
         let thread = thread_id(&b.thread)?;
         if b.run_id.is_empty() || b.run_id.len() > 200 {
-            return Err(ApiError::bad("run_id: 1 to 200 characters"));
+            return Err(ApiError::bad("run_id: 1 to 200 bytes"));
         }
-        if s.runs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains_key(&b.run_id)
-        {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "run_exists",
-                format!("run {:?} is already going", b.run_id),
-            ));
-        }
+        // Taken atomically: of two starts with one id, one gets it, the other 409.
+        let reserved = Reservation::take(&s, &b.run_id)?;
         let mut ctx = RunContext::new(thread, b.run_id.clone());
         ctx.tenant = b.tenant;
         let events: Arc<Mutex<Vec<FileEvent>>> = Arc::default();
@@ -439,16 +582,61 @@ async fn start_run(State(s): State<Arc<Server>>, Json(b): Json<StartRun>) -> Api
             "sandbox": h.as_ref().map(|h| json!({"key": h.key, "path": h.root})),
             "lease_token": lease.map(|l| l.token),
         });
-        s.runs.lock().unwrap_or_else(|p| p.into_inner()).insert(
-            b.run_id.clone(),
-            LiveRun {
-                run: Arc::new(run),
-                events,
-            },
-        );
+        reserved.fill(LiveRun {
+            run: Arc::new(run),
+            events,
+        });
         Ok(Json(answer))
     })
     .await
+}
+
+/// A run id reserved for a start in progress; given back if the start fails (or
+/// panics) before [`Reservation::fill`].
+struct Reservation<'a> {
+    server: &'a Server,
+    id: String,
+    filled: bool,
+}
+
+impl<'a> Reservation<'a> {
+    fn take(server: &'a Server, id: &str) -> Result<Reservation<'a>, ApiError> {
+        let mut runs = server.runs.lock().unwrap_or_else(|p| p.into_inner());
+        if runs.contains_key(id) {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "run_exists",
+                format!("run {id:?} is already going"),
+            ));
+        }
+        runs.insert(id.to_string(), RunSlot::Starting);
+        Ok(Reservation {
+            server,
+            id: id.to_string(),
+            filled: false,
+        })
+    }
+
+    fn fill(mut self, run: LiveRun) {
+        self.server
+            .runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(self.id.clone(), RunSlot::Live(run));
+        self.filled = true;
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if !self.filled {
+            self.server
+                .runs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&self.id);
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -462,8 +650,8 @@ struct ChunkBody {
 
 async fn chunk(
     State(s): State<Arc<Server>>,
-    Path(run): Path<String>,
-    Json(b): Json<ChunkBody>,
+    ApiPath(run): ApiPath<String>,
+    ApiJson(b): ApiJson<ChunkBody>,
 ) -> ApiResult {
     blocking(move || {
         let r = s.run(&run)?;
@@ -480,7 +668,7 @@ async fn chunk(
     .await
 }
 
-async fn finish(State(s): State<Arc<Server>>, Path(run): Path<String>) -> ApiResult {
+async fn finish(State(s): State<Arc<Server>>, ApiPath(run): ApiPath<String>) -> ApiResult {
     blocking(move || {
         let out = s.end_run(&run, Run::on_finish)?;
         Ok(Json(json!({
@@ -488,7 +676,6 @@ async fn finish(State(s): State<Arc<Server>>, Path(run): Path<String>) -> ApiRes
             "changed_files": out.changed_files,
             "skipped": out.skipped,
             "secret_files": out.secret_files,
-            "provider_snapshot": out.provider_snapshot,
         })))
     })
     .await
@@ -501,8 +688,8 @@ struct AbortBody {
 
 async fn abort(
     State(s): State<Arc<Server>>,
-    Path(run): Path<String>,
-    Json(b): Json<AbortBody>,
+    ApiPath(run): ApiPath<String>,
+    ApiJson(b): ApiJson<AbortBody>,
 ) -> ApiResult {
     blocking(move || {
         s.end_run(&run, |r| {
@@ -522,8 +709,8 @@ struct ErrorBody {
 
 async fn run_error(
     State(s): State<Arc<Server>>,
-    Path(run): Path<String>,
-    Json(b): Json<ErrorBody>,
+    ApiPath(run): ApiPath<String>,
+    ApiJson(b): ApiJson<ErrorBody>,
 ) -> ApiResult {
     blocking(move || {
         s.end_run(&run, |r| r.on_error(&b.message))?;
@@ -532,7 +719,7 @@ async fn run_error(
     .await
 }
 
-async fn disconnect(State(s): State<Arc<Server>>, Path(run): Path<String>) -> ApiResult {
+async fn disconnect(State(s): State<Arc<Server>>, ApiPath(run): ApiPath<String>) -> ApiResult {
     blocking(move || {
         s.run(&run)?.on_disconnect()?;
         Ok(Json(json!({"ok": true})))
@@ -547,22 +734,10 @@ struct EventsQuery {
 
 async fn events(
     State(s): State<Arc<Server>>,
-    Path(run): Path<String>,
-    Query(q): Query<EventsQuery>,
+    ApiPath(run): ApiPath<String>,
+    ApiQuery(q): ApiQuery<EventsQuery>,
 ) -> ApiResult {
-    let ev = s
-        .runs
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&run)
-        .map(|r| r.events.clone())
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                format!("no run {run:?}"),
-            )
-        })?;
+    let ev = s.live(&run, |l| l.events.clone())?;
     let after = q.after.unwrap_or(0);
     let list: Vec<Value> = ev
         .lock()
@@ -602,7 +777,7 @@ async fn sandboxes(State(s): State<Arc<Server>>) -> ApiResult {
     .await
 }
 
-async fn maintain(State(s): State<Arc<Server>>, Json(op): Json<MaintainOp>) -> ApiResult {
+async fn maintain(State(s): State<Arc<Server>>, ApiJson(op): ApiJson<MaintainOp>) -> ApiResult {
     blocking(move || {
         let live: std::collections::HashSet<[u8; 8]> =
             s.mw.provider()

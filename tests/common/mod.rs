@@ -11,8 +11,13 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// The casfs binary under test: this build's, or `CASFS_TEST_BIN` (to run the tests
+/// against another build, say the one before a fix).
 pub fn casfs_bin() -> &'static str {
-    env!("CARGO_BIN_EXE_casfs")
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        std::env::var("CASFS_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_casfs").into())
+    })
 }
 
 /// Runs `casfs --store STORE args...`.

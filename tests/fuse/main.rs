@@ -7,10 +7,12 @@ mod common;
 
 mod bench;
 mod fleet;
+mod lifecycle;
 mod middleware;
 mod read_only;
 mod reliability;
 mod serve;
+mod trust;
 mod workspace;
 
 use std::path::{Path, PathBuf};

@@ -15,27 +15,27 @@ use casfs::fs::WorkspaceOptions;
 use casfs::middleware::{
     AbortInfo, ArtifactMeta, ArtifactStore, BlobStore, CasfsProvider, Chunk, MessageStore,
     Middleware, MiddlewareConfig, MiddlewareError, MiddlewareResult, Persistence, RunCompletion,
-    RunContext, SandboxProvider, SnapshotConfig, SnapshotPolicy, StorePersistence,
+    RunContext, SandboxProvider, Secrets, SnapshotConfig, SnapshotPolicy, StorePersistence,
 };
 use serde_json::json;
 
 use crate::MountGuard;
 
 /// One host: a store, its persistence, a casfs sandbox provider and the middleware.
-struct Host {
+pub(crate) struct Host {
     _t: tempfile::TempDir,
-    store: Arc<Store>,
-    persistence: Persistence,
-    provider: Arc<CasfsProvider>,
-    mw: Arc<Middleware>,
+    pub store: Arc<Store>,
+    pub persistence: Persistence,
+    pub provider: Arc<CasfsProvider>,
+    pub mw: Arc<Middleware>,
     guards: Mutex<Vec<MountGuard>>,
 }
 
-fn open_store(dir: &Path) -> Arc<Store> {
+pub(crate) fn open_store(dir: &Path) -> Arc<Store> {
     Arc::new(Store::open(dir, OpenMode::Create, Duration::from_secs(5)).unwrap())
 }
 
-fn host_with(
+pub(crate) fn host_with(
     store: Arc<Store>,
     persistence: Persistence,
     cfg: impl FnOnce(&mut MiddlewareConfig),
@@ -64,19 +64,19 @@ fn host_with(
     }
 }
 
-fn host(cfg: impl FnOnce(&mut MiddlewareConfig)) -> (tempfile::TempDir, Host) {
+pub(crate) fn host(cfg: impl FnOnce(&mut MiddlewareConfig)) -> (tempfile::TempDir, Host) {
     let t = tempfile::tempdir().unwrap();
     let store = open_store(&t.path().join("store"));
     let p = Persistence::on_store(Arc::new(StorePersistence::new(store.database().clone())));
     (t, host_with(store, p, cfg))
 }
 
-fn thread(name: &str) -> ThreadId {
+pub(crate) fn thread(name: &str) -> ThreadId {
     ThreadId::new(name).unwrap()
 }
 
 impl Host {
-    fn ctx(&self, t: &str, run: &str) -> RunContext {
+    pub fn ctx(&self, t: &str, run: &str) -> RunContext {
         let ctx = RunContext::new(thread(t), run);
         self.guards.lock().unwrap().push(MountGuard::new(
             &self.provider.mountpoint(&self.provider.key(&ctx)),
@@ -84,16 +84,16 @@ impl Host {
         ctx
     }
 
-    fn setup(&self, t: &str, run: &str) -> MiddlewareResult<casfs::middleware::Run> {
+    pub fn setup(&self, t: &str, run: &str) -> MiddlewareResult<casfs::middleware::Run> {
         self.mw.setup(self.ctx(t, run), Some(&self.persistence))
     }
 
-    fn head(&self, t: &str) -> Option<casfs::checkpoint::CheckpointId> {
+    pub fn head(&self, t: &str) -> Option<casfs::checkpoint::CheckpointId> {
         self.store.checkpoints().head(&thread(t)).unwrap()
     }
 
     /// A message and an artifact written through the host's persistence, as a run does.
-    fn persist(&self, t: &str, run: &str, message: &str, artifact: &[u8]) {
+    pub fn persist(&self, t: &str, run: &str, message: &str, artifact: &[u8]) {
         let m = self.persistence.messages.as_ref().unwrap();
         let mut msgs = m.load_thread(&thread(t)).unwrap();
         msgs.push(json!({"role": "assistant", "run": run, "content": message}));
@@ -124,7 +124,7 @@ impl Host {
 }
 
 /// Whether the lease of thread `t` is free (another writer can take it).
-fn lease_is_free(store: &Store, t: &str) -> bool {
+pub(crate) fn lease_is_free(store: &Store, t: &str) -> bool {
     match store
         .checkpoints()
         .acquire_writer(&thread(t), "probe", Duration::from_secs(5))
@@ -287,7 +287,7 @@ fn two_runs_on_one_thread_never_both_publish() {
 
 /// A host-side persistence that starts empty, as on a new machine.
 #[derive(Default)]
-struct MemPersistence {
+pub(crate) struct MemPersistence {
     messages: Mutex<HashMap<String, Vec<serde_json::Value>>>,
     artifacts: Mutex<Vec<ArtifactMeta>>,
     blobs: Mutex<HashMap<String, Vec<u8>>>,
@@ -348,7 +348,7 @@ impl RunCompletion for MemPersistence {
     }
 }
 
-fn mem_persistence() -> (Arc<MemPersistence>, Persistence) {
+pub(crate) fn mem_persistence() -> (Arc<MemPersistence>, Persistence) {
     let m = Arc::new(MemPersistence::default());
     let p = Persistence {
         messages: Some(m.clone()),
@@ -463,7 +463,7 @@ fn secrets_never_stored_and_a_new_host_gets_everything_back() {
     .unwrap();
     assert!(contains(&stored, "{{casfs-secret:GITHUB_TOKEN}}"));
     drop(run);
-    a.provider.destroy("conv").unwrap();
+    a.provider.destroy("conv", &Secrets::default()).unwrap();
 
     // Host B: another sandbox directory, a persistence layer that starts empty, the
     // same store (standing in for a shared one).
@@ -488,6 +488,9 @@ fn secrets_never_stored_and_a_new_host_gets_everything_back() {
     let arts = mem_b.list_for_thread(&thread("conv")).unwrap();
     assert_eq!(arts.len(), 1);
     assert_eq!(arts[0].name, "r1.txt");
+    // The size recorded is that of the blob written back (the real value), not of the
+    // stored form with its placeholder.
+    assert_eq!(arts[0].size, password.len() as u64);
     assert_eq!(
         mem_b
             .get(arts[0].blob_key.as_deref().unwrap())
@@ -537,7 +540,7 @@ fn setup_refuses_misconfiguration_and_a_missing_head() {
     fs::write(run.sandbox().unwrap().root.join("f"), "1").unwrap();
     let id = run.on_finish().unwrap().checkpoint.unwrap();
     drop(run);
-    h.provider.destroy("t").unwrap();
+    h.provider.destroy("t", &Secrets::default()).unwrap();
     let db = h.store.database();
     db.raw()
         .delete_cf(db.cf("checkpoints"), id.hash().as_bytes())
@@ -572,7 +575,7 @@ fn a_setup_failing_after_its_sandbox_was_made_destroys_it() {
     a.persist("t", "r1", "hello", b"art");
     run.on_finish().unwrap();
     drop(run);
-    a.provider.destroy("t").unwrap();
+    a.provider.destroy("t", &Secrets::default()).unwrap();
     let (m, mut pb) = mem_persistence();
     pb.messages = Some(Arc::new(FailingMessages(m)));
     let b = host_with(store.clone(), pb, |_| {});
@@ -595,7 +598,7 @@ fn a_checkpoint_of_another_workspace_definition_is_refused() {
     fs::write(run.sandbox().unwrap().root.join("f"), "1").unwrap();
     run.on_finish().unwrap();
     drop(run);
-    a.provider.destroy("t").unwrap();
+    a.provider.destroy("t", &Secrets::default()).unwrap();
     let other_def = |c: &mut MiddlewareConfig| {
         c.snapshots.as_mut().unwrap().workspace = json!({"image": "alpine"});
     };
@@ -833,7 +836,7 @@ fn plain_directory_sandboxes_with_inotify_events() {
         vec!["config.toml".to_string(), "final.md".to_string()]
     );
     drop(run);
-    pv.destroy("t").unwrap();
+    pv.destroy("t", &Secrets::default()).unwrap();
     assert!(!root.exists());
 
     // Another host's plain directory gets the files (real values) and conversation.

@@ -15,9 +15,9 @@ use crate::common::casfs_bin;
 use crate::{wait_for, MountGuard};
 
 /// The server process, stopped (SIGTERM, then SIGKILL) when dropped.
-struct Served {
-    child: Child,
-    socket: PathBuf,
+pub(crate) struct Served {
+    pub child: Child,
+    pub socket: PathBuf,
 }
 
 impl Drop for Served {
@@ -33,8 +33,15 @@ impl Drop for Served {
     }
 }
 
-fn start(store: &Path, sandboxes: &Path, extra: &[&str], env: &[(&str, &str)]) -> Served {
+pub(crate) fn start(
+    store: &Path,
+    sandboxes: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Served {
     let socket = store.parent().unwrap().join("serve.sock");
+    // A server killed earlier leaves its socket behind.
+    let _ = std::fs::remove_file(&socket);
     let mut cmd = Command::new(casfs_bin());
     cmd.arg("--store")
         .arg(store)
@@ -62,7 +69,7 @@ fn start(store: &Path, sandboxes: &Path, extra: &[&str], env: &[(&str, &str)]) -
 }
 
 /// One HTTP/1.1 request; returns the status and the JSON body.
-fn http(
+pub(crate) fn http(
     stream: impl Read + Write,
     method: &str,
     path: &str,
@@ -115,7 +122,7 @@ fn http(
     (status, v)
 }
 
-fn call(s: &Served, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+pub(crate) fn call(s: &Served, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
     http(
         UnixStream::connect(&s.socket).unwrap(),
         method,
@@ -126,7 +133,7 @@ fn call(s: &Served, method: &str, path: &str, body: Option<&Value>) -> (u16, Val
 }
 
 /// A call that must fail with `status` and error kind `kind`; returns the message.
-fn refused(
+pub(crate) fn refused(
     s: &Served,
     method: &str,
     path: &str,
