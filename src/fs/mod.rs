@@ -30,12 +30,12 @@ pub use workspace::{
 /// A FUSE session served by background threads; unmounted when dropped or by
 /// [`Mounted::unmount`].
 ///
-/// casfs unmounts by itself and never lets fuser do it: fuser 0.18 decides whether its
-/// session is still mounted from an inverted POLLERR test (cberner/fuser#703, fixed after
-/// 0.18.0), so after someone else unmounted the path it unmounts the path again, which
-/// by then can be the next mount there (seen here: `casfs unmount` then `casfs mount` at
-/// the same path lost the new mount one time in ten). The price is that a finished
-/// session's /dev/fuse descriptor stays open until the process ends.
+/// casfs unmounts by itself and drops the session once the kernel has ended it. fuser
+/// 0.18.0 decided whether its session was still mounted from an inverted POLLERR test
+/// (cberner/fuser#703, fixed after 0.18.0), so dropping it unmounted the path again,
+/// which by then could be the next mount there; casfs carries the fix
+/// (third_party/fuser/PATCHES.md), so a finished session and its /dev/fuse descriptor
+/// are given back.
 pub struct Mounted {
     session: Option<fuser::BackgroundSession>,
     mountpoint: PathBuf,
@@ -94,9 +94,17 @@ impl Mounted {
                 std::thread::sleep(std::time::Duration::from_millis(5));
             }
         }
-        // Finished, or detached elsewhere with files still open (those threads go with
-        // the process). Either way fuser must not unmount the path: see the type's note.
-        std::mem::forget(s);
+        if s.guard.is_finished() {
+            // The connection is gone: dropping the session unmounts nothing (fuser's
+            // check, patched: third_party/fuser/PATCHES.md) and closes its /dev/fuse
+            // descriptor.
+            drop(s);
+        } else {
+            // Detached elsewhere with files still open: the connection lives on, and
+            // dropping the session would unmount the path, which may hold another
+            // mount by now. Its threads end when the last file is closed.
+            std::mem::forget(s);
+        }
         Ok(())
     }
 
