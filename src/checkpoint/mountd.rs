@@ -89,6 +89,15 @@ pub struct MountedThread {
     pub lease_ttl: Duration,
 }
 
+/// Unmounts the session in `s`, if any; a busy mount stays there.
+fn unmount_session(s: &mut Option<MountedWorkspace>) -> std::io::Result<()> {
+    if let Some(m) = s.as_mut() {
+        m.try_unmount()?;
+    }
+    *s = None;
+    Ok(())
+}
+
 /// Discards the uncaptured work of the workspace at `mountpoint` (canonical), which must
 /// not be mounted: its dirty set and every file of it under the store (upper files,
 /// local copies). Checkpoints are not touched. Returns whether there was anything.
@@ -245,19 +254,15 @@ impl MountedThread {
     /// Unmounts (whoever else holds this mount sees it finished). A busy mount is an
     /// error and stays mounted; unmounting again later may succeed.
     pub fn unmount(&self) -> std::io::Result<()> {
-        let mut s = self.session();
-        if let Some(m) = s.as_mut() {
-            m.try_unmount()?;
-        }
-        *s = None;
-        Ok(())
+        unmount_session(&mut self.session())
     }
 
     /// Unmounts and discards the uncaptured work ([`discard_mount_state`]): what was
     /// not checkpointed is gone, and the next mount of this mountpoint starts clean.
+    /// Two discards of one mount do not overlap: the second returns after the first.
     pub fn discard(&self, purge: bool) -> CheckpointResult<bool> {
-        self.unmount()
-            .map_err(|e| CheckpointError::io(&self.mountpoint, e))?;
+        let mut s = self.session();
+        unmount_session(&mut s).map_err(|e| CheckpointError::io(&self.mountpoint, e))?;
         discard_mount_state(&self.store, &self.mountpoint, purge)
     }
 

@@ -246,6 +246,25 @@ pub enum Command {
         /// base64-encoded, so about three quarters of it)
         #[arg(long, default_value_t = casfs::middleware::serve::DEFAULT_MAX_BODY)]
         max_body: usize,
+        /// Runs going at once (set up, not ended); more are refused with 429
+        #[arg(long, default_value_t = 64)]
+        max_runs: usize,
+        /// Live sandboxes at once; making one more destroys the least recently used
+        /// idle one, and with none idle is refused with 429 (0: no limit)
+        #[arg(long, default_value_t = 128)]
+        max_sandboxes: usize,
+        /// Seconds without a request for a run (a chunk, an event read, a hook) after
+        /// which it is ended as a disconnect: nothing published, the lease released
+        #[arg(long, default_value_t = 600.0)]
+        run_idle_timeout: f64,
+        /// Seconds a sandbox may stay live with no run holding it before it is
+        /// destroyed (its uncaptured work discarded)
+        #[arg(long, default_value_t = 3600.0)]
+        sandbox_idle_timeout: f64,
+        /// File events kept per run for the events route; a client that falls further
+        /// behind gets a `lost` marker saying which
+        #[arg(long, default_value_t = 10_000)]
+        max_events: usize,
     },
 
     /// Benchmark capture, re-capture, restore, a run-like loop and mounted I/O against

@@ -9,7 +9,7 @@ use anyhow::{anyhow, bail, Context};
 use super::{Cli, Command};
 use casfs::checkpoint::OpenMode;
 use casfs::fs::WorkspaceOptions;
-use casfs::middleware::serve::{serve, Listen, Server};
+use casfs::middleware::serve::{serve, Listen, ServeLimits, Server};
 use casfs::middleware::{
     CasfsProvider, DirProvider, FileEvents, Lifecycle, MiddlewareConfig, Persistence,
     SandboxProvider, Secrets, SnapshotConfig, SnapshotPolicy, StorePersistence,
@@ -30,6 +30,11 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         destroy_on_complete,
         destroy_on_error,
         max_body,
+        max_runs,
+        max_sandboxes,
+        run_idle_timeout,
+        sandbox_idle_timeout,
+        max_events,
     } = &cli.command
     else {
         unreachable!("dispatched on Serve")
@@ -100,19 +105,31 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         }),
     };
     let provider: Arc<dyn SandboxProvider> = if *plain {
-        Arc::new(DirProvider::new(store.clone(), &sandboxes))
+        Arc::new(DirProvider::new(store.clone(), &sandboxes).with_max_sandboxes(*max_sandboxes))
     } else {
-        Arc::new(CasfsProvider::new(
-            store.clone(),
-            &sandboxes,
-            WorkspaceOptions::default(),
-        ))
+        Arc::new(
+            CasfsProvider::new(store.clone(), &sandboxes, WorkspaceOptions::default())
+                .with_max_sandboxes(*max_sandboxes),
+        )
     };
     if *max_body < 1024 {
         bail!("--max-body {max_body}: give at least 1024 bytes");
     }
+    let secs = |flag: &str, v: f64| -> anyhow::Result<Duration> {
+        if !(0.05..=1e7).contains(&v) {
+            bail!("--{flag} {v}: give 0.05 to 10000000 seconds");
+        }
+        Ok(Duration::from_secs_f64(v))
+    };
+    let limits = ServeLimits {
+        max_body: *max_body,
+        max_runs: (*max_runs).max(1),
+        run_idle: secs("run-idle-timeout", *run_idle_timeout)?,
+        sandbox_idle: secs("sandbox-idle-timeout", *sandbox_idle_timeout)?,
+        max_events: (*max_events).max(1),
+    };
     let server = Server::new(store, sp, provider, config, token)?;
-    server.set_max_body(*max_body);
+    server.set_limits(limits);
     let where_ = match listen {
         Some(a) => Listen::Tcp(*a),
         None => Listen::Unix(socket.clone().unwrap_or_else(|| root.join("serve.sock"))),

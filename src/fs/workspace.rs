@@ -1592,9 +1592,15 @@ impl Workspace {
     /// also returns the sequence number of the last change before.
     pub fn subscribe(&self) -> (std::sync::mpsc::Receiver<FsEvent>, u64) {
         let (tx, rx) = std::sync::mpsc::channel();
+        (rx, self.subscribe_with(tx))
+    }
+
+    /// [`Workspace::subscribe`] into a channel of the caller's (who may send into it
+    /// too); returns the sequence number of the last change before.
+    pub fn subscribe_with(&self, tx: std::sync::mpsc::Sender<FsEvent>) -> u64 {
         let mut st = self.lock();
         st.events.subscribers.push(tx);
-        (rx, st.events.seq)
+        st.events.seq
     }
 
     /// The sequence number of the last change announced.

@@ -34,6 +34,10 @@ pub enum MiddlewareError {
     #[error("sandbox {key:?} is busy: {detail}")]
     SandboxBusy { key: String, detail: String },
 
+    /// A limit of the host was reached (live sandboxes, concurrent runs): try later.
+    #[error("at capacity: {limit} {what} are in use; try again later")]
+    AtCapacity { what: &'static str, limit: usize },
+
     #[error("capture policy: {0}")]
     Policy(String),
 

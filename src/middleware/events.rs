@@ -11,8 +11,8 @@
 //! delivered, so it shows the file as it is then: after the change, never before it.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -46,7 +46,8 @@ const MAX_DIFF_BYTES: usize = 1 << 20;
 /// Delivers one run's events until drained.
 pub(crate) struct Watcher {
     delivered: Arc<(Mutex<Delivered>, Condvar)>,
-    stop: Arc<AtomicBool>,
+    /// The dispatcher's channel: [`stop_event`] sent into it ends the dispatcher.
+    wake: Sender<FsEvent>,
     thread: Option<JoinHandle<()>>,
     handle: SandboxHandle,
     /// A plain directory's inotify watch (dropped with the watcher).
@@ -66,16 +67,10 @@ const MARKER_PREFIX: &str = ".casfs-drain-";
 
 impl Watcher {
     pub fn start(handle: &SandboxHandle, cfg: &FileEvents) -> Result<Watcher, String> {
-        let (rx, seq, notify) = match &handle.workspace {
-            SandboxWorkspace::Mount(m) => {
-                let (rx, seq) = m.workspace().subscribe();
-                (rx, seq, None)
-            }
-            SandboxWorkspace::Dir(_) => {
-                let (tx, rx) = std::sync::mpsc::channel();
-                let w = watch_dir(&handle.root, tx)?;
-                (rx, 0, Some(w))
-            }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (seq, notify) = match &handle.workspace {
+            SandboxWorkspace::Mount(m) => (m.workspace().subscribe_with(tx.clone()), None),
+            SandboxWorkspace::Dir(_) => (0, Some(watch_dir(&handle.root, tx.clone())?)),
         };
         let delivered = Arc::new((
             Mutex::new(Delivered {
@@ -84,15 +79,14 @@ impl Watcher {
             }),
             Condvar::new(),
         ));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (d, s, h, c) = (delivered.clone(), stop.clone(), handle.clone(), cfg.clone());
+        let (d, h, c) = (delivered.clone(), handle.clone(), cfg.clone());
         let thread = std::thread::Builder::new()
             .name("casfs-events".into())
-            .spawn(move || dispatch(&rx, &d, &s, &h, &c))
+            .spawn(move || dispatch(&rx, &d, &h, &c))
             .map_err(|e| format!("starting the event dispatcher: {e}"))?;
         Ok(Watcher {
             delivered,
-            stop,
+            wake: tx,
             thread: Some(thread),
             handle: handle.clone(),
             _notify: notify,
@@ -146,22 +140,30 @@ impl Watcher {
         for m in markers {
             let _ = std::fs::remove_file(self.handle.root.join(m));
         }
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
         result
     }
 }
 
 impl Drop for Watcher {
     fn drop(&mut self) {
-        // Joined (within one poll interval), so that the dispatcher's handle on the
-        // sandbox is gone when the run is: the last handle unmounts.
-        self.stop.store(true, Ordering::SeqCst);
+        // The dispatcher ends at the stop event, after the events before it: joined, so
+        // that nothing of the run is left running.
+        let _ = self.wake.send(stop_event());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// What ends a dispatcher: no change has an empty path (the root itself is never
+/// announced).
+fn stop_event() -> FsEvent {
+    FsEvent {
+        seq: 0,
+        kind: FsEventKind::Delete,
+        path: String::new(),
+        to: None,
+        is_dir: true,
     }
 }
 
@@ -237,7 +239,6 @@ fn watch_dir(
 fn dispatch(
     rx: &Receiver<FsEvent>,
     delivered: &(Mutex<Delivered>, Condvar),
-    stop: &AtomicBool,
     h: &SandboxHandle,
     cfg: &FileEvents,
 ) {
@@ -245,11 +246,12 @@ fn dispatch(
     let mut queued: VecDeque<FsEvent> = VecDeque::new();
     loop {
         let next = match queued.pop_front() {
-            Some(e) => Ok(e),
-            None => rx.recv_timeout(Duration::from_millis(50)),
+            Some(e) => Some(e),
+            None => rx.recv().ok(),
         };
         match next {
-            Ok(mut e) => {
+            Some(e) if e.path.is_empty() => return,
+            Some(mut e) => {
                 if e.kind == FsEventKind::Modify && !e.is_dir {
                     e = coalesce(e, rx, &mut queued);
                 }
@@ -270,12 +272,7 @@ fn dispatch(
                 lock.lock().unwrap_or_else(|p| p.into_inner()).seq = seq;
                 cvar.notify_all();
             }
-            Err(RecvTimeoutError::Timeout) => {
-                if stop.load(Ordering::SeqCst) {
-                    return;
-                }
-            }
-            Err(RecvTimeoutError::Disconnected) => return,
+            None => return,
         }
     }
 }

@@ -152,6 +152,11 @@ impl Middleware {
         &self.provider
     }
 
+    /// Destroys the sandboxes no run has held for `idle`; returns how many.
+    pub fn reap_idle_sandboxes(&self, idle: Duration) -> MiddlewareResult<usize> {
+        self.provider.reap_idle(idle, &self.secrets)
+    }
+
     /// Destroys every live sandbox of the provider (a host shutting down): their
     /// uncaptured work is discarded.
     pub fn destroy_all_sandboxes(&self) -> MiddlewareResult<()> {

@@ -18,6 +18,7 @@ mod context;
 mod error;
 mod events;
 mod lifecycle;
+mod live;
 mod persistence;
 mod policy;
 mod provider;

@@ -11,7 +11,9 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use super::live::{Entry, KeyGuard, KeyLocks, Live};
 use super::{MiddlewareError, MiddlewareResult, RunContext, Secrets};
 use crate::cas::TreeId;
 use crate::checkpoint::{discard_mount_state, CheckpointId, MountedThread, Store, ThreadId};
@@ -174,6 +176,12 @@ pub trait SandboxProvider: Send + Sync {
         Ok(0)
     }
 
+    /// Destroys the sandboxes no run has held for `idle` (a server's reaper calls it
+    /// every second at most). Returns how many.
+    fn reap_idle(&self, _idle: Duration, _secrets: &Secrets) -> MiddlewareResult<usize> {
+        Ok(0)
+    }
+
     /// Destroys every live sandbox (a server stopping): tries each, reports the first
     /// failure.
     fn destroy_all(&self, secrets: &Secrets) -> MiddlewareResult<()> {
@@ -201,9 +209,11 @@ pub struct CasfsProvider {
     store: Arc<Store>,
     dir: PathBuf,
     opts: WorkspaceOptions,
-    live: Mutex<HashMap<String, SandboxHandle>>,
-    /// Sandboxes destroyed while busy (files open in them): unmounted and discarded
-    /// before their key is used again.
+    live: Live,
+    /// Held while a key's sandbox is made, resumed or destroyed.
+    keys: KeyLocks,
+    /// Sandboxes destroyed while busy (files open in them): discarded before their key
+    /// is used again.
     doomed: Mutex<HashMap<String, Arc<MountedThread>>>,
 }
 
@@ -217,13 +227,18 @@ impl CasfsProvider {
             store,
             dir,
             opts,
-            live: Mutex::new(HashMap::new()),
+            live: Live::default(),
+            keys: KeyLocks::default(),
             doomed: Mutex::new(HashMap::new()),
         }
     }
 
-    fn live_map(&self) -> std::sync::MutexGuard<'_, HashMap<String, SandboxHandle>> {
-        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    /// At most `n` live sandboxes (0: no limit): making one more first destroys the
+    /// least recently used idle one; with none idle, a new sandbox is refused
+    /// ([`MiddlewareError::AtCapacity`]).
+    pub fn with_max_sandboxes(self, n: usize) -> CasfsProvider {
+        self.live.set_max(n);
+        self
     }
 
     fn doomed_map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<MountedThread>>> {
@@ -235,7 +250,8 @@ impl CasfsProvider {
         self.dir.join(key)
     }
 
-    /// Unmounts and discards `m`; a busy mount goes to the doomed list.
+    /// Unmounts and discards `m` (its key's lock held by the caller); a busy mount is
+    /// kept on the doomed list, discarded before the key is used again.
     fn discard(&self, key: &str, m: Arc<MountedThread>, secrets: &Secrets) -> MiddlewareResult<()> {
         match m.discard(purge(secrets)) {
             Ok(_) => {
@@ -253,6 +269,22 @@ impl CasfsProvider {
                 })
             }
         }
+    }
+
+    /// Discards the sandboxes `victims` (taken out of the live map with their keys
+    /// locked).
+    fn discard_all(
+        &self,
+        victims: Vec<(KeyGuard<'_>, SandboxHandle)>,
+        secrets: &Secrets,
+    ) -> MiddlewareResult<usize> {
+        let n = victims.len();
+        for (g, h) in victims {
+            if let Some(m) = h.mount() {
+                self.discard(g.key(), m.clone(), secrets)?;
+            }
+        }
+        Ok(n)
     }
 }
 
@@ -293,17 +325,28 @@ impl SandboxProvider for CasfsProvider {
     ) -> MiddlewareResult<(SandboxHandle, EnsureOutcome)> {
         let key = self.key(ctx);
         check_key(&key)?;
-        let mut live = self.live_map();
-        if let Some(h) = live.get(&key) {
-            let m = h.mount().expect("casfs sandboxes are mounts").clone();
-            if !m.is_finished() && m.tag().thread == ctx.thread {
-                return Ok((h.clone(), EnsureOutcome::Resumed));
+        let _k = self.keys.lock(&key);
+        let (stale, victims) = {
+            let mut live = self.live.lock();
+            let mut stale = None;
+            if let Some(e) = live.get_mut(&key) {
+                let m = e
+                    .handle
+                    .mount()
+                    .expect("casfs sandboxes are mounts")
+                    .clone();
+                if !m.is_finished() && m.tag().thread == ctx.thread {
+                    e.used = std::time::Instant::now();
+                    return Ok((e.handle.clone(), EnsureOutcome::Resumed));
+                }
+                // Unmounted behind our back, or another thread's: not this run's.
+                live.remove(&key);
+                stale = Some(m);
             }
-            // Unmounted behind our back, or another thread's: not this run's to resume.
-            live.remove(&key);
-            self.discard(&key, m, secrets)?;
-        }
-        let doomed = self.doomed_map().get(&key).cloned();
+            (stale, self.live.make_room(&mut live, &self.keys)?)
+        };
+        self.discard_all(victims, secrets)?;
+        let doomed = stale.or_else(|| self.doomed_map().get(&key).cloned());
         if let Some(m) = doomed {
             self.discard(&key, m, secrets)?;
         }
@@ -340,24 +383,37 @@ impl SandboxProvider for CasfsProvider {
             root: mp,
             workspace: SandboxWorkspace::Mount(Arc::new(mount)),
         };
-        live.insert(key, h.clone());
+        self.live.lock().insert(
+            key,
+            Entry {
+                handle: h.clone(),
+                used: std::time::Instant::now(),
+            },
+        );
         Ok((h, EnsureOutcome::Created))
     }
 
     fn live(&self) -> Vec<SandboxHandle> {
-        self.live_map().values().cloned().collect()
+        self.live.handles()
+    }
+
+    fn reap_idle(&self, idle: Duration, secrets: &Secrets) -> MiddlewareResult<usize> {
+        let victims = {
+            let mut live = self.live.lock();
+            self.live.idle(&mut live, &self.keys, idle)
+        };
+        self.discard_all(victims, secrets)
     }
 
     fn destroy(&self, key: &str, secrets: &Secrets) -> MiddlewareResult<()> {
-        let Some(h) = self.live_map().remove(key) else {
-            let doomed = self.doomed_map().get(key).cloned();
-            return match doomed {
-                Some(m) => self.discard(key, m, secrets),
-                None => Ok(()),
-            };
-        };
-        let SandboxWorkspace::Mount(m) = h.workspace else {
-            return Ok(());
+        let _k = self.keys.lock(key);
+        let taken = self.live.lock().remove(key).map(|e| e.handle);
+        let m = match taken.as_ref().and_then(|h| h.mount()) {
+            Some(m) => m.clone(),
+            None => match self.doomed_map().get(key).cloned() {
+                Some(m) => m,
+                None => return Ok(()),
+            },
         };
         // Whoever else holds the mount (an event dispatcher, a listing) sees it gone.
         self.discard(key, m, secrets)
@@ -374,7 +430,7 @@ impl SandboxProvider for CasfsProvider {
                 })
             }
         };
-        let live: Vec<String> = self.live_map().keys().cloned().collect();
+        let live = self.live.keys();
         let mut cleaned = 0;
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
@@ -404,7 +460,8 @@ impl SandboxProvider for CasfsProvider {
 pub struct DirProvider {
     store: Arc<Store>,
     dir: PathBuf,
-    live: Mutex<HashMap<String, SandboxHandle>>,
+    live: Live,
+    keys: KeyLocks,
 }
 
 impl DirProvider {
@@ -412,8 +469,15 @@ impl DirProvider {
         DirProvider {
             store,
             dir: dir.to_path_buf(),
-            live: Mutex::new(HashMap::new()),
+            live: Live::default(),
+            keys: KeyLocks::default(),
         }
+    }
+
+    /// As [`CasfsProvider::with_max_sandboxes`].
+    pub fn with_max_sandboxes(self, n: usize) -> DirProvider {
+        self.live.set_max(n);
+        self
     }
 
     pub fn path(&self, key: &str) -> PathBuf {
@@ -440,9 +504,13 @@ impl SandboxProvider for DirProvider {
     ) -> MiddlewareResult<(SandboxHandle, EnsureOutcome)> {
         let key = self.key(ctx);
         check_key(&key)?;
-        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(h) = live.get(&key) {
-            return Ok((h.clone(), EnsureOutcome::Resumed));
+        let mut live = self.live.lock();
+        if let Some(e) = live.get_mut(&key) {
+            e.used = std::time::Instant::now();
+            return Ok((e.handle.clone(), EnsureOutcome::Resumed));
+        }
+        for (g, h) in self.live.make_room(&mut live, &self.keys)? {
+            remove_tree(g.key(), &h.root)?;
         }
         let root = self.path(&key);
         // What an earlier sandbox of the key left is not the thread's state.
@@ -461,42 +529,44 @@ impl SandboxProvider for DirProvider {
                 base: Mutex::new(None),
             })),
         };
-        live.insert(key, h.clone());
+        live.insert(
+            key,
+            Entry {
+                handle: h.clone(),
+                used: std::time::Instant::now(),
+            },
+        );
         Ok((h, EnsureOutcome::Created))
     }
 
     fn live(&self) -> Vec<SandboxHandle> {
-        self.live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect()
+        self.live.handles()
+    }
+
+    fn reap_idle(&self, idle: Duration, _secrets: &Secrets) -> MiddlewareResult<usize> {
+        // Removed under the lock: an ensure of the key meanwhile makes a new directory
+        // only after this one is gone.
+        let mut live = self.live.lock();
+        let idle = self.live.idle(&mut live, &self.keys, idle);
+        for (g, h) in &idle {
+            remove_tree(g.key(), &h.root)?;
+        }
+        Ok(idle.len())
     }
 
     fn destroy(&self, key: &str, _secrets: &Secrets) -> MiddlewareResult<()> {
-        let Some(h) = self
-            .live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(key)
-        else {
+        let mut live = self.live.lock();
+        let Some(e) = live.remove(key) else {
             return Ok(());
         };
-        remove_tree(key, &h.root)
+        remove_tree(key, &e.handle.root)
     }
 
     fn recover(&self, _secrets: &Secrets) -> MiddlewareResult<usize> {
         let Ok(entries) = std::fs::read_dir(&self.dir) else {
             return Ok(0);
         };
-        let live: Vec<String> = self
-            .live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .keys()
-            .cloned()
-            .collect();
+        let live = self.live.keys();
         let mut cleaned = 0;
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();

@@ -3,9 +3,10 @@
 //! host in another language can use casfs. `openapi.json` at the repository root
 //! describes every route of [`ROUTES`]; a test keeps the two equal.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request, State};
@@ -51,6 +52,36 @@ pub const ROUTES: &[&str] = &[
 /// travels base64-encoded, so about three quarters of it.
 pub const DEFAULT_MAX_BODY: usize = 32 << 20;
 
+/// What one server takes on at most, and how long it waits for a run's client.
+#[derive(Debug, Clone, Copy)]
+pub struct ServeLimits {
+    /// The largest request body (413 beyond).
+    pub max_body: usize,
+    /// Runs set up and not ended (429 `too_many_runs` beyond).
+    pub max_runs: usize,
+    /// A run nobody asked about (no request for it: chunk, events, any hook) for this
+    /// long is ended as a disconnect: nothing published, the lease released.
+    pub run_idle: Duration,
+    /// A sandbox no run has held for this long is destroyed (its uncaptured work
+    /// discarded; the next run on its thread starts at the head).
+    pub sandbox_idle: Duration,
+    /// File events kept per run for the events route; a client that falls further
+    /// behind is told which were lost.
+    pub max_events: usize,
+}
+
+impl Default for ServeLimits {
+    fn default() -> ServeLimits {
+        ServeLimits {
+            max_body: DEFAULT_MAX_BODY,
+            max_runs: 64,
+            run_idle: Duration::from_secs(600),
+            sandbox_idle: Duration::from_secs(3600),
+            max_events: 10_000,
+        }
+    }
+}
+
 /// What the server serves.
 pub struct Server {
     store: Arc<Store>,
@@ -58,7 +89,7 @@ pub struct Server {
     mw: Arc<Middleware>,
     runs: Mutex<HashMap<String, RunSlot>>,
     token: Option<String>,
-    max_body: std::sync::atomic::AtomicUsize,
+    limits: Mutex<ServeLimits>,
 }
 
 /// A run id taken: the run is being set up, or going.
@@ -70,7 +101,65 @@ enum RunSlot {
 
 struct LiveRun {
     run: Arc<Run>,
-    events: Arc<Mutex<Vec<FileEvent>>>,
+    events: Arc<Mutex<EventRing>>,
+    /// When a request last named the run.
+    seen: Mutex<Instant>,
+}
+
+/// The last file events of a run, numbered by the server from 1 without gaps.
+struct EventRing {
+    events: VecDeque<FileEvent>,
+    /// The number the next event gets.
+    next: u64,
+    cap: usize,
+}
+
+impl EventRing {
+    fn new(cap: usize) -> EventRing {
+        EventRing {
+            events: VecDeque::new(),
+            next: 1,
+            cap: cap.max(1),
+        }
+    }
+
+    fn push(&mut self, e: &FileEvent) {
+        let mut e = e.clone();
+        e.event.seq = self.next;
+        self.next += 1;
+        if self.events.len() == self.cap {
+            self.events.pop_front();
+        }
+        self.events.push_back(e);
+    }
+
+    /// The events numbered above `after`, led by a `lost` marker if some of them are
+    /// no longer kept.
+    fn after(&self, after: u64) -> Vec<Value> {
+        let oldest = self.events.front().map_or(self.next, |e| e.event.seq);
+        let mut out = Vec::new();
+        if after + 1 < oldest {
+            let (from, count) = (after + 1, oldest - after - 1);
+            out.push(json!({
+                "kind": "lost",
+                "seq": from,
+                "count": count,
+                "message": format!(
+                    "events lost from seq {from} to {}: the server keeps the last {} events \
+                     of a run; read them more often",
+                    oldest - 1,
+                    self.cap
+                ),
+            }));
+        }
+        out.extend(
+            self.events
+                .iter()
+                .filter(|e| e.event.seq > after)
+                .map(to_json),
+        );
+        out
+    }
 }
 
 impl Server {
@@ -92,15 +181,57 @@ impl Server {
             mw,
             runs: Mutex::new(HashMap::new()),
             token,
-            max_body: DEFAULT_MAX_BODY.into(),
+            limits: Mutex::new(ServeLimits::default()),
         }))
     }
 
-    /// Sets the largest request body (bytes) of routers made from now on; larger ones
-    /// get 413.
-    pub fn set_max_body(&self, bytes: usize) {
-        self.max_body
-            .store(bytes, std::sync::atomic::Ordering::Relaxed);
+    /// Sets the server's limits (the body limit for routers made from now on).
+    pub fn set_limits(&self, l: ServeLimits) {
+        *self.limits.lock().unwrap_or_else(|p| p.into_inner()) = l;
+    }
+
+    pub fn limits(&self) -> ServeLimits {
+        *self.limits.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Ends runs nobody asked about for the run idle timeout (as a disconnect: nothing
+    /// published, the lease released) and destroys sandboxes no run has held for the
+    /// sandbox idle timeout. `serve` calls it every second at most.
+    pub fn reap(&self) {
+        let l = self.limits();
+        let stale: Vec<(String, Arc<Run>)> = {
+            let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+            let ids: Vec<String> = runs
+                .iter()
+                .filter_map(|(id, r)| match r {
+                    RunSlot::Live(l2)
+                        if l2.seen.lock().unwrap_or_else(|p| p.into_inner()).elapsed()
+                            >= l.run_idle =>
+                    {
+                        Some(id.clone())
+                    }
+                    _ => None,
+                })
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| match runs.remove(&id) {
+                    Some(RunSlot::Live(l2)) => Some((id, l2.run)),
+                    _ => None,
+                })
+                .collect()
+        };
+        for (id, run) in stale {
+            tracing::info!(run = %id, "no request for the run in {:?}: ended as a disconnect", l.run_idle);
+            if let Err(e) = run.on_disconnect() {
+                tracing::warn!(run = %id, "ending an abandoned run: {e}");
+            }
+        }
+        match self.mw.reap_idle_sandboxes(l.sandbox_idle) {
+            Ok(0) => {}
+            Ok(n) => tracing::info!("destroyed {n} sandbox(es) idle for {:?}", l.sandbox_idle),
+            Err(e) => tracing::warn!("destroying idle sandboxes: {e}"),
+        }
+        give_back_freed_memory();
     }
 
     /// Ends the server's runs (as a disconnect: nothing published, leases released) and
@@ -161,9 +292,7 @@ impl Server {
             .route("/v1/maintenance", post(maintain))
             .fallback(no_route)
             .method_not_allowed_fallback(no_method)
-            .layer(DefaultBodyLimit::max(
-                self.max_body.load(std::sync::atomic::Ordering::Relaxed),
-            ))
+            .layer(DefaultBodyLimit::max(self.limits().max_body))
             .with_state(self.clone());
         if self.token.is_some() {
             r.layer(axum::middleware::from_fn_with_state(self.clone(), auth))
@@ -176,10 +305,14 @@ impl Server {
         self.live(id, |l| l.run.clone())
     }
 
-    /// `f` of live run `id`; 404 if there is none, 409 while it is still starting.
+    /// `f` of live run `id` (which counts as a request for it); 404 if there is none,
+    /// 409 while it is still starting.
     fn live<T>(&self, id: &str, f: impl FnOnce(&LiveRun) -> T) -> Result<T, ApiError> {
         match self.runs.lock().unwrap_or_else(|p| p.into_inner()).get(id) {
-            Some(RunSlot::Live(l)) => Ok(f(l)),
+            Some(RunSlot::Live(l)) => {
+                *l.seen.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+                Ok(f(l))
+            }
             Some(RunSlot::Starting) => Err(ApiError::new(
                 StatusCode::CONFLICT,
                 "run_starting",
@@ -371,6 +504,14 @@ impl From<MiddlewareError> for ApiError {
             M::WorkspaceMismatch { .. } => (StatusCode::CONFLICT, "workspace_mismatch"),
             M::Sandbox { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "sandbox"),
             M::SandboxBusy { .. } => (StatusCode::CONFLICT, "sandbox_busy"),
+            M::AtCapacity { what, .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                if *what == "runs" {
+                    "too_many_runs"
+                } else {
+                    "too_many_sandboxes"
+                },
+            ),
             M::Policy(_) => (StatusCode::UNPROCESSABLE_ENTITY, "policy"),
             M::Persistence(_) => (StatusCode::INTERNAL_SERVER_ERROR, "persistence"),
             M::Cancelled(_) => (StatusCode::CONFLICT, "cancelled"),
@@ -562,14 +703,10 @@ async fn start_run(State(s): State<Arc<Server>>, ApiJson(b): ApiJson<StartRun>) 
         let reserved = Reservation::take(&s, &b.run_id)?;
         let mut ctx = RunContext::new(thread, b.run_id.clone());
         ctx.tenant = b.tenant;
-        let events: Arc<Mutex<Vec<FileEvent>>> = Arc::default();
+        let events = Arc::new(Mutex::new(EventRing::new(s.limits().max_events)));
         let sink = events.clone();
         let on_event = FileEvents {
-            on_event: Arc::new(move |e| {
-                sink.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(e.clone())
-            }),
+            on_event: Arc::new(move |e| sink.lock().unwrap_or_else(|p| p.into_inner()).push(e)),
             diff: s.mw_config().file_events.as_ref().is_some_and(|f| f.diff),
         };
         let run =
@@ -585,6 +722,7 @@ async fn start_run(State(s): State<Arc<Server>>, ApiJson(b): ApiJson<StartRun>) 
         reserved.fill(LiveRun {
             run: Arc::new(run),
             events,
+            seen: Mutex::new(Instant::now()),
         });
         Ok(Json(answer))
     })
@@ -601,6 +739,7 @@ struct Reservation<'a> {
 
 impl<'a> Reservation<'a> {
     fn take(server: &'a Server, id: &str) -> Result<Reservation<'a>, ApiError> {
+        let max = server.limits().max_runs;
         let mut runs = server.runs.lock().unwrap_or_else(|p| p.into_inner());
         if runs.contains_key(id) {
             return Err(ApiError::new(
@@ -608,6 +747,13 @@ impl<'a> Reservation<'a> {
                 "run_exists",
                 format!("run {id:?} is already going"),
             ));
+        }
+        if runs.len() >= max {
+            return Err(MiddlewareError::AtCapacity {
+                what: "runs",
+                limit: max,
+            }
+            .into());
         }
         runs.insert(id.to_string(), RunSlot::Starting);
         Ok(Reservation {
@@ -738,14 +884,10 @@ async fn events(
     ApiQuery(q): ApiQuery<EventsQuery>,
 ) -> ApiResult {
     let ev = s.live(&run, |l| l.events.clone())?;
-    let after = q.after.unwrap_or(0);
-    let list: Vec<Value> = ev
+    let list = ev
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .iter()
-        .filter(|e| e.event.seq > after)
-        .map(to_json)
-        .collect();
+        .after(q.after.unwrap_or(0));
     Ok(Json(Value::Array(list)))
 }
 
@@ -790,6 +932,30 @@ async fn maintain(State(s): State<Arc<Server>>, ApiJson(op): ApiJson<MaintainOp>
     .await
 }
 
+/// Returns the allocator's free memory to the kernel, every 10 seconds at most. Every
+/// sandbox brings its own serving threads, and glibc gives each thread's arena memory
+/// back only when asked: without this, a server's resident memory kept the high-water
+/// mark of every arena (`cargo bench --bench soak`).
+fn give_back_freed_memory() {
+    static LAST: Mutex<Option<Instant>> = Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
+    if last.is_some_and(|t| t.elapsed() < Duration::from_secs(10)) {
+        return;
+    }
+    *last = Some(Instant::now());
+    // SAFETY: malloc_trim only releases free memory; any thread may call it.
+    unsafe { libc::malloc_trim(0) };
+}
+
+/// Aborts a task when dropped (the server's reaper, when serving ends).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Where `casfs serve` listens.
 pub enum Listen {
     Unix(PathBuf),
@@ -804,6 +970,19 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = server.router();
+    // The reaper: abandoned runs and idle sandboxes, checked every second at most.
+    let l = server.limits();
+    let tick = (l.run_idle.min(l.sandbox_idle) / 4)
+        .clamp(Duration::from_millis(50), Duration::from_secs(1));
+    let reaping = server.clone();
+    let reaper = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(tick).await;
+            let s = reaping.clone();
+            let _ = tokio::task::spawn_blocking(move || s.reap()).await;
+        }
+    });
+    let _stop_reaper = AbortOnDrop(reaper);
     match listen {
         Listen::Unix(path) => {
             let _ = std::fs::remove_file(&path);

@@ -4,6 +4,8 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+#[path = "../common/soak.rs"]
+mod soak_driver;
 
 mod bench;
 mod fleet;
@@ -12,6 +14,7 @@ mod middleware;
 mod read_only;
 mod reliability;
 mod serve;
+mod soak;
 mod trust;
 mod workspace;
 

@@ -1,0 +1,177 @@
+//! The live sandboxes of a provider: each with when a run last took it, and a limit on
+//! how many there may be. Idle sandboxes (no run holds them) make room, least recently
+//! used first, and are reaped after an idle timeout; a provider destroys what is
+//! evicted.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::{MiddlewareError, MiddlewareResult, SandboxHandle, SandboxWorkspace};
+
+pub(crate) struct Entry {
+    pub handle: SandboxHandle,
+    /// When a run last took it (or it was made).
+    pub used: Instant,
+}
+
+/// Whether someone besides the provider holds the sandbox (a run, its event dispatcher).
+pub(crate) fn in_use(h: &SandboxHandle) -> bool {
+    match &h.workspace {
+        SandboxWorkspace::Mount(m) => std::sync::Arc::strong_count(m) > 1,
+        SandboxWorkspace::Dir(d) => std::sync::Arc::strong_count(d) > 1,
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Live {
+    map: Mutex<HashMap<String, Entry>>,
+    /// The most live sandboxes (0: no limit).
+    max: AtomicUsize,
+}
+
+pub(crate) type LiveMap = HashMap<String, Entry>;
+
+impl Live {
+    pub fn lock(&self) -> MutexGuard<'_, LiveMap> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn set_max(&self, n: usize) {
+        self.max.store(n, Ordering::Relaxed);
+    }
+
+    pub fn handles(&self) -> Vec<SandboxHandle> {
+        self.lock().values().map(|e| e.handle.clone()).collect()
+    }
+
+    pub fn keys(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
+    }
+
+    /// Makes room for one more sandbox in `map`: removes and returns idle sandboxes,
+    /// least recently used first, with their key locks taken (one whose key is locked
+    /// is being changed: not idle), for the caller to destroy. Refused (429) when every
+    /// sandbox is in use.
+    pub fn make_room<'k>(
+        &self,
+        map: &mut LiveMap,
+        keys: &'k KeyLocks,
+    ) -> MiddlewareResult<Vec<(KeyGuard<'k>, SandboxHandle)>> {
+        let max = self.max.load(Ordering::Relaxed);
+        let mut out = Vec::new();
+        if max == 0 {
+            return Ok(out);
+        }
+        let mut idle: Vec<(String, Instant)> = map
+            .iter()
+            .filter(|(_, e)| !in_use(&e.handle))
+            .map(|(k, e)| (k.clone(), e.used))
+            .collect();
+        idle.sort_by_key(|(_, used)| *used);
+        let mut idle = idle.into_iter();
+        while map.len() >= max {
+            let Some((k, _)) = idle.next() else {
+                return Err(MiddlewareError::AtCapacity {
+                    what: "sandboxes",
+                    limit: max,
+                });
+            };
+            if let Some(g) = keys.try_lock(&k) {
+                let e = map.remove(&k).expect("listed above");
+                out.push((g, e.handle));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Removes and returns the sandboxes no run has held for `idle`. Called often (a
+    /// server's reaper: every second at most), it also notes when each sandbox in use
+    /// was last seen so, which is when its idle time starts.
+    pub fn idle<'k>(
+        &self,
+        map: &mut LiveMap,
+        keys: &'k KeyLocks,
+        idle: Duration,
+    ) -> Vec<(KeyGuard<'k>, SandboxHandle)> {
+        let now = Instant::now();
+        for e in map.values_mut() {
+            if in_use(&e.handle) {
+                e.used = now;
+            }
+        }
+        let stale: Vec<String> = map
+            .iter()
+            .filter(|(_, e)| now.duration_since(e.used) >= idle)
+            .map(|(k, _)| k.clone())
+            .collect();
+        stale
+            .into_iter()
+            .filter_map(|k| {
+                let g = keys.try_lock(&k)?;
+                map.remove(&k).map(|e| (g, e.handle))
+            })
+            .collect()
+    }
+}
+
+/// Per-key locks: every change to the sandbox of one key (make, resume, destroy, reap)
+/// holds its key's lock, so that changes of different keys (a mount takes tens of
+/// milliseconds) run at once while those of one key never overlap.
+#[derive(Default)]
+pub(crate) struct KeyLocks {
+    held: Mutex<HashSet<String>>,
+    freed: Condvar,
+}
+
+/// A held key lock, given back when dropped.
+pub(crate) struct KeyGuard<'a> {
+    locks: &'a KeyLocks,
+    key: String,
+}
+
+impl KeyLocks {
+    fn held(&self) -> MutexGuard<'_, HashSet<String>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits for `key` and takes it.
+    pub fn lock(&self, key: &str) -> KeyGuard<'_> {
+        let mut held = self.held();
+        while held.contains(key) {
+            held = self.freed.wait(held).unwrap_or_else(|p| p.into_inner());
+        }
+        held.insert(key.to_string());
+        KeyGuard {
+            locks: self,
+            key: key.to_string(),
+        }
+    }
+
+    /// Takes `key` if nobody holds it.
+    pub fn try_lock(&self, key: &str) -> Option<KeyGuard<'_>> {
+        let mut held = self.held();
+        if held.contains(key) {
+            return None;
+        }
+        held.insert(key.to_string());
+        Some(KeyGuard {
+            locks: self,
+            key: key.to_string(),
+        })
+    }
+}
+
+impl KeyGuard<'_> {
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+impl Drop for KeyGuard<'_> {
+    fn drop(&mut self) {
+        self.locks.held().remove(&self.key);
+        self.locks.freed.notify_all();
+    }
+}
