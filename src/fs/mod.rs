@@ -43,6 +43,9 @@ pub struct Mounted {
     dev: Option<u64>,
 }
 
+/// How long unmount tries again while the mount is busy.
+const BUSY_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// How long unmount waits for the serving threads after the kernel let go.
 const UNMOUNT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -80,12 +83,24 @@ impl Mounted {
         if !s.guard.is_finished() && self.ours_on_top() {
             let c = CString::new(self.mountpoint.as_os_str().as_bytes())
                 .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
-            // SAFETY: a NUL-terminated path.
-            if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
+            // A file closed just now keeps the mount busy until the daemon has answered
+            // the kernel's asynchronous release of it: busy is tried again for a while.
+            let start = std::time::Instant::now();
+            loop {
+                // SAFETY: a NUL-terminated path.
+                if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
+                    break;
+                }
                 let e = std::io::Error::last_os_error();
-                if e.raw_os_error() != Some(libc::EINVAL) {
-                    self.session = Some(s);
-                    return Err(e);
+                match e.raw_os_error() {
+                    Some(libc::EINVAL) => break,
+                    Some(libc::EBUSY) if start.elapsed() < BUSY_WAIT => {
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                    }
+                    _ => {
+                        self.session = Some(s);
+                        return Err(e);
+                    }
                 }
             }
             // Unmounted: the kernel ends the connection and the threads return.

@@ -983,9 +983,16 @@ fn an_exiting_daemon_leaves_the_next_mount_at_its_path_alone() {
         );
         ok(&a, &["mount", mp.to_str().unwrap(), "-t", "one"]);
         fs::write(mp.join("f"), b"a").unwrap();
-        // Not through casfs: a plain umount, as an admin or a container runtime does.
+        // Not through casfs: a plain umount, as an admin or a container runtime does
+        // (again while busy: the kernel holds the mount until the daemon has answered
+        // the asynchronous release of the file just closed).
         // SAFETY: a NUL-terminated path.
-        assert_eq!(unsafe { libc::umount2(cpath(&mp).as_ptr(), 0) }, 0);
+        let umount = || unsafe { libc::umount2(cpath(&mp).as_ptr(), 0) } == 0;
+        assert!(
+            crate::wait_for(std::time::Duration::from_secs(5), umount),
+            "round {i}: umount: {}",
+            std::io::Error::last_os_error()
+        );
         ok(&b, &["mount", mp.to_str().unwrap(), "-t", "two"]);
         wait_for_daemons_to_exit(&a);
         assert!(
