@@ -7,7 +7,7 @@ mod common;
 use std::fs;
 use std::time::Duration;
 
-use casfs::cas::rocks::OBJECTS_CF;
+use casfs::cas::kv::OBJECTS_CF;
 use casfs::cas::{load_tree, Hash, TreeId};
 use casfs::checkpoint::{NewCheckpoint, OpenMode, Store, ThreadId};
 use common::*;
@@ -41,11 +41,11 @@ fn a_flipped_byte_is_an_integrity_error_naming_the_hash() {
         let tree = load_tree(store.objects(), &root).unwrap();
         let id = tree.get(b"victim.txt").unwrap().file_ref().unwrap().id;
         let db = store.database();
-        let cf = db.cf(OBJECTS_CF);
-        let mut raw = db.raw().get_cf(cf, id.0.as_bytes()).unwrap().unwrap();
+        let col = db.column(OBJECTS_CF);
+        let mut raw = col.get(id.0.as_bytes()).unwrap().unwrap();
         let n = raw.len() / 2;
         raw[n] ^= 0x40;
-        db.raw().put_cf(cf, id.0.as_bytes(), &raw).unwrap();
+        col.put(id.0.as_bytes(), &raw, true).unwrap();
         id
     };
 

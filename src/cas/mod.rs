@@ -9,9 +9,10 @@ mod error;
 pub mod file;
 pub mod gc;
 mod hash;
+pub mod kv;
 pub mod object;
-pub mod remote;
-pub mod rocks;
+pub mod remote_store;
+mod rocks_store;
 mod store;
 pub mod tree;
 
@@ -19,8 +20,9 @@ pub use error::{CasError, CasResult};
 pub use file::{FileRef, StoreStats, CHUNK_SIZE};
 pub use gc::{write_session, Fence, Marker, Problem, WriteSession};
 pub use hash::{decode_hex, ChunkId, FileId, Hash, ObjectId, ParseIdError, TreeId, HASH_LEN};
-pub use rocks::Database;
-pub use store::{ObjectStore, PutOutcome, RocksObjectStore, SweepReport};
+pub use kv::{Batch, Column, Database};
+pub use rocks_store::RocksObjectStore;
+pub use store::{ObjectStore, PutOutcome, SweepReport};
 pub use tree::{EntryContent, Tree, TreeEntry};
 
 /// Reads and decodes a tree object.

@@ -21,12 +21,10 @@
 use std::path::Path;
 use std::sync::Mutex;
 
-use rocksdb::WriteBatch;
-
 use super::fsutil::Fingerprint;
 use super::watch::Token;
-use super::{CheckpointError, CheckpointResult, Store};
-use crate::cas::{Hash, Tree, TreeEntry, TreeId};
+use super::{CheckpointResult, Store};
+use crate::cas::{Batch, Hash, Tree, TreeEntry, TreeId};
 
 pub const DIRCACHE_CF: &str = "dircache";
 const VERSION: u8 = 1;
@@ -114,11 +112,8 @@ impl DirCache {
 pub fn all_entries(store: &Store) -> CheckpointResult<Vec<(Vec<u8>, Option<DirCache>)>> {
     let db = store.database();
     let mut out = Vec::new();
-    for item in db
-        .raw()
-        .iterator_cf(db.cf(DIRCACHE_CF), rocksdb::IteratorMode::Start)
-    {
-        let (k, v) = item.map_err(|e| CheckpointError::from(db.err(e)))?;
+    for item in db.column(DIRCACHE_CF).entries() {
+        let (k, v) = item?;
         if is_token_key(&k) {
             continue;
         }
@@ -130,13 +125,11 @@ pub fn all_entries(store: &Store) -> CheckpointResult<Vec<(Vec<u8>, Option<DirCa
 /// Forgets the cached directories under these keys (from [`all_entries`]).
 pub fn remove(store: &Store, keys: &[Vec<u8>]) -> CheckpointResult<()> {
     let db = store.database();
-    let mut b = WriteBatch::default();
+    let mut b = Batch::default();
     for k in keys {
-        b.delete_cf(db.cf(DIRCACHE_CF), k);
+        b.delete(&db.column(DIRCACHE_CF), k);
     }
-    db.raw()
-        .write(b)
-        .map_err(|e| CheckpointError::from(db.err(e)))
+    Ok(db.write(b, false)?)
 }
 
 /// A pending write: key and new value, or `None` to delete.
@@ -216,10 +209,7 @@ impl<'a> DirCacheSet<'a> {
             return Ok(None);
         }
         let db = self.store.database();
-        let v = db
-            .raw()
-            .get_pinned_cf(db.cf(DIRCACHE_CF), self.key(suffix))
-            .map_err(|e| CheckpointError::Cas(db.err(e)))?;
+        let v = db.column(DIRCACHE_CF).get(&self.key(suffix))?;
         Ok(v.and_then(|v| decode(&v)))
     }
 
@@ -246,26 +236,24 @@ impl<'a> DirCacheSet<'a> {
         let updates = self.updates.into_inner().unwrap_or_else(|p| p.into_inner());
         let token = self.token.into_inner().unwrap_or_else(|p| p.into_inner());
         let db = self.store.database();
-        let cf = db.cf(DIRCACHE_CF);
-        let mut batch = WriteBatch::default();
+        let col = db.column(DIRCACHE_CF);
+        let mut batch = Batch::default();
         match token {
-            Some(t) => batch.put_cf(cf, token_key, t.encode()),
-            None => batch.delete_cf(cf, token_key),
+            Some(t) => batch.put(&col, token_key, t.encode()),
+            None => batch.delete(&col, token_key),
         }
         for (k, v) in updates {
             match v {
-                Some(v) => batch.put_cf(cf, k, v),
+                Some(v) => batch.put(&col, k, v),
                 None if k.last() == Some(&b'/') => {
                     // Everything under "dir/": the range ["dir/", "dir0").
                     let mut end = k.clone();
                     *end.last_mut().expect("non-empty") = b'/' + 1;
-                    batch.delete_range_cf(cf, k, end);
+                    batch.delete_range(&col, &k, &end);
                 }
-                None => batch.delete_cf(cf, k),
+                None => batch.delete(&col, k),
             }
         }
-        db.raw()
-            .write(batch)
-            .map_err(|e| CheckpointError::Cas(db.err(e)))
+        Ok(db.write(batch, false)?)
     }
 }

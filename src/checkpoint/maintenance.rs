@@ -24,7 +24,7 @@ use super::{
     ThreadId, WriterLease,
 };
 use crate::cas::gc::Collecting;
-use crate::cas::{Hash, Marker, Problem, SweepReport};
+use crate::cas::{Batch, Hash, Marker, Problem, SweepReport};
 use crate::fs::dirty::{mount_keys, DirtyStore, Override};
 use crate::fs::upper_rel;
 
@@ -405,11 +405,8 @@ pub fn fsck(store: &Store, repair: bool, live: &HashSet<[u8; 8]>) -> CheckpointR
         }
     }
     rep.checkpoints = present.len();
-    for item in db
-        .raw()
-        .iterator_cf(db.cf(HEADS_CF), rocksdb::IteratorMode::Start)
-    {
-        let (k, v) = item.map_err(|e| CheckpointError::from(db.err(e)))?;
+    for item in db.column(HEADS_CF).entries() {
+        let (k, v) = item?;
         rep.threads += 1;
         let name = String::from_utf8_lossy(&k).into_owned();
         match Hash::from_slice(&v).map(CheckpointId) {
@@ -434,11 +431,8 @@ pub fn fsck(store: &Store, repair: bool, live: &HashSet<[u8; 8]>) -> CheckpointR
 
     // Leases and fencing tokens.
     let mut tokens: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
-    for item in db
-        .raw()
-        .iterator_cf(db.cf(FENCING_CF), rocksdb::IteratorMode::Start)
-    {
-        let (k, v) = item.map_err(|e| CheckpointError::from(db.err(e)))?;
+    for item in db.column(FENCING_CF).entries() {
+        let (k, v) = item?;
         match <[u8; 8]>::try_from(&*v) {
             Ok(b) => {
                 tokens.insert(k.to_vec(), u64::from_be_bytes(b));
@@ -450,19 +444,16 @@ pub fn fsck(store: &Store, repair: bool, live: &HashSet<[u8; 8]>) -> CheckpointR
             )),
         }
     }
-    let mut lease_fixes = rocksdb::WriteBatch::default();
-    for item in db
-        .raw()
-        .iterator_cf(db.cf(LEASES_CF), rocksdb::IteratorMode::Start)
-    {
-        let (k, v) = item.map_err(|e| CheckpointError::from(db.err(e)))?;
+    let mut lease_fixes = Batch::default();
+    for item in db.column(LEASES_CF).entries() {
+        let (k, v) = item?;
         let name = String::from_utf8_lossy(&k).into_owned();
         match serde_json::from_slice::<WriterLease>(&v) {
             Err(e) => {
                 rep.leftovers
                     .push(format!("lease of thread {name:?} does not decode: {e}"));
                 if repair {
-                    lease_fixes.delete_cf(db.cf(LEASES_CF), &k);
+                    lease_fixes.delete(&db.column(LEASES_CF), &k);
                     rep.repaired
                         .push(format!("dropped the undecodable lease of thread {name:?}"));
                 }
@@ -475,7 +466,7 @@ pub fn fsck(store: &Store, repair: bool, live: &HashSet<[u8; 8]>) -> CheckpointR
                         l.token
                     ));
                     if repair {
-                        lease_fixes.put_cf(db.cf(FENCING_CF), &k, l.token.to_be_bytes());
+                        lease_fixes.put(&db.column(FENCING_CF), &k, l.token.to_be_bytes());
                         rep.repaired.push(format!(
                             "raised the fencing token of thread {name:?} to {}",
                             l.token
@@ -487,11 +478,7 @@ pub fn fsck(store: &Store, repair: bool, live: &HashSet<[u8; 8]>) -> CheckpointR
         }
     }
     if repair && !lease_fixes.is_empty() {
-        let mut o = rocksdb::WriteOptions::default();
-        o.set_sync(true);
-        db.raw()
-            .write_opt(lease_fixes, &o)
-            .map_err(|e| CheckpointError::from(db.err(e)))?;
+        db.write(lease_fixes, true)?;
     }
 
     // Objects.

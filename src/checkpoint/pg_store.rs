@@ -39,7 +39,7 @@ impl PgCheckpointStore {
     /// Connects to `url` (`postgres://user@host:port/db?schema=NAME`) and creates the
     /// tables if they are missing.
     pub fn open(url: &str) -> CheckpointResult<PgCheckpointStore> {
-        let name = crate::cas::remote::redact_url(url);
+        let name = crate::cas::remote_store::redact_url(url);
         let bad = |d: String| CheckpointError::Invalid(format!("checkpoint store {name}: {d}"));
         let mut parsed = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
         if parsed.password().is_some() {

@@ -4,7 +4,7 @@
 //! `leases` (thread -> live lease), `fencing` (thread -> last token handed out, never
 //! decreasing). The store directory's lock file keeps other processes out while this
 //! one has the database open; within the process a mutex makes each read-check-write a
-//! single step, and every change is one `WriteBatch` through the write-ahead log.
+//! single step, and every change is one [`Batch`] through the write-ahead log.
 //!
 //! Appends (and forks, fencing resets) are synced. Lease records (take, renew, release)
 //! are not: they survive a killed process (the log is in the kernel's hands) and are
@@ -17,14 +17,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use rocksdb::{WriteBatch, WriteOptions};
-
 use super::lease::millis;
 use super::{
     Checkpoint, CheckpointError, CheckpointId, CheckpointResult, CheckpointStore, NewCheckpoint,
     ThreadId, WriterLease,
 };
-use crate::cas::{decode_hex, Database, Hash};
+use crate::cas::{decode_hex, Batch, Database, Hash};
 
 pub const CHECKPOINTS_CF: &str = "checkpoints";
 pub const HEADS_CF: &str = "heads";
@@ -51,29 +49,20 @@ impl RocksCheckpointStore {
     }
 
     fn get_raw(&self, cf: &str, key: &[u8]) -> CheckpointResult<Option<Vec<u8>>> {
-        Ok(self
-            .db
-            .raw()
-            .get_cf(self.db.cf(cf), key)
-            .map_err(|e| self.db.err(e))?)
+        Ok(self.db.column(cf).get(key)?)
     }
 
-    fn write(&self, batch: WriteBatch) -> CheckpointResult<()> {
+    fn write(&self, batch: Batch) -> CheckpointResult<()> {
         self.write_opt(batch, true)
     }
 
     /// A lease change: through the log, not synced (see the module's notes).
-    fn write_lease(&self, batch: WriteBatch) -> CheckpointResult<()> {
+    fn write_lease(&self, batch: Batch) -> CheckpointResult<()> {
         self.write_opt(batch, false)
     }
 
-    fn write_opt(&self, batch: WriteBatch, sync: bool) -> CheckpointResult<()> {
-        let mut opts = WriteOptions::default();
-        opts.set_sync(sync);
-        self.db
-            .raw()
-            .write_opt(batch, &opts)
-            .map_err(|e| self.db.err(e).into())
+    fn write_opt(&self, batch: Batch, sync: bool) -> CheckpointResult<()> {
+        Ok(self.db.write(batch, sync)?)
     }
 
     fn current_lease(&self, thread: &ThreadId) -> CheckpointResult<Option<WriterLease>> {
@@ -120,12 +109,8 @@ impl RocksCheckpointStore {
         &self,
     ) -> CheckpointResult<Vec<(CheckpointId, CheckpointResult<Checkpoint>)>> {
         let mut out = Vec::new();
-        for item in self
-            .db
-            .raw()
-            .iterator_cf(self.db.cf(CHECKPOINTS_CF), rocksdb::IteratorMode::Start)
-        {
-            let (k, v) = item.map_err(|e| self.db.err(e))?;
+        for item in self.db.column(CHECKPOINTS_CF).entries() {
+            let (k, v) = item?;
             let Some(h) = Hash::from_slice(&k) else {
                 let id = CheckpointId(Hash::of(&k));
                 out.push((
@@ -151,19 +136,19 @@ impl RocksCheckpointStore {
         let heads: std::collections::HashSet<CheckpointId> =
             self.threads()?.into_iter().map(|(_, id)| id).collect();
         let now = millis(SystemTime::now());
-        let mut batch = WriteBatch::default();
+        let mut batch = Batch::default();
         let mut n = 0;
         for (id, thread) in doomed {
             if heads.contains(id) {
                 continue;
             }
             let tomb = serde_json::json!({"thread": thread, "pruned_at_ms": now});
-            batch.put_cf(
-                self.db.cf(PRUNED_CF),
+            batch.put(
+                &self.db.column(PRUNED_CF),
                 id.0.as_bytes(),
                 serde_json::to_vec(&tomb).expect("json"),
             );
-            batch.delete_cf(self.db.cf(CHECKPOINTS_CF), id.0.as_bytes());
+            batch.delete(&self.db.column(CHECKPOINTS_CF), id.0.as_bytes());
             n += 1;
         }
         crate::crashpoint("prune.before");
@@ -171,18 +156,22 @@ impl RocksCheckpointStore {
         Ok(n)
     }
 
-    fn put_lease(&self, batch: &mut WriteBatch, lease: &WriterLease) {
-        batch.put_cf(
-            self.db.cf(LEASES_CF),
+    fn put_lease(&self, batch: &mut Batch, lease: &WriterLease) {
+        batch.put(
+            &self.db.column(LEASES_CF),
             lease.thread.as_str().as_bytes(),
             serde_json::to_vec(lease).expect("a lease serializes"),
         );
     }
 
-    fn put_checkpoint(&self, batch: &mut WriteBatch, cp: &Checkpoint) {
-        batch.put_cf(self.db.cf(CHECKPOINTS_CF), cp.id.0.as_bytes(), cp.encode());
-        batch.put_cf(
-            self.db.cf(HEADS_CF),
+    fn put_checkpoint(&self, batch: &mut Batch, cp: &Checkpoint) {
+        batch.put(
+            &self.db.column(CHECKPOINTS_CF),
+            cp.id.0.as_bytes(),
+            cp.encode(),
+        );
+        batch.put(
+            &self.db.column(HEADS_CF),
             cp.body.thread_id.as_str().as_bytes(),
             cp.id.0.as_bytes(),
         );
@@ -233,10 +222,10 @@ impl CheckpointStore for RocksCheckpointStore {
             expires_at_ms: millis(now) + ttl_ms,
             ttl_ms,
         };
-        let mut batch = WriteBatch::default();
+        let mut batch = Batch::default();
         self.put_lease(&mut batch, &lease);
-        batch.put_cf(
-            self.db.cf(FENCING_CF),
+        batch.put(
+            &self.db.column(FENCING_CF),
             thread.as_str().as_bytes(),
             token.to_be_bytes(),
         );
@@ -250,7 +239,7 @@ impl CheckpointStore for RocksCheckpointStore {
         self.check_lease(lease, now)?;
         let mut renewed = lease.clone();
         renewed.expires_at_ms = millis(now) + lease.ttl_ms;
-        let mut batch = WriteBatch::default();
+        let mut batch = Batch::default();
         self.put_lease(&mut batch, &renewed);
         self.write_lease(batch)?;
         Ok(renewed)
@@ -261,8 +250,8 @@ impl CheckpointStore for RocksCheckpointStore {
         let current = self.current_lease(&lease.thread)?;
         let last = self.last_token(&lease.thread)?;
         if super::store::release_deletes(lease, current.as_ref(), last)? {
-            let mut batch = WriteBatch::default();
-            batch.delete_cf(self.db.cf(LEASES_CF), lease.thread.as_str().as_bytes());
+            let mut batch = Batch::default();
+            batch.delete(&self.db.column(LEASES_CF), lease.thread.as_str().as_bytes());
             self.write_lease(batch)?;
         }
         Ok(())
@@ -307,7 +296,7 @@ impl CheckpointStore for RocksCheckpointStore {
             self.get(&parent)?;
         }
         let cp = Checkpoint::from_new(new, expected_head, now);
-        let mut batch = WriteBatch::default();
+        let mut batch = Batch::default();
         self.put_checkpoint(&mut batch, &cp);
         crate::crashpoint("append.before");
         self.write(batch)?;
@@ -336,7 +325,7 @@ impl CheckpointStore for RocksCheckpointStore {
         let src = self.get(from)?;
         let new = NewCheckpoint::fork_of(new_thread, &src);
         let cp = Checkpoint::from_new(new, Some(*from), SystemTime::now());
-        let mut batch = WriteBatch::default();
+        let mut batch = Batch::default();
         self.put_checkpoint(&mut batch, &cp);
         self.write(batch)?;
         Ok(cp)
@@ -344,12 +333,8 @@ impl CheckpointStore for RocksCheckpointStore {
 
     fn threads(&self) -> CheckpointResult<Vec<(ThreadId, CheckpointId)>> {
         let mut out = Vec::new();
-        for item in self
-            .db
-            .raw()
-            .iterator_cf(self.db.cf(HEADS_CF), rocksdb::IteratorMode::Start)
-        {
-            let (k, v) = item.map_err(|e| self.db.err(e))?;
+        for item in self.db.column(HEADS_CF).entries() {
+            let (k, v) = item?;
             let name = String::from_utf8_lossy(&k).into_owned();
             let thread = ThreadId::new(&name)?;
             let id = Hash::from_slice(&v).ok_or_else(|| CheckpointError::Corrupt {
@@ -370,12 +355,9 @@ impl CheckpointStore for RocksCheckpointStore {
         }
         let even = decode_hex(&p[..p.len() / 2 * 2]).unwrap_or_default();
         let mut candidates = Vec::new();
-        let iter = self.db.raw().iterator_cf(
-            self.db.cf(CHECKPOINTS_CF),
-            rocksdb::IteratorMode::From(&even, rocksdb::Direction::Forward),
-        );
+        let iter = self.db.column(CHECKPOINTS_CF).entries_from(&even);
         for item in iter {
-            let (k, _) = item.map_err(|e| self.db.err(e))?;
+            let (k, _) = item?;
             if !k.starts_with(&even) {
                 break;
             }

@@ -66,7 +66,7 @@ pub struct Store {
     db: Arc<Database>,
     objects: Arc<RocksObjectStore>,
     checkpoints: RocksCheckpointStore,
-    remote: Option<Arc<crate::cas::remote::RemoteObjectStore>>,
+    remote: Option<Arc<crate::cas::remote_store::RemoteObjectStore>>,
     fleet_checkpoints: Option<super::PgCheckpointStore>,
     backends: Backends,
     /// `None` for a read-only open, which takes no lock.
@@ -129,7 +129,7 @@ impl Store {
         cfs.push(DIRCACHE_CF);
         cfs.push(crate::fs::MOUNTS_CF);
         cfs.push(HOST_CF);
-        cfs.push(crate::cas::remote::REMOTE_CF);
+        cfs.push(crate::cas::remote_store::REMOTE_CF);
         let db = Arc::new(Database::open(&root.join("db"), &cfs)?);
         Store::assemble(root, db, Some(lock), backends)
     }
@@ -142,7 +142,7 @@ impl Store {
     ) -> CheckpointResult<Store> {
         let objects = Arc::new(RocksObjectStore::new(db.clone()));
         let remote = match &backends.objects {
-            Some(url) => Some(Arc::new(crate::cas::remote::RemoteObjectStore::open(
+            Some(url) => Some(Arc::new(crate::cas::remote_store::RemoteObjectStore::open(
                 objects.clone(),
                 url,
             )?)),
@@ -195,7 +195,7 @@ impl Store {
     }
 
     /// The remote object store, with fleet objects.
-    pub fn remote(&self) -> Option<&Arc<crate::cas::remote::RemoteObjectStore>> {
+    pub fn remote(&self) -> Option<&Arc<crate::cas::remote_store::RemoteObjectStore>> {
         self.remote.as_ref()
     }
 

@@ -14,10 +14,9 @@
 
 use std::sync::Arc;
 
-use rocksdb::{Direction, IteratorMode, WriteBatch, WriteOptions};
 use serde::{Deserialize, Serialize};
 
-use crate::cas::{CasError, CasResult, Database, FileId, TreeId};
+use crate::cas::{Batch, CasError, CasResult, Column, Database, FileId, TreeId};
 
 /// The column family holding every mount's dirty set.
 pub const MOUNTS_CF: &str = "mounts";
@@ -88,24 +87,21 @@ fn decode_err(what: &str, detail: impl std::fmt::Display) -> CasError {
 /// The keys of every mount that has anything in the `mounts` column family.
 pub fn mount_keys(db: &Database) -> CasResult<Vec<[u8; 8]>> {
     let mut out: Vec<[u8; 8]> = Vec::new();
-    let cf = db.cf(MOUNTS_CF);
-    let mut it = db.raw().raw_iterator_cf(cf);
-    it.seek_to_first();
-    while it.valid() {
-        let k = it.key().expect("valid iterator");
+    let col = db.column(MOUNTS_CF);
+    let mut at = Vec::new();
+    while let Some(k) = col.key_at_or_after(&at)? {
         if k.len() < 8 {
-            it.next();
+            at = k;
+            at.push(0);
             continue;
         }
         let key: [u8; 8] = k[..8].try_into().expect("8 bytes");
         out.push(key);
         // Skip to the next mount's keys.
-        let mut next = key.to_vec();
-        next.push(0xff);
-        next.push(0xff);
-        it.seek(&next);
+        at = key.to_vec();
+        at.push(0xff);
+        at.push(0xff);
     }
-    it.status().map_err(|e| db.err(e))?;
     Ok(out)
 }
 
@@ -128,19 +124,18 @@ impl DirtyStore {
         &self.db
     }
 
-    pub fn batch(&self) -> WriteBatch {
-        WriteBatch::default()
+    fn col(&self) -> Column<'_> {
+        self.db.column(MOUNTS_CF)
+    }
+
+    pub fn batch(&self) -> Batch {
+        Batch::default()
     }
 
     /// Applies `batch` through the write-ahead log, without syncing it.
-    pub fn commit(&self, batch: WriteBatch) -> CasResult<()> {
+    pub fn commit(&self, batch: Batch) -> CasResult<()> {
         crate::crashpoint("dirty.commit");
-        let mut o = WriteOptions::default();
-        o.set_sync(false);
-        self.db
-            .raw()
-            .write_opt(batch, &o)
-            .map_err(|e| self.db.err(e))
+        self.db.write(batch, false)
     }
 
     /// Makes every committed batch durable.
@@ -148,35 +143,27 @@ impl DirtyStore {
         self.db.sync()
     }
 
-    pub fn put_meta(&self, b: &mut WriteBatch, meta: &MountMeta) {
+    pub fn put_meta(&self, b: &mut Batch, meta: &MountMeta) {
         let v = serde_json::to_vec(meta).expect("meta serializes");
-        b.put_cf(self.db.cf(MOUNTS_CF), self.k(b'M', &[]), v);
+        b.put(&self.col(), self.k(b'M', &[]), v);
     }
 
     pub fn meta(&self) -> CasResult<Option<MountMeta>> {
-        let v = self
-            .db
-            .raw()
-            .get_cf(self.db.cf(MOUNTS_CF), self.k(b'M', &[]))
-            .map_err(|e| self.db.err(e))?;
+        let v = self.col().get(&self.k(b'M', &[]))?;
         v.map(|v| serde_json::from_slice(&v).map_err(|e| decode_err("mount record", e)))
             .transpose()
     }
 
-    pub fn put_node(&self, b: &mut WriteBatch, ino: u64, rec: &NodeRecord) {
+    pub fn put_node(&self, b: &mut Batch, ino: u64, rec: &NodeRecord) {
         let v = serde_json::to_vec(rec).expect("record serializes");
-        b.put_cf(
-            self.db.cf(MOUNTS_CF),
-            self.k(b'N', &[&ino.to_be_bytes()]),
-            v,
-        );
+        b.put(&self.col(), self.k(b'N', &[&ino.to_be_bytes()]), v);
     }
 
-    pub fn delete_node(&self, b: &mut WriteBatch, ino: u64) {
-        b.delete_cf(self.db.cf(MOUNTS_CF), self.k(b'N', &[&ino.to_be_bytes()]));
+    pub fn delete_node(&self, b: &mut Batch, ino: u64) {
+        b.delete(&self.col(), self.k(b'N', &[&ino.to_be_bytes()]));
     }
 
-    pub fn put_entry(&self, b: &mut WriteBatch, dir: u64, name: &[u8], o: Override) {
+    pub fn put_entry(&self, b: &mut Batch, dir: u64, name: &[u8], o: Override) {
         let v = match o {
             Override::Whiteout => vec![0u8],
             Override::Node(ino) => {
@@ -185,42 +172,30 @@ impl DirtyStore {
                 v
             }
         };
-        b.put_cf(
-            self.db.cf(MOUNTS_CF),
-            self.k(b'E', &[&dir.to_be_bytes(), name]),
-            v,
-        );
+        b.put(&self.col(), self.k(b'E', &[&dir.to_be_bytes(), name]), v);
     }
 
     /// Forgets every node record and override (the base keeps its record).
-    pub fn clear(&self, b: &mut WriteBatch) {
-        let cf = self.db.cf(MOUNTS_CF);
-        b.delete_range_cf(cf, self.k(b'E', &[]), self.k(b'E' + 1, &[]));
-        b.delete_range_cf(cf, self.k(b'N', &[]), self.k(b'N' + 1, &[]));
+    pub fn clear(&self, b: &mut Batch) {
+        let col = self.col();
+        b.delete_range(&col, &self.k(b'E', &[]), &self.k(b'E' + 1, &[]));
+        b.delete_range(&col, &self.k(b'N', &[]), &self.k(b'N' + 1, &[]));
     }
 
     /// Forgets this mount entirely.
-    pub fn clear_all(&self, b: &mut WriteBatch) {
-        let cf = self.db.cf(MOUNTS_CF);
+    pub fn clear_all(&self, b: &mut Batch) {
         let mut end = self.key.to_vec();
         end.push(0xff);
-        b.delete_range_cf(cf, self.key.to_vec(), end);
+        b.delete_range(&self.col(), &self.key, &end);
     }
 
     fn scan(&self, prefix: Vec<u8>) -> CasResult<Vec<(Vec<u8>, Vec<u8>)>> {
-        let mut out = Vec::new();
-        let it = self.db.raw().iterator_cf(
-            self.db.cf(MOUNTS_CF),
-            IteratorMode::From(&prefix, Direction::Forward),
-        );
-        for item in it {
-            let (k, v) = item.map_err(|e| self.db.err(e))?;
-            if !k.starts_with(&prefix) {
-                break;
-            }
-            out.push((k[prefix.len()..].to_vec(), v.to_vec()));
-        }
-        Ok(out)
+        Ok(self
+            .col()
+            .prefixed(&prefix)?
+            .into_iter()
+            .map(|(k, v)| (k[prefix.len()..].to_vec(), v))
+            .collect())
     }
 
     /// Every node record.

@@ -25,7 +25,6 @@ use fuser::{
     ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
     ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
-use rocksdb::WriteBatch;
 
 use super::dirty::{DirtyStore, Kind, MountMeta, NodeRecord, Override};
 use super::{reply_getxattr, reply_listxattr, ChunkReader, Mounted};
@@ -610,7 +609,7 @@ fn record_of(n: &Node) -> NodeRecord {
 struct Tx<'a> {
     ws: &'a Workspace,
     st: MutexGuard<'a, State>,
-    batch: WriteBatch,
+    batch: crate::cas::Batch,
     /// Changes to announce once the batch is written.
     events: Vec<(FsEventKind, String, Option<String>, bool)>,
 }
@@ -1619,7 +1618,7 @@ impl Workspace {
         Tx {
             ws: self,
             st: self.lock(),
-            batch: WriteBatch::default(),
+            batch: crate::cas::Batch::default(),
             events: Vec::new(),
         }
     }

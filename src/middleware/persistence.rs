@@ -158,34 +158,28 @@ impl StorePersistence {
 
     fn get(&self, key: &[u8]) -> MiddlewareResult<Option<Vec<u8>>> {
         self.db
-            .raw()
-            .get_cf(self.db.cf(HOST_CF), key)
+            .column(HOST_CF)
+            .get(key)
             .map_err(|e| MiddlewareError::Persistence(e.to_string()))
     }
 
+    /// A synced write: a run's persistence is complete when its writes have returned.
     fn put(&self, key: &[u8], value: &[u8]) -> MiddlewareResult<()> {
-        let mut o = rocksdb::WriteOptions::default();
-        o.set_sync(true);
         self.db
-            .raw()
-            .put_cf_opt(self.db.cf(HOST_CF), key, value, &o)
+            .column(HOST_CF)
+            .put(key, value, true)
             .map_err(|e| MiddlewareError::Persistence(e.to_string()))
     }
 
     fn scan(&self, prefix: &[u8]) -> MiddlewareResult<Vec<Vec<u8>>> {
-        let mut out = Vec::new();
-        let it = self.db.raw().iterator_cf(
-            self.db.cf(HOST_CF),
-            rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward),
-        );
-        for item in it {
-            let (k, v) = item.map_err(|e| MiddlewareError::Persistence(e.to_string()))?;
-            if !k.starts_with(prefix) {
-                break;
-            }
-            out.push(v.to_vec());
-        }
-        Ok(out)
+        Ok(self
+            .db
+            .column(HOST_CF)
+            .prefixed(prefix)
+            .map_err(|e| MiddlewareError::Persistence(e.to_string()))?
+            .into_iter()
+            .map(|(_, v)| v)
+            .collect())
     }
 }
 

@@ -363,11 +363,8 @@ pub(crate) fn mem_persistence() -> (Arc<MemPersistence>, Persistence) {
 fn everything_stored(store: &Store) -> Vec<Vec<u8>> {
     let db = store.database();
     let mut out = Vec::new();
-    for cf in [casfs::cas::rocks::OBJECTS_CF, "checkpoints"] {
-        for item in db
-            .raw()
-            .iterator_cf(db.cf(cf), rocksdb::IteratorMode::Start)
-        {
+    for cf in [casfs::cas::kv::OBJECTS_CF, "checkpoints"] {
+        for item in db.column(cf).entries() {
             let (k, v) = item.unwrap();
             if cf == "checkpoints" {
                 out.push(v.to_vec());
@@ -542,8 +539,8 @@ fn setup_refuses_misconfiguration_and_a_missing_head() {
     drop(run);
     h.provider.destroy("t", &Secrets::default()).unwrap();
     let db = h.store.database();
-    db.raw()
-        .delete_cf(db.cf("checkpoints"), id.hash().as_bytes())
+    db.column("checkpoints")
+        .delete(id.hash().as_bytes(), true)
         .unwrap();
     let mp: PathBuf = h.provider.mountpoint("t");
     let e = h.setup("t", "r2").err().unwrap();

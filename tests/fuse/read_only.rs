@@ -95,7 +95,7 @@ fn a_corrupt_object_reads_as_eio_not_wrong_bytes() {
         &["capture", work.to_str().unwrap(), "-t", "main"],
     );
     {
-        use casfs::cas::rocks::OBJECTS_CF;
+        use casfs::cas::kv::OBJECTS_CF;
         let store = casfs::checkpoint::Store::open(
             &store_dir,
             casfs::checkpoint::OpenMode::MustExist,
@@ -104,12 +104,12 @@ fn a_corrupt_object_reads_as_eio_not_wrong_bytes() {
         .unwrap();
         let id = casfs::cas::file::file_id_of(&pattern(50_000, 3));
         let db = store.database();
-        let cf = db.cf(OBJECTS_CF);
-        let mut raw = db.raw().get_cf(cf, id.0.as_bytes()).unwrap().unwrap();
+        let col = db.column(OBJECTS_CF);
+        let mut raw = col.get(id.0.as_bytes()).unwrap().unwrap();
         let n = raw.len() / 2;
         raw[n] ^= 0x10;
-        db.raw().put_cf(cf, id.0.as_bytes(), &raw).unwrap();
-        db.raw().flush_cf(cf).unwrap();
+        col.put(id.0.as_bytes(), &raw, true).unwrap();
+        col.flush().unwrap();
     }
     let _guard = MountGuard::new(&mp);
     ok(

@@ -939,7 +939,7 @@ fn local_copies_stay_within_their_limit() {
 /// upper files, unreachable objects) and never what a checkpoint or a dirty file needs.
 #[test]
 fn fsck_names_damage_and_repair_removes_only_leftovers() {
-    use casfs::cas::rocks::OBJECTS_CF;
+    use casfs::cas::kv::OBJECTS_CF;
     let t = tempfile::tempdir().unwrap();
     let store = t.path().join("s");
     let src = t.path().join("src");
@@ -992,12 +992,12 @@ fn fsck_names_damage_and_repair_removes_only_leftovers() {
         let e = tree.get(b"keep.txt").unwrap();
         let fid = e.file_ref().unwrap().id.0;
         let db = st.database();
-        let cf = db.cf(OBJECTS_CF);
-        let mut raw = db.raw().get_cf(cf, fid.as_bytes()).unwrap().unwrap();
+        let col = db.column(OBJECTS_CF);
+        let mut raw = col.get(fid.as_bytes()).unwrap().unwrap();
         let last = raw.len() - 1;
         raw[last] ^= 0x20;
-        db.raw().put_cf(cf, fid.as_bytes(), &raw).unwrap();
-        db.raw().flush_cf(cf).unwrap();
+        col.put(fid.as_bytes(), &raw, true).unwrap();
+        col.flush().unwrap();
         fid.to_hex()
     };
     let uppers: Vec<PathBuf> = {

@@ -332,11 +332,8 @@ fn the_http_api_drives_runs_over_the_unix_socket() {
     // Nothing the server stored holds the secret.
     let st = casfs::checkpoint::Store::open_read_only(&store).unwrap();
     let db = st.database();
-    for cf in [casfs::cas::rocks::OBJECTS_CF, "checkpoints"] {
-        for item in db
-            .raw()
-            .iterator_cf(db.cf(cf), rocksdb::IteratorMode::Start)
-        {
+    for cf in [casfs::cas::kv::OBJECTS_CF, "checkpoints"] {
+        for item in db.column(cf).entries() {
             let (k, v) = item.unwrap();
             let data = if cf == "checkpoints" {
                 v.to_vec()

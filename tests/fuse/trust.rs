@@ -187,13 +187,10 @@ fn decoded_store(store: &Path) -> Vec<Vec<u8>> {
     let db = st.database();
     let mut out = Vec::new();
     for cf in db.cf_names() {
-        for item in db
-            .raw()
-            .iterator_cf(db.cf(cf), rocksdb::IteratorMode::Start)
-        {
+        for item in db.column(cf).entries() {
             let (k, v) = item.unwrap();
             out.push(k.to_vec());
-            if cf == casfs::cas::rocks::OBJECTS_CF {
+            if cf == casfs::cas::kv::OBJECTS_CF {
                 let id = casfs::cas::Hash::from_slice(&k).unwrap();
                 out.push(casfs::cas::object::decode_stored(&id, &v).unwrap());
             } else {

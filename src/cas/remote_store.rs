@@ -24,9 +24,10 @@ use object_store::path::Path as RemotePath;
 use object_store::{ObjectStore as Remote, PutPayload};
 
 use super::gc::Fence;
+use super::kv::Database;
 use super::object::decode_stored;
-use super::rocks::Database;
-use super::store::{ObjectStore, PutOutcome, RocksObjectStore};
+use super::rocks_store::RocksObjectStore;
+use super::store::{ObjectStore, PutOutcome};
 use super::{CasError, CasResult, Hash, ObjectId};
 
 /// The column family marking objects known to be in the remote store.

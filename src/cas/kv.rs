@@ -4,6 +4,10 @@
 //! names the column families it needs when the database is opened. Objects get their own
 //! tuning: no RocksDB compression (objects are compressed already) and large values kept
 //! in blob files so compaction does not rewrite file contents.
+//!
+//! Layers above reach their column families through [`Column`] (get, put, ordered
+//! scans) and write several keys at once with a [`Batch`]; the RocksDB handle itself
+//! stays inside `cas`.
 
 use std::path::{Path, PathBuf};
 
@@ -209,9 +213,25 @@ impl Database {
         &self.path
     }
 
-    /// The raw RocksDB handle.
-    pub fn raw(&self) -> &DB {
+    /// The raw RocksDB handle (the object store's; other layers use [`Column`]).
+    pub(in crate::cas) fn raw(&self) -> &DB {
         &self.db
+    }
+
+    /// Column family `name`, which was named at open.
+    pub fn column(&self, name: &str) -> Column<'_> {
+        Column {
+            db: self,
+            cf: self.cf(name),
+        }
+    }
+
+    /// Applies `batch` atomically through the write-ahead log; `durable` syncs the log
+    /// first (the write survives a power cut), otherwise it survives a process crash.
+    pub fn write(&self, batch: Batch, durable: bool) -> CasResult<()> {
+        let mut o = rocksdb::WriteOptions::default();
+        o.set_sync(durable);
+        self.db.write_opt(batch.0, &o).map_err(|e| self.err(e))
     }
 
     /// Every column family opened.
@@ -220,7 +240,7 @@ impl Database {
     }
 
     /// A column family that was named at open.
-    pub fn cf(&self, name: &str) -> &ColumnFamily {
+    pub(in crate::cas) fn cf(&self, name: &str) -> &ColumnFamily {
         self.db
             .cf_handle(name)
             .unwrap_or_else(|| panic!("column family {name} was not opened"))
@@ -311,4 +331,121 @@ fn objects_options(cache: &Cache) -> Options {
     o.set_write_buffer_size(128 << 20);
     o.set_block_based_table_factory(&table_options(cache, true));
     o
+}
+
+/// One column family of a [`Database`]: ordered keys and values.
+#[derive(Clone, Copy)]
+pub struct Column<'a> {
+    db: &'a Database,
+    cf: &'a ColumnFamily,
+}
+
+/// Entries of a column family in key order, from a [`Column`].
+pub struct Entries<'a> {
+    db: &'a Database,
+    it: rocksdb::DBIteratorWithThreadMode<'a, DB>,
+}
+
+impl Iterator for Entries<'_> {
+    type Item = CasResult<(Box<[u8]>, Box<[u8]>)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.it.next().map(|r| r.map_err(|e| self.db.err(e)))
+    }
+}
+
+impl<'a> Column<'a> {
+    pub fn get(&self, key: &[u8]) -> CasResult<Option<Vec<u8>>> {
+        self.db.db.get_cf(self.cf, key).map_err(|e| self.db.err(e))
+    }
+
+    /// Writes one key; `durable` as in [`Database::write`].
+    pub fn put(&self, key: &[u8], value: &[u8], durable: bool) -> CasResult<()> {
+        let mut b = Batch::default();
+        b.put(self, key, value);
+        self.db.write(b, durable)
+    }
+
+    /// Deletes one key; `durable` as in [`Database::write`].
+    pub fn delete(&self, key: &[u8], durable: bool) -> CasResult<()> {
+        let mut b = Batch::default();
+        b.delete(self, key);
+        self.db.write(b, durable)
+    }
+
+    /// Writes the column family's memtable to a table file (and its large values to
+    /// blob files).
+    pub fn flush(&self) -> CasResult<()> {
+        self.db.db.flush_cf(self.cf).map_err(|e| self.db.err(e))
+    }
+
+    /// Every entry, in key order.
+    pub fn entries(&self) -> Entries<'a> {
+        Entries {
+            db: self.db,
+            it: self
+                .db
+                .db
+                .iterator_cf(self.cf, rocksdb::IteratorMode::Start),
+        }
+    }
+
+    /// The entries from `start` on, in key order.
+    pub fn entries_from(&self, start: &[u8]) -> Entries<'a> {
+        Entries {
+            db: self.db,
+            it: self.db.db.iterator_cf(
+                self.cf,
+                rocksdb::IteratorMode::From(start, rocksdb::Direction::Forward),
+            ),
+        }
+    }
+
+    /// The entries whose keys start with `prefix`, in key order.
+    pub fn prefixed(&self, prefix: &[u8]) -> CasResult<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut out = Vec::new();
+        for item in self.entries_from(prefix) {
+            let (k, v) = item?;
+            if !k.starts_with(prefix) {
+                break;
+            }
+            out.push((k.into_vec(), v.into_vec()));
+        }
+        Ok(out)
+    }
+
+    /// The first key at or after `key`.
+    pub fn key_at_or_after(&self, key: &[u8]) -> CasResult<Option<Vec<u8>>> {
+        let mut it = self.db.db.raw_iterator_cf(self.cf);
+        it.seek(key);
+        if it.valid() {
+            return Ok(it.key().map(<[u8]>::to_vec));
+        }
+        it.status().map_err(|e| self.db.err(e))?;
+        Ok(None)
+    }
+}
+
+/// Writes to several keys of any column families, applied at once by
+/// [`Database::write`].
+#[derive(Default)]
+pub struct Batch(rocksdb::WriteBatch);
+
+impl Batch {
+    pub fn put(&mut self, col: &Column<'_>, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) {
+        self.0.put_cf(col.cf, key, value);
+    }
+
+    pub fn delete(&mut self, col: &Column<'_>, key: impl AsRef<[u8]>) {
+        self.0.delete_cf(col.cf, key);
+    }
+
+    /// Deletes the keys from `from` (included) to `to` (excluded).
+    pub fn delete_range(&mut self, col: &Column<'_>, from: &[u8], to: &[u8]) {
+        self.0.delete_range_cf(col.cf, from, to);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }

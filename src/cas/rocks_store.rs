@@ -1,0 +1,301 @@
+//! [`ObjectStore`] on the store's embedded RocksDB: the `objects` column family,
+//! objects zstd-compressed when that saves space, large ones in blob files.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use rocksdb::{BottommostLevelCompaction, CompactOptions, WriteBatch, WriteOptions};
+
+use super::gc::{Collecting, Fence};
+use super::kv::{Database, OBJECTS_CF};
+use super::object::{decode_stored, encode_stored_into, MAX_OBJECT_LEN};
+use super::store::{ObjectStore, PutOutcome, SweepReport};
+use super::{CasError, CasResult, Hash, ObjectId};
+
+thread_local! {
+    static ENCODE_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Objects in the `objects` column family of the store's RocksDB.
+pub struct RocksObjectStore {
+    db: Arc<Database>,
+    /// Whether objects were written without the write-ahead log since the last sync.
+    unlogged: AtomicBool,
+    /// Bytes of large objects written through the log by this process.
+    logged: std::sync::atomic::AtomicU64,
+    /// Bytes of objects put since the last flush: in memory, not yet in files, so the
+    /// filesystem's free space does not show them yet.
+    unflushed: std::sync::atomic::AtomicU64,
+    fence: Fence,
+}
+
+/// Objects at least this large (the size from which RocksDB keeps values in blob files)
+/// skip the write-ahead log: they are written once, when the
+/// memtable is flushed, instead of twice. Smaller ones go through the log, so a capture
+/// of a few small changes syncs the log instead of flushing a memtable.
+const UNLOGGED_MIN: usize = 4 << 10;
+
+/// The first MiB of large objects a process writes still goes through the log: a
+/// capture of a few changed files then syncs the log it syncs anyway, instead of
+/// flushing a memtable (a table file, a blob file and the manifest, each synced).
+const LOGGED_BUDGET: u64 = 1 << 20;
+
+/// At a sync, flush anyway when the memtable holds more than this, so the next open does
+/// not replay a long log.
+const FLUSH_AT_SYNC_BYTES: u64 = 16 << 20;
+
+impl RocksObjectStore {
+    pub fn new(db: Arc<Database>) -> Self {
+        RocksObjectStore {
+            db,
+            unlogged: AtomicBool::new(false),
+            logged: std::sync::atomic::AtomicU64::new(0),
+            unflushed: std::sync::atomic::AtomicU64::new(0),
+            fence: Fence::default(),
+        }
+    }
+
+    pub fn database(&self) -> &Arc<Database> {
+        &self.db
+    }
+
+    /// An object's stored encoding (header byte, raw or zstd), unverified.
+    pub fn get_stored(&self, id: &Hash) -> CasResult<Option<Vec<u8>>> {
+        let cf = self.db.cf(OBJECTS_CF);
+        self.db
+            .raw()
+            .get_cf(cf, id.as_bytes())
+            .map_err(|e| self.db.err(e))
+    }
+
+    /// Keeps an object fetched from elsewhere in its stored encoding (the caller has
+    /// verified it against `id`).
+    pub fn put_stored(&self, id: &Hash, stored: &[u8]) -> CasResult<()> {
+        self.db.ensure_space(2 * stored.len() as u64)?;
+        let cf = self.db.cf(OBJECTS_CF);
+        self.db
+            .raw()
+            .put_cf(cf, id.as_bytes(), stored)
+            .map_err(|e| self.db.err(e))
+    }
+
+    pub fn fence_ref(&self) -> &Fence {
+        &self.fence
+    }
+
+    /// Deletes every object not in `keep` (nor put since `collecting` began), or with
+    /// `dry_run` only counts them. The space comes back with [`Self::reclaim`], which
+    /// needs no fence.
+    pub fn sweep(
+        &self,
+        keep: &HashSet<Hash>,
+        collecting: &Collecting<'_>,
+        dry_run: bool,
+    ) -> CasResult<SweepReport> {
+        let cf = self.db.cf(OBJECTS_CF);
+        let mut report = SweepReport::default();
+        let mut dead: Vec<(Hash, u64)> = Vec::new();
+        let mut it = self.db.raw().raw_iterator_cf(cf);
+        it.seek_to_first();
+        while it.valid() {
+            let key = it.key().expect("valid iterator");
+            report.objects_total += 1;
+            match Hash::from_slice(key) {
+                Some(h) if keep.contains(&h) => report.objects_kept += 1,
+                Some(h) => dead.push((h, it.value().map_or(0, |v| v.len() as u64))),
+                // Not an object key: nothing of ours, left alone.
+                None => report.objects_kept += 1,
+            }
+            it.next();
+        }
+        it.status().map_err(|e| self.db.err(e))?;
+        drop(it);
+        for batch in dead.chunks(4096) {
+            collecting.with_touched(|touched| -> CasResult<()> {
+                let mut b = WriteBatch::default();
+                for (h, len) in batch {
+                    if touched.contains(h) {
+                        report.kept_new += 1;
+                        report.objects_kept += 1;
+                        continue;
+                    }
+                    report.objects_freed += 1;
+                    report.bytes_freed += len;
+                    b.delete_cf(cf, h.as_bytes());
+                }
+                if !dry_run && !b.is_empty() {
+                    let mut o = WriteOptions::default();
+                    o.set_sync(true);
+                    self.db.raw().write_opt(b, &o).map_err(|e| self.db.err(e))?;
+                    crate::crashpoint("gc.swept");
+                }
+                Ok(())
+            })?;
+        }
+        Ok(report)
+    }
+
+    /// Compacts the objects column family with blob garbage collection over every
+    /// blob file, so deleted objects' space returns to the filesystem.
+    pub fn reclaim(&self) -> CasResult<()> {
+        crate::crashpoint("gc.compact");
+        let cf = self.db.cf(OBJECTS_CF);
+        let raw = self.db.raw();
+        raw.flush_cf(cf).map_err(|e| self.db.err(e))?;
+        raw.set_options_cf(cf, &[("blob_garbage_collection_age_cutoff", "1.0")])
+            .map_err(|e| self.db.err(e))?;
+        let mut o = CompactOptions::default();
+        o.set_bottommost_level_compaction(BottommostLevelCompaction::Force);
+        raw.compact_range_cf_opt(cf, None::<&[u8]>, None::<&[u8]>, &o);
+        raw.set_options_cf(cf, &[("blob_garbage_collection_age_cutoff", "0.25")])
+            .map_err(|e| self.db.err(e))?;
+        Ok(())
+    }
+}
+
+impl ObjectStore for RocksObjectStore {
+    fn put(&self, data: &[u8]) -> CasResult<PutOutcome> {
+        if data.len() > MAX_OBJECT_LEN {
+            return Err(CasError::Invalid(format!(
+                "object of {} bytes exceeds the limit of {MAX_OBJECT_LEN}",
+                data.len()
+            )));
+        }
+        let id = ObjectId(Hash::of(data));
+        self.fence.note_put(&id.0);
+        if self.contains(&id)? {
+            return Ok(PutOutcome {
+                id,
+                new: false,
+                stored_len: 0,
+            });
+        }
+        crate::crashpoint("objects.put");
+        let cf = self.db.cf(OBJECTS_CF);
+        let mut opts = WriteOptions::default();
+        if data.len() >= UNLOGGED_MIN
+            && self
+                .logged
+                .fetch_add(data.len() as u64, Ordering::Relaxed)
+                .saturating_add(data.len() as u64)
+                > LOGGED_BUDGET
+        {
+            // Written once, to a blob file, when the memtable is flushed; `sync` flushes
+            // before anything may refer to it.
+            opts.disable_wal(true);
+            self.unlogged.store(true, Ordering::SeqCst);
+        }
+        let stored_len = ENCODE_BUF.with(|b| {
+            let mut buf = b.borrow_mut();
+            encode_stored_into(data, &mut buf);
+            // The value goes to the log or a memtable, then to a file; and what earlier
+            // puts left in memory is still to be written.
+            let mut pending = self.unflushed.fetch_add(buf.len() as u64, Ordering::SeqCst);
+            if pending > 64 << 20 {
+                // RocksDB flushes full memtables by itself: count what is still in them.
+                if let Ok(Some(n)) = self
+                    .db
+                    .raw()
+                    .property_int_value_cf(cf, "rocksdb.cur-size-all-mem-tables")
+                {
+                    self.unflushed.store(n + buf.len() as u64, Ordering::SeqCst);
+                    pending = n;
+                }
+            }
+            if let Err(e) = self.db.ensure_space(2 * buf.len() as u64 + pending) {
+                self.unflushed.fetch_sub(buf.len() as u64, Ordering::SeqCst);
+                return Err(e);
+            }
+            let r = self.db.raw().put_cf_opt(cf, id.0.as_bytes(), &*buf, &opts);
+            let len = buf.len() as u64;
+            if buf.capacity() > 4 << 20 {
+                *buf = Vec::new();
+            }
+            r.map(|()| len).map_err(|e| self.db.err(e))
+        });
+        Ok(PutOutcome {
+            id,
+            new: true,
+            stored_len: stored_len?,
+        })
+    }
+
+    fn get(&self, id: &ObjectId, what: &'static str) -> CasResult<Vec<u8>> {
+        let cf = self.db.cf(OBJECTS_CF);
+        let stored = self
+            .db
+            .raw()
+            .get_pinned_cf(cf, id.0.as_bytes())
+            .map_err(|e| self.db.err(e))?
+            .ok_or(CasError::NotFound { what, id: id.0 })?;
+        decode_stored(&id.0, &stored)
+    }
+
+    fn contains(&self, id: &ObjectId) -> CasResult<bool> {
+        let cf = self.db.cf(OBJECTS_CF);
+        let key = id.0.as_bytes();
+        if !self.db.raw().key_may_exist_cf(cf, key) {
+            return Ok(false);
+        }
+        Ok(self
+            .db
+            .raw()
+            .get_pinned_cf(cf, key)
+            .map_err(|e| self.db.err(e))?
+            .is_some())
+    }
+
+    fn sync(&self) -> CasResult<()> {
+        let cf = self.db.cf(OBJECTS_CF);
+        let pending = self
+            .db
+            .raw()
+            .property_int_value_cf(cf, "rocksdb.cur-size-active-mem-table")
+            .map_err(|e| self.db.err(e))?
+            .unwrap_or(0);
+        if self.unlogged.swap(false, Ordering::SeqCst) || pending > FLUSH_AT_SYNC_BYTES {
+            self.db.raw().flush_cf(cf).map_err(|e| self.db.err(e))?;
+            self.unflushed.store(0, Ordering::SeqCst);
+        }
+        self.db.sync()
+    }
+
+    fn fence(&self) -> Option<&Fence> {
+        Some(&self.fence)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn put_get_dedup_and_corruption() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Arc::new(Database::open(&dir.path().join("db"), &[]).unwrap());
+        let store = RocksObjectStore::new(db.clone());
+        let data = b"some content ".repeat(1000);
+        let a = store.put(&data).unwrap();
+        assert!(a.new);
+        assert!(a.stored_len < data.len() as u64);
+        let b = store.put(&data).unwrap();
+        assert!(!b.new);
+        assert_eq!(a.id, b.id);
+        assert_eq!(store.get(&a.id, "blob").unwrap(), data);
+
+        let missing = ObjectId(Hash::of(b"nope"));
+        let err = store.get(&missing, "blob").unwrap_err();
+        assert!(matches!(err, CasError::NotFound { .. }), "{err}");
+
+        // Flip a byte of the stored value: the read is an integrity error naming the hash.
+        let cf = db.cf(OBJECTS_CF);
+        let mut raw = db.raw().get_cf(cf, a.id.0.as_bytes()).unwrap().unwrap();
+        let last = raw.len() - 1;
+        raw[last] ^= 1;
+        db.raw().put_cf(cf, a.id.0.as_bytes(), &raw).unwrap();
+        let err = store.get(&a.id, "blob").unwrap_err();
+        assert!(err.is_integrity(), "{err}");
+        assert!(err.to_string().contains(&a.id.to_hex()));
+    }
+}
