@@ -57,14 +57,16 @@ fn main() {
     let src = t.path().join("src");
     let (files, bytes) = generate(&src, n);
     let store = Arc::new(
-        Store::open(
+        Store::open_with_families(
             &t.path().join("store"),
             OpenMode::Create,
             Duration::from_secs(5),
+            &Default::default(),
+            casfs::middleware::COLUMN_FAMILIES,
         )
         .unwrap(),
     );
-    let sp = Arc::new(StorePersistence::new(store.database().clone()));
+    let sp = Arc::new(StorePersistence::new(store.database().clone()).unwrap());
     let persistence = Persistence::on_store(sp.clone());
     let provider = Arc::new(CasfsProvider::new(
         store.clone(),

@@ -10,7 +10,7 @@ use casfs::cas::file::ChunkList;
 use casfs::cas::object::encode_stored;
 use casfs::cas::{ChunkId, EntryContent, FileId, Hash, Tree, TreeEntry, TreeId, CHUNK_SIZE};
 use casfs::checkpoint::dircache::DirCache;
-use casfs::checkpoint::fsutil::Fingerprint;
+use casfs::checkpoint::dirfd::Fingerprint;
 use casfs::checkpoint::mountd::{MaintainOp, Request};
 use casfs::checkpoint::{Checkpoint, CheckpointId, NewCheckpoint, ThreadId};
 use casfs::fs::dirty::{Kind, MountMeta, NodeRecord};

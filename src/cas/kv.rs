@@ -234,6 +234,11 @@ impl Database {
         self.db.write_opt(batch.0, &o).map_err(|e| self.err(e))
     }
 
+    /// Whether column family `name` was opened.
+    pub fn has_column(&self, name: &str) -> bool {
+        self.cf_names.iter().any(|n| n == name)
+    }
+
     /// Every column family opened.
     pub fn cf_names(&self) -> &[String] {
         &self.cf_names

@@ -17,14 +17,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rayon::prelude::*;
 
 use super::dircache::{DirCache, DirCacheSet};
-use super::fsutil::{
+use super::dirfd::{
     child, cstr, ctime_ns, file_type, fstat, list_dir, lstat_at, mtime_ns, open_at, open_dir,
     open_dir_at, readlink_at, Fingerprint,
 };
 use super::watch::{self, Changes};
 use super::{
-    xattr, CaptureStats, Checkpoint, CheckpointError, CheckpointId, CheckpointResult,
-    NewCheckpoint, Store, ThreadId, WriterLease,
+    xattr, CaptureStats, Checkpoint, CheckpointError, CheckpointId, CheckpointResult, LeaseKeeper,
+    NewCheckpoint, Store, ThreadId,
 };
 use crate::cas::file::{store_bytes, store_reader};
 use crate::cas::{
@@ -589,9 +589,10 @@ pub fn capture_to_thread(
 ) -> CheckpointResult<(Checkpoint, Vec<String>)> {
     let cps = store.checkpoints();
     let lease = cps.acquire_writer(&append.thread, &append.holder, append.lease_ttl)?;
+    let keeper = LeaseKeeper::start(store.checkpoints_shared(), lease);
     // From the first object put to the append that names it, no collection may run.
     let session = crate::cas::write_session(store.objects());
-    let result = with_renewed_lease(store, lease.clone(), |lease| {
+    let result = (|| {
         let expected = match append.expected {
             ExpectedHead::Current => cps.head(&append.thread)?,
             ExpectedHead::Exactly(h) => h,
@@ -600,58 +601,16 @@ pub fn capture_to_thread(
         crate::crashpoint("capture.stored");
         let mut new = NewCheckpoint::new(append.thread.clone(), captured.root, &append.reason);
         new.stats = captured.stats;
-        let cp = cps.append(
-            new,
-            expected,
-            &lease.lock().unwrap_or_else(|p| p.into_inner()),
-        )?;
+        let cp = cps.append(new, expected, &keeper.held()?)?;
         Ok((cp, captured.warnings))
-    });
+    })();
     drop(session);
-    let current = result.1;
-    if let Err(e) = cps.release(&current) {
-        if result.0.is_ok() {
+    if let Err(e) = keeper.close() {
+        if result.is_ok() {
             tracing::warn!("releasing the writer lease after capture: {e}");
         } else {
             tracing::warn!("releasing the writer lease after a failed capture: {e}");
         }
     }
-    result.0
-}
-
-/// Runs `f` while a background thread renews `lease` at its `renew_after`. Returns the
-/// result and the latest lease.
-pub fn with_renewed_lease<T>(
-    store: &Store,
-    lease: WriterLease,
-    f: impl FnOnce(&Mutex<WriterLease>) -> CheckpointResult<T>,
-) -> (CheckpointResult<T>, WriterLease) {
-    let shared = Mutex::new(lease);
-    let shared_ref = &shared;
-    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
-    let result = std::thread::scope(|s| {
-        s.spawn(move || loop {
-            let current = shared_ref.lock().unwrap_or_else(|p| p.into_inner()).clone();
-            let wait = current
-                .renew_after()
-                .duration_since(SystemTime::now())
-                .unwrap_or_default();
-            match stop_rx.recv_timeout(wait) {
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-                _ => return,
-            }
-            match store.checkpoints().renew(&current) {
-                Ok(renewed) => *shared_ref.lock().unwrap_or_else(|p| p.into_inner()) = renewed,
-                Err(e) => {
-                    tracing::warn!("renewing the writer lease: {e}");
-                    return;
-                }
-            }
-        });
-        let r = f(&shared);
-        let _ = stop_tx.send(());
-        r
-    });
-    let lease = shared.into_inner().unwrap_or_else(|p| p.into_inner());
-    (result, lease)
+    result
 }

@@ -21,7 +21,7 @@
 use std::path::Path;
 use std::sync::Mutex;
 
-use super::fsutil::Fingerprint;
+use super::dirfd::Fingerprint;
 use super::watch::Token;
 use super::{CheckpointResult, Store};
 use crate::cas::{Batch, Hash, Tree, TreeEntry, TreeId};

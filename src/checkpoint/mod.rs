@@ -6,19 +6,20 @@
 //! knows nothing of runs or the command line.
 
 pub mod capture;
+mod checkpoint_store;
 pub mod diff;
 pub mod dircache;
+pub mod dirfd;
 mod error;
-pub mod fsutil;
 mod lease;
 pub mod maintenance;
 pub mod mountd;
 pub mod pg_store;
 mod record;
+pub mod refs;
 pub mod restore;
 mod rocks_store;
 mod store;
-mod store_dir;
 pub mod watch;
 pub mod xattr;
 
@@ -26,8 +27,9 @@ pub use capture::{
     capture_dir, capture_to_thread, AppendOptions, CaptureOptions, CaptureProgress, Captured,
     ExpectedHead,
 };
+pub use checkpoint_store::CheckpointStore;
 pub use error::{CheckpointError, CheckpointResult};
-pub use lease::{holder_name, WriterLease};
+pub use lease::{holder_name, LeaseKeeper, LeaseStatus, WriterLease};
 pub use mountd::{discard_mount_state, MountCheckpoint, MountTag, MountedThread};
 pub use pg_store::PgCheckpointStore;
 pub use record::{
@@ -38,5 +40,4 @@ pub use restore::{
     restore_tree, uncaptured_changes, RestoreOptions, RestoreProgress, RestoreStats,
 };
 pub use rocks_store::RocksCheckpointStore;
-pub use store::CheckpointStore;
-pub use store_dir::{Backends, OpenMode, Store, HOST_CF};
+pub use store::{Backends, OpenMode, Store};

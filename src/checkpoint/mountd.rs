@@ -17,10 +17,9 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::capture::with_renewed_lease;
 use super::{
-    holder_name, CheckpointError, CheckpointId, CheckpointResult, NewCheckpoint, Store, ThreadId,
-    WriterLease,
+    holder_name, CheckpointError, CheckpointId, CheckpointResult, LeaseKeeper, NewCheckpoint,
+    Store, ThreadId, WriterLease,
 };
 use crate::cas::{store_tree, Tree, TreeId};
 use crate::fs::dirty::DirtyStore;
@@ -272,13 +271,10 @@ impl MountedThread {
         let tag = self.tag();
         let cps = self.store.checkpoints();
         let lease = cps.acquire_writer(&tag.thread, &holder_name("casfs-mount"), self.lease_ttl)?;
+        let keeper = LeaseKeeper::start(self.store.checkpoints_shared(), lease);
         let template = NewCheckpoint::new(tag.thread.clone(), empty_root(), reason);
-        let (result, lease) = with_renewed_lease(&self.store, lease, |lease| {
-            self.publish(template, None, &|_| {
-                Ok(lease.lock().unwrap_or_else(|p| p.into_inner()).clone())
-            })
-        });
-        if let Err(e) = cps.release(&lease) {
+        let result = self.publish(template, None, &|_| keeper.held());
+        if let Err(e) = keeper.close() {
             tracing::warn!("releasing the writer lease after a checkpoint: {e}");
         }
         result

@@ -200,7 +200,7 @@ impl PgCheckpointStore {
     /// Checks that `lease` is the thread's live, current lease (the thread locked).
     fn check_lease(&self, t: &mut Transaction<'_>, lease: &WriterLease) -> CheckpointResult<()> {
         let current = self.lease_row(t, &lease.thread)?;
-        super::store::check_current(lease, current)
+        super::checkpoint_store::check_current(lease, current)
     }
 
     fn head_in(
@@ -265,12 +265,12 @@ impl CheckpointStore for PgCheckpointStore {
         holder: &str,
         ttl: Duration,
     ) -> CheckpointResult<WriterLease> {
-        super::store::check_ttl(ttl)?;
+        super::checkpoint_store::check_ttl(ttl)?;
         let ttl_ms = ttl.as_millis().max(1) as i64;
         self.tx(|t| {
             let last = self.lock_thread(t, thread)?;
             let current = self.lease_row(t, thread)?;
-            super::store::check_free(thread, current)?;
+            super::checkpoint_store::check_free(thread, current)?;
             let token = last + 1;
             t.execute(
                 "UPDATE casfs_fencing SET token = $2 WHERE thread = $1",
@@ -322,7 +322,7 @@ impl CheckpointStore for PgCheckpointStore {
         self.tx(|t| {
             let last = self.lock_thread(t, &lease.thread)?;
             let current = self.lease_row(t, &lease.thread)?.map(|(l, _)| l);
-            if super::store::release_deletes(lease, current.as_ref(), last)? {
+            if super::checkpoint_store::release_deletes(lease, current.as_ref(), last)? {
                 t.execute(
                     "DELETE FROM casfs_leases WHERE thread = $1",
                     &[&lease.thread.as_str()],
@@ -347,7 +347,7 @@ impl CheckpointStore for PgCheckpointStore {
         expected_head: Option<CheckpointId>,
         lease: &WriterLease,
     ) -> CheckpointResult<Checkpoint> {
-        super::store::check_lease_thread(&new, lease)?;
+        super::checkpoint_store::check_lease_thread(&new, lease)?;
         self.tx(|t| {
             self.lock_thread(t, &new.thread_id)?;
             self.check_lease(t, lease)?;
@@ -410,7 +410,7 @@ impl CheckpointStore for PgCheckpointStore {
     }
 
     fn resolve_prefix(&self, prefix: &str) -> CheckpointResult<CheckpointId> {
-        let p = super::store::checked_prefix(prefix)?;
+        let p = super::checkpoint_store::checked_prefix(prefix)?;
         if let Some(h) = Hash::from_hex(&p) {
             let id = CheckpointId(h);
             self.get(&id)?;

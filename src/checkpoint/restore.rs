@@ -23,7 +23,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::dircache::{DirCache, DirCacheSet};
-use super::fsutil::{
+use super::dirfd::{
     child, cstr, file_type, fstat, is_dir, last_err, list_dir, lstat_at, open_at, open_dir,
     open_dir_at, readlink_at, remove_at, Fingerprint,
 };

@@ -94,7 +94,7 @@ impl RocksCheckpointStore {
     /// Checks that `lease` is the thread's live, current lease.
     fn check_lease(&self, lease: &WriterLease, now: SystemTime) -> CheckpointResult<()> {
         let current = self.current_lease(&lease.thread)?;
-        super::store::check_current(
+        super::checkpoint_store::check_current(
             lease,
             current.map(|c| {
                 let live = !c.is_expired_at(now);
@@ -201,11 +201,11 @@ impl CheckpointStore for RocksCheckpointStore {
         holder: &str,
         ttl: Duration,
     ) -> CheckpointResult<WriterLease> {
-        super::store::check_ttl(ttl)?;
+        super::checkpoint_store::check_ttl(ttl)?;
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let now = SystemTime::now();
         let current = self.current_lease(thread)?;
-        super::store::check_free(
+        super::checkpoint_store::check_free(
             thread,
             current.map(|c| {
                 let live = !c.is_expired_at(now);
@@ -249,7 +249,7 @@ impl CheckpointStore for RocksCheckpointStore {
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let current = self.current_lease(&lease.thread)?;
         let last = self.last_token(&lease.thread)?;
-        if super::store::release_deletes(lease, current.as_ref(), last)? {
+        if super::checkpoint_store::release_deletes(lease, current.as_ref(), last)? {
             let mut batch = Batch::default();
             batch.delete(&self.db.column(LEASES_CF), lease.thread.as_str().as_bytes());
             self.write_lease(batch)?;
@@ -287,7 +287,7 @@ impl CheckpointStore for RocksCheckpointStore {
         expected_head: Option<CheckpointId>,
         lease: &WriterLease,
     ) -> CheckpointResult<Checkpoint> {
-        super::store::check_lease_thread(&new, lease)?;
+        super::checkpoint_store::check_lease_thread(&new, lease)?;
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let now = SystemTime::now();
         self.check_lease(lease, now)?;
@@ -347,7 +347,7 @@ impl CheckpointStore for RocksCheckpointStore {
     }
 
     fn resolve_prefix(&self, prefix: &str) -> CheckpointResult<CheckpointId> {
-        let p = super::store::checked_prefix(prefix)?;
+        let p = super::checkpoint_store::checked_prefix(prefix)?;
         if let Some(h) = Hash::from_hex(&p) {
             let id = CheckpointId(h);
             self.get(&id)?;

@@ -1,177 +1,328 @@
-//! The [`CheckpointStore`] trait: checkpoints, thread heads and writer leases.
+//! A store directory: `<store>/casfs.json` (format marker), `<store>/lock` (held by the
+//! process that has the store open) and `<store>/db` (RocksDB with every column family).
 
-use std::time::Duration;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, Write};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use super::{Checkpoint, CheckpointId, CheckpointResult, NewCheckpoint, ThreadId, WriterLease};
+use super::dircache::DIRCACHE_CF;
+use super::rocks_store::COLUMN_FAMILIES;
+use super::{CheckpointError, CheckpointResult, CheckpointStore, RocksCheckpointStore};
+use crate::cas::{Database, ObjectStore, RocksObjectStore};
 
-/// Where checkpoints, heads and leases live. The embedded default is RocksDB
-/// ([`super::RocksCheckpointStore`]); fleet backends implement the same contract.
-pub trait CheckpointStore: Send + Sync {
-    /// Takes the thread's writer lease for `ttl`, or fails with `LeaseHeld` naming the
-    /// current holder while a live lease exists.
-    fn acquire_writer(
-        &self,
-        thread: &ThreadId,
-        holder: &str,
-        ttl: Duration,
-    ) -> CheckpointResult<WriterLease>;
+const MARKER: &str = "casfs.json";
+const FORMAT: u32 = 1;
 
-    /// Extends a live lease by its TTL. A lease that expired or was taken over is lost.
-    fn renew(&self, lease: &WriterLease) -> CheckpointResult<WriterLease>;
+/// Whether opening may create the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenMode {
+    Create,
+    MustExist,
+}
 
-    /// Gives the lease up. Releasing a lease another writer has since taken is `LeaseLost`.
-    fn release(&self, lease: &WriterLease) -> CheckpointResult<()>;
+/// Where a store's checkpoints and objects live beyond its own RocksDB (fleet
+/// backends): URLs without credentials, from the store's `casfs.json` or the command
+/// line.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Backends {
+    /// `postgres://user@host:port/db?schema=NAME` (password from PGPASSWORD).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoints: Option<String>,
+    /// `s3://bucket/prefix` and the like (credentials from the environment); the local
+    /// RocksDB becomes a read-through cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objects: Option<String>,
+}
 
-    fn head(&self, thread: &ThreadId) -> CheckpointResult<Option<CheckpointId>>;
+impl Backends {
+    pub fn is_fleet(&self) -> bool {
+        self.checkpoints.is_some() || self.objects.is_some()
+    }
 
-    fn get(&self, id: &CheckpointId) -> CheckpointResult<Checkpoint>;
+    /// `self`, with what `over` names replacing it.
+    pub fn overridden_by(&self, over: &Backends) -> Backends {
+        Backends {
+            checkpoints: over
+                .checkpoints
+                .clone()
+                .or_else(|| self.checkpoints.clone()),
+            objects: over.objects.clone().or_else(|| self.objects.clone()),
+        }
+    }
+}
 
-    /// In one atomic step: checks that `lease` is live and current for the thread and
-    /// that the head equals `expected_head`, then stores the checkpoint (its parent is
-    /// `expected_head`) and moves the head to it.
-    fn append(
-        &self,
-        new: NewCheckpoint,
-        expected_head: Option<CheckpointId>,
-        lease: &WriterLease,
-    ) -> CheckpointResult<Checkpoint>;
+/// An open store: objects and checkpoints in one RocksDB, exclusively this process's;
+/// with fleet backends, checkpoints in PostgreSQL and objects in object storage (the
+/// RocksDB then caches objects and keeps the mounts' dirty sets).
+pub struct Store {
+    root: PathBuf,
+    db: Arc<Database>,
+    objects: Arc<RocksObjectStore>,
+    checkpoints: Arc<RocksCheckpointStore>,
+    remote: Option<Arc<crate::cas::remote_store::RemoteObjectStore>>,
+    fleet_checkpoints: Option<Arc<super::PgCheckpointStore>>,
+    backends: Backends,
+    /// `None` for a read-only open, which takes no lock.
+    _lock: Option<File>,
+}
 
-    /// The thread's history, newest first, following parents (across forks), at most
-    /// `limit` records; it ends at a checkpoint retention removed.
-    fn log(&self, thread: &ThreadId, limit: usize) -> CheckpointResult<Vec<Checkpoint>> {
-        let mut out = Vec::new();
-        let mut next = self.head(thread)?;
-        while let Some(id) = next {
-            if out.len() >= limit {
-                break;
+impl Store {
+    /// Opens the store at `root`, waiting up to `lock_timeout` for another process that
+    /// has it open.
+    pub fn open(root: &Path, mode: OpenMode, lock_timeout: Duration) -> CheckpointResult<Store> {
+        Self::open_with(root, mode, lock_timeout, &Backends::default())
+    }
+
+    /// Opens the store with the backends its `casfs.json` names, overridden by `over`.
+    pub fn open_with(
+        root: &Path,
+        mode: OpenMode,
+        lock_timeout: Duration,
+        over: &Backends,
+    ) -> CheckpointResult<Store> {
+        Self::open_with_families(root, mode, lock_timeout, over, &[])
+    }
+
+    /// [`Store::open_with`], also creating the column families a layer above keeps in
+    /// the store's database (the middleware's `host`). Column families the database
+    /// has are always opened.
+    pub fn open_with_families(
+        root: &Path,
+        mode: OpenMode,
+        lock_timeout: Duration,
+        over: &Backends,
+        families: &[&str],
+    ) -> CheckpointResult<Store> {
+        let marker = root.join(MARKER);
+        if !marker.exists() {
+            if mode == OpenMode::MustExist {
+                return Err(CheckpointError::path(
+                    root,
+                    "no casfs store here (run `casfs init`, or pass --store / set CASFS_STORE)",
+                ));
             }
-            let cp = match self.get(&id) {
-                Err(super::CheckpointError::NotFound(_))
-                    if !out.is_empty() && self.is_pruned(&id)? =>
-                {
-                    break
+            if root.exists() {
+                let non_empty = std::fs::read_dir(root)
+                    .map_err(|e| CheckpointError::io(root, e))?
+                    .next()
+                    .is_some();
+                if non_empty {
+                    return Err(CheckpointError::path(
+                        root,
+                        "exists, is not empty and is not a casfs store; refusing to use it",
+                    ));
                 }
-                r => r?,
-            };
-            next = cp.body.parent_id;
-            out.push(cp);
+            }
+            std::fs::create_dir_all(root).map_err(|e| CheckpointError::io(root, e))?;
+            let tmp = root.join(format!("{MARKER}.tmp"));
+            std::fs::write(&tmp, format!("{{\"format\": {FORMAT}}}\n"))
+                .map_err(|e| CheckpointError::io(&tmp, e))?;
+            std::fs::rename(&tmp, &marker).map_err(|e| CheckpointError::io(&marker, e))?;
         }
-        Ok(out)
-    }
-
-    /// Whether retention removed this checkpoint (stores without retention: never).
-    fn is_pruned(&self, _id: &CheckpointId) -> CheckpointResult<bool> {
-        Ok(false)
-    }
-
-    /// Starts `new_thread` with a checkpoint whose parent is `from` and whose content is
-    /// `from`'s. The new thread must not exist.
-    fn fork(&self, new_thread: &ThreadId, from: &CheckpointId) -> CheckpointResult<Checkpoint>;
-
-    /// Every thread with its head.
-    fn threads(&self) -> CheckpointResult<Vec<(ThreadId, CheckpointId)>>;
-
-    /// Resolves a unique hex prefix (at least 4 digits) to a checkpoint id.
-    fn resolve_prefix(&self, prefix: &str) -> CheckpointResult<CheckpointId>;
-}
-
-/// A checkpoint prefix as typed, checked and lowercased: 4 to 64 hex digits.
-pub(crate) fn checked_prefix(prefix: &str) -> CheckpointResult<String> {
-    let p = prefix.to_ascii_lowercase();
-    if p.len() < 4 || p.len() > 64 || !p.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(super::CheckpointError::Invalid(format!(
-            "checkpoint {prefix:?}: expected at least 4 hex digits"
-        )));
-    }
-    Ok(p)
-}
-
-/// The rules every store applies to a writer's lease, given the thread's current lease
-/// and whether it is live by the store's clock: `lease` must be it, and live.
-pub(crate) fn check_current(
-    lease: &WriterLease,
-    current: Option<(WriterLease, bool)>,
-) -> CheckpointResult<()> {
-    let lost = |detail: String| super::CheckpointError::LeaseLost {
-        thread: lease.thread.clone(),
-        token: lease.token,
-        detail,
-    };
-    match current {
-        None => Err(lost(
-            "no lease is held (released or expired and cleared)".into(),
-        )),
-        Some((cur, _)) if cur.token != lease.token => Err(lost(format!(
-            "taken over by {:?} with token {}",
-            cur.holder, cur.token
-        ))),
-        Some((cur, false)) => Err(super::CheckpointError::LeaseExpired {
-            thread: lease.thread.clone(),
-            token: lease.token,
-            expired_at: cur.expires_at(),
-        }),
-        Some(_) => Ok(()),
-    }
-}
-
-/// Whether releasing `lease` deletes the current lease (`true`), is a harmless repeat
-/// (`false`), or is refused because a later writer took the thread.
-pub(crate) fn release_deletes(
-    lease: &WriterLease,
-    current: Option<&WriterLease>,
-    last_token: u64,
-) -> CheckpointResult<bool> {
-    let lost = |detail: String| super::CheckpointError::LeaseLost {
-        thread: lease.thread.clone(),
-        token: lease.token,
-        detail,
-    };
-    match current {
-        Some(cur) if cur.token == lease.token => Ok(true),
-        Some(cur) => Err(lost(format!(
-            "taken over by {:?} with token {}",
-            cur.holder, cur.token
-        ))),
-        None if last_token == lease.token => Ok(false),
-        None => Err(lost("a later writer took and released the thread".into())),
-    }
-}
-
-/// An append must be on the thread its lease is for.
-pub(crate) fn check_lease_thread(new: &NewCheckpoint, lease: &WriterLease) -> CheckpointResult<()> {
-    if lease.thread != new.thread_id {
-        return Err(super::CheckpointError::Invalid(format!(
-            "lease is for thread {:?}, checkpoint for {:?}",
-            lease.thread, new.thread_id
-        )));
-    }
-    Ok(())
-}
-
-/// A lease TTL a store accepts: more than 0, at most 24 hours.
-pub(crate) fn check_ttl(ttl: std::time::Duration) -> CheckpointResult<()> {
-    if ttl.is_zero() || ttl > std::time::Duration::from_secs(24 * 3600) {
-        return Err(super::CheckpointError::Invalid(format!(
-            "lease TTL {ttl:?}: use more than 0 and at most 24 hours"
-        )));
-    }
-    Ok(())
-}
-
-/// Refuses a new lease while the thread's current one (live by the store's clock) is
-/// held by a process that still exists.
-pub(crate) fn check_free(
-    thread: &ThreadId,
-    current: Option<(WriterLease, bool)>,
-) -> CheckpointResult<()> {
-    match current {
-        Some((cur, true)) if !super::lease::holder_is_dead(&cur.holder) => {
-            Err(super::CheckpointError::LeaseHeld {
-                thread: thread.clone(),
-                until: cur.expires_at(),
-                holder: cur.holder,
-            })
+        let text = std::fs::read_to_string(&marker).map_err(|e| CheckpointError::io(&marker, e))?;
+        let format = serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| v.get("format").and_then(|f| f.as_u64()));
+        if format != Some(FORMAT as u64) {
+            return Err(CheckpointError::path(
+                &marker,
+                format!("unsupported store format (this casfs reads format {FORMAT})"),
+            ));
         }
-        _ => Ok(()),
+        let backends = read_backends(&marker)?.overridden_by(over);
+        let lock = lock_store(root, lock_timeout)?;
+        let mut cfs: Vec<&str> = COLUMN_FAMILIES.to_vec();
+        cfs.push(DIRCACHE_CF);
+        cfs.push(crate::fs::MOUNTS_CF);
+        cfs.push(crate::cas::remote_store::REMOTE_CF);
+        cfs.extend_from_slice(families);
+        let db = Arc::new(Database::open(&root.join("db"), &cfs)?);
+        Store::assemble(root, db, Some(lock), backends)
     }
+
+    fn assemble(
+        root: &Path,
+        db: Arc<Database>,
+        lock: Option<File>,
+        backends: Backends,
+    ) -> CheckpointResult<Store> {
+        let objects = Arc::new(RocksObjectStore::new(db.clone()));
+        let remote = match &backends.objects {
+            Some(url) => Some(Arc::new(crate::cas::remote_store::RemoteObjectStore::open(
+                objects.clone(),
+                url,
+            )?)),
+            None => None,
+        };
+        let fleet_checkpoints = match &backends.checkpoints {
+            Some(url) => Some(Arc::new(super::PgCheckpointStore::open(url)?)),
+            None => None,
+        };
+        Ok(Store {
+            root: root.to_path_buf(),
+            checkpoints: Arc::new(RocksCheckpointStore::new(db.clone())),
+            objects,
+            remote,
+            fleet_checkpoints,
+            backends,
+            db,
+            _lock: lock,
+        })
+    }
+
+    /// Writes `backends` into the store's `casfs.json` (URLs only; credentials never
+    /// belong there and are refused).
+    pub fn save_backends(root: &Path, backends: &Backends) -> CheckpointResult<()> {
+        let marker = root.join(MARKER);
+        for url in backends.checkpoints.iter().chain(&backends.objects) {
+            let u = url::Url::parse(url)
+                .map_err(|e| CheckpointError::Invalid(format!("backend URL: {e}")))?;
+            if u.password().is_some() {
+                return Err(CheckpointError::Invalid(
+                    "a backend URL with a password is never written to disk; give the password in the environment".into(),
+                ));
+            }
+        }
+        let mut v = serde_json::json!({"format": FORMAT});
+        if let Some(c) = &backends.checkpoints {
+            v["checkpoints"] = c.clone().into();
+        }
+        if let Some(o) = &backends.objects {
+            v["objects"] = o.clone().into();
+        }
+        let tmp = root.join(format!("{MARKER}.tmp"));
+        std::fs::write(&tmp, format!("{v:#}\n")).map_err(|e| CheckpointError::io(&tmp, e))?;
+        std::fs::rename(&tmp, &marker).map_err(|e| CheckpointError::io(&marker, e))
+    }
+
+    /// The backends in use.
+    pub fn backends(&self) -> &Backends {
+        &self.backends
+    }
+
+    /// The remote object store, with fleet objects.
+    pub fn remote(&self) -> Option<&Arc<crate::cas::remote_store::RemoteObjectStore>> {
+        self.remote.as_ref()
+    }
+
+    /// Opens an existing store read-only, without waiting for or taking its lock: a
+    /// writer may have it open. Sees what was durable when it was opened, which includes
+    /// every appended checkpoint and its objects.
+    pub fn open_read_only(root: &Path) -> CheckpointResult<Store> {
+        Self::open_read_only_with(root, &Backends::default())
+    }
+
+    /// [`Store::open_read_only`] with backends as in [`Store::open_with`].
+    pub fn open_read_only_with(root: &Path, over: &Backends) -> CheckpointResult<Store> {
+        if !root.join(MARKER).exists() {
+            return Err(CheckpointError::path(
+                root,
+                "no casfs store here (run `casfs init`, or pass --store / set CASFS_STORE)",
+            ));
+        }
+        let backends = read_backends(&root.join(MARKER))?.overridden_by(over);
+        let db = Arc::new(Database::open_read_only(&root.join("db"))?);
+        Store::assemble(root, db, None, backends)
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn database(&self) -> &Arc<Database> {
+        &self.db
+    }
+
+    pub fn objects(&self) -> &dyn ObjectStore {
+        match &self.remote {
+            Some(r) => r.as_ref(),
+            None => self.objects.as_ref(),
+        }
+    }
+
+    /// The object store, shareable with threads that outlive a borrow (the mount).
+    pub fn objects_shared(&self) -> Arc<dyn ObjectStore> {
+        match &self.remote {
+            Some(r) => r.clone(),
+            None => self.objects.clone(),
+        }
+    }
+
+    pub fn checkpoints(&self) -> &dyn CheckpointStore {
+        match &self.fleet_checkpoints {
+            Some(pg) => pg.as_ref(),
+            None => self.checkpoints.as_ref(),
+        }
+    }
+
+    /// The checkpoint store, shareable with threads that outlive a borrow (a lease's
+    /// renewer).
+    pub fn checkpoints_shared(&self) -> Arc<dyn CheckpointStore> {
+        match &self.fleet_checkpoints {
+            Some(pg) => pg.clone(),
+            None => self.checkpoints.clone(),
+        }
+    }
+
+    /// The embedded checkpoint store itself (retention and fsck need more than the
+    /// trait gives).
+    pub fn rocks_checkpoints(&self) -> &RocksCheckpointStore {
+        &self.checkpoints
+    }
+
+    /// The embedded object store itself (garbage collection sweeps it).
+    pub fn rocks_objects(&self) -> &RocksObjectStore {
+        &self.objects
+    }
+}
+
+/// The backends a store's `casfs.json` names.
+fn read_backends(marker: &Path) -> CheckpointResult<Backends> {
+    let text = std::fs::read_to_string(marker).map_err(|e| CheckpointError::io(marker, e))?;
+    serde_json::from_str(&text).map_err(|e| CheckpointError::path(marker, format!("backends: {e}")))
+}
+
+fn lock_store(root: &Path, timeout: Duration) -> CheckpointResult<File> {
+    let path = root.join("lock");
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| CheckpointError::io(&path, e))?;
+    let start = Instant::now();
+    let mut delay = Duration::from_millis(5);
+    loop {
+        // SAFETY: flock on a file descriptor we own.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc == 0 {
+            break;
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(CheckpointError::io(&path, err));
+        }
+        if start.elapsed() >= timeout {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            return Err(CheckpointError::path(
+                root,
+                format!(
+                    "store is in use by another casfs process ({}) and stayed busy for {:?}",
+                    holder.trim(),
+                    timeout
+                ),
+            ));
+        }
+        std::thread::sleep(delay);
+        delay = (delay * 2).min(Duration::from_millis(100));
+    }
+    let _ = file.set_len(0);
+    let _ = file.rewind();
+    let _ = write!(file, "pid {}", std::process::id());
+    Ok(file)
 }

@@ -144,42 +144,13 @@ pub(super) fn thread_or_at(
     thread: Option<&str>,
     at: Option<&str>,
 ) -> anyhow::Result<String> {
-    match (thread, at) {
-        (_, Some(r)) => Ok(r.to_string()),
-        (Some(t), None) => Ok(format!("@{t}")),
-        (None, None) => bail!("{command} needs --thread T (its head) or --at CHECKPOINT"),
-    }
+    casfs::checkpoint::refs::thread_or_at(thread, at)
+        .ok_or_else(|| anyhow!("{command} needs --thread T (its head) or --at CHECKPOINT"))
 }
 
 /// Resolves `@thread`, a hex id or prefix, each optionally followed by `~N`.
 pub(super) fn resolve(store: &Store, r: &str) -> anyhow::Result<CheckpointId> {
-    let (base, up) = match r.rsplit_once('~') {
-        Some((b, n)) => (
-            b,
-            n.parse::<usize>().map_err(|_| {
-                anyhow!("checkpoint reference {r:?}: '~' must be followed by a number")
-            })?,
-        ),
-        None => (r, 0),
-    };
-    let cps = store.checkpoints();
-    let mut id = if let Some(t) = base.strip_prefix('@') {
-        let thread = ThreadId::new(t)?;
-        cps.head(&thread)?
-            .ok_or(CheckpointError::EmptyThread(thread))?
-    } else {
-        cps.resolve_prefix(base)?
-    };
-    for i in 0..up {
-        id = cps.get(&id)?.body.parent_id.ok_or_else(|| {
-            anyhow!(
-                "checkpoint reference {r:?}: {} has no parent ({} of {up} steps taken)",
-                id.short(),
-                i
-            )
-        })?;
-    }
-    Ok(id)
+    Ok(casfs::checkpoint::refs::resolve(store.checkpoints(), r)?)
 }
 
 fn capture(

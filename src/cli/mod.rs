@@ -407,7 +407,14 @@ impl Cli {
     fn open_store(&self, mode: OpenMode) -> anyhow::Result<Store> {
         let root = self.store_root();
         let timeout = Duration::from_secs_f64(self.lock_timeout.max(0.0));
-        Ok(Store::open_with(&root, mode, timeout, &self.backends())?)
+        // The middleware keeps its conversation and artifact stores in the store too.
+        Ok(Store::open_with_families(
+            &root,
+            mode,
+            timeout,
+            &self.backends(),
+            casfs::middleware::COLUMN_FAMILIES,
+        )?)
     }
 }
 

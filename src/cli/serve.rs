@@ -85,7 +85,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         .with_context(|| format!("creating {}", sandboxes.display()))?;
     // The host column family keeps conversations and artifacts: scrubbed too.
     let sp = Arc::new(
-        StorePersistence::new(store.database().clone())
+        StorePersistence::new(store.database().clone())?
             .with_secrets(Secrets::new(secret_values.clone())?),
     );
     let mut snap = SnapshotConfig::new(Persistence::on_store(sp.clone()));

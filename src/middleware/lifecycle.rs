@@ -3,9 +3,8 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
-use std::time::{Duration, SystemTime};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use super::events::Watcher;
 use super::persistence::Parts;
@@ -19,8 +18,8 @@ use crate::cas::FileRef;
 use crate::checkpoint::diff::diff_trees;
 use crate::checkpoint::{
     capture_dir, holder_name, restore_tree, Artifact, CaptureOptions, Checkpoint, CheckpointError,
-    CheckpointId, CheckpointResult, ContentRef, NewCheckpoint, RestoreOptions, Store, ThreadId,
-    WriterLease,
+    CheckpointId, CheckpointResult, ContentRef, LeaseKeeper, LeaseStatus, NewCheckpoint,
+    RestoreOptions, Store, WriterLease,
 };
 
 /// Portable checkpoints of runs: where the conversation and artifacts come from, what
@@ -204,7 +203,7 @@ impl Middleware {
                 &holder_name(&format!("casfs-run-{}", ctx.run_id)),
                 s.lease_ttl,
             )?;
-            keeper = Some(LeaseKeeper::start(self.store.clone(), lease));
+            keeper = Some(LeaseKeeper::start(self.store.checkpoints_shared(), lease));
         }
         let run = Run {
             mw: self.clone(),
@@ -295,13 +294,16 @@ impl Run {
     /// thread and this run's append is refused. For failure drills and tests.
     pub fn stall_lease_renewal(&self) {
         if let Some(k) = &self.keeper {
-            k.stop_renewing(|st| st.stalled = true);
+            k.stall();
         }
     }
 
     /// The writer lease as held now (none without snapshots, or once closed or lost).
     pub fn lease(&self) -> Option<WriterLease> {
-        self.keeper.as_ref().and_then(|k| k.state().lease.clone())
+        match self.keeper.as_ref()?.status() {
+            LeaseStatus::Held(l) => Some(l),
+            _ => None,
+        }
     }
 
     fn cancelled(&self) -> MiddlewareResult<()> {
@@ -608,11 +610,11 @@ impl Run {
 
     /// Whether the run may still publish: an error if the lease was lost.
     fn may_publish(&self, keeper: &LeaseKeeper) -> MiddlewareResult<bool> {
-        let st = keeper.state();
-        if let Some(lost) = &st.lost {
-            return Err(lost.error().into());
+        match keeper.status() {
+            LeaseStatus::Held(_) => Ok(true),
+            LeaseStatus::Closed => Ok(false),
+            LeaseStatus::Lost(e) => Err(e.into()),
         }
-        Ok(!st.closed && st.lease.is_some())
     }
 
     fn capture(&self) -> MiddlewareResult<RunOutcome> {
@@ -717,13 +719,10 @@ impl Run {
                 return Err(CheckpointError::Invalid(format!("oversize: {why}")));
             }
             new.secret_files = filter.peek(|st| st.secret_files.clone());
-            let st = keeper.state();
-            if let Some(lost) = &st.lost {
-                return Err(lost.error());
-            }
-            match (&st.lease, st.closed) {
-                (Some(l), false) => Ok(l.clone()),
-                _ => {
+            match keeper.status() {
+                LeaseStatus::Held(l) => Ok(l),
+                LeaseStatus::Lost(e) => Err(e),
+                LeaseStatus::Closed => {
                     closed.store(true, Ordering::SeqCst);
                     Err(CheckpointError::Invalid(
                         "the run's lease was closed".into(),
@@ -768,14 +767,14 @@ impl Run {
             Err(_) if closed.load(Ordering::SeqCst) => return none(),
             Err(e) => {
                 // A lease lost while appending is the error to report.
-                if let Some(lost) = keeper.state().lost.clone() {
-                    return Err(lost.error().into());
+                if let LeaseStatus::Lost(lost) = keeper.status() {
+                    return Err(lost.into());
                 }
                 return Err(e.into());
             }
         };
-        if let Some(lost) = keeper.state().lost.clone() {
-            return Err(lost.error().into());
+        if let LeaseStatus::Lost(lost) = keeper.status() {
+            return Err(lost.into());
         }
         Ok(RunOutcome {
             checkpoint: Some(cp.0),
@@ -821,146 +820,4 @@ fn put_secrets_back(h: &SandboxHandle, rel: &str, secrets: &Secrets) -> Middlewa
     f.set_times(std::fs::FileTimes::new().set_modified(mtime))
         .map_err(io)?;
     Ok(())
-}
-
-/// The thread's writer lease, renewed in the background until closed.
-struct LeaseKeeper {
-    shared: Arc<(Mutex<LeaseState>, Condvar)>,
-    store: Arc<Store>,
-    renewer: Mutex<Option<JoinHandle<()>>>,
-}
-
-#[derive(Default)]
-struct LeaseState {
-    lease: Option<WriterLease>,
-    /// Closed by the run (pause, disconnect, end): it will not publish.
-    closed: bool,
-    /// Renewal failed: someone else has the thread now.
-    lost: Option<Lost>,
-    /// Renewal stopped as if the process had stalled (`Run::stall_lease_renewal`).
-    stalled: bool,
-}
-
-/// A lease that could not be renewed, kept to report it as often as it is asked for.
-#[derive(Clone)]
-struct Lost {
-    thread: ThreadId,
-    token: u64,
-    detail: String,
-}
-
-impl Lost {
-    fn error(&self) -> CheckpointError {
-        CheckpointError::LeaseLost {
-            thread: self.thread.clone(),
-            token: self.token,
-            detail: self.detail.clone(),
-        }
-    }
-}
-
-impl LeaseKeeper {
-    fn start(store: Arc<Store>, lease: WriterLease) -> LeaseKeeper {
-        let shared = Arc::new((
-            Mutex::new(LeaseState {
-                lease: Some(lease),
-                ..LeaseState::default()
-            }),
-            Condvar::new(),
-        ));
-        let (sh, st) = (shared.clone(), store.clone());
-        let renewer = std::thread::Builder::new()
-            .name("casfs-lease".into())
-            .spawn(move || renew_loop(&sh, &st))
-            .expect("spawning the lease renewer");
-        LeaseKeeper {
-            shared,
-            store,
-            renewer: Mutex::new(Some(renewer)),
-        }
-    }
-
-    fn state(&self) -> std::sync::MutexGuard<'_, LeaseState> {
-        self.shared.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Marks the state (closed, stalled), wakes the renewer so it sees that, and waits
-    /// for it to end.
-    fn stop_renewing(&self, mark: impl FnOnce(&mut LeaseState)) {
-        mark(&mut self.state());
-        self.shared.1.notify_all();
-        let renewer = self
-            .renewer
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(t) = renewer {
-            let _ = t.join();
-        }
-    }
-
-    /// Stops renewing and releases the lease (once; later calls do nothing). A lease
-    /// that was lost is not released (it is someone else's) and is the error.
-    fn close(&self) -> CheckpointResult<()> {
-        // After the renewer stopped, the state holds the freshest lease.
-        self.stop_renewing(|st| st.closed = true);
-        let (lease, lost) = {
-            let mut st = self.state();
-            (st.lease.take(), st.lost.clone())
-        };
-        if let Some(lost) = lost {
-            return Err(lost.error());
-        }
-        match lease {
-            Some(l) => self.store.checkpoints().release(&l),
-            None => Ok(()),
-        }
-    }
-}
-
-fn renew_loop(shared: &(Mutex<LeaseState>, Condvar), store: &Store) {
-    let (lock, cvar) = shared;
-    let mut st = lock.lock().unwrap_or_else(|p| p.into_inner());
-    loop {
-        let Some(lease) = st.lease.clone() else {
-            return;
-        };
-        if st.closed || st.stalled {
-            return;
-        }
-        let wait = lease
-            .renew_after()
-            .duration_since(SystemTime::now())
-            .unwrap_or_default();
-        if !wait.is_zero() {
-            st = cvar
-                .wait_timeout(st, wait)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-            continue;
-        }
-        drop(st);
-        let renewed = store.checkpoints().renew(&lease);
-        st = lock.lock().unwrap_or_else(|p| p.into_inner());
-        if st.closed {
-            // Closed while renewing: leave the freshest lease to release.
-            if let Ok(l) = renewed {
-                st.lease = Some(l);
-            }
-            return;
-        }
-        match renewed {
-            Ok(l) => st.lease = Some(l),
-            Err(e) => {
-                tracing::warn!(thread = %lease.thread, "writer lease lost: {e}");
-                st.lost = Some(Lost {
-                    thread: lease.thread.clone(),
-                    token: lease.token,
-                    detail: format!("renewing it failed: {e}"),
-                });
-                st.lease = None;
-                return;
-            }
-        }
-    }
 }

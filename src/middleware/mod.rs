@@ -33,7 +33,7 @@ pub use lifecycle::{
 };
 pub use persistence::{
     ArtifactMeta, ArtifactStore, BlobStore, MessageStore, Persistence, RunCompletion,
-    StorePersistence,
+    StorePersistence, COLUMN_FAMILIES, HOST_CF,
 };
 pub use policy::{workspace_hash, Oversize, SnapshotPolicy};
 pub use provider::{

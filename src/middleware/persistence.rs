@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{MiddlewareError, MiddlewareResult, Secrets};
 use crate::cas::Database;
-use crate::checkpoint::{ThreadId, HOST_CF};
+use crate::checkpoint::ThreadId;
 
 /// A thread's conversation: messages in order, each any JSON the host uses.
 pub trait MessageStore: Send + Sync {
@@ -133,12 +133,26 @@ pub struct StorePersistence {
     secrets: Secrets,
 }
 
+/// The column family of [`StorePersistence`]: plain keys, not objects.
+pub const HOST_CF: &str = "host";
+
+/// The column families the middleware keeps in a store's database: open the store with
+/// them ([`crate::checkpoint::Store::open_with_families`]).
+pub const COLUMN_FAMILIES: &[&str] = &[HOST_CF];
+
 impl StorePersistence {
-    pub fn new(db: Arc<Database>) -> StorePersistence {
-        StorePersistence {
+    /// Persistence in `db`, which must have been opened with [`COLUMN_FAMILIES`].
+    pub fn new(db: Arc<Database>) -> MiddlewareResult<StorePersistence> {
+        if !db.has_column(HOST_CF) {
+            return Err(MiddlewareError::Config(format!(
+                "the store's database was opened without the {HOST_CF:?} column family; \
+                 open it with middleware::COLUMN_FAMILIES"
+            )));
+        }
+        Ok(StorePersistence {
             db,
             secrets: Secrets::default(),
-        }
+        })
     }
 
     /// Keeps the values of `secrets` out of everything it stores.

@@ -25,7 +25,7 @@ use super::{
     MiddlewareError, Persistence, Run, RunContext, StorePersistence,
 };
 use crate::checkpoint::mountd::MaintainOp;
-use crate::checkpoint::{CheckpointError, CheckpointId, Store, ThreadId};
+use crate::checkpoint::{CheckpointError, Store, ThreadId};
 
 /// Every route the server answers, as `METHOD path`; `openapi.json` has the same.
 pub const ROUTES: &[&str] = &[
@@ -601,10 +601,8 @@ async fn thread_log(
 
 async fn checkpoint(State(s): State<Arc<Server>>, ApiPath(id): ApiPath<String>) -> ApiResult {
     blocking(move || {
-        let id = match crate::cas::Hash::from_hex(&id) {
-            Some(h) => CheckpointId(h),
-            None => s.store.checkpoints().resolve_prefix(&id)?,
-        };
+        // The references the command line takes: an id, a prefix, `@thread`, `~N`.
+        let id = crate::checkpoint::refs::resolve(s.store.checkpoints(), &id)?;
         Ok(Json(to_json(&s.store.checkpoints().get(&id)?)))
     })
     .await

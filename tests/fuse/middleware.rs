@@ -32,7 +32,16 @@ pub(crate) struct Host {
 }
 
 pub(crate) fn open_store(dir: &Path) -> Arc<Store> {
-    Arc::new(Store::open(dir, OpenMode::Create, Duration::from_secs(5)).unwrap())
+    Arc::new(
+        Store::open_with_families(
+            dir,
+            OpenMode::Create,
+            Duration::from_secs(5),
+            &Default::default(),
+            casfs::middleware::COLUMN_FAMILIES,
+        )
+        .unwrap(),
+    )
 }
 
 pub(crate) fn host_with(
@@ -67,7 +76,9 @@ pub(crate) fn host_with(
 pub(crate) fn host(cfg: impl FnOnce(&mut MiddlewareConfig)) -> (tempfile::TempDir, Host) {
     let t = tempfile::tempdir().unwrap();
     let store = open_store(&t.path().join("store"));
-    let p = Persistence::on_store(Arc::new(StorePersistence::new(store.database().clone())));
+    let p = Persistence::on_store(Arc::new(
+        StorePersistence::new(store.database().clone()).unwrap(),
+    ));
     (t, host_with(store, p, cfg))
 }
 
@@ -589,7 +600,9 @@ fn a_setup_failing_after_its_sandbox_was_made_destroys_it() {
 fn a_checkpoint_of_another_workspace_definition_is_refused() {
     let t = tempfile::tempdir().unwrap();
     let store = open_store(&t.path().join("store"));
-    let p = Persistence::on_store(Arc::new(StorePersistence::new(store.database().clone())));
+    let p = Persistence::on_store(Arc::new(
+        StorePersistence::new(store.database().clone()).unwrap(),
+    ));
     let a = host_with(store.clone(), p.clone(), |_| {});
     let run = a.setup("t", "r1").unwrap();
     fs::write(run.sandbox().unwrap().root.join("f"), "1").unwrap();
@@ -702,7 +715,9 @@ fn file_events_arrive_in_order_with_diffs_and_are_drained() {
 fn a_live_sandbox_behind_the_head_is_brought_up_to_it() {
     let t = tempfile::tempdir().unwrap();
     let store = open_store(&t.path().join("store"));
-    let p = Persistence::on_store(Arc::new(StorePersistence::new(store.database().clone())));
+    let p = Persistence::on_store(Arc::new(
+        StorePersistence::new(store.database().clone()).unwrap(),
+    ));
     let a = host_with(store.clone(), p.clone(), |_| {});
     let b = host_with(store.clone(), p, |_| {});
     let run = a.setup("t", "r1").unwrap();

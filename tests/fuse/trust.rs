@@ -706,6 +706,25 @@ fn every_answer_is_documented_and_every_error_is_json() {
     let v = check("POST", "/v1/runs/r3/finish", &[], b"", (200, ""));
     let id = v["checkpoint"].as_str().unwrap().to_string();
     check("GET", &format!("/v1/checkpoints/{id}"), &[], b"", (200, ""));
+    // The references the command line takes: `@thread`, `~N`, prefixes.
+    let v = check("GET", "/v1/checkpoints/@t", &[], b"", (200, ""));
+    assert_eq!(v["id"], json!(id));
+    check(
+        "GET",
+        &format!("/v1/checkpoints/{}", &id[..8]),
+        &[],
+        b"",
+        (200, ""),
+    );
+    check("GET", "/v1/checkpoints/@t~1", &[], b"", (404, "not_found"));
+    check("GET", "/v1/checkpoints/@t~x", &[], b"", (400, "invalid"));
+    check(
+        "GET",
+        "/v1/checkpoints/@nobody",
+        &[],
+        b"",
+        (404, "not_found"),
+    );
     check("GET", "/v1/threads/t/checkpoints", &[], b"", (200, ""));
     check("GET", "/v1/threads/t/messages", &[], b"", (200, ""));
     check("GET", "/v1/threads/t/artifacts", &[], b"", (200, ""));
