@@ -1,0 +1,861 @@
+//! The `fuser::Filesystem` of a workspace: each request goes to the inode table and
+//! back as a reply; and mounting a workspace.
+
+use super::*;
+
+pub(super) fn reply_empty(r: Result<(), Errno>, reply: ReplyEmpty) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(e),
+    }
+}
+
+impl Filesystem for WorkspaceFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        if self.ws().want_passthrough
+            && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+            && config.set_max_stack_depth(1).is_ok()
+        {
+            self.ws().passthrough.store(true, Ordering::Relaxed);
+        }
+        let _ = config
+            .add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
+        // The daemon clears set-id bits and file capabilities itself (see `kill_privs`).
+        // Without it the kernel asks for `security.capability` before every write(2),
+        // passthrough ones included, and for the attributes before every chown: a
+        // round trip each.
+        let _ = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        if name.len() > MAX_NAME_LEN {
+            // The kernel leaves the check to us: every path call with such a component.
+            return reply.error(Errno::ENAMETOOLONG);
+        }
+        let r = (|| {
+            let mut tx = self.ws().tx();
+            let Some(ino) = tx.lookup(parent.0, name.as_bytes())? else {
+                return Ok(None);
+            };
+            if tx.node(ino)?.kind == Kind::Dir {
+                tx.load_dir(ino)?;
+            }
+            tx.attr(ino).map(Some)
+        })();
+        match r {
+            Ok(Some(a)) => reply.entry(&TTL, &a, Generation(0)),
+            // A negative entry the kernel may cache: a create passes through the kernel,
+            // which replaces it, and a root swap invalidates it.
+            Ok(None) => {
+                let mut a = self
+                    .ws()
+                    .attr_of(0, &self.ws().root_node(TreeId(crate::cas::Hash::of(b""))));
+                a.ino = INodeNo(0);
+                reply.entry(&TTL, &a, Generation(0))
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let r = (|| {
+            let mut tx = self.ws().tx();
+            if tx.node(ino.0)?.kind == Kind::Dir {
+                tx.load_dir(ino.0)?;
+            }
+            tx.attr(ino.0)
+        })();
+        match r {
+            Ok(a) => reply.attr(&TTL, &a),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let ino = ino.0;
+        let r = (|| {
+            let ws = self.ws();
+            let _ = fh;
+            let _b = ws.barrier.read().unwrap_or_else(|p| p.into_inner());
+            let mut tx = ws.tx();
+            let t = now_ns();
+            let resolve = |x: TimeOrNow| match x {
+                TimeOrNow::Now => t,
+                TimeOrNow::SpecificTime(s) => time_ns(s),
+            };
+            if let Some(sz) = size {
+                let kind = tx.node(ino)?.kind;
+                if kind == Kind::Dir {
+                    return Err(Errno::EISDIR);
+                }
+                if kind != Kind::File {
+                    return Err(Errno::EINVAL);
+                }
+                let u = tx.copy_up(ino, sz == 0)?;
+                let before = fstat(&u).map_err(io_errno)?.st_size as u64;
+                u.set_len(sz).map_err(io_errno)?;
+                tx.node_mut(ino)?
+                    .note_changed(before.min(sz), before.max(sz));
+                // A truncate clears set-id bits unless the caller has CAP_FSETID (fuser
+                // does not pass on the kernel's FATTR_KILL_SUIDGID: root is taken for
+                // the capability).
+                tx.kill_privs(ino, (req.uid() != 0).then_some(req))?;
+                tx.node_mut(ino)?.meta.ctime = t;
+                // A truncate while the file is open for writing (a shell's `>`: the
+                // kernel opens, then truncates without naming the handle) is announced
+                // by the writer's close, with what was written after it: one change,
+                // one event.
+                if tx.watched() && tx.node(ino)?.writers == 0 {
+                    let path = tx.path_of(ino);
+                    tx.events.push((FsEventKind::Modify, path, None, false));
+                }
+            }
+            let has_upper = matches!(tx.node(ino)?.body, Body::File { upper: Some(_), .. });
+            if (atime.is_some() || mtime.is_some()) && has_upper {
+                let u = match &tx.node(ino)?.body {
+                    Body::File { upper: Some(u), .. } => u.clone(),
+                    _ => unreachable!(),
+                };
+                let f = ws.upper_file(ino, &u).map_err(io_errno)?;
+                set_file_times(&f, atime.map(resolve), mtime.map(resolve)).map_err(io_errno)?;
+            }
+            let n = tx.node_mut(ino)?;
+            if let Some(m) = mode {
+                n.meta.mode = m & 0o7777;
+            }
+            if let Some(u) = uid {
+                n.meta.uid = u;
+            }
+            if let Some(g) = gid {
+                n.meta.gid = g;
+            }
+            // chown clears setuid/setgid on files (as ext4 does for non-directories).
+            if (uid.is_some() || gid.is_some()) && mode.is_none() && n.kind == Kind::File {
+                n.meta.mode &= !(libc::S_ISUID | libc::S_ISGID);
+            }
+            if let Some(a) = atime {
+                n.meta.atime = resolve(a);
+            }
+            if let Some(m) = mtime {
+                n.meta.mtime = resolve(m);
+            }
+            tx.changed(ino, t)?;
+            tx.close_if_idle(ino);
+            let a = tx.attr(ino)?;
+            tx.commit()?;
+            Ok(a)
+        })();
+        match r {
+            Ok(a) => reply.attr(&TTL, &a),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let tx = self.ws().tx();
+        match tx.node(ino.0).map(|n| &n.body) {
+            Ok(Body::Symlink(t)) => reply.data(t),
+            Ok(_) => reply.error(Errno::EINVAL),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let r = (|| {
+            let kind = kind_of_mode(mode).ok_or(Errno::EINVAL)?;
+            let perm = mode & !umask;
+            if matches!(kind, Kind::Dir | Kind::Symlink) {
+                return Err(Errno::EINVAL);
+            }
+            let rdev = if kind == Kind::File { 0 } else { rdev as u64 };
+            let (_, a) = self.create_node(req, parent.0, name, kind, perm, rdev, None, false)?;
+            Ok(a)
+        })();
+        self.entry_reply(r, reply);
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let r = self
+            .create_node(
+                req,
+                parent.0,
+                name,
+                Kind::Dir,
+                mode & !umask,
+                0,
+                None,
+                false,
+            )
+            .map(|x| x.1);
+        self.entry_reply(r, reply);
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = (|| {
+            let mut tx = self.ws().tx();
+            let child = tx.lookup(parent.0, name.as_bytes())?.ok_or(Errno::ENOENT)?;
+            if tx.node(child)?.kind == Kind::Dir {
+                return Err(Errno::EISDIR);
+            }
+            tx.event(FsEventKind::Delete, parent.0, name.as_bytes(), false);
+            tx.detach(parent.0, name.as_bytes())?;
+            tx.drop_link(child)?;
+            tx.commit()
+        })();
+        reply_empty(r, reply);
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = (|| {
+            let mut tx = self.ws().tx();
+            if name.as_bytes() == b"." {
+                return Err(Errno::EINVAL);
+            }
+            let child = tx.lookup(parent.0, name.as_bytes())?.ok_or(Errno::ENOENT)?;
+            if tx.node(child)?.kind != Kind::Dir {
+                return Err(Errno::ENOTDIR);
+            }
+            if !tx.children(child)?.is_empty() {
+                return Err(Errno::ENOTEMPTY);
+            }
+            tx.event(FsEventKind::Delete, parent.0, name.as_bytes(), true);
+            tx.detach(parent.0, name.as_bytes())?;
+            tx.drop_link(child)?;
+            tx.commit()
+        })();
+        reply_empty(r, reply);
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let t = target.as_os_str().as_bytes().to_vec();
+        if t.len() > MAX_SYMLINK_LEN {
+            return reply.error(Errno::ENAMETOOLONG);
+        }
+        let r = self
+            .create_node(
+                req,
+                parent.0,
+                link_name,
+                Kind::Symlink,
+                0o777,
+                0,
+                Some(t),
+                false,
+            )
+            .map(|x| x.1);
+        self.entry_reply(r, reply);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let r = (|| {
+            let (p, np) = (parent.0, newparent.0);
+            let (n1, n2) = (name.as_bytes(), newname.as_bytes());
+            check_name(n2)?;
+            if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+                return Err(Errno::EINVAL);
+            }
+            let exchange = flags.contains(RenameFlags::RENAME_EXCHANGE);
+            let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
+            if exchange && noreplace {
+                return Err(Errno::EINVAL);
+            }
+            let mut tx = self.ws().tx();
+            if tx.node(np)?.kind != Kind::Dir {
+                return Err(Errno::ENOTDIR);
+            }
+            let src = tx.lookup(p, n1)?.ok_or(Errno::ENOENT)?;
+            let dst = tx.lookup(np, n2)?;
+            let src_dir = tx.node(src)?.kind == Kind::Dir;
+            // A directory cannot move below itself.
+            if tx.is_within(np, src)? {
+                return Err(Errno::EINVAL);
+            }
+            if exchange {
+                let dst = dst.ok_or(Errno::ENOENT)?;
+                if dst == src {
+                    return Ok(());
+                }
+                if tx.node(dst)?.kind == Kind::Dir && tx.is_within(p, dst)? {
+                    return Err(Errno::EINVAL);
+                }
+                let dst_dir = tx.node(dst)?.kind == Kind::Dir;
+                tx.rename_event(p, n1, np, n2, src_dir);
+                tx.rename_event(np, n2, p, n1, dst_dir);
+                tx.detach(p, n1)?;
+                tx.detach(np, n2)?;
+                tx.attach(np, n2, src)?;
+                tx.attach(p, n1, dst)?;
+                let t = now_ns();
+                tx.changed(src, t)?;
+                tx.changed(dst, t)?;
+                return tx.commit();
+            }
+            if let Some(d) = dst {
+                if noreplace {
+                    return Err(Errno::EEXIST);
+                }
+                if d == src {
+                    return Ok(());
+                }
+                let dst_dir = tx.node(d)?.kind == Kind::Dir;
+                if src_dir && !dst_dir {
+                    return Err(Errno::ENOTDIR);
+                }
+                if !src_dir && dst_dir {
+                    return Err(Errno::EISDIR);
+                }
+                if dst_dir && !tx.children(d)?.is_empty() {
+                    return Err(Errno::ENOTEMPTY);
+                }
+                tx.detach(np, n2)?;
+                tx.drop_link(d)?;
+            }
+            tx.rename_event(p, n1, np, n2, src_dir);
+            tx.detach(p, n1)?;
+            tx.attach(np, n2, src)?;
+            tx.changed(src, now_ns())?;
+            tx.commit()
+        })();
+        reply_empty(r, reply);
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let r = (|| {
+            let name = newname.as_bytes();
+            check_name(name)?;
+            let mut tx = self.ws().tx();
+            if tx.node(ino.0)?.kind == Kind::Dir {
+                return Err(Errno::EPERM);
+            }
+            if tx.node(newparent.0)?.kind != Kind::Dir {
+                return Err(Errno::ENOTDIR);
+            }
+            if tx.lookup(newparent.0, name)?.is_some() {
+                return Err(Errno::EEXIST);
+            }
+            if tx.node(ino.0)?.nlink >= LINK_MAX {
+                return Err(Errno::EMLINK);
+            }
+            // Every link of a linked node is an override, so that all of them follow
+            // its content: make it dirty where it is first.
+            tx.persist(ino.0)?;
+            tx.node_mut(ino.0)?.nlink += 1;
+            tx.attach(newparent.0, name, ino.0)?;
+            tx.event(FsEventKind::Create, newparent.0, name, false);
+            tx.changed(ino.0, now_ns())?;
+            let a = tx.attr(ino.0)?;
+            tx.commit()?;
+            Ok(a)
+        })();
+        self.entry_reply(r, reply);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let r = self.open_node(ino.0, flags.0, |f| reply.open_backing(f));
+        match r {
+            Ok((fh, Some(b))) => reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &b),
+            Ok((fh, None)) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let r = match self.current_src(ino.0, fh.0) {
+            Src::Upper(u) => {
+                let mut buf = vec![0u8; size as usize];
+                let mut n = 0;
+                loop {
+                    match u.read_at(&mut buf[n..], offset + n as u64) {
+                        Ok(0) => break,
+                        Ok(k) => {
+                            n += k;
+                            if n == buf.len() {
+                                break;
+                            }
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => return reply.error(io_errno(e)),
+                    }
+                }
+                buf.truncate(n);
+                Ok(buf)
+            }
+            Src::Clean(c) => self.ws().read_clean(ino.0, &c, offset, size),
+            Src::None => Err(Errno::EIO),
+        };
+        match r {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn write(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let ws = self.ws();
+        let _b = ws.barrier.read().unwrap_or_else(|p| p.into_inner());
+        // Upper files share the store's filesystem: leave its database the reserve it
+        // needs (a write that fails there for lack of space, it does not survive).
+        let r = ws
+            .dirty
+            .database()
+            .ensure_space(data.len() as u64)
+            .map_err(eio)
+            .and_then(|()| self.writable_upper(ino.0, fh.0))
+            .and_then(|u| {
+                u.write_all_at(data, offset).map_err(io_errno)?;
+                let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+                ws.written(
+                    ino.0,
+                    offset,
+                    offset + data.len() as u64,
+                    kill.then_some(req),
+                )
+            });
+        match r {
+            Ok(()) => reply.written(data.len() as u32),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // close() waits for the flush (not for the release): a change is announced
+        // before the writer goes on.
+        let ws = self.ws();
+        let writes = ws
+            .handles
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&fh.0)
+            .is_some_and(|h| h.write);
+        if writes {
+            let mut tx = ws.tx();
+            if tx.watched() {
+                let path = tx.path_of(ino.0);
+                tx.events.push((FsEventKind::Modify, path, None, false));
+            }
+            let _ = tx.commit();
+        }
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.ws().release_handle(fh.0);
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let r = (|| {
+            if let Src::Upper(u) = self.current_src(ino.0, fh.0) {
+                if datasync {
+                    u.sync_data().map_err(io_errno)?;
+                } else {
+                    u.sync_all().map_err(io_errno)?;
+                }
+            }
+            self.ws().dirty.sync().map_err(eio)
+        })();
+        reply_empty(r, reply);
+    }
+
+    /// No opendir: the kernel then sends neither opendir nor releasedir, and caches
+    /// every listing (FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE by default). That is right here
+    /// because every change to a directory goes through the kernel, which drops its
+    /// cache, and a root swap invalidates the root.
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.ws().tx().node(ino.0) {
+            Ok(n) if n.kind == Kind::Dir => reply.error(Errno::ENOSYS),
+            Ok(_) => reply.error(Errno::ENOTDIR),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let entries = match self.listing(ino.0, offset) {
+            Ok(e) => e,
+            Err(e) => return reply.error(e),
+        };
+        for (i, (child, kind, name)) in entries.into_iter().enumerate() {
+            let next = offset + i as u64 + 1;
+            if reply.add(INodeNo(child), next, kind, OsStr::from_bytes(&name)) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let entries = match self.listing(ino.0, offset) {
+            Ok(e) => e,
+            Err(e) => return reply.error(e),
+        };
+        let mut tx = self.ws().tx();
+        for (k, (child, kind, name)) in entries.into_iter().enumerate() {
+            if kind == FileType::Directory && name != b"." && name != b".." {
+                let _ = tx.load_dir(child);
+            }
+            let Ok(attr) = tx.attr(child) else { continue };
+            let next = offset + k as u64 + 1;
+            if reply.add(
+                INodeNo(child),
+                next,
+                OsStr::from_bytes(&name),
+                &TTL,
+                &attr,
+                Generation(0),
+            ) {
+                break;
+            }
+        }
+        drop(tx);
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.ws().dirty.sync() {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(eio(e)),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        // SAFETY: zeroed statvfs is a valid out-parameter; the fd is open.
+        let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::fstatvfs(self.ws().upper_fd.as_raw_fd(), &mut s) } != 0 {
+            return reply.error(io_errno(std::io::Error::last_os_error()));
+        }
+        reply.statfs(
+            s.f_blocks,
+            s.f_bfree,
+            s.f_bavail,
+            s.f_files,
+            s.f_ffree,
+            s.f_bsize as u32,
+            MAX_NAME_LEN as u32,
+            s.f_frsize as u32,
+        );
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let r = (|| {
+            let name = name.as_bytes();
+            if name.len() > MAX_XATTR_NAME_LEN || name.is_empty() {
+                return Err(Errno::ERANGE);
+            }
+            if value.len() > MAX_XATTR_VALUE_LEN {
+                return Err(Errno::E2BIG);
+            }
+            // No POSIX ACLs or other system attributes: tools (cp -a, tar) then fall
+            // back to plain modes, as on any filesystem without ACL support.
+            if name.starts_with(b"system.") {
+                return Err(Errno::EOPNOTSUPP);
+            }
+            let mut tx = self.ws().tx();
+            let n = tx.node_mut(ino.0)?;
+            let pos = n.xattrs.binary_search_by(|(k, _)| k.as_slice().cmp(name));
+            match (pos, flags) {
+                (Ok(_), f) if f & libc::XATTR_CREATE != 0 => return Err(Errno::EEXIST),
+                (Err(_), f) if f & libc::XATTR_REPLACE != 0 => return Err(Errno::NO_XATTR),
+                (Ok(i), _) => n.xattrs[i].1 = value.to_vec(),
+                (Err(i), _) => n.xattrs.insert(i, (name.to_vec(), value.to_vec())),
+            }
+            tx.changed(ino.0, now_ns())?;
+            tx.commit()
+        })();
+        reply_empty(r, reply);
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let tx = self.ws().tx();
+        match tx.node(ino.0) {
+            Ok(n) => reply_getxattr(&n.xattrs, name, size, reply),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let tx = self.ws().tx();
+        match tx.node(ino.0) {
+            Ok(n) => reply_listxattr(&n.xattrs, size, reply),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = (|| {
+            let mut tx = self.ws().tx();
+            let n = tx.node_mut(ino.0)?;
+            let pos = n
+                .xattrs
+                .binary_search_by(|(k, _)| k.as_slice().cmp(name.as_bytes()))
+                .map_err(|_| Errno::NO_XATTR)?;
+            n.xattrs.remove(pos);
+            tx.changed(ino.0, now_ns())?;
+            tx.commit()
+        })();
+        reply_empty(r, reply);
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // Permissions are checked by the kernel (default_permissions); this only says
+        // whether the node exists.
+        match self.ws().tx().node(ino.0) {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let r = self.create_node(
+            req,
+            parent.0,
+            name,
+            Kind::File,
+            mode & !umask,
+            0,
+            None,
+            true,
+        );
+        let (ino, attr) = match r {
+            Ok(x) => x,
+            Err(e) => return reply.error(e),
+        };
+        match self.open_node(ino, flags & !libc::O_TRUNC, |f| reply.open_backing(f)) {
+            Ok((fh, Some(b))) => reply.created_passthrough(
+                &TTL,
+                &attr,
+                Generation(0),
+                FileHandle(fh),
+                FopenFlags::empty(),
+                &b,
+            ),
+            Ok((fh, None)) => reply.created(
+                &TTL,
+                &attr,
+                Generation(0),
+                FileHandle(fh),
+                FopenFlags::empty(),
+            ),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let ws = self.ws();
+        let _b = ws.barrier.read().unwrap_or_else(|p| p.into_inner());
+        let grows = mode & (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_COLLAPSE_RANGE) == 0;
+        let space = if grows {
+            ws.dirty.database().ensure_space(length).map_err(eio)
+        } else {
+            Ok(())
+        };
+        let r = space
+            .and_then(|()| self.writable_upper(ino.0, fh.0))
+            .and_then(|u| {
+                let end = fstat(&u).map_err(io_errno)?.st_size as u64;
+                // SAFETY: a valid fd; the kernel checks the range and mode.
+                let rc =
+                    unsafe { libc::fallocate(u.as_raw_fd(), mode, offset as i64, length as i64) };
+                if rc != 0 {
+                    return Err(io_errno(std::io::Error::last_os_error()));
+                }
+                let moves = libc::FALLOC_FL_COLLAPSE_RANGE | libc::FALLOC_FL_INSERT_RANGE;
+                // Collapse and insert move everything after `offset` (up to the old end,
+                // so a collapse notes what it cut); the others change only their range.
+                let to = if mode & moves != 0 {
+                    end.max(offset.saturating_add(length))
+                } else {
+                    offset.saturating_add(length)
+                };
+                // As a write: set-id bits go unless the caller has CAP_FSETID (root is
+                // taken for it, as for truncates), file capabilities go.
+                ws.written(ino.0, offset, to, (req.uid() != 0).then_some(req))
+            });
+        reply_empty(r, reply);
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        let r = match self.current_src(ino.0, fh.0) {
+            Src::Upper(u) => {
+                // SAFETY: a valid fd; lseek on our own descriptor of the upper file.
+                let rc = unsafe { libc::lseek(u.as_raw_fd(), offset, whence) };
+                if rc < 0 {
+                    Err(io_errno(std::io::Error::last_os_error()))
+                } else {
+                    Ok(rc)
+                }
+            }
+            Src::Clean(c) => {
+                let size = c.size as i64;
+                match whence {
+                    libc::SEEK_DATA if offset < size => Ok(offset),
+                    libc::SEEK_HOLE if offset < size => Ok(size),
+                    libc::SEEK_DATA | libc::SEEK_HOLE => Err(Errno::ENXIO),
+                    _ => Err(Errno::EINVAL),
+                }
+            }
+            Src::None => Err(Errno::EIO),
+        };
+        match r {
+            Ok(o) => reply.offset(o),
+            Err(e) => reply.error(e),
+        }
+    }
+}

@@ -1,0 +1,661 @@
+//! The writable workspace: an overlay of clean nodes (content in the object store) and
+//! dirty nodes (content in a local upper file), with a persistent dirty set, an
+//! O(dirty) snapshot and an O(1) root swap.
+//!
+//! One mutex guards the inode table; file data moves outside it (reads of clean files
+//! through the chunk cache, reads and writes of upper files with pread/pwrite, or by the
+//! kernel itself through FUSE passthrough). Every metadata change writes the nodes it
+//! touched to the dirty set in the same step, so a killed daemon loses nothing the
+//! kernel had been told was done.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::ffi::{CString, OsStr};
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
+    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+
+use super::dirty::{DirtyStore, Kind, MountMeta, NodeRecord, Override};
+use super::{reply_getxattr, reply_listxattr, ChunkReader, Mounted};
+use crate::cas::file::{
+    load_chunk_list, read_chunk, store_bytes, store_changed_chunks, store_reader_over, ChunkList,
+    CHUNK_SIZE,
+};
+use crate::cas::tree::{MAX_NAME_LEN, MAX_SYMLINK_LEN, MAX_XATTR_NAME_LEN, MAX_XATTR_VALUE_LEN};
+use crate::cas::{
+    load_tree, store_tree, CasError, ChunkId, EntryContent, FileRef, ObjectStore, StoreStats, Tree,
+    TreeEntry, TreeId,
+};
+
+mod events;
+mod fuse;
+mod node;
+mod ops;
+mod snapshot;
+mod table;
+mod upper;
+
+pub use events::{FsEvent, FsEventKind};
+pub use ops::WorkspaceFs;
+pub use snapshot::{EntryKind, SnapshotFilter, SnapshotStats};
+pub use upper::upper_rel;
+
+use events::*;
+use node::*;
+use table::*;
+
+/// How long the kernel may trust attributes and entries. Every change passes through
+/// the kernel (which updates its caches itself); the one change that does not, a root
+/// swap, invalidates the root's entries explicitly, and the old inodes are unreachable.
+const TTL: Duration = Duration::from_secs(60);
+
+const ROOT: u64 = 1;
+
+/// Clean files at least this large get a local copy when opened with passthrough
+/// available, so the kernel reads them itself; smaller ones go through the chunk cache.
+const MATERIALIZE_MIN: u64 = 256 << 10;
+
+/// A file at least this large that is opened for writing (without `O_TRUNC`) is
+/// written through the daemon instead of passthrough, so that the daemon sees every
+/// write and a checkpoint reads and hashes only the chunks written, not the whole file.
+const TRACK_WRITES_MIN: u64 = 16 << 20;
+
+/// The extended attribute holding a file's capabilities: a write removes it.
+const FILE_CAPS: &[u8] = b"security.capability";
+
+/// More changed chunks than this are not listed: the snapshot reads the file whole.
+const MAX_CHANGED_CHUNKS: u64 = 1 << 16;
+
+/// How many first-read files a workspace remembers between checkpoints.
+const MAX_READS_KEPT: usize = 8192;
+
+/// Free space (beyond the database's reserve) below which handles that may write are
+/// served by the daemon, which enforces the reserve, instead of through passthrough.
+const PASSTHROUGH_WRITE_ROOM: u64 = 1 << 30;
+
+/// How a workspace is served.
+#[derive(Debug, Clone)]
+pub struct WorkspaceOptions {
+    pub chunk_cache_bytes: usize,
+    pub threads: usize,
+    pub allow_other: bool,
+    /// Use FUSE passthrough for files with a local copy when the kernel offers it.
+    pub passthrough: bool,
+    /// At most this many bytes of local copies of clean files are kept (oldest unused
+    /// evicted).
+    pub local_copies_bytes: u64,
+}
+
+impl Default for WorkspaceOptions {
+    fn default() -> Self {
+        WorkspaceOptions {
+            local_copies_bytes: 2 << 30,
+            chunk_cache_bytes: 64 << 20,
+            threads: 4,
+            allow_other: false,
+            passthrough: true,
+        }
+    }
+}
+
+/// Errors of the workspace's own operations (the FUSE side answers with errno).
+#[derive(Debug, thiserror::Error)]
+pub enum WorkspaceError {
+    #[error(transparent)]
+    Cas(#[from] CasError),
+    #[error(
+        "{count} uncaptured change(s) (for example {example}); checkpoint them first or force"
+    )]
+    Uncaptured { count: usize, example: String },
+    #[error("{0}")]
+    Io(String),
+    /// A [`SnapshotFilter`] refused an entry.
+    #[error("refused: {0}")]
+    Refused(String),
+}
+
+/// The dirty set at a glance.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct WorkspaceStatus {
+    pub base: TreeId,
+    pub dirty_nodes: usize,
+    pub dirty_files: usize,
+    pub dirty_bytes: u64,
+    pub dirty_paths: Vec<String>,
+    pub nodes_loaded: usize,
+    pub read_mode: &'static str,
+}
+
+/// The shared core of a mounted workspace: the FUSE side and the control side both
+/// hold it.
+pub struct Workspace {
+    objects: Arc<dyn ObjectStore>,
+    dirty: DirtyStore,
+    upper_dir: PathBuf,
+    upper_fd: OwnedFd,
+    reaper: std::sync::mpsc::Sender<u64>,
+    state: Mutex<State>,
+    /// Writes hold it shared; a snapshot holds it exclusively.
+    barrier: RwLock<()>,
+    reader: ChunkReader,
+    handles: Mutex<HashMap<u64, Handle>>,
+    next_fh: AtomicU64,
+    next_tmp: AtomicU64,
+    want_passthrough: bool,
+    passthrough: AtomicBool,
+    notifier: OnceLock<Notifier>,
+    owner: (u32, u32),
+    mounted_at: i64,
+    /// Limit of [`Copies`] in bytes.
+    copies_limit: u64,
+    /// Clean files opened since the last checkpoint, in first-open order.
+    reads: Mutex<(std::collections::HashSet<crate::cas::FileId>, Vec<FileRef>)>,
+}
+
+/// How long the reaper lets removals of upper files gather between batches.
+const REAP_PAUSE: Duration = Duration::from_millis(20);
+
+/// Most links a file may have (ext4's figure): `link` refuses one more with EMLINK.
+const LINK_MAX: u32 = 65_000;
+
+impl Workspace {
+    /// Opens the workspace of mount `key`: picks up its dirty set if it has one (its base
+    /// wins over `base`; [`Workspace::base`] tells), else starts clean at `base`.
+    pub fn open(
+        objects: Arc<dyn ObjectStore>,
+        db: Arc<crate::cas::Database>,
+        key: [u8; 8],
+        upper_dir: &Path,
+        base: TreeId,
+        tag: serde_json::Value,
+        opts: &WorkspaceOptions,
+    ) -> Result<Workspace, WorkspaceError> {
+        std::fs::create_dir_all(upper_dir)
+            .map_err(|e| WorkspaceError::Io(format!("{}: {e}", upper_dir.display())))?;
+        let upper_file = File::open(upper_dir)
+            .map_err(|e| WorkspaceError::Io(format!("{}: {e}", upper_dir.display())))?;
+        let dirty = DirtyStore::new(db, key);
+        let meta = dirty.meta()?;
+        let (base, tag, records) = match meta {
+            Some(m) => (m.base, m.tag, dirty.nodes()?),
+            None => {
+                let mut b = dirty.batch();
+                dirty.clear_all(&mut b);
+                dirty.put_meta(
+                    &mut b,
+                    &MountMeta {
+                        base,
+                        tag: tag.clone(),
+                    },
+                );
+                dirty.commit(b)?;
+                (base, tag, Vec::new())
+            }
+        };
+        // SAFETY: getuid and getgid cannot fail.
+        let owner = unsafe { (libc::getuid(), libc::getgid()) };
+        let t = now_ns();
+        let upper_fd = OwnedFd::from(upper_file);
+        let reaper_fd = upper_fd
+            .try_clone()
+            .map_err(|e| WorkspaceError::Io(format!("{}: {e}", upper_dir.display())))?;
+        let (reaper, reap) = std::sync::mpsc::channel::<u64>();
+        std::thread::Builder::new()
+            .name("casfs-reaper".into())
+            .spawn(move || {
+                while let Ok(first) = reap.recv() {
+                    let batch: Vec<u64> = std::iter::once(first).chain(reap.try_iter()).collect();
+                    for ino in batch {
+                        let name = Self::upper_cname(ino);
+                        // SAFETY: a valid directory fd and NUL-terminated name.
+                        unsafe { libc::unlinkat(reaper_fd.as_raw_fd(), name.as_ptr(), 0) };
+                    }
+                    // Let removals pile up: waking this thread for each file of an
+                    // `rm -rf` cost more than the unlinks (a quarter of the daemon's time).
+                    std::thread::sleep(REAP_PAUSE);
+                }
+            })
+            .map_err(|e| WorkspaceError::Io(format!("starting the reaper thread: {e}")))?;
+        let ws = Workspace {
+            reader: ChunkReader::new(Arc::clone(&objects), opts.chunk_cache_bytes),
+            objects,
+            dirty,
+            upper_dir: upper_dir.to_path_buf(),
+            upper_fd,
+            reaper,
+            state: Mutex::new(State {
+                nodes: HashMap::new(),
+                next_ino: 2,
+                base,
+                tag,
+                dirty: BTreeSet::new(),
+                events: Events::default(),
+                copies: Copies::default(),
+            }),
+            copies_limit: opts.local_copies_bytes,
+            reads: Mutex::new((std::collections::HashSet::new(), Vec::new())),
+            barrier: RwLock::new(()),
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            next_tmp: AtomicU64::new(1),
+            want_passthrough: opts.passthrough,
+            passthrough: AtomicBool::new(false),
+            notifier: OnceLock::new(),
+            owner,
+            mounted_at: t,
+        };
+        ws.load(base, records)?;
+        Ok(ws)
+    }
+
+    fn root_node(&self, base: TreeId) -> Node {
+        Node {
+            kind: Kind::Dir,
+            meta: Meta {
+                mode: 0o755,
+                uid: self.owner.0,
+                gid: self.owner.1,
+                rdev: 0,
+                atime: self.mounted_at,
+                mtime: self.mounted_at,
+                ctime: self.mounted_at,
+                size: 0,
+                blocks: 0,
+            },
+            nlink: 2,
+            links: Vec::new(),
+            xattrs: Vec::new(),
+            body: Body::Dir {
+                tree: Some(base),
+                children: None,
+            },
+            dirty: false,
+            base: None,
+            open_plain: 0,
+            open_passthrough: 0,
+            writers: 0,
+            pass_writers: 0,
+            changed_chunks: None,
+            backing: None,
+        }
+    }
+
+    /// Builds the inode table from the base and the persisted records, and removes
+    /// upper files no record needs.
+    fn load(&self, base: TreeId, records: Vec<(u64, NodeRecord)>) -> Result<(), WorkspaceError> {
+        let mut st = self.lock();
+        st.nodes.insert(ROOT, self.root_node(base));
+        let mut wanted = BTreeSet::new();
+        for (ino, r) in records {
+            let mut upper_st = None;
+            let body = match r.kind {
+                Kind::Dir => Body::Dir {
+                    tree: r.tree,
+                    children: None,
+                },
+                Kind::File => {
+                    let upper = if r.upper {
+                        wanted.insert(ino);
+                        match self.upper_stat(ino, &Upper::Closed) {
+                            Ok(st) => {
+                                upper_st = Some(st);
+                                Some(Upper::Closed)
+                            }
+                            Err(e) => {
+                                tracing::error!(
+                                    "upper file of inode {ino} ({}): {e}; its content is lost",
+                                    self.upper_path(ino).display()
+                                );
+                                None
+                            }
+                        }
+                    } else {
+                        None
+                    };
+                    Body::File {
+                        clean: r.clean.map(|id| FileRef { id, size: r.size }),
+                        upper,
+                        chunks: None,
+                    }
+                }
+                Kind::Symlink => Body::Symlink(r.target.clone().unwrap_or_default()),
+                _ => Body::Other,
+            };
+            let mut node = Node {
+                kind: r.kind,
+                meta: Meta {
+                    mode: r.mode,
+                    uid: r.uid,
+                    gid: r.gid,
+                    rdev: r.rdev,
+                    atime: r.atime_ns,
+                    mtime: r.mtime_ns,
+                    ctime: r.ctime_ns,
+                    size: r.size,
+                    blocks: 0,
+                },
+                nlink: r.nlink,
+                links: Vec::new(),
+                xattrs: r.xattrs,
+                body,
+                dirty: true,
+                base: None,
+                open_plain: 0,
+                open_passthrough: 0,
+                writers: 0,
+                pass_writers: 0,
+                changed_chunks: None,
+                backing: None,
+            };
+            if let Some(st) = upper_st {
+                node.absorb(&st);
+            }
+            if ino == ROOT {
+                let root = st.nodes.get_mut(&ROOT).expect("root");
+                root.meta = node.meta;
+                root.xattrs = node.xattrs;
+                root.dirty = true;
+                if let (Body::Dir { tree, .. }, Body::Dir { tree: t, .. }) =
+                    (&mut root.body, node.body)
+                {
+                    *tree = t;
+                }
+            } else {
+                st.nodes.insert(ino, node);
+            }
+            st.dirty.insert(ino);
+            st.next_ino = st.next_ino.max(ino + 1);
+        }
+        drop(st);
+        // Upper files of nodes that are gone (or never made it into a record).
+        // Local copies that were being made when the daemon stopped.
+        if let Ok(rd) = std::fs::read_dir(&self.upper_dir) {
+            for e in rd.flatten() {
+                if e.file_name().to_string_lossy().starts_with("tmp-") {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        for shard in 0..256u32 {
+            let dir = self.upper_dir.join(format!("{shard:02x}"));
+            if let Ok(rd) = std::fs::read_dir(&dir) {
+                for e in rd.flatten() {
+                    let keep = e
+                        .file_name()
+                        .to_str()
+                        .and_then(|s| s.parse::<u64>().ok())
+                        .is_some_and(|i| wanted.contains(&i));
+                    if !keep {
+                        let _ = std::fs::remove_file(e.path());
+                    }
+                }
+            } else {
+                std::fs::create_dir_all(&dir)
+                    .map_err(|e| WorkspaceError::Io(format!("{}: {e}", dir.display())))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The content of the regular file at `path` in the base tree (the checkpoint the
+    /// workspace started from), if there is one.
+    pub fn base_file(&self, path: &str) -> Result<Option<Vec<u8>>, WorkspaceError> {
+        let base = self.lock().base;
+        Ok(crate::cas::file_at(self.objects.as_ref(), &base, path)?)
+    }
+
+    fn tx(&self) -> Tx<'_> {
+        Tx {
+            ws: self,
+            st: self.lock(),
+            batch: crate::cas::Batch::default(),
+            events: Vec::new(),
+        }
+    }
+
+    fn note_read(&self, f: FileRef) {
+        let mut r = self.reads.lock().unwrap_or_else(|p| p.into_inner());
+        if r.1.len() < MAX_READS_KEPT && r.0.insert(f.id) {
+            r.1.push(f);
+        }
+    }
+
+    /// The clean files opened since the last call, in the order first opened (at most
+    /// the first 8192): what a run read, for another host to fetch first.
+    pub fn take_reads(&self) -> Vec<FileRef> {
+        let mut r = self.reads.lock().unwrap_or_else(|p| p.into_inner());
+        r.0.clear();
+        std::mem::take(&mut r.1)
+    }
+
+    fn attr_of(&self, ino: u64, n: &Node) -> FileAttr {
+        // An open local copy may be written behind the daemon's back (passthrough): ask
+        // it; a closed one is described by the node.
+        let mut m = n.meta;
+        if let Body::File {
+            upper: Some(Upper::Open(f)),
+            ..
+        } = &n.body
+        {
+            if let Ok(st) = fstat(f) {
+                m.absorb(&st, n.dirty);
+            }
+        }
+        let blocks = if m.blocks > 0 {
+            m.blocks
+        } else {
+            m.size.div_ceil(512)
+        };
+        if let Body::Symlink(t) = &n.body {
+            m.size = t.len() as u64;
+        }
+        FileAttr {
+            ino: INodeNo(ino),
+            size: if n.kind == Kind::Dir { 4096 } else { m.size },
+            blocks,
+            atime: to_time(m.atime),
+            mtime: to_time(m.mtime),
+            ctime: to_time(m.ctime),
+            crtime: to_time(m.ctime),
+            kind: file_type(n.kind),
+            perm: (m.mode & 0o7777) as u16,
+            nlink: n.nlink,
+            uid: m.uid,
+            gid: m.gid,
+            rdev: m.rdev as u32,
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+
+    /// The current base tree and the tag kept with it.
+    pub fn base(&self) -> (TreeId, serde_json::Value) {
+        let st = self.lock();
+        (st.base, st.tag.clone())
+    }
+
+    /// Whether reads of local copies go through FUSE passthrough (known once mounted).
+    pub fn read_mode(&self) -> &'static str {
+        if self.passthrough.load(Ordering::Relaxed) {
+            "passthrough"
+        } else {
+            "fuse"
+        }
+    }
+
+    pub fn status(&self) -> WorkspaceStatus {
+        let tx = self.tx();
+        let mut files = 0;
+        let mut bytes = 0;
+        let mut paths = Vec::new();
+        for ino in &tx.st.dirty {
+            let Some(n) = tx.st.nodes.get(ino) else {
+                continue;
+            };
+            if n.kind != Kind::Dir {
+                files += 1;
+                bytes += self.attr_of(*ino, n).size;
+                if paths.len() < 100 {
+                    paths.push(tx.path_of(*ino));
+                }
+            }
+        }
+        WorkspaceStatus {
+            base: tx.st.base,
+            dirty_nodes: tx.st.dirty.len(),
+            dirty_files: files,
+            dirty_bytes: bytes,
+            dirty_paths: paths,
+            nodes_loaded: tx.st.nodes.len(),
+            read_mode: self.read_mode(),
+        }
+    }
+
+    /// Gives the workspace the channel for cache invalidations (after mounting).
+    pub fn set_notifier(&self, n: Notifier) {
+        let _ = self.notifier.set(n);
+    }
+
+    fn new_fh(&self) -> u64 {
+        self.next_fh.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// After a write through the daemon of bytes `from..to` of `ino`: notes the chunks,
+    /// and clears what a write clears (set-id bits only if `kill_suidgid` names the
+    /// writer: one without `CAP_FSETID`).
+    fn written(
+        &self,
+        ino: u64,
+        from: u64,
+        to: u64,
+        kill_suidgid: Option<&Request>,
+    ) -> Result<(), Errno> {
+        let mut tx = self.tx();
+        let Some(n) = tx.st.nodes.get_mut(&ino) else {
+            return Ok(());
+        };
+        n.note_changed(from, to);
+        if n.has_privs() {
+            tx.kill_privs(ino, kill_suidgid)?;
+            tx.commit()?;
+        }
+        Ok(())
+    }
+
+    fn release_handle(&self, fh: u64) {
+        let h = self
+            .handles
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&fh);
+        let Some(h) = h else { return };
+        let mut tx = self.tx();
+        if let Some(n) = tx.st.nodes.get_mut(&h.ino) {
+            if h.write {
+                n.writers = n.writers.saturating_sub(1);
+                if h.backing.is_some() {
+                    n.pass_writers = n.pass_writers.saturating_sub(1);
+                }
+            }
+            if h.backing.is_some() {
+                n.open_passthrough = n.open_passthrough.saturating_sub(1);
+                if n.open_passthrough == 0 {
+                    n.backing = None;
+                }
+            } else {
+                n.open_plain = n.open_plain.saturating_sub(1);
+            }
+            if n.open_plain + n.open_passthrough == 0 {
+                n.close_upper();
+            }
+        }
+        tx.note_copy(h.ino);
+        tx.maybe_free(h.ino);
+        let _ = tx.commit();
+    }
+}
+
+/// A mounted workspace; unmounted when dropped or by [`MountedWorkspace::unmount`].
+pub struct MountedWorkspace {
+    pub(super) mounted: Mounted,
+    pub workspace: Arc<Workspace>,
+}
+
+impl MountedWorkspace {
+    pub fn unmount(self) -> std::io::Result<()> {
+        self.mounted.unmount()
+    }
+
+    /// Unmounts; a busy mount stays mounted and served, and this may be tried again.
+    pub fn try_unmount(&mut self) -> std::io::Result<()> {
+        self.mounted.try_unmount()
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.mounted.is_finished()
+    }
+}
+
+/// Mounts `ws` at `mountpoint`, served by background threads.
+pub fn mount_workspace(
+    ws: Arc<Workspace>,
+    mountpoint: &Path,
+    opts: &WorkspaceOptions,
+) -> std::io::Result<MountedWorkspace> {
+    use fuser::{Config, MountOption};
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::FSName("casfs".into()),
+        MountOption::Subtype("casfs".into()),
+        MountOption::DefaultPermissions,
+        MountOption::Suid,
+        MountOption::Dev,
+    ];
+    if opts.allow_other {
+        config.acl = fuser::SessionACL::All;
+    }
+    config.n_threads = Some(opts.threads.max(1));
+    raise_fd_limit();
+    let started = Instant::now();
+    let session = fuser::spawn_mount(WorkspaceFs(ws.clone()), mountpoint, &config)?;
+    ws.set_notifier(session.notifier());
+    tracing::debug!("mounted in {:?}", started.elapsed());
+    Ok(MountedWorkspace {
+        mounted: Mounted::new(session, mountpoint),
+        workspace: ws,
+    })
+}
+
+/// Open files (passthrough backings, upper files of open handles) count against the
+/// descriptor limit: take the hard limit.
+fn raise_fd_limit() {
+    // SAFETY: getrlimit/setrlimit on a local struct.
+    unsafe {
+        let mut l: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 && l.rlim_cur < l.rlim_max {
+            l.rlim_cur = l.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+        }
+    }
+}
+
+/// Mount key of a mountpoint: the first 8 bytes of the blake3 of its canonical path.
+pub fn mount_key(mountpoint: &Path) -> [u8; 8] {
+    let h = blake3::hash(mountpoint.as_os_str().as_bytes());
+    h.as_bytes()[..8].try_into().expect("8 bytes")
+}

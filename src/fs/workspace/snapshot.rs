@@ -1,0 +1,477 @@
+//! The base of a workspace and how it moves: a snapshot (begin, publish, finish: the
+//! dirty set becomes the new base) and a root swap (restore).
+
+use super::*;
+
+/// Counts of what a snapshot did.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct SnapshotStats {
+    pub files_hashed: u64,
+    pub bytes_hashed: u64,
+    pub dirs_written: u64,
+    pub new_objects: u64,
+    pub new_bytes: u64,
+    pub reused_objects: u64,
+    /// Sockets left out (they cannot be stored).
+    pub skipped: u64,
+    /// Files (and other non-directories) added or modified.
+    pub changed_paths: Vec<String>,
+    /// Entries of the previous tree that are gone (a removed directory counts once).
+    pub removed_paths: Vec<String>,
+}
+
+/// What a snapshot keeps of the changed entries, and in what form: the middleware's
+/// capture policy (globs, sizes) and secret scrubbing. Entries it leaves out or stores
+/// in another form stay dirty, so the workspace keeps showing them as they are and the
+/// next snapshot looks at them again.
+pub trait SnapshotFilter: Sync {
+    /// Whether the changed entry at `path` (relative, '/'-separated) goes in. `size` is
+    /// a file's length (0 for the rest).
+    fn keep(&self, path: &str, kind: EntryKind, size: u64) -> bool;
+
+    /// The content to store for the changed regular file at `path` instead of what
+    /// `file` holds (read from its start), or `None` to store it as it is. An error
+    /// fails the snapshot.
+    fn transform(&self, path: &str, file: &mut File, size: u64) -> Result<Option<Vec<u8>>, String>;
+
+    /// Vets an entry of a changed directory (`dir`, relative) before the directory's
+    /// tree is stored: its name, symlink target and extended attributes. An error fails
+    /// the snapshot, and no tree naming the entry has been stored.
+    fn vet(&self, _dir: &str, _entry: &TreeEntry) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// What a snapshot's walk carries along.
+pub(super) struct BuildCx<'a> {
+    pub(super) stats: &'a mut SnapshotStats,
+    /// Nodes written, with their new entries.
+    pub(super) done: Vec<(u64, Arc<TreeEntry>)>,
+    /// Nodes the filter left out or stored in another form: they stay dirty.
+    pub(super) keep_dirty: Vec<u64>,
+    pub(super) filter: Option<&'a dyn SnapshotFilter>,
+}
+
+/// The kind of a changed entry, as a [`SnapshotFilter`] sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    File,
+    Dir,
+    Symlink,
+    Special,
+}
+
+impl<'a> Tx<'a> {
+    /// Builds and stores the tree of dirty directory `ino`; returns its id.
+    pub(super) fn build(
+        &mut self,
+        ino: u64,
+        cx: &mut BuildCx<'_>,
+    ) -> Result<TreeId, WorkspaceError> {
+        self.load_dir(ino)
+            .map_err(|e| WorkspaceError::Io(format!("loading {}: {e:?}", self.path_of(ino))))?;
+        let children: Vec<(Vec<u8>, u64)> = match &self.st.nodes[&ino].body {
+            Body::Dir {
+                children: Some(c), ..
+            } => c.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            _ => unreachable!("loaded above"),
+        };
+        let mut entries = Vec::with_capacity(children.len());
+        let mut cas = StoreStats::default();
+        for (name, child) in children {
+            let n = &self.st.nodes[&child];
+            if !n.dirty {
+                let base = n.base.as_ref().expect("a clean node has a base entry");
+                if base.name == name {
+                    entries.push((**base).clone());
+                } else {
+                    let mut e = (**base).clone();
+                    e.name = name;
+                    entries.push(e);
+                }
+                continue;
+            }
+            let meta = n.meta;
+            let xattrs = n.xattrs.clone();
+            if let Some(f) = cx.filter {
+                let kind = match n.kind {
+                    Kind::Dir => EntryKind::Dir,
+                    Kind::File => EntryKind::File,
+                    Kind::Symlink => EntryKind::Symlink,
+                    _ => EntryKind::Special,
+                };
+                // The upper file's own size: writes through passthrough reach the
+                // node's attributes only when its handle is released, which the kernel
+                // does not wait for.
+                let size = match &n.body {
+                    Body::File { upper: Some(_), .. } => {
+                        std::fs::metadata(self.ws.upper_path(child)).map_or(meta.size, |m| m.len())
+                    }
+                    Body::File { .. } => meta.size,
+                    _ => 0,
+                };
+                if !f.keep(&self.path_of(child), kind, size) {
+                    cx.keep_dirty.push(child);
+                    continue;
+                }
+            }
+            let (content, size, mtime, mode) = match n.kind {
+                Kind::Dir => {
+                    let id = self.build(child, cx)?;
+                    (EntryContent::Dir(id), 0, meta.mtime, meta.mode)
+                }
+                Kind::File => {
+                    let (clean, upper) = match &n.body {
+                        Body::File { clean, upper, .. } => (*clean, upper.clone()),
+                        _ => unreachable!(),
+                    };
+                    let changed = n.changed_chunks.clone();
+                    let (fref, mtime) = match (upper, clean) {
+                        (Some(_), _) => {
+                            let path = self.ws.upper_path(child);
+                            let mut f = File::open(&path).map_err(|e| {
+                                WorkspaceError::Io(format!("{}: {e}", path.display()))
+                            })?;
+                            let st = fstat(&f).map_err(|e| {
+                                WorkspaceError::Io(format!("{}: {e}", path.display()))
+                            })?;
+                            let base = match clean {
+                                Some(c) if c.is_chunked() => {
+                                    load_chunk_list(self.ws.objects.as_ref(), &c).ok()
+                                }
+                                _ => None,
+                            };
+                            let rel = self.path_of(child);
+                            let other = match cx.filter {
+                                Some(filt) => filt
+                                    .transform(&rel, &mut f, st.st_size as u64)
+                                    .map_err(|e| WorkspaceError::Io(format!("{rel}: {e}")))?,
+                                None => None,
+                            };
+                            let size = st.st_size as u64;
+                            let (fref, hashed) = match (other, changed, &base) {
+                                (Some(data), _, _) => {
+                                    // Stored in another form: the workspace keeps its own.
+                                    cx.keep_dirty.push(child);
+                                    let r = store_bytes(self.ws.objects.as_ref(), &data, &mut cas)?;
+                                    (r, data.len() as u64)
+                                }
+                                // Every write since it equalled `clean` was seen: read only
+                                // the chunks they touched.
+                                (None, Some(changed), Some(base)) if size > CHUNK_SIZE as u64 => {
+                                    store_changed_chunks(
+                                        self.ws.objects.as_ref(),
+                                        &f,
+                                        &path,
+                                        size,
+                                        base,
+                                        &changed,
+                                        &mut cas,
+                                    )?
+                                }
+                                (None, _, _) => {
+                                    use std::io::Seek;
+                                    f.rewind().map_err(|e| {
+                                        WorkspaceError::Io(format!("{}: {e}", path.display()))
+                                    })?;
+                                    let r = store_reader_over(
+                                        self.ws.objects.as_ref(),
+                                        &mut f,
+                                        &path,
+                                        base.as_ref(),
+                                        &mut cas,
+                                    )?;
+                                    (r, r.size)
+                                }
+                            };
+                            cx.stats.files_hashed += 1;
+                            cx.stats.bytes_hashed += hashed;
+                            cx.stats.changed_paths.push(self.path_of(child));
+                            let mtime = st.st_mtime * 1_000_000_000 + st.st_mtime_nsec;
+                            (fref, mtime)
+                        }
+                        (None, Some(c)) => {
+                            cx.stats.changed_paths.push(self.path_of(child));
+                            (c, meta.mtime)
+                        }
+                        (None, None) => {
+                            return Err(WorkspaceError::Io(format!(
+                                "{}: content lost (no upper file)",
+                                self.path_of(child)
+                            )))
+                        }
+                    };
+                    (EntryContent::File(fref.id), fref.size, mtime, meta.mode)
+                }
+                Kind::Symlink => {
+                    cx.stats.changed_paths.push(self.path_of(child));
+                    let t = match &n.body {
+                        Body::Symlink(t) => t.clone(),
+                        _ => unreachable!(),
+                    };
+                    let len = t.len() as u64;
+                    (EntryContent::Symlink(t), len, meta.mtime, 0o777)
+                }
+                Kind::Fifo => (EntryContent::Fifo, 0, meta.mtime, meta.mode),
+                Kind::CharDev => (
+                    EntryContent::CharDevice { rdev: meta.rdev },
+                    0,
+                    meta.mtime,
+                    meta.mode,
+                ),
+                Kind::BlockDev => (
+                    EntryContent::BlockDevice { rdev: meta.rdev },
+                    0,
+                    meta.mtime,
+                    meta.mode,
+                ),
+                Kind::Socket => {
+                    cx.stats.skipped += 1;
+                    continue;
+                }
+            };
+            let e = TreeEntry {
+                name,
+                content,
+                mode,
+                mtime_ns: mtime,
+                size,
+                xattrs,
+            };
+            cx.done.push((child, Arc::new(e.clone())));
+            entries.push(e);
+        }
+        // What the previous tree of this directory had that is gone now.
+        if let Some(Body::Dir {
+            tree: Some(prev), ..
+        }) = self.st.nodes.get(&ino).map(|n| &n.body)
+        {
+            let prev = load_tree(self.ws.objects.as_ref(), prev)?;
+            let dir = self.path_of(ino);
+            for e in prev.entries() {
+                if entries
+                    .binary_search_by(|x| x.name.as_slice().cmp(&e.name))
+                    .is_err()
+                {
+                    let name = String::from_utf8_lossy(&e.name);
+                    cx.stats.removed_paths.push(if dir.is_empty() {
+                        name.into_owned()
+                    } else {
+                        format!("{dir}/{name}")
+                    });
+                }
+            }
+        }
+        if let Some(f) = cx.filter {
+            // Before the tree is stored: a refused entry leaves no object naming it.
+            let dir = self.path_of(ino);
+            for e in &entries {
+                f.vet(&dir, e).map_err(WorkspaceError::Refused)?;
+            }
+        }
+        let tree = Tree::from_sorted_entries(entries)
+            .map_err(|e| WorkspaceError::Io(format!("directory {}: {e}", self.path_of(ino))))?;
+        let (id, p) = store_tree(self.ws.objects.as_ref(), &tree)?;
+        cas.record(&p);
+        let stats = &mut *cx.stats;
+        stats.dirs_written += 1;
+        stats.new_objects += cas.new_objects;
+        stats.new_bytes += cas.new_bytes;
+        stats.reused_objects += cas.reused_objects;
+        Ok(id)
+    }
+}
+
+impl Workspace {
+    /// Takes a snapshot: with writes held off, stores every dirty file and directory and
+    /// hands the new root to `publish`. If `publish` succeeds the snapshot becomes the
+    /// base (with the tag it returns) and the dirty set empties, except for files still
+    /// open for writing; if it fails nothing changes.
+    pub fn snapshot<T, E>(
+        &self,
+        publish: impl FnOnce(TreeId, &SnapshotStats) -> Result<(T, serde_json::Value), E>,
+    ) -> Result<Result<(T, SnapshotStats), E>, WorkspaceError> {
+        self.snapshot_filtered(None, publish)
+    }
+
+    /// [`Workspace::snapshot`] with a filter deciding what of the changed entries goes
+    /// in and in what form.
+    pub fn snapshot_filtered<T, E>(
+        &self,
+        filter: Option<&dyn SnapshotFilter>,
+        publish: impl FnOnce(TreeId, &SnapshotStats) -> Result<(T, serde_json::Value), E>,
+    ) -> Result<Result<(T, SnapshotStats), E>, WorkspaceError> {
+        let _barrier = self.barrier.write().unwrap_or_else(|p| p.into_inner());
+        let mut tx = self.tx();
+        let mut stats = SnapshotStats::default();
+        let root_dirty = tx.st.nodes[&ROOT].dirty;
+        let mut cx = BuildCx {
+            stats: &mut stats,
+            done: Vec::new(),
+            keep_dirty: Vec::new(),
+            filter,
+        };
+        let root = if root_dirty {
+            tx.build(ROOT, &mut cx)?
+        } else {
+            tx.st.base
+        };
+        let (done, keep_dirty) = (cx.done, cx.keep_dirty);
+        let written: Vec<u64> = done.iter().map(|(ino, _)| *ino).collect();
+        self.objects.sync()?;
+        let (out, tag) = match publish(root, &stats) {
+            Ok(x) => x,
+            Err(e) => return Ok(Err(e)),
+        };
+        // The new base: every node written becomes clean, but a file open for writing
+        // may change behind the daemon's back (passthrough) and stays dirty.
+        let other_form: HashSet<u64> = keep_dirty.iter().copied().collect();
+        let mut still = keep_dirty;
+        for (ino, entry) in done {
+            let n = tx.st.nodes.get_mut(&ino).expect("built");
+            if let EntryContent::File(id) = entry.content {
+                if let Body::File { clean, chunks, .. } = &mut n.body {
+                    *clean = Some(FileRef {
+                        id,
+                        size: entry.size,
+                    });
+                    *chunks = None;
+                }
+                // Its upper file now holds `clean` exactly, unless it was stored in
+                // another form or a passthrough writer may have changed it since.
+                n.changed_chunks =
+                    (n.pass_writers == 0 && !other_form.contains(&ino)).then(BTreeSet::new);
+            }
+            if let EntryContent::Dir(id) = entry.content {
+                if let Body::Dir { tree, .. } = &mut n.body {
+                    *tree = Some(id);
+                }
+            }
+            n.base = Some(entry);
+            n.dirty = false;
+            if n.writers > 0 {
+                still.push(ino);
+            }
+        }
+        if let Some(r) = tx.st.nodes.get_mut(&ROOT) {
+            r.dirty = false;
+            if let Body::Dir { tree, .. } = &mut r.body {
+                *tree = Some(root);
+            }
+        }
+        // Nodes in the set that the walk did not reach (sockets) stay as they are in
+        // memory but leave the persisted set: the new base has no place for them.
+        for ino in std::mem::take(&mut tx.st.dirty) {
+            if let Some(n) = tx.st.nodes.get_mut(&ino) {
+                n.dirty = false;
+                if n.base.is_none() && n.kind == Kind::Socket {
+                    // Keep sockets dirty so their directory is written again next time.
+                    still.push(ino);
+                }
+            }
+        }
+        // Written files keep their upper files as local copies of their new content.
+        for ino in written {
+            tx.note_copy(ino);
+        }
+        tx.st.base = root;
+        tx.st.tag = tag.clone();
+        self.dirty.clear(&mut tx.batch);
+        self.dirty
+            .put_meta(&mut tx.batch, &MountMeta { base: root, tag });
+        for ino in still {
+            let _ = tx.persist(ino);
+        }
+        tx.commit()
+            .map_err(|_| WorkspaceError::Io("writing the dirty set".into()))?;
+        self.dirty.sync()?;
+        Ok(Ok((out, stats)))
+    }
+
+    /// Makes `root` the workspace's content: the inode table is replaced (files open
+    /// now keep what they had open), the kernel's caches are invalidated, nothing is
+    /// copied. Refused while uncaptured changes exist unless `force`.
+    pub fn swap_root(
+        &self,
+        root: TreeId,
+        tag: serde_json::Value,
+        force: bool,
+    ) -> Result<(), WorkspaceError> {
+        // The new root must be readable before anything is dropped.
+        load_tree(self.objects.as_ref(), &root)?;
+        let _barrier = self.barrier.write().unwrap_or_else(|p| p.into_inner());
+        let mut tx = self.tx();
+        // Any dirty node is uncaptured work: a changed file, or a directory that lost an
+        // entry (a deletion leaves only its directory dirty).
+        if !force && !tx.st.dirty.is_empty() {
+            let files: Vec<u64> = tx
+                .st
+                .dirty
+                .iter()
+                .copied()
+                .filter(|i| tx.st.nodes.get(i).is_some_and(|n| n.kind != Kind::Dir))
+                .collect();
+            let example = match files.first() {
+                Some(&i) => tx.path_of(i),
+                None => {
+                    let deepest = tx.st.dirty.iter().copied().max_by_key(|&i| {
+                        let p = tx.path_of(i);
+                        p.matches('/').count() + usize::from(!p.is_empty())
+                    });
+                    let p = deepest.map(|i| tx.path_of(i)).unwrap_or_default();
+                    format!("a change inside {}/", if p.is_empty() { "." } else { &p })
+                }
+            };
+            return Err(WorkspaceError::Uncaptured {
+                count: files.len().max(1),
+                example,
+            });
+        }
+        // The kernel's entries (and cached negative lookups) under the root: the old
+        // names and the new ones.
+        let mut old_names: Vec<Vec<u8>> = match &tx.st.nodes[&ROOT].body {
+            Body::Dir {
+                children: Some(c), ..
+            } => c.keys().cloned().collect(),
+            _ => Vec::new(),
+        };
+        if let Ok(t) = load_tree(self.objects.as_ref(), &root) {
+            old_names.extend(t.into_entries().into_iter().map(|e| e.name));
+        }
+        let old: Vec<u64> = tx.st.nodes.keys().copied().filter(|&i| i != ROOT).collect();
+        for ino in old {
+            let n = tx.st.nodes.get_mut(&ino).expect("listed");
+            if n.open_plain + n.open_passthrough > 0 {
+                // Detached: open handles keep working on it until they close.
+                n.links.clear();
+                n.nlink = 0;
+                n.dirty = false;
+                continue;
+            }
+            let n = tx.st.nodes.remove(&ino).expect("listed");
+            if let Body::File { upper: Some(_), .. } = n.body {
+                self.remove_upper(ino);
+            }
+        }
+        let root_node = self.root_node(root);
+        tx.st.nodes.insert(ROOT, root_node);
+        tx.st.dirty.clear();
+        tx.st.copies = Copies::default();
+        tx.st.base = root;
+        tx.st.tag = tag.clone();
+        self.dirty.clear(&mut tx.batch);
+        self.dirty
+            .put_meta(&mut tx.batch, &MountMeta { base: root, tag });
+        tx.commit()
+            .map_err(|_| WorkspaceError::Io("writing the dirty set".into()))?;
+        self.dirty.sync()?;
+        drop(_barrier);
+        if let Some(n) = self.notifier.get() {
+            for name in old_names {
+                let _ = n.inval_entry(INodeNo(ROOT), OsStr::from_bytes(&name));
+            }
+            let _ = n.inval_inode(INodeNo(ROOT), 0, 0);
+        }
+        Ok(())
+    }
+}

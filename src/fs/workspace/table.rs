@@ -1,0 +1,390 @@
+//! The locked inode table ([`Tx`]: the table's lock plus the dirty-set writes and
+//! events of one change, applied together by `commit`): lookups, directory loading,
+//! links, the dirty set, set-id rules.
+
+use super::*;
+
+pub(super) struct State {
+    pub(super) nodes: HashMap<u64, Node>,
+    pub(super) next_ino: u64,
+    pub(super) base: TreeId,
+    pub(super) tag: serde_json::Value,
+    pub(super) dirty: BTreeSet<u64>,
+    pub(super) events: Events,
+    pub(super) copies: Copies,
+}
+
+/// Local copies of clean files (made for passthrough reads, or left by a checkpoint
+/// of a written file) that no handle has open: kept for the next open, evicted oldest
+/// first beyond the workspace's limit (reads then come from the store again).
+#[derive(Default)]
+pub(super) struct Copies {
+    /// (inode, generation), oldest first; entries whose generation is not the one in
+    /// `sizes` are stale.
+    pub(super) order: std::collections::VecDeque<(u64, u64)>,
+    /// inode -> (size, generation)
+    pub(super) sizes: HashMap<u64, (u64, u64)>,
+    pub(super) bytes: u64,
+    pub(super) generation: u64,
+}
+
+/// A locked state with what it needs to persist changes.
+pub(super) struct Tx<'a> {
+    pub(super) ws: &'a Workspace,
+    pub(super) st: MutexGuard<'a, State>,
+    pub(super) batch: crate::cas::Batch,
+    /// Changes to announce once the batch is written.
+    pub(super) events: Vec<(FsEventKind, String, Option<String>, bool)>,
+}
+
+impl<'a> Tx<'a> {
+    pub(super) fn node(&self, ino: u64) -> Result<&Node, Errno> {
+        self.st.nodes.get(&ino).ok_or(Errno::ESTALE)
+    }
+
+    pub(super) fn node_mut(&mut self, ino: u64) -> Result<&mut Node, Errno> {
+        self.st.nodes.get_mut(&ino).ok_or(Errno::ESTALE)
+    }
+
+    pub(super) fn alloc(&mut self, node: Node) -> u64 {
+        let ino = self.st.next_ino;
+        self.st.next_ino += 1;
+        self.st.nodes.insert(ino, node);
+        ino
+    }
+
+    /// The children of directory `ino`, loaded from its tree and overrides on first use.
+    pub(super) fn children(&mut self, ino: u64) -> Result<&BTreeMap<Vec<u8>, u64>, Errno> {
+        self.load_dir(ino)?;
+        match &self.node(ino)?.body {
+            Body::Dir {
+                children: Some(c), ..
+            } => Ok(c),
+            _ => Err(Errno::ENOTDIR),
+        }
+    }
+
+    pub(super) fn load_dir(&mut self, ino: u64) -> Result<(), Errno> {
+        let n = self.node(ino)?;
+        let (tree, dirty) = match &n.body {
+            Body::Dir {
+                children: Some(_), ..
+            } => return Ok(()),
+            Body::Dir { tree, .. } => (*tree, n.dirty),
+            _ => return Err(Errno::ENOTDIR),
+        };
+        let mut children = BTreeMap::new();
+        if let Some(t) = tree {
+            let tree = load_tree(self.ws.objects.as_ref(), &t).map_err(eio)?;
+            for e in tree.into_entries() {
+                let node = node_from_entry(&e, ino, self.ws.owner);
+                let child = self.alloc(node);
+                children.insert(e.name, child);
+            }
+        }
+        if dirty {
+            for (name, o) in self.ws.dirty.entries(ino).map_err(eio)? {
+                if let Some(old) = children.remove(&name) {
+                    self.st.nodes.remove(&old);
+                }
+                if let Override::Node(c) = o {
+                    match self.st.nodes.get_mut(&c) {
+                        Some(child) => {
+                            if !child.links.iter().any(|l| l.0 == ino && l.1 == name) {
+                                child.links.push((ino, name.clone()));
+                            }
+                            children.insert(name, c);
+                        }
+                        None => tracing::error!(
+                            "dirty set: entry {:?} of directory {ino} names missing node {c}",
+                            String::from_utf8_lossy(&name)
+                        ),
+                    }
+                }
+            }
+        }
+        let subdirs = children
+            .values()
+            .filter(|c| self.st.nodes.get(c).is_some_and(|n| n.kind == Kind::Dir))
+            .count() as u32;
+        let n = self.node_mut(ino)?;
+        n.nlink = 2 + subdirs;
+        if let Body::Dir { children: c, .. } = &mut n.body {
+            *c = Some(children);
+        }
+        Ok(())
+    }
+
+    /// Whether directory `dir` is `ancestor` or below it.
+    pub(super) fn is_within(&self, dir: u64, ancestor: u64) -> Result<bool, Errno> {
+        let mut cur = dir;
+        loop {
+            if cur == ancestor {
+                return Ok(true);
+            }
+            if cur == ROOT {
+                return Ok(false);
+            }
+            cur = self.node(cur)?.parent();
+        }
+    }
+
+    pub(super) fn lookup(&mut self, parent: u64, name: &[u8]) -> Result<Option<u64>, Errno> {
+        Ok(self.children(parent)?.get(name).copied())
+    }
+
+    /// Writes node `ino`'s record and makes sure every directory that links it is dirty
+    /// and points at it.
+    pub(super) fn persist(&mut self, ino: u64) -> Result<(), Errno> {
+        let n = self.node(ino)?;
+        let rec = record_of(n);
+        let was_dirty = n.dirty;
+        let links = n.links.clone();
+        self.ws.dirty.put_node(&mut self.batch, ino, &rec);
+        if was_dirty {
+            return Ok(());
+        }
+        self.node_mut(ino)?.dirty = true;
+        self.st.dirty.insert(ino);
+        for (dir, name) in links {
+            self.ws
+                .dirty
+                .put_entry(&mut self.batch, dir, &name, Override::Node(ino));
+            if !self.node(dir)?.dirty {
+                self.persist(dir)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks directory `dir`'s content changed now and persists it.
+    pub(super) fn touch_dir(&mut self, dir: u64) -> Result<(), Errno> {
+        let t = now_ns();
+        let n = self.node_mut(dir)?;
+        n.meta.mtime = t;
+        n.meta.ctime = t;
+        self.persist(dir)
+    }
+
+    pub(super) fn attach(&mut self, dir: u64, name: &[u8], child: u64) -> Result<(), Errno> {
+        let is_dir = self.node(child)?.kind == Kind::Dir;
+        {
+            let c = self.node_mut(child)?;
+            c.links.push((dir, name.to_vec()));
+        }
+        let d = self.node_mut(dir)?;
+        if let Body::Dir {
+            children: Some(ch), ..
+        } = &mut d.body
+        {
+            ch.insert(name.to_vec(), child);
+            if is_dir {
+                d.nlink += 1;
+            }
+        }
+        if self.node(child)?.dirty {
+            self.ws
+                .dirty
+                .put_entry(&mut self.batch, dir, name, Override::Node(child));
+        }
+        self.touch_dir(dir)?;
+        self.persist(child)
+    }
+
+    /// Removes entry `name` from `dir` (the node stays in the table).
+    pub(super) fn detach(&mut self, dir: u64, name: &[u8]) -> Result<u64, Errno> {
+        let child = self.lookup(dir, name)?.ok_or(Errno::ENOENT)?;
+        let is_dir = self.node(child)?.kind == Kind::Dir;
+        let d = self.node_mut(dir)?;
+        if let Body::Dir {
+            children: Some(ch), ..
+        } = &mut d.body
+        {
+            ch.remove(name);
+            if is_dir {
+                d.nlink -= 1;
+            }
+        }
+        let c = self.node_mut(child)?;
+        c.links.retain(|l| !(l.0 == dir && l.1 == name));
+        self.ws
+            .dirty
+            .put_entry(&mut self.batch, dir, name, Override::Whiteout);
+        self.touch_dir(dir)?;
+        Ok(child)
+    }
+
+    /// Node `ino`'s metadata changed at `t`: it no longer equals its base entry, and its
+    /// record (with its links) is written.
+    pub(super) fn changed(&mut self, ino: u64, t: i64) -> Result<(), Errno> {
+        let n = self.node_mut(ino)?;
+        n.meta.ctime = t;
+        n.base = None;
+        self.persist(ino)
+    }
+
+    /// What a write or truncate does to a file, as the kernel's VFS does it (the daemon
+    /// does it here: FUSE_HANDLE_KILLPRIV_V2). By a caller without `CAP_FSETID`
+    /// (`by: Some(request)`): setuid goes, and setgid if the group may execute or the
+    /// caller is not in the file's group. File capabilities go in any case. Persists
+    /// only a change.
+    pub(super) fn kill_privs(&mut self, ino: u64, by: Option<&Request>) -> Result<(), Errno> {
+        let n = self.node_mut(ino)?;
+        if n.kind != Kind::File {
+            return Ok(());
+        }
+        let before = (n.meta.mode, n.xattrs.len());
+        if let Some(req) = by {
+            n.meta.mode &= !libc::S_ISUID;
+            if n.meta.mode & libc::S_ISGID != 0
+                && (n.meta.mode & libc::S_IXGRP != 0 || !in_group(req, n.meta.gid))
+            {
+                n.meta.mode &= !libc::S_ISGID;
+            }
+        }
+        n.xattrs.retain(|(k, _)| k != FILE_CAPS);
+        if (n.meta.mode, n.xattrs.len()) != before {
+            self.changed(ino, now_ns())?;
+        }
+        Ok(())
+    }
+
+    /// One name of `ino` was detached: a directory is gone, a file loses a link and goes
+    /// with its last one (once closed).
+    pub(super) fn drop_link(&mut self, ino: u64) -> Result<(), Errno> {
+        let n = self.node_mut(ino)?;
+        n.nlink = if n.kind == Kind::Dir {
+            0
+        } else {
+            n.nlink.saturating_sub(1)
+        };
+        let t = now_ns();
+        n.meta.ctime = t;
+        if n.nlink > 0 {
+            self.changed(ino, t)?;
+        }
+        self.maybe_free(ino);
+        Ok(())
+    }
+
+    /// Closes the upper file of `ino` if no handle needs it open.
+    pub(super) fn close_if_idle(&mut self, ino: u64) {
+        if let Some(n) = self.st.nodes.get_mut(&ino) {
+            if n.open_plain + n.open_passthrough == 0 {
+                n.close_upper();
+            }
+        }
+    }
+
+    pub(super) fn commit(mut self) -> Result<(), Errno> {
+        if !self.batch.is_empty() {
+            let batch = std::mem::take(&mut self.batch);
+            self.ws.dirty.commit(batch).map_err(eio)?;
+        }
+        // Sent while the table is held: subscribers see changes in the order made.
+        let events = std::mem::take(&mut self.events);
+        let ev = &mut self.st.events;
+        for (kind, path, to, is_dir) in events {
+            ev.seq += 1;
+            let e = FsEvent {
+                seq: ev.seq,
+                kind,
+                path,
+                to,
+                is_dir,
+            };
+            ev.subscribers.retain(|s| s.send(e.clone()).is_ok());
+        }
+        Ok(())
+    }
+
+    pub(super) fn attr(&self, ino: u64) -> Result<FileAttr, Errno> {
+        Ok(self.ws.attr_of(ino, self.node(ino)?))
+    }
+
+    pub(super) fn make_node(
+        &self,
+        kind: Kind,
+        mode: u32,
+        req: &Request,
+        parent: u64,
+        body: Body,
+    ) -> Node {
+        let t = now_ns();
+        let pm = self
+            .st
+            .nodes
+            .get(&parent)
+            .map(|p| p.meta)
+            .unwrap_or_default();
+        let mut mode = mode & 0o7777;
+        let gid = if pm.mode & libc::S_ISGID != 0 {
+            if kind == Kind::Dir {
+                mode |= libc::S_ISGID;
+            }
+            pm.gid
+        } else {
+            req.gid()
+        };
+        Node {
+            kind,
+            meta: Meta {
+                mode,
+                uid: req.uid(),
+                gid,
+                rdev: 0,
+                atime: t,
+                mtime: t,
+                ctime: t,
+                size: 0,
+                blocks: 0,
+            },
+            nlink: if kind == Kind::Dir { 2 } else { 1 },
+            links: Vec::new(),
+            xattrs: Vec::new(),
+            body,
+            dirty: false,
+            base: None,
+            open_plain: 0,
+            open_passthrough: 0,
+            writers: 0,
+            pass_writers: 0,
+            changed_chunks: None,
+            backing: None,
+        }
+    }
+
+    pub(super) fn path_of(&self, ino: u64) -> String {
+        let mut parts = Vec::new();
+        let mut cur = ino;
+        let mut guard = 0;
+        while cur != ROOT && guard < 4096 {
+            let Some(n) = self.st.nodes.get(&cur) else {
+                break;
+            };
+            let Some((p, name)) = n.links.first() else {
+                return format!("(unlinked inode {ino})");
+            };
+            parts.push(String::from_utf8_lossy(name).into_owned());
+            cur = *p;
+            guard += 1;
+        }
+        parts.reverse();
+        parts.join("/")
+    }
+}
+
+/// Whether the caller of `req` is in group `gid` (its group, or one of its supplementary
+/// groups as /proc tells).
+pub(super) fn in_group(req: &Request, gid: u32) -> bool {
+    if req.gid() == gid {
+        return true;
+    }
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", req.pid())) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
+}

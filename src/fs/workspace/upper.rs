@@ -1,0 +1,340 @@
+//! Upper files (local copies of dirty files) and local copies of clean ones: where
+//! they live under the mount's directory, how a clean file is copied up, how clean
+//! content is read from the object store.
+
+use super::*;
+
+impl<'a> Tx<'a> {
+    /// Drops a node that no directory links any more, unless it is open.
+    /// Counts `ino`'s local copy among the unused ones, if it has one and is clean and
+    /// closed; evicts the oldest beyond the limit.
+    pub(super) fn note_copy(&mut self, ino: u64) {
+        let Some(n) = self.st.nodes.get(&ino) else {
+            return;
+        };
+        let size = match &n.body {
+            Body::File {
+                clean: Some(c),
+                upper: Some(_),
+                ..
+            } if !n.dirty && n.open_plain + n.open_passthrough == 0 => c.size,
+            _ => return,
+        };
+        let copies = &mut self.st.copies;
+        if !copies.sizes.contains_key(&ino) {
+            copies.generation += 1;
+            copies.sizes.insert(ino, (size, copies.generation));
+            copies.bytes += size;
+            copies.order.push_back((ino, copies.generation));
+        }
+        while self.st.copies.bytes > self.ws.copies_limit {
+            let Some((old, generation)) = self.st.copies.order.pop_front() else {
+                break;
+            };
+            match self.st.copies.sizes.get(&old) {
+                Some(&(sz, g)) if g == generation => {
+                    self.st.copies.sizes.remove(&old);
+                    self.st.copies.bytes -= sz;
+                }
+                _ => continue,
+            }
+            let Some(n) = self.st.nodes.get_mut(&old) else {
+                continue;
+            };
+            let idle = !n.dirty && n.open_plain + n.open_passthrough == 0;
+            if let Body::File {
+                clean: Some(_),
+                upper,
+                ..
+            } = &mut n.body
+            {
+                if idle && upper.is_some() {
+                    *upper = None;
+                    self.ws.remove_upper(old);
+                }
+            }
+        }
+    }
+
+    /// `ino`'s copy is in use, changed or gone: no longer an unused copy.
+    pub(super) fn forget_copy(&mut self, ino: u64) {
+        if let Some((sz, _)) = self.st.copies.sizes.remove(&ino) {
+            self.st.copies.bytes -= sz;
+        }
+        // Its place in `order` goes stale (a later note gets a new generation).
+        let c = &mut self.st.copies;
+        if c.order.len() > 64 && c.order.len() > 4 * c.sizes.len() {
+            let sizes = &c.sizes;
+            c.order
+                .retain(|(i, g)| sizes.get(i).is_some_and(|&(_, g2)| g2 == *g));
+        }
+    }
+
+    pub(super) fn maybe_free(&mut self, ino: u64) {
+        let Some(n) = self.st.nodes.get(&ino) else {
+            return;
+        };
+        if !n.links.is_empty() || n.open_plain + n.open_passthrough > 0 {
+            return;
+        }
+        self.forget_copy(ino);
+        let n = self.st.nodes.remove(&ino).expect("present");
+        if n.dirty {
+            self.ws.dirty.delete_node(&mut self.batch, ino);
+        }
+        self.st.dirty.remove(&ino);
+        if let Body::File { upper: Some(_), .. } = n.body {
+            self.ws.remove_upper(ino);
+        }
+        if let Body::Dir {
+            children: Some(ch), ..
+        } = n.body
+        {
+            // An empty directory has no children; a replaced tree's clean nodes go too.
+            for c in ch.values() {
+                self.st.nodes.remove(c);
+            }
+        }
+    }
+
+    /// Gives file `ino` an upper file holding its current content.
+    pub(super) fn copy_up(&mut self, ino: u64, truncate: bool) -> Result<Arc<File>, Errno> {
+        self.forget_copy(ino);
+        let n = self.node(ino)?;
+        let dirty = n.dirty;
+        let existing = match &n.body {
+            Body::File { upper: Some(u), .. } => Some(u.clone()),
+            _ => None,
+        };
+        if let Some(u) = existing {
+            let u = self.ws.upper_file(ino, &u).map_err(io_errno)?;
+            // Open now: whoever changes it closes it (handle release, or close_if_idle),
+            // which takes its new size and times.
+            if let Body::File { upper, .. } = &mut self.node_mut(ino)?.body {
+                *upper = Some(Upper::Open(u.clone()));
+            }
+            if truncate {
+                let old = fstat(&u).map_err(io_errno)?.st_size as u64;
+                u.set_len(0).map_err(io_errno)?;
+                self.node_mut(ino)?.note_changed(0, old);
+            }
+            if !dirty {
+                self.persist(ino)?;
+            }
+            return Ok(u);
+        }
+        let n = self.node(ino)?;
+        let (clean, mtime, atime) = match &n.body {
+            Body::File { clean, .. } => (*clean, n.meta.mtime, n.meta.atime),
+            Body::Dir { .. } => return Err(Errno::EISDIR),
+            _ => return Err(Errno::EINVAL),
+        };
+        let f = self.ws.create_upper(ino).map_err(io_errno)?;
+        if let (Some(c), false) = (clean, truncate) {
+            self.ws.fill_upper(&f, &c)?;
+        }
+        if !truncate {
+            set_file_times(&f, Some(atime), Some(mtime)).map_err(io_errno)?;
+        }
+        let f = Arc::new(f);
+        // `clean` stays: the content the copy started from, whose chunks the next
+        // snapshot need not store again.
+        if let Body::File { upper, .. } = &mut self.node_mut(ino)?.body {
+            *upper = Some(Upper::Open(f.clone()));
+        }
+        let n = self.node_mut(ino)?;
+        // Equal to `clean` until something writes it; emptied, it differs everywhere.
+        n.changed_chunks = Some(BTreeSet::new());
+        if let (Some(c), true) = (clean, truncate) {
+            n.note_changed(0, c.size);
+        }
+        n.base = None;
+        if truncate {
+            n.meta.ctime = now_ns();
+        }
+        // The record changes even when already dirty: it now has an upper file.
+        self.persist(ino)?;
+        Ok(f)
+    }
+}
+
+impl Workspace {
+    pub(super) fn upper_path(&self, ino: u64) -> PathBuf {
+        self.upper_dir.join(upper_rel(ino))
+    }
+
+    pub(super) fn upper_cname(ino: u64) -> CString {
+        CString::new(upper_rel(ino)).expect("no NUL")
+    }
+
+    /// Opens `name` (relative to the upper directory) read-write; `create` makes it new
+    /// and empty (mode 0600).
+    pub(super) fn open_in_upper(&self, name: &CString, create: bool) -> std::io::Result<File> {
+        let flags = if create {
+            libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC
+        } else {
+            libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOFOLLOW
+        };
+        // SAFETY: a valid directory fd and NUL-terminated name.
+        let fd = unsafe {
+            libc::openat(
+                self.upper_fd.as_raw_fd(),
+                name.as_ptr(),
+                flags,
+                0o600 as libc::c_uint,
+            )
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a fresh fd we own.
+        Ok(unsafe { File::from_raw_fd(fd) })
+    }
+
+    pub(super) fn open_upper(&self, ino: u64) -> std::io::Result<File> {
+        self.open_in_upper(&Self::upper_cname(ino), false)
+    }
+
+    /// Inode numbers are never reused within a mount, and upper files no record names
+    /// are removed at mount: there is nothing to clobber.
+    pub(super) fn create_upper(&self, ino: u64) -> std::io::Result<File> {
+        self.open_in_upper(&Self::upper_cname(ino), true)
+    }
+
+    /// Removes an upper file in the background: freeing a large file's blocks takes
+    /// time a request should not wait for, and a crash before leaves only an orphan
+    /// that the next mount removes.
+    pub(super) fn remove_upper(&self, ino: u64) {
+        let _ = self.reaper.send(ino);
+    }
+
+    /// Writes stored content `c` to a new temporary file in the upper directory (not
+    /// holding the table), with the node's times. [`Workspace::install_upper`] gives it
+    /// its inode's name.
+    pub(super) fn prepare_upper(
+        &self,
+        c: &FileRef,
+        atime: i64,
+        mtime: i64,
+    ) -> Result<(CString, File), Errno> {
+        self.dirty.database().ensure_space(c.size).map_err(eio)?;
+        let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
+        let name = CString::new(format!("tmp-{n}")).expect("no NUL");
+        let f = self.open_in_upper(&name, true).map_err(io_errno)?;
+        let filled = self
+            .fill_upper(&f, c)
+            .and_then(|()| set_file_times(&f, Some(atime), Some(mtime)).map_err(io_errno));
+        if let Err(e) = filled {
+            self.discard_tmp(&name);
+            return Err(e);
+        }
+        Ok((name, f))
+    }
+
+    pub(super) fn install_upper(&self, tmp: &CString, ino: u64) -> std::io::Result<()> {
+        let name = Self::upper_cname(ino);
+        let fd = self.upper_fd.as_raw_fd();
+        // SAFETY: valid directory fd and NUL-terminated names.
+        if unsafe { libc::renameat(fd, tmp.as_ptr(), fd, name.as_ptr()) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    pub(super) fn discard_tmp(&self, tmp: &CString) {
+        // SAFETY: as in install_upper.
+        unsafe { libc::unlinkat(self.upper_fd.as_raw_fd(), tmp.as_ptr(), 0) };
+    }
+
+    /// The open upper file of `ino` (opened now if it is closed).
+    pub(super) fn upper_file(&self, ino: u64, u: &Upper) -> std::io::Result<Arc<File>> {
+        match u {
+            Upper::Open(f) => Ok(f.clone()),
+            Upper::Closed => Ok(Arc::new(self.open_upper(ino)?)),
+        }
+    }
+
+    pub(super) fn upper_stat(&self, ino: u64, u: &Upper) -> std::io::Result<libc::stat> {
+        match u {
+            Upper::Open(f) => fstat(f),
+            Upper::Closed => {
+                let name = Self::upper_cname(ino);
+                // SAFETY: zeroed stat is a valid out-parameter; fd and name are valid.
+                let mut st: libc::stat = unsafe { std::mem::zeroed() };
+                // SAFETY: as above.
+                let rc = unsafe {
+                    libc::fstatat(
+                        self.upper_fd.as_raw_fd(),
+                        name.as_ptr(),
+                        &mut st,
+                        libc::AT_SYMLINK_NOFOLLOW,
+                    )
+                };
+                if rc != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(st)
+            }
+        }
+    }
+
+    /// Writes stored content `c` into fresh upper file `f`.
+    pub(super) fn fill_upper(&self, f: &File, c: &FileRef) -> Result<(), Errno> {
+        if !c.is_chunked() {
+            let data = self.reader.chunk(ChunkId(c.id.0), c.size).map_err(eio)?;
+            f.write_all_at(&data, 0).map_err(io_errno)?;
+            return Ok(());
+        }
+        let list = load_chunk_list(self.objects.as_ref(), c).map_err(eio)?;
+        let mut off = 0u64;
+        for (id, len) in &list.chunks {
+            let data = read_chunk(self.objects.as_ref(), id, *len as u64).map_err(eio)?;
+            f.write_all_at(&data, off).map_err(io_errno)?;
+            off += *len as u64;
+        }
+        Ok(())
+    }
+
+    pub(super) fn read_clean(
+        &self,
+        ino: u64,
+        fref: &FileRef,
+        offset: u64,
+        size: u32,
+    ) -> Result<Vec<u8>, Errno> {
+        // A large file's chunk list is loaded once and kept with its node.
+        let list = || {
+            let cached = match self.lock().nodes.get(&ino).map(|n| &n.body) {
+                Some(Body::File {
+                    chunks: Some(c),
+                    clean: Some(cl),
+                    ..
+                }) if cl.id == fref.id => Some(c.clone()),
+                _ => None,
+            };
+            if let Some(l) = cached {
+                return Ok(l);
+            }
+            let l = Arc::new(load_chunk_list(self.objects.as_ref(), fref)?);
+            if let Some(Body::File {
+                chunks,
+                clean: Some(cl),
+                ..
+            }) = self.lock().nodes.get_mut(&ino).map(|n| &mut n.body)
+            {
+                if cl.id == fref.id {
+                    *chunks = Some(l.clone());
+                }
+            }
+            Ok(l)
+        };
+        self.reader.read(fref, list, offset, size).map_err(eio)
+    }
+}
+
+/// Where the upper file of inode `ino` lives, relative to the mount's upper directory:
+/// upper files are spread over 256 subdirectories (one directory of 100k files makes
+/// every create slower).
+pub fn upper_rel(ino: u64) -> String {
+    format!("{:02x}/{ino}", ino % 256)
+}
