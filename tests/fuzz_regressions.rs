@@ -89,7 +89,10 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
     };
     let meta = MountMeta {
         base: tree.id(),
-        tag: serde_json::json!({"thread": "t", "base": null, "expected_head": null}),
+        tag: serde_json::value::to_raw_value(
+            &serde_json::json!({"thread": "t", "base": null, "expected_head": null}),
+        )
+        .unwrap(),
     };
     let fp = Fingerprint {
         dev: 1,

@@ -30,7 +30,7 @@ use crate::cas::file::{store_bytes, store_reader};
 use crate::cas::{
     store_tree, CasError, EntryContent, StoreStats, Tree, TreeEntry, TreeId, CHUNK_SIZE,
 };
-use crate::fs::{EntryKind, SnapshotFilter};
+use crate::fs::{EntryKind, FilterError, SnapshotFilter};
 
 /// Files whose ctime is this close to the capture's start are not trusted next time.
 const RACY_MARGIN: Duration = Duration::from_millis(100);
@@ -47,7 +47,7 @@ pub struct CaptureOptions<'a> {
     /// Ignore the directory cache and read every file.
     pub no_stat_cache: bool,
     pub progress: Option<&'a CaptureProgress>,
-    /// What goes in and in what form (the middleware's policy and secrets). With a
+    /// What goes in and in what form (a capture policy, values replaced). With a
     /// filter every file is read (the directory cache is not used: a cached entry would
     /// skip the filter).
     pub filter: Option<&'a dyn SnapshotFilter>,
@@ -304,7 +304,10 @@ fn capture_tree(ctx: &Ctx<'_>, fd: RawFd, path: &Path, rel: &[u8]) -> Checkpoint
         // Before the tree is stored: a refused entry leaves no object naming it.
         let dir = String::from_utf8_lossy(rel);
         for e in &entries {
-            f.vet(&dir, e).map_err(CheckpointError::Refused)?;
+            f.vet(&dir, e).map_err(|e| match e {
+                FilterError::Refused(why) => CheckpointError::Refused(why),
+                FilterError::Io(e) => CheckpointError::io(path, e),
+            })?;
         }
     }
     let tree = Tree::from_sorted_entries(entries).map_err(|d| CheckpointError::path(path, d))?;
@@ -501,7 +504,12 @@ fn capture_file(
                 &mut file,
                 before.st_size as u64,
             )
-            .map_err(|e| CheckpointError::path(path, e))?,
+            .map_err(|e| match e {
+                FilterError::Refused(why) => {
+                    CheckpointError::Refused(format!("{}: {why}", path.display()))
+                }
+                FilterError::Io(e) => CheckpointError::io(path, e),
+            })?,
         None => None,
     };
     let fref = if let Some(data) = other {

@@ -67,7 +67,7 @@ fn mount_checkpoints(store: &Store) -> CheckpointResult<HashSet<CheckpointId>> {
     for key in mount_keys(store.database())? {
         let d = DirtyStore::new(store.database().clone(), key);
         if let Ok(Some(meta)) = d.meta() {
-            if let Ok(tag) = serde_json::from_value::<MountTag>(meta.tag) {
+            if let Some(tag) = MountTag::from_tag(&meta.tag) {
                 out.extend(tag.base);
                 out.extend(tag.expected_head);
             }

@@ -24,7 +24,7 @@ use super::{
 use crate::cas::{store_tree, Tree, TreeId};
 use crate::fs::dirty::DirtyStore;
 use crate::fs::{
-    mount_key, mount_workspace, MountedWorkspace, SnapshotFilter, SnapshotStats, Workspace,
+    mount_key, mount_workspace, MountedWorkspace, SnapshotFilter, SnapshotStats, Tag, Workspace,
     WorkspaceError, WorkspaceOptions, WorkspaceStatus,
 };
 
@@ -37,6 +37,18 @@ pub struct MountTag {
     /// The head the next checkpoint is appended on (the thread's head when the base
     /// was set; after a checkpoint, that checkpoint).
     pub expected_head: Option<CheckpointId>,
+}
+
+impl MountTag {
+    /// The tag as the workspace keeps it.
+    pub fn to_tag(&self) -> Tag {
+        serde_json::value::to_raw_value(self).expect("a mount tag serializes")
+    }
+
+    /// The tag a workspace keeps, if it is a mount tag.
+    pub fn from_tag(t: &Tag) -> Option<MountTag> {
+        serde_json::from_str(t.get()).ok()
+    }
 }
 
 /// Where a mount's files live in the store.
@@ -162,12 +174,12 @@ impl MountedThread {
             mount_key(mountpoint),
             &dir.join("upper"),
             root,
-            serde_json::to_value(&tag).expect("tag serializes"),
+            tag.to_tag(),
             opts,
         )
         .map_err(ws_err)?;
         let (_, found) = ws.base();
-        let found: Option<MountTag> = serde_json::from_value(found).ok();
+        let found = MountTag::from_tag(&found);
         let st = ws.status();
         // Uncaptured work of the same thread is picked up (on the base it was made on);
         // without any, the mount starts at the requested checkpoint or current head.
@@ -200,12 +212,7 @@ impl MountedThread {
                         .unwrap_or_else(|| "a deletion".into())
                 )));
             }
-            ws.swap_root(
-                root,
-                serde_json::to_value(&tag).expect("tag serializes"),
-                true,
-            )
-            .map_err(ws_err)?;
+            ws.swap_root(root, tag.to_tag(), true).map_err(ws_err)?;
         }
         drop(session);
         let ws = Arc::new(ws);
@@ -233,7 +240,7 @@ impl MountedThread {
 
     pub fn tag(&self) -> MountTag {
         let (_, t) = self.workspace().base();
-        serde_json::from_value(t).expect("the daemon wrote it")
+        MountTag::from_tag(&t).expect("the daemon wrote it")
     }
 
     /// Whether the mount is gone (unmounted here or by someone else).
@@ -325,30 +332,27 @@ impl MountedThread {
             )));
         }
         let cps = self.store.checkpoints();
-        let r = self.workspace().snapshot_filtered(filter, |root, stats| {
-            let mut new = template;
-            new.root = root;
-            new.stats.files_hashed = stats.files_hashed;
-            new.stats.bytes_hashed = stats.bytes_hashed;
-            new.stats.new_objects = stats.new_objects;
-            new.stats.new_bytes = stats.new_bytes;
-            new.stats.reused_objects = stats.reused_objects;
-            new.stats.unsupported = stats.skipped;
-            new.stats.duration_ms = start.elapsed().as_millis() as u64;
-            let lease = before_append(&mut new)?;
-            let cp = cps.append(new, tag.expected_head, &lease)?;
-            let next = MountTag {
-                thread: tag.thread.clone(),
-                base: Some(cp.id),
-                expected_head: Some(cp.id),
-            };
-            Ok::<_, CheckpointError>((cp, serde_json::to_value(&next).expect("tag")))
-        });
-        let (cp, stats) = match r {
-            Ok(Ok(x)) => x,
-            Ok(Err(e)) => return Err(e),
-            Err(e) => return Err(ws_err(e)),
+        // Snapshot, append under the lease, then make the snapshot the base: a refused
+        // append drops the snapshot and leaves the workspace as it was.
+        let snap = self.workspace().begin_snapshot(filter).map_err(ws_err)?;
+        let mut new = template;
+        new.root = snap.root();
+        let stats = snap.stats();
+        new.stats.files_hashed = stats.files_hashed;
+        new.stats.bytes_hashed = stats.bytes_hashed;
+        new.stats.new_objects = stats.new_objects;
+        new.stats.new_bytes = stats.new_bytes;
+        new.stats.reused_objects = stats.reused_objects;
+        new.stats.unsupported = stats.skipped;
+        new.stats.duration_ms = start.elapsed().as_millis() as u64;
+        let lease = before_append(&mut new)?;
+        let cp = cps.append(new, tag.expected_head, &lease)?;
+        let next = MountTag {
+            thread: tag.thread.clone(),
+            base: Some(cp.id),
+            expected_head: Some(cp.id),
         };
+        let stats = snap.finish(next.to_tag()).map_err(ws_err)?;
         Ok(MountCheckpoint {
             checkpoint: cp.id,
             thread: tag.thread,
@@ -403,11 +407,7 @@ impl MountedThread {
             }
         };
         self.workspace()
-            .swap_root(
-                cp.body.root,
-                serde_json::to_value(&tag).expect("tag"),
-                force,
-            )
+            .swap_root(cp.body.root, tag.to_tag(), force)
             .map_err(ws_err)?;
         start_prefetch(&self.store, id);
         Ok((tag, start.elapsed().as_micros() as u64))
@@ -643,25 +643,21 @@ fn adopt_landed_checkpoint(
     if cp.body.parent_id != found.expected_head {
         return Ok(());
     }
-    let snap = ws
-        .snapshot_filtered(None, |root, _| Err::<((), serde_json::Value), TreeId>(root))
-        .map_err(ws_err)?;
-    if let Err(root) = snap {
-        if root == cp.body.root {
-            tracing::info!(
-                "checkpoint {} of thread {} holds this workspace's uncaptured work (its daemon \
-                 stopped before recording it): adopting it as the base",
-                head.short(),
-                found.thread
-            );
-            let tag = MountTag {
-                thread: found.thread.clone(),
-                base: Some(head),
-                expected_head: Some(head),
-            };
-            ws.swap_root(root, serde_json::to_value(&tag).expect("tag"), true)
-                .map_err(ws_err)?;
-        }
+    // What the uncaptured work would store, without making it the base.
+    let root = ws.begin_snapshot(None).map_err(ws_err)?.root();
+    if root == cp.body.root {
+        tracing::info!(
+            "checkpoint {} of thread {} holds this workspace's uncaptured work (its daemon \
+             stopped before recording it): adopting it as the base",
+            head.short(),
+            found.thread
+        );
+        let tag = MountTag {
+            thread: found.thread.clone(),
+            base: Some(head),
+            expected_head: Some(head),
+        };
+        ws.swap_root(root, tag.to_tag(), true).map_err(ws_err)?;
     }
     Ok(())
 }

@@ -65,13 +65,22 @@ pub enum Override {
     Node(u64),
 }
 
-/// What the layer above keeps with the base: for checkpoints, the thread and base
-/// checkpoint.
+/// The base of a mount and the tag the layer above keeps with it (for checkpoints, the
+/// thread and base checkpoint).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MountMeta {
     pub base: TreeId,
-    #[serde(default)]
-    pub tag: serde_json::Value,
+    #[serde(default = "null_tag")]
+    pub tag: Tag,
+}
+
+/// What the layer above keeps with a workspace's base, as JSON text that `fs` stores and
+/// hands back without reading it.
+pub type Tag = Box<serde_json::value::RawValue>;
+
+/// The tag of a workspace nobody tagged: JSON `null`.
+pub fn null_tag() -> Tag {
+    serde_json::value::RawValue::from_string("null".into()).expect("null is JSON")
 }
 
 /// One mount's slice of the `mounts` column family.

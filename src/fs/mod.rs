@@ -19,12 +19,12 @@ mod view;
 mod workspace;
 
 pub use chunk_cache::{ChunkCache, ChunkReader};
-pub use dirty::MOUNTS_CF;
+pub use dirty::{null_tag, Tag, MOUNTS_CF};
 pub use view::{mount_tree, MountedTree, TreeView, ViewOptions};
 pub use workspace::{
-    mount_key, mount_workspace, upper_rel, EntryKind, FsEvent, FsEventKind, MountedWorkspace,
-    SnapshotFilter, SnapshotStats, Workspace, WorkspaceError, WorkspaceFs, WorkspaceOptions,
-    WorkspaceStatus,
+    mount_key, mount_workspace, upper_rel, EntryKind, FilterError, FsEvent, FsEventKind,
+    MountedWorkspace, ReadMode, Snapshot, SnapshotFilter, SnapshotStats, Workspace, WorkspaceError,
+    WorkspaceFs, WorkspaceOptions, WorkspaceStatus,
 };
 
 /// A FUSE session served by background threads; unmounted when dropped or by

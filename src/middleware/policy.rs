@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::{MiddlewareError, MiddlewareResult, Secrets};
 use crate::cas::{EntryContent, TreeEntry};
 use crate::checkpoint::SecretFile;
-use crate::fs::{EntryKind, SnapshotFilter};
+use crate::fs::{EntryKind, FilterError, SnapshotFilter};
 
 /// What to do with a file over `max_file_size`, or one that would take the checkpoint
 /// past `max_total_bytes`.
@@ -203,7 +203,7 @@ impl SnapshotFilter for CaptureFilter<'_> {
     /// Names, symlink targets and extended attributes are stored as they are, so one
     /// holding a secret value refuses the capture (documented in the README): the
     /// error names the entry with the value replaced by its placeholder.
-    fn vet(&self, dir: &str, entry: &TreeEntry) -> Result<(), String> {
+    fn vet(&self, dir: &str, entry: &TreeEntry) -> Result<(), FilterError> {
         if self.secrets.is_empty() {
             return Ok(());
         }
@@ -226,25 +226,30 @@ impl SnapshotFilter for CaptureFilter<'_> {
         if st.refused.is_none() {
             st.refused = Some(why.clone());
         }
-        Err(why)
+        Err(FilterError::Refused(why))
     }
 
-    fn transform(&self, path: &str, file: &mut File, size: u64) -> Result<Option<Vec<u8>>, String> {
+    fn transform(
+        &self,
+        path: &str,
+        file: &mut File,
+        size: u64,
+    ) -> Result<Option<Vec<u8>>, FilterError> {
         if let Some(why) = &self.state().oversize {
             // Fail early: nothing of this capture will be published.
-            return Err(format!("oversize file: {why}"));
+            return Err(FilterError::Refused(format!("oversize file: {why}")));
         }
         if self.secrets.is_empty() {
             return Ok(None);
         }
         if size > MAX_SCRUB_BYTES {
-            return Err(format!(
+            return Err(FilterError::Refused(format!(
                 "{size} bytes: too large to look for secret values in (exclude it or set \
                  max_file_size)"
-            ));
+            )));
         }
         let mut data = Vec::with_capacity(size as usize);
-        file.read_to_end(&mut data).map_err(|e| e.to_string())?;
+        file.read_to_end(&mut data)?;
         Ok(self.secrets.scrub(&data).map(|(out, names)| {
             self.state().secret_files.push(SecretFile {
                 path: path.to_string(),

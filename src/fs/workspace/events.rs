@@ -1,4 +1,4 @@
-//! Changes announced to subscribers (the middleware's file events): numbered in the
+//! Changes announced to subscribers (a host's file events): numbered in the
 //! order they were committed, sent while the table is held.
 
 use super::*;

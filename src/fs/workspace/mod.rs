@@ -26,7 +26,7 @@ use fuser::{
     ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-use super::dirty::{DirtyStore, Kind, MountMeta, NodeRecord, Override};
+use super::dirty::{DirtyStore, Kind, MountMeta, NodeRecord, Override, Tag};
 use super::{reply_getxattr, reply_listxattr, ChunkReader, Mounted};
 use crate::cas::file::{
     load_chunk_list, read_chunk, store_bytes, store_changed_chunks, store_reader_over, ChunkList,
@@ -48,7 +48,7 @@ mod upper;
 
 pub use events::{FsEvent, FsEventKind};
 pub use ops::WorkspaceFs;
-pub use snapshot::{EntryKind, SnapshotFilter, SnapshotStats};
+pub use snapshot::{EntryKind, FilterError, Snapshot, SnapshotFilter, SnapshotStats};
 pub use upper::upper_rel;
 
 use events::*;
@@ -125,6 +125,16 @@ pub enum WorkspaceError {
     Refused(String),
 }
 
+/// How reads of files reach their data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReadMode {
+    /// The kernel reads local copies itself (FUSE passthrough): no daemon round trip.
+    Passthrough,
+    /// Every read is a request to the daemon.
+    Fuse,
+}
+
 /// The dirty set at a glance.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct WorkspaceStatus {
@@ -134,7 +144,7 @@ pub struct WorkspaceStatus {
     pub dirty_bytes: u64,
     pub dirty_paths: Vec<String>,
     pub nodes_loaded: usize,
-    pub read_mode: &'static str,
+    pub read_mode: ReadMode,
 }
 
 /// The shared core of a mounted workspace: the FUSE side and the control side both
@@ -178,7 +188,7 @@ impl Workspace {
         key: [u8; 8],
         upper_dir: &Path,
         base: TreeId,
-        tag: serde_json::Value,
+        tag: Tag,
         opts: &WorkspaceOptions,
     ) -> Result<Workspace, WorkspaceError> {
         std::fs::create_dir_all(upper_dir)
@@ -484,17 +494,17 @@ impl Workspace {
     }
 
     /// The current base tree and the tag kept with it.
-    pub fn base(&self) -> (TreeId, serde_json::Value) {
+    pub fn base(&self) -> (TreeId, Tag) {
         let st = self.lock();
         (st.base, st.tag.clone())
     }
 
     /// Whether reads of local copies go through FUSE passthrough (known once mounted).
-    pub fn read_mode(&self) -> &'static str {
+    pub fn read_mode(&self) -> ReadMode {
         if self.passthrough.load(Ordering::Relaxed) {
-            "passthrough"
+            ReadMode::Passthrough
         } else {
-            "fuse"
+            ReadMode::Fuse
         }
     }
 

@@ -20,8 +20,8 @@ pub struct SnapshotStats {
     pub removed_paths: Vec<String>,
 }
 
-/// What a snapshot keeps of the changed entries, and in what form: the middleware's
-/// capture policy (globs, sizes) and secret scrubbing. Entries it leaves out or stores
+/// What a snapshot keeps of the changed entries, and in what form (a capture policy:
+/// globs, sizes, values replaced), given by the caller. Entries it leaves out or stores
 /// in another form stay dirty, so the workspace keeps showing them as they are and the
 /// next snapshot looks at them again.
 pub trait SnapshotFilter: Sync {
@@ -32,13 +32,48 @@ pub trait SnapshotFilter: Sync {
     /// The content to store for the changed regular file at `path` instead of what
     /// `file` holds (read from its start), or `None` to store it as it is. An error
     /// fails the snapshot.
-    fn transform(&self, path: &str, file: &mut File, size: u64) -> Result<Option<Vec<u8>>, String>;
+    fn transform(
+        &self,
+        path: &str,
+        file: &mut File,
+        size: u64,
+    ) -> Result<Option<Vec<u8>>, FilterError>;
 
     /// Vets an entry of a changed directory (`dir`, relative) before the directory's
     /// tree is stored: its name, symlink target and extended attributes. An error fails
     /// the snapshot, and no tree naming the entry has been stored.
-    fn vet(&self, _dir: &str, _entry: &TreeEntry) -> Result<(), String> {
+    fn vet(&self, _dir: &str, _entry: &TreeEntry) -> Result<(), FilterError> {
         Ok(())
+    }
+}
+
+/// Why a [`SnapshotFilter`] stopped a snapshot.
+#[derive(Debug, thiserror::Error)]
+pub enum FilterError {
+    /// The filter's rules refuse it (an oversize file under a failing policy, a secret in
+    /// a name): nothing of the snapshot is published.
+    #[error("{0}")]
+    Refused(String),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+impl FilterError {
+    /// The error with the path of the entry it is about.
+    fn at(self, path: &str) -> WorkspaceError {
+        match self {
+            FilterError::Refused(why) => WorkspaceError::Refused(format!("{path}: {why}")),
+            FilterError::Io(e) => WorkspaceError::Io(format!("{path}: {e}")),
+        }
+    }
+}
+
+impl From<FilterError> for WorkspaceError {
+    fn from(e: FilterError) -> WorkspaceError {
+        match e {
+            FilterError::Refused(why) => WorkspaceError::Refused(why),
+            FilterError::Io(e) => WorkspaceError::Io(e.to_string()),
+        }
     }
 }
 
@@ -145,7 +180,7 @@ impl<'a> Tx<'a> {
                             let other = match cx.filter {
                                 Some(filt) => filt
                                     .transform(&rel, &mut f, st.st_size as u64)
-                                    .map_err(|e| WorkspaceError::Io(format!("{rel}: {e}")))?,
+                                    .map_err(|e| e.at(&rel))?,
                                 None => None,
                             };
                             let size = st.st_size as u64;
@@ -266,7 +301,7 @@ impl<'a> Tx<'a> {
             // Before the tree is stored: a refused entry leaves no object naming it.
             let dir = self.path_of(ino);
             for e in &entries {
-                f.vet(&dir, e).map_err(WorkspaceError::Refused)?;
+                f.vet(&dir, e).map_err(WorkspaceError::from)?;
             }
         }
         let tree = Tree::from_sorted_entries(entries)
@@ -282,26 +317,33 @@ impl<'a> Tx<'a> {
     }
 }
 
-impl Workspace {
-    /// Takes a snapshot: with writes held off, stores every dirty file and directory and
-    /// hands the new root to `publish`. If `publish` succeeds the snapshot becomes the
-    /// base (with the tag it returns) and the dirty set empties, except for files still
-    /// open for writing; if it fails nothing changes.
-    pub fn snapshot<T, E>(
-        &self,
-        publish: impl FnOnce(TreeId, &SnapshotStats) -> Result<(T, serde_json::Value), E>,
-    ) -> Result<Result<(T, SnapshotStats), E>, WorkspaceError> {
-        self.snapshot_filtered(None, publish)
-    }
+/// A snapshot being taken ([`Workspace::begin_snapshot`]): writes are held off and every
+/// dirty file and directory is stored; [`Snapshot::root`] and [`Snapshot::stats`] say
+/// what it made. [`Snapshot::finish`] makes it the workspace's base; dropping the guard
+/// instead leaves the workspace as it was (what was stored stays unnamed, for garbage
+/// collection), as jj's `LockedWorkingCopy` does.
+pub struct Snapshot<'a> {
+    ws: &'a Workspace,
+    // Dropped in this order: the table, then the write barrier.
+    tx: Tx<'a>,
+    _barrier: std::sync::RwLockWriteGuard<'a, ()>,
+    root: TreeId,
+    stats: SnapshotStats,
+    /// Nodes written, with their new entries.
+    done: Vec<(u64, Arc<TreeEntry>)>,
+    /// Nodes left out or stored in another form: they stay dirty.
+    keep_dirty: Vec<u64>,
+}
 
-    /// [`Workspace::snapshot`] with a filter deciding what of the changed entries goes
-    /// in and in what form.
-    pub fn snapshot_filtered<T, E>(
-        &self,
+impl Workspace {
+    /// Begins a snapshot: holds writes off, stores every dirty file and directory (what
+    /// `filter` keeps, in the form it says) and syncs the object store, so the root can
+    /// be published before [`Snapshot::finish`].
+    pub fn begin_snapshot<'a>(
+        &'a self,
         filter: Option<&dyn SnapshotFilter>,
-        publish: impl FnOnce(TreeId, &SnapshotStats) -> Result<(T, serde_json::Value), E>,
-    ) -> Result<Result<(T, SnapshotStats), E>, WorkspaceError> {
-        let _barrier = self.barrier.write().unwrap_or_else(|p| p.into_inner());
+    ) -> Result<Snapshot<'a>, WorkspaceError> {
+        let barrier = self.barrier.write().unwrap_or_else(|p| p.into_inner());
         let mut tx = self.tx();
         let mut stats = SnapshotStats::default();
         let root_dirty = tx.st.nodes[&ROOT].dirty;
@@ -317,86 +359,22 @@ impl Workspace {
             tx.st.base
         };
         let (done, keep_dirty) = (cx.done, cx.keep_dirty);
-        let written: Vec<u64> = done.iter().map(|(ino, _)| *ino).collect();
         self.objects.sync()?;
-        let (out, tag) = match publish(root, &stats) {
-            Ok(x) => x,
-            Err(e) => return Ok(Err(e)),
-        };
-        // The new base: every node written becomes clean, but a file open for writing
-        // may change behind the daemon's back (passthrough) and stays dirty.
-        let other_form: HashSet<u64> = keep_dirty.iter().copied().collect();
-        let mut still = keep_dirty;
-        for (ino, entry) in done {
-            let n = tx.st.nodes.get_mut(&ino).expect("built");
-            if let EntryContent::File(id) = entry.content {
-                if let Body::File { clean, chunks, .. } = &mut n.body {
-                    *clean = Some(FileRef {
-                        id,
-                        size: entry.size,
-                    });
-                    *chunks = None;
-                }
-                // Its upper file now holds `clean` exactly, unless it was stored in
-                // another form or a passthrough writer may have changed it since.
-                n.changed_chunks =
-                    (n.pass_writers == 0 && !other_form.contains(&ino)).then(BTreeSet::new);
-            }
-            if let EntryContent::Dir(id) = entry.content {
-                if let Body::Dir { tree, .. } = &mut n.body {
-                    *tree = Some(id);
-                }
-            }
-            n.base = Some(entry);
-            n.dirty = false;
-            if n.writers > 0 {
-                still.push(ino);
-            }
-        }
-        if let Some(r) = tx.st.nodes.get_mut(&ROOT) {
-            r.dirty = false;
-            if let Body::Dir { tree, .. } = &mut r.body {
-                *tree = Some(root);
-            }
-        }
-        // Nodes in the set that the walk did not reach (sockets) stay as they are in
-        // memory but leave the persisted set: the new base has no place for them.
-        for ino in std::mem::take(&mut tx.st.dirty) {
-            if let Some(n) = tx.st.nodes.get_mut(&ino) {
-                n.dirty = false;
-                if n.base.is_none() && n.kind == Kind::Socket {
-                    // Keep sockets dirty so their directory is written again next time.
-                    still.push(ino);
-                }
-            }
-        }
-        // Written files keep their upper files as local copies of their new content.
-        for ino in written {
-            tx.note_copy(ino);
-        }
-        tx.st.base = root;
-        tx.st.tag = tag.clone();
-        self.dirty.clear(&mut tx.batch);
-        self.dirty
-            .put_meta(&mut tx.batch, &MountMeta { base: root, tag });
-        for ino in still {
-            let _ = tx.persist(ino);
-        }
-        tx.commit()
-            .map_err(|_| WorkspaceError::Io("writing the dirty set".into()))?;
-        self.dirty.sync()?;
-        Ok(Ok((out, stats)))
+        Ok(Snapshot {
+            ws: self,
+            tx,
+            _barrier: barrier,
+            root,
+            stats,
+            done,
+            keep_dirty,
+        })
     }
 
     /// Makes `root` the workspace's content: the inode table is replaced (files open
     /// now keep what they had open), the kernel's caches are invalidated, nothing is
     /// copied. Refused while uncaptured changes exist unless `force`.
-    pub fn swap_root(
-        &self,
-        root: TreeId,
-        tag: serde_json::Value,
-        force: bool,
-    ) -> Result<(), WorkspaceError> {
+    pub fn swap_root(&self, root: TreeId, tag: Tag, force: bool) -> Result<(), WorkspaceError> {
         // The new root must be readable before anything is dropped.
         load_tree(self.objects.as_ref(), &root)?;
         let _barrier = self.barrier.write().unwrap_or_else(|p| p.into_inner());
@@ -473,5 +451,95 @@ impl Workspace {
             let _ = n.inval_inode(INodeNo(ROOT), 0, 0);
         }
         Ok(())
+    }
+}
+
+impl Snapshot<'_> {
+    /// The root tree of the snapshot.
+    pub fn root(&self) -> TreeId {
+        self.root
+    }
+
+    pub fn stats(&self) -> &SnapshotStats {
+        &self.stats
+    }
+
+    /// Makes the snapshot the workspace's base, kept with `tag`: the dirty set empties,
+    /// except for files still open for writing and entries the filter left out or
+    /// stored in another form.
+    pub fn finish(self, tag: Tag) -> Result<SnapshotStats, WorkspaceError> {
+        let Snapshot {
+            ws: this,
+            mut tx,
+            _barrier,
+            root,
+            stats,
+            done,
+            keep_dirty,
+        } = self;
+        let written: Vec<u64> = done.iter().map(|(ino, _)| *ino).collect();
+        // The new base: every node written becomes clean, but a file open for writing
+        // may change behind the daemon's back (passthrough) and stays dirty.
+        let other_form: HashSet<u64> = keep_dirty.iter().copied().collect();
+        let mut still = keep_dirty;
+        for (ino, entry) in done {
+            let n = tx.st.nodes.get_mut(&ino).expect("built");
+            if let EntryContent::File(id) = entry.content {
+                if let Body::File { clean, chunks, .. } = &mut n.body {
+                    *clean = Some(FileRef {
+                        id,
+                        size: entry.size,
+                    });
+                    *chunks = None;
+                }
+                // Its upper file now holds `clean` exactly, unless it was stored in
+                // another form or a passthrough writer may have changed it since.
+                n.changed_chunks =
+                    (n.pass_writers == 0 && !other_form.contains(&ino)).then(BTreeSet::new);
+            }
+            if let EntryContent::Dir(id) = entry.content {
+                if let Body::Dir { tree, .. } = &mut n.body {
+                    *tree = Some(id);
+                }
+            }
+            n.base = Some(entry);
+            n.dirty = false;
+            if n.writers > 0 {
+                still.push(ino);
+            }
+        }
+        if let Some(r) = tx.st.nodes.get_mut(&ROOT) {
+            r.dirty = false;
+            if let Body::Dir { tree, .. } = &mut r.body {
+                *tree = Some(root);
+            }
+        }
+        // Nodes in the set that the walk did not reach (sockets) stay as they are in
+        // memory but leave the persisted set: the new base has no place for them.
+        for ino in std::mem::take(&mut tx.st.dirty) {
+            if let Some(n) = tx.st.nodes.get_mut(&ino) {
+                n.dirty = false;
+                if n.base.is_none() && n.kind == Kind::Socket {
+                    // Keep sockets dirty so their directory is written again next time.
+                    still.push(ino);
+                }
+            }
+        }
+        // Written files keep their upper files as local copies of their new content.
+        for ino in written {
+            tx.note_copy(ino);
+        }
+        tx.st.base = root;
+        tx.st.tag = tag.clone();
+        this.dirty.clear(&mut tx.batch);
+        this.dirty
+            .put_meta(&mut tx.batch, &MountMeta { base: root, tag });
+        for ino in still {
+            let _ = tx.persist(ino);
+        }
+        tx.commit()
+            .map_err(|_| WorkspaceError::Io("writing the dirty set".into()))?;
+        this.dirty.sync()?;
+        Ok(stats)
     }
 }

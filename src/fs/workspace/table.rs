@@ -8,7 +8,7 @@ pub(super) struct State {
     pub(super) nodes: HashMap<u64, Node>,
     pub(super) next_ino: u64,
     pub(super) base: TreeId,
-    pub(super) tag: serde_json::Value,
+    pub(super) tag: Tag,
     pub(super) dirty: BTreeSet<u64>,
     pub(super) events: Events,
     pub(super) copies: Copies,
