@@ -16,9 +16,10 @@ use std::time::{Duration, Instant};
 
 use casfs::checkpoint::{
     capture_to_thread, restore_tree, AppendOptions, Backends, CaptureOptions, ExpectedHead,
-    MountedThread, OpenMode, RestoreOptions, Store, ThreadId,
+    OpenMode, RestoreOptions, Store, ThreadId,
 };
 use casfs::fs::WorkspaceOptions;
+use casfs::mount::MountedThread;
 
 #[path = "common/mod.rs"]
 mod common;

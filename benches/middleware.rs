@@ -20,12 +20,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use casfs::checkpoint::{MountedThread, OpenMode, Store, ThreadId};
+use casfs::checkpoint::{OpenMode, Store, ThreadId};
 use casfs::fs::WorkspaceOptions;
 use casfs::middleware::{
     ArtifactMeta, CasfsProvider, MessageStore, Middleware, MiddlewareConfig, Persistence,
     RunContext, SandboxProvider, Secrets, SnapshotConfig, SnapshotPolicy, StorePersistence,
 };
+use casfs::mount::MountedThread;
 
 #[path = "common/mod.rs"]
 mod common;

@@ -9,9 +9,9 @@ use crate::cas::file::ChunkList;
 use crate::cas::object::{decode_stored, encode_stored};
 use crate::cas::{Hash, Tree};
 use crate::checkpoint::dircache::DirCache;
-use crate::checkpoint::mountd::Request;
 use crate::checkpoint::{Checkpoint, CheckpointId, WriterLease};
 use crate::fs::dirty::{decode_override, MountMeta, NodeRecord};
+use crate::mount::control::Request;
 
 /// A check of arbitrary bytes.
 pub type Check = fn(&[u8]);

@@ -1,9 +1,11 @@
 //! casfs: a content-addressed workspace filesystem for agent sandboxes.
 //!
-//! Layers, lowest first: [`cas`] (objects, chunks, trees), [`fs`] (the FUSE
-//! filesystem), [`checkpoint`] (checkpoint records, threads, heads, writer leases,
-//! plain-directory capture and restore), and the command line in `cli`. A layer never
-//! reaches up.
+//! Layers, lowest first: [`cas`] (objects, chunks, trees, the embedded database),
+//! [`fs`] (the FUSE filesystem: read-only views and the writable workspace),
+//! [`checkpoint`] (checkpoint records, threads, heads, writer leases, plain-directory
+//! capture and restore, maintenance), [`mount`] (a thread's mounted workspace, its
+//! control protocol and daemon), [`middleware`] (agent runs on threads, `casfs serve`),
+//! and the command line in `cli`. A layer never reaches up.
 
 pub mod cas;
 pub mod checkpoint;
@@ -11,6 +13,7 @@ pub mod fs;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod middleware;
+pub mod mount;
 
 /// A crash-test hook: when the environment variable `CASFS_CRASH_AT` is `NAME` or
 /// `NAME:N`, the process kills itself with SIGKILL the first (or Nth) time it reaches

@@ -11,10 +11,11 @@ use casfs::cas::object::encode_stored;
 use casfs::cas::{ChunkId, EntryContent, FileId, Hash, Tree, TreeEntry, TreeId, CHUNK_SIZE};
 use casfs::checkpoint::dircache::DirCache;
 use casfs::checkpoint::dirfd::Fingerprint;
-use casfs::checkpoint::mountd::{MaintainOp, Request};
+use casfs::checkpoint::maintenance::MaintainOp;
 use casfs::checkpoint::{Checkpoint, CheckpointId, NewCheckpoint, ThreadId};
 use casfs::fs::dirty::{Kind, MountMeta, NodeRecord};
 use casfs::fuzzing::TARGETS;
+use casfs::mount::control::Request;
 
 fn sample_tree() -> Tree {
     let h = |s: &str| Hash::of(s.as_bytes());

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 // The workload (sizes, source-like trees) is the one `casfs bench` generates.
-#[path = "../../src/cli/workload.rs"]
+#[path = "../../src/cli/bench/workload.rs"]
 mod workload;
 pub use workload::*;
 

@@ -17,8 +17,8 @@ use serde::{Deserialize, Serialize};
 
 use super::dircache;
 use super::lease::millis;
-use super::mountd::{key_hex, mount_dir_of_key};
 use super::rocks_store::{FENCING_CF, HEADS_CF, LEASES_CF};
+use super::store::{key_hex, mount_dir_of_key};
 use super::{
     CheckpointError, CheckpointId, CheckpointResult, CheckpointStore as _, MountTag, Store,
     ThreadId, WriterLease,
@@ -641,5 +641,78 @@ fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) {
             Ok(_) => out.push(e.path()),
             Err(_) => {}
         }
+    }
+}
+
+/// A maintenance operation on the whole store.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "what", rename_all = "lowercase")]
+pub enum MaintainOp {
+    Gc {
+        #[serde(default)]
+        dry_run: bool,
+    },
+    Prune {
+        #[serde(default)]
+        keep_last: Option<usize>,
+        #[serde(default)]
+        keep_within_ms: Option<u64>,
+        #[serde(default)]
+        thread: Option<String>,
+        #[serde(default)]
+        dry_run: bool,
+        /// Collect garbage afterwards.
+        #[serde(default)]
+        gc: bool,
+    },
+    Fsck {
+        #[serde(default)]
+        repair: bool,
+    },
+}
+
+/// What a [`MaintainOp`] did: its report (prune with gc: both).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum MaintainReport {
+    Prune {
+        prune: PruneReport,
+        gc: Option<GcReport>,
+    },
+    Gc(GcReport),
+    Fsck(FsckReport),
+}
+
+impl MaintainOp {
+    /// Runs the operation on `store`; `live` names the mounts this process serves.
+    pub fn run(
+        &self,
+        store: &Store,
+        live: &std::collections::HashSet<[u8; 8]>,
+    ) -> CheckpointResult<MaintainReport> {
+        Ok(match self {
+            MaintainOp::Gc { dry_run } => MaintainReport::Gc(gc(store, *dry_run)?),
+            MaintainOp::Prune {
+                keep_last,
+                keep_within_ms,
+                thread,
+                dry_run,
+                gc: then_gc,
+            } => {
+                let r = Retention {
+                    keep_last: *keep_last,
+                    keep_within: keep_within_ms.map(Duration::from_millis),
+                    thread: thread.as_deref().map(ThreadId::new).transpose()?,
+                };
+                let p = prune(store, &r, *dry_run)?;
+                let g = if *then_gc {
+                    Some(gc(store, *dry_run)?)
+                } else {
+                    None
+                };
+                MaintainReport::Prune { prune: p, gc: g }
+            }
+            MaintainOp::Fsck { repair } => MaintainReport::Fsck(fsck(store, *repair, live)?),
+        })
     }
 }

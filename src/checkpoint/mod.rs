@@ -2,8 +2,8 @@
 //! compare-and-swap under a writer lease with a fencing token. Also the capture and
 //! restore of plain directories, and tree diffs.
 //!
-//! Depends on `cas` and `fs` (a mounted workspace checkpoints through this layer);
-//! knows nothing of runs or the command line.
+//! Depends on `cas` and `fs` (capture filters, the dirty sets fsck and gc read); knows
+//! nothing of mounts being served, runs or the command line.
 
 pub mod capture;
 mod checkpoint_store;
@@ -13,7 +13,6 @@ pub mod dirfd;
 mod error;
 mod lease;
 pub mod maintenance;
-pub mod mountd;
 pub mod pg_store;
 mod record;
 pub mod refs;
@@ -30,14 +29,13 @@ pub use capture::{
 pub use checkpoint_store::CheckpointStore;
 pub use error::{CheckpointError, CheckpointResult};
 pub use lease::{holder_name, LeaseKeeper, LeaseStatus, WriterLease};
-pub use mountd::{discard_mount_state, MountCheckpoint, MountTag, MountedThread};
 pub use pg_store::PgCheckpointStore;
 pub use record::{
-    Artifact, CaptureStats, Checkpoint, CheckpointBody, CheckpointId, ContentRef, NewCheckpoint,
-    SecretFile, ThreadId,
+    Artifact, CaptureStats, Checkpoint, CheckpointBody, CheckpointId, ContentRef, MountTag,
+    NewCheckpoint, SecretFile, ThreadId,
 };
 pub use restore::{
     restore_tree, uncaptured_changes, RestoreOptions, RestoreProgress, RestoreStats,
 };
 pub use rocks_store::RocksCheckpointStore;
-pub use store::{Backends, OpenMode, Store};
+pub use store::{key_hex, mount_dir, mount_dir_of_key, Backends, OpenMode, Store};

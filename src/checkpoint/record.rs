@@ -1,5 +1,6 @@
 //! The checkpoint record, thread names and checkpoint ids.
 
+use crate::fs::Tag;
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -331,5 +332,28 @@ mod tests {
             Checkpoint::decode(&cp.id, &bad),
             Err(CheckpointError::Corrupt { .. })
         ));
+    }
+}
+
+/// What the workspace's base is, kept with it in the dirty set's mount record.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct MountTag {
+    pub thread: ThreadId,
+    /// The checkpoint the content started from (`None`: an empty workspace).
+    pub base: Option<CheckpointId>,
+    /// The head the next checkpoint is appended on (the thread's head when the base
+    /// was set; after a checkpoint, that checkpoint).
+    pub expected_head: Option<CheckpointId>,
+}
+
+impl MountTag {
+    /// The tag as the workspace keeps it.
+    pub fn to_tag(&self) -> Tag {
+        serde_json::value::to_raw_value(self).expect("a mount tag serializes")
+    }
+
+    /// The tag a workspace keeps, if it is a mount tag.
+    pub fn from_tag(t: &Tag) -> Option<MountTag> {
+        serde_json::from_str(t.get()).ok()
     }
 }

@@ -1,5 +1,7 @@
 //! A store directory: `<store>/casfs.json` (format marker), `<store>/lock` (held by the
-//! process that has the store open) and `<store>/db` (RocksDB with every column family).
+//! process that has the store open), `<store>/db` (RocksDB with every column family) and
+//! `<store>/mounts/<key>/` (the files of each writable mount: upper files, its control
+//! socket and pid file).
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
@@ -12,6 +14,7 @@ use super::dircache::DIRCACHE_CF;
 use super::rocks_store::COLUMN_FAMILIES;
 use super::{CheckpointError, CheckpointResult, CheckpointStore, RocksCheckpointStore};
 use crate::cas::{Database, ObjectStore, RocksObjectStore};
+use crate::fs::mount_key;
 
 const MARKER: &str = "casfs.json";
 const FORMAT: u32 = 1;
@@ -325,4 +328,19 @@ fn lock_store(root: &Path, timeout: Duration) -> CheckpointResult<File> {
     let _ = file.rewind();
     let _ = write!(file, "pid {}", std::process::id());
     Ok(file)
+}
+
+/// Where a mount's files live in the store.
+pub fn mount_dir(store_root: &Path, mountpoint: &Path) -> PathBuf {
+    mount_dir_of_key(store_root, &mount_key(mountpoint))
+}
+
+/// A mount key as it names the mount's directory: 16 hex digits.
+pub fn key_hex(key: &[u8; 8]) -> String {
+    key.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Where the files of the mount with dirty-set key `key` live in the store.
+pub fn mount_dir_of_key(store_root: &Path, key: &[u8; 8]) -> PathBuf {
+    store_root.join("mounts").join(key_hex(key))
 }

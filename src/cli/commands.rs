@@ -13,12 +13,12 @@ use casfs::cas::{load_tree, EntryContent, Tree, TreeEntry, TreeId};
 use casfs::checkpoint::diff::{diff_trees, ChangeKind};
 use casfs::checkpoint::{
     capture_to_thread, holder_name, restore_tree, uncaptured_changes, AppendOptions,
-    CaptureOptions, CaptureProgress, Checkpoint, CheckpointError, CheckpointId, ExpectedHead,
-    OpenMode, RestoreOptions, RestoreProgress, Store, ThreadId,
+    CaptureOptions, CaptureProgress, Checkpoint, CheckpointError, ExpectedHead, OpenMode,
+    RestoreOptions, RestoreProgress, Store, ThreadId,
 };
 
 use super::output::{bytes, json, millis, time_ms, with_spinner};
-use super::{Cli, Command};
+use super::{resolve, thread_or_at, Cli, Command};
 
 pub fn run(cli: &Cli) -> anyhow::Result<()> {
     match &cli.command {
@@ -135,22 +135,6 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         Command::Serve { .. } => super::serve::run(cli),
         Command::Bench { .. } => super::bench::main(cli),
     }
-}
-
-/// The checkpoint reference a command given `--thread T` and/or `--at REF` means:
-/// REF if given, else the head of T.
-pub(super) fn thread_or_at(
-    command: &str,
-    thread: Option<&str>,
-    at: Option<&str>,
-) -> anyhow::Result<String> {
-    casfs::checkpoint::refs::thread_or_at(thread, at)
-        .ok_or_else(|| anyhow!("{command} needs --thread T (its head) or --at CHECKPOINT"))
-}
-
-/// Resolves `@thread`, a hex id or prefix, each optionally followed by `~N`.
-pub(super) fn resolve(store: &Store, r: &str) -> anyhow::Result<CheckpointId> {
-    Ok(casfs::checkpoint::refs::resolve(store.checkpoints(), r)?)
 }
 
 fn capture(

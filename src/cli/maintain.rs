@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::bail;
-use casfs::checkpoint::maintenance::{FsckReport, GcReport, PruneReport};
-use casfs::checkpoint::mountd::{control_request, MaintainOp, Request};
+use casfs::checkpoint::maintenance::{GcReport, MaintainOp, MaintainReport};
 use casfs::checkpoint::{OpenMode, Store};
+use casfs::mount::control::{request, MountStatus, Request};
 use serde_json::Value;
 
 use super::output::{bytes, json, millis, with_spinner};
@@ -21,14 +21,14 @@ fn daemon_socket(cli: &Cli) -> Option<PathBuf> {
     rd.flatten()
         .map(|e| e.path().join("control.sock"))
         .filter(|s| s.exists())
-        .find(|s| control_request(s, &Request::Status).is_ok())
+        .find(|s| request::<MountStatus>(s, &Request::Status).is_ok())
 }
 
 /// Runs `op` on the store: here when its lock is free within a moment, else by the
 /// mount daemon that holds it; else waits for the lock as other commands do.
-fn run_op(cli: &Cli, op: MaintainOp, label: &str) -> anyhow::Result<Value> {
+fn run_op(cli: &Cli, op: MaintainOp, label: &str) -> anyhow::Result<MaintainReport> {
     let root = cli.store_root();
-    let local = |store: Store| -> anyhow::Result<Value> {
+    let local = |store: Store| -> anyhow::Result<MaintainReport> {
         let r = with_spinner(label, String::new, || op.run(&store, &HashSet::new()));
         Ok(r?)
     };
@@ -43,8 +43,7 @@ fn run_op(cli: &Cli, op: MaintainOp, label: &str) -> anyhow::Result<Value> {
             if let Some(sock) = daemon_socket(cli) {
                 tracing::info!("the store is held by the mount at {}", sock.display());
                 let req = Request::Maintain(op.clone());
-                return with_spinner(label, String::new, || control_request(&sock, &req))
-                    .map_err(|e| anyhow::anyhow!("{e}"));
+                return Ok(with_spinner(label, String::new, || request(&sock, &req))?);
             }
             let serve_sock = root.join("serve.sock");
             if serve_sock.exists() {
@@ -62,7 +61,10 @@ fn run_op(cli: &Cli, op: MaintainOp, label: &str) -> anyhow::Result<Value> {
 
 /// Runs `op` in a `casfs serve` listening on its default socket (POST /v1/maintenance).
 /// `Err` when nothing answers there; `Ok(Err)` when the server ran it and failed.
-fn via_serve(sock: &std::path::Path, op: &MaintainOp) -> Result<anyhow::Result<Value>, ()> {
+fn via_serve(
+    sock: &std::path::Path,
+    op: &MaintainOp,
+) -> Result<anyhow::Result<MaintainReport>, ()> {
     use std::io::{Read, Write};
     let mut s = std::os::unix::net::UnixStream::connect(sock).map_err(|_| ())?;
     let body = serde_json::to_vec(op).expect("json");
@@ -80,7 +82,7 @@ fn via_serve(sock: &std::path::Path, op: &MaintainOp) -> Result<anyhow::Result<V
     let ok = head.starts_with("HTTP/1.1 200");
     let v: Value = serde_json::from_str(body.trim()).map_err(|_| ())?;
     if ok {
-        Ok(Ok(v))
+        Ok(serde_json::from_value(v).map_err(|e| anyhow::anyhow!("casfs serve: report: {e}")))
     } else {
         let msg = v["error"]["message"]
             .as_str()
@@ -128,11 +130,14 @@ fn print_gc(g: &GcReport) {
 }
 
 pub fn gc(cli: &Cli, dry_run: bool) -> anyhow::Result<()> {
-    let v = run_op(cli, MaintainOp::Gc { dry_run }, "collecting")?;
+    let r = run_op(cli, MaintainOp::Gc { dry_run }, "collecting")?;
     if cli.json {
-        return json(&v);
+        return json(&r);
     }
-    print_gc(&serde_json::from_value(v)?);
+    let MaintainReport::Gc(g) = r else {
+        bail!("gc: the store answered with another report");
+    };
+    print_gc(&g);
     Ok(())
 }
 
@@ -161,11 +166,13 @@ pub fn prune(
         dry_run,
         gc: then_gc,
     };
-    let v = run_op(cli, op, "pruning")?;
+    let r = run_op(cli, op, "pruning")?;
     if cli.json {
-        return json(&v);
+        return json(&r);
     }
-    let p: PruneReport = serde_json::from_value(v["prune"].clone())?;
+    let MaintainReport::Prune { prune: p, gc: g } = r else {
+        bail!("prune: the store answered with another report");
+    };
     println!(
         "prune: {} {} checkpoint(s), kept {} on {} thread(s){}",
         if dry_run { "would remove" } else { "removed" },
@@ -178,17 +185,19 @@ pub fn prune(
             " (run `casfs gc` to free their objects)"
         }
     );
-    if !v["gc"].is_null() {
-        print_gc(&serde_json::from_value(v["gc"].clone())?);
+    if let Some(g) = &g {
+        print_gc(g);
     }
     Ok(())
 }
 
 pub fn fsck(cli: &Cli, repair: bool) -> anyhow::Result<()> {
-    let v = run_op(cli, MaintainOp::Fsck { repair }, "checking")?;
-    let r: FsckReport = serde_json::from_value(v.clone())?;
+    let r = match run_op(cli, MaintainOp::Fsck { repair }, "checking")? {
+        MaintainReport::Fsck(r) => r,
+        _ => bail!("fsck: the store answered with another report"),
+    };
     if cli.json {
-        json(&v)?;
+        json(&r)?;
     } else {
         for e in &r.errors {
             println!("error: {e}");

@@ -6,17 +6,16 @@ mod commands;
 mod maintain;
 mod mount;
 mod output;
-mod plot;
 mod serve;
 mod watch;
-mod workload;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
-use casfs::checkpoint::{Backends, OpenMode, Store};
+use anyhow::anyhow;
+use casfs::checkpoint::{Backends, CheckpointId, OpenMode, Store};
 
 #[derive(Parser)]
 #[command(
@@ -445,6 +444,22 @@ pub fn main() -> i32 {
 
 /// A count like `10k` or `1m`.
 fn parse_count(s: &str) -> Result<usize, String> {
-    workload::parse_size(s)
+    bench::workload::parse_size(s)
         .ok_or_else(|| format!("{s:?}: give a number of files like 1000, 10k or 1m"))
+}
+
+/// The checkpoint reference a command given `--thread T` and/or `--at REF` means:
+/// REF if given, else the head of T.
+pub(crate) fn thread_or_at(
+    command: &str,
+    thread: Option<&str>,
+    at: Option<&str>,
+) -> anyhow::Result<String> {
+    casfs::checkpoint::refs::thread_or_at(thread, at)
+        .ok_or_else(|| anyhow!("{command} needs --thread T (its head) or --at CHECKPOINT"))
+}
+
+/// Resolves `@thread`, a hex id or prefix, each optionally followed by `~N`.
+pub(crate) fn resolve(store: &Store, r: &str) -> anyhow::Result<CheckpointId> {
+    Ok(casfs::checkpoint::refs::resolve(store.checkpoints(), r)?)
 }

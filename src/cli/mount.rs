@@ -1,28 +1,23 @@
 //! `casfs mount` and `casfs unmount`.
 
 use std::ffi::CString;
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
 
-use std::os::fd::AsRawFd;
-use std::sync::Arc;
-
-use casfs::checkpoint::mountd::{control_request, control_socket, mount_dir, Request};
-use casfs::checkpoint::{CheckpointId, MountedThread, OpenMode, Store, ThreadId};
-use casfs::fs::{is_dead_mount, is_fuse_mount, mount_tree, ViewOptions, WorkspaceOptions};
+use casfs::checkpoint::{mount_dir, CheckpointId, OpenMode, Store, ThreadId};
+use casfs::fs::{is_dead_mount, is_fuse_mount, ViewOptions, WorkspaceOptions};
+use casfs::mount::control::{control_socket, request, MountStatus, Request, Restored};
+use casfs::mount::daemon::{self, DAEMON_WAIT};
+use casfs::mount::MountCheckpoint;
 
 use super::output::bytes;
-
-use super::commands::{resolve, thread_or_at};
-use super::Cli;
-
-/// How long a background mount may take to answer.
-const MOUNT_WAIT: Duration = Duration::from_secs(20);
+use super::{resolve, thread_or_at, Cli};
 
 #[allow(clippy::too_many_arguments)]
 pub fn mount(
@@ -65,37 +60,23 @@ pub fn mount(
             &tempfile_path(mountpoint),
         );
     }
-    let signals = block_signals();
     let opts = ViewOptions {
         allow_other,
         ..ViewOptions::default()
     };
-    let mounted = mount_tree(store.objects_shared(), cp.body.root, mountpoint, &opts)
-        .with_context(|| format!("mounting {}", mountpoint.display()))?;
-    eprintln!(
-        "casfs: serving {} read-only at {}",
-        id.short(),
-        mountpoint.display()
-    );
-    // Until a signal arrives or someone unmounts it.
-    while !mounted.is_finished() {
-        if wait_signal(&signals, 200) {
-            break;
-        }
-    }
-    mounted
-        .unmount()
-        .with_context(|| format!("unmounting {}", mountpoint.display()))
-}
-
-fn wait_signal(signals: &libc::sigset_t, ms: i64) -> bool {
-    let ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: ms * 1_000_000,
-    };
-    // SAFETY: a valid signal set and timeout; the signals are blocked in this thread.
-    let sig = unsafe { libc::sigtimedwait(signals, std::ptr::null_mut(), &ts) };
-    sig > 0
+    Ok(daemon::serve_read_only(
+        &store,
+        cp.body.root,
+        mountpoint,
+        &opts,
+        || {
+            eprintln!(
+                "casfs: serving {} read-only at {}",
+                id.short(),
+                mountpoint.display()
+            )
+        },
+    )?)
 }
 
 fn mount_writable(
@@ -120,9 +101,8 @@ fn mount_writable(
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         return spawn_background(mountpoint, &what, Some(&socket), &dir.join("daemon.log"));
     }
-    let signals = block_signals();
     // A daemon does not wait long for a store another process holds: the command that
-    // started it gives up after MOUNT_WAIT, and the holder's pid is the useful answer.
+    // started it gives up after DAEMON_WAIT, and the holder's pid is the useful answer.
     let timeout = Duration::from_secs_f64(cli.lock_timeout.clamp(0.0, 10.0));
     let store = Arc::new(Store::open_with(
         &cli.store_root(),
@@ -136,50 +116,17 @@ fn mount_writable(
         (None, Some(id)) => store.checkpoints().get(&id)?.body.thread_id,
         (None, None) => bail!("mount needs --thread (or --at CHECKPOINT) unless --read-only"),
     };
-    let dir = mount_dir(store.root(), mountpoint);
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let socket = control_socket(store.root(), mountpoint);
-    if socket.as_os_str().len() >= 100 {
-        bail!(
-            "{}: control socket path too long for a Unix socket; use a shorter --store path",
-            socket.display()
-        );
-    }
-    let mounted = MountedThread::mount(store, mountpoint, thread, at, opts)
-        .with_context(|| format!("mounting {}", mountpoint.display()))?;
-    std::fs::write(dir.join("pid"), std::process::id().to_string())
-        .with_context(|| format!("writing {}", dir.join("pid").display()))?;
-    let tag = mounted.tag();
-    eprintln!(
-        "casfs: serving thread {} at {} (base {})",
-        tag.thread,
-        mountpoint.display(),
-        tag.base
-            .map(|b| b.short())
-            .unwrap_or_else(|| "empty".into())
-    );
-    let stop = || wait_signal(&signals, 0);
-    let served = mounted.serve_control(&socket, &stop);
-    let detached = !mounted.is_finished();
-    if detached {
-        // Stopped by a signal: detach even if files are open (their next access fails
-        // with ENOTCONN); every write that returned is in the dirty set already.
-        if let Ok(c) = CString::new(mountpoint.as_os_str().as_bytes()) {
-            // SAFETY: a NUL-terminated path.
-            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-        }
-    }
-    // Unmounting drops the workspace and the store: the pid file goes last, so whoever
-    // waits for it finds the store closed.
-    let unmounted = mounted
-        .unmount()
-        .with_context(|| format!("unmounting {}", mountpoint.display()));
-    drop(mounted);
-    let _ = std::fs::remove_file(dir.join("pid"));
-    if !detached {
-        unmounted?;
-    }
-    served.with_context(|| format!("control socket {}", socket.display()))
+    daemon::serve_writable(store, mountpoint, thread, at, opts, |tag| {
+        eprintln!(
+            "casfs: serving thread {} at {} (base {})",
+            tag.thread,
+            mountpoint.display(),
+            tag.base
+                .map(|b| b.short())
+                .unwrap_or_else(|| "empty".into())
+        )
+    })
+    .with_context(|| format!("serving {}", mountpoint.display()))
 }
 
 /// The control socket of the casfs mount at `path`, if it is one.
@@ -202,33 +149,35 @@ fn require_socket(cli: &Cli, path: &Path) -> anyhow::Result<std::path::PathBuf> 
     })
 }
 
-fn request(socket: &Path, req: &Request) -> anyhow::Result<serde_json::Value> {
-    control_request(socket, req).map_err(|e| anyhow!(e))
-}
-
 pub fn status(cli: &Cli, mountpoint: &Path) -> anyhow::Result<()> {
     let socket = require_socket(cli, mountpoint)?;
-    let v = request(&socket, &Request::Status)?;
+    let st: MountStatus = request(&socket, &Request::Status)?;
     if cli.json {
-        return super::output::json(&v);
+        return super::output::json(&Replied {
+            ok: true,
+            body: &st,
+        });
     }
-    println!("{} (pid {})", mountpoint.display(), v["pid"]);
-    println!("  thread:     {}", v["thread"].as_str().unwrap_or("?"));
+    println!("{} (pid {})", mountpoint.display(), st.pid);
+    println!("  thread:     {}", st.thread);
     println!(
         "  base:       {}",
-        v["base"].as_str().map(|s| &s[..12]).unwrap_or("(empty)")
+        st.base
+            .map(|b| b.short())
+            .unwrap_or_else(|| "(empty)".into())
     );
-    let files = v["dirty_files"].as_u64().unwrap_or(0);
-    let dirs = v["dirty_nodes"].as_u64().unwrap_or(0).saturating_sub(files);
+    let dirs = st.dirty_nodes.saturating_sub(st.dirty_files);
     println!(
-        "  dirty:      {files} files, {}; {dirs} directories changed",
-        bytes(v["dirty_bytes"].as_u64().unwrap_or(0))
+        "  dirty:      {} files, {}; {dirs} directories changed",
+        st.dirty_files,
+        bytes(st.dirty_bytes)
     );
-    println!("  reads:      {}", v["read_mode"].as_str().unwrap_or("?"));
-    if let Some(paths) = v["dirty_paths"].as_array() {
-        for p in paths.iter().take(20) {
-            println!("    M {}", p.as_str().unwrap_or(""));
-        }
+    println!(
+        "  reads:      {}",
+        serde_json::to_value(st.read_mode)?.as_str().unwrap_or("?")
+    );
+    for p in st.dirty_paths.iter().take(20) {
+        println!("    M {p}");
     }
     Ok(())
 }
@@ -243,27 +192,24 @@ pub fn checkpoint(cli: &Cli, mountpoint: &Path, reason: &str) -> anyhow::Result<
         return Err(anyhow!(std::io::Error::last_os_error()))
             .with_context(|| format!("syncfs {}", mountpoint.display()));
     }
-    let v = request(
+    let c: MountCheckpoint = request(
         &socket,
         &Request::Checkpoint {
             reason: Some(reason.to_string()),
         },
     )?;
     if cli.json {
-        return super::output::json(&v);
+        return super::output::json(&Replied { ok: true, body: &c });
     }
-    println!("{}", v["checkpoint"].as_str().unwrap_or("?"));
+    println!("{}", c.checkpoint);
     println!(
         "  {} changed ({} removed; {} files hashed, {}), {} dirs written, took {:.1} ms",
-        v["changed_files"],
-        v["stats"]["removed_paths"]
-            .as_array()
-            .map(|a| a.len())
-            .unwrap_or(0),
-        v["stats"]["files_hashed"],
-        bytes(v["stats"]["bytes_hashed"].as_u64().unwrap_or(0)),
-        v["stats"]["dirs_written"],
-        v["duration_us"].as_u64().unwrap_or(0) as f64 / 1000.0
+        c.changed_files,
+        c.stats.removed_paths.len(),
+        c.stats.files_hashed,
+        bytes(c.stats.bytes_hashed),
+        c.stats.dirs_written,
+        c.duration_us as f64 / 1000.0
     );
     Ok(())
 }
@@ -289,14 +235,13 @@ pub fn restore_mount(
             resolve(&store, &format!("@{t}"))?
         }
         (None, None) => {
-            let v = request(socket, &Request::Status)?;
-            let base = v["base"].as_str().ok_or_else(|| {
+            let st: MountStatus = request(socket, &Request::Status)?;
+            st.base.ok_or_else(|| {
                 anyhow!("{}: the mount has no base checkpoint", mountpoint.display())
-            })?;
-            base.parse()?
+            })?
         }
     };
-    let v = request(
+    let r: Restored = request(
         socket,
         &Request::Restore {
             checkpoint: id,
@@ -305,76 +250,24 @@ pub fn restore_mount(
         },
     )?;
     if cli.json {
-        return super::output::json(&v);
+        return super::output::json(&Replied { ok: true, body: &r });
     }
     println!(
         "restored {} at {} in {:.1} ms",
         id,
         mountpoint.display(),
-        v["duration_us"].as_u64().unwrap_or(0) as f64 / 1000.0
+        r.duration_us as f64 / 1000.0
     );
     Ok(())
 }
 
-/// Blocks SIGINT, SIGTERM and SIGHUP in this thread (and the threads it starts), so
-/// they can be waited for.
-fn block_signals() -> libc::sigset_t {
-    // SAFETY: initializing and using a local signal set.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-            libc::sigaddset(&mut set, s);
-        }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    }
-}
-
-/// Runs this command again with `--foreground` as a detached process (its own
-/// session, no terminal, stderr to `log`) and waits until `ready` says it answers;
-/// returns its pid. A child that exits first has its log reported as the error; one
-/// that does not answer within `wait` is killed.
-pub(super) fn start_detached(
-    log: &Path,
-    what: &str,
-    wait: Duration,
-    mut ready: impl FnMut() -> bool,
-) -> anyhow::Result<u32> {
-    let exe = std::env::current_exe().context("finding the casfs executable")?;
-    let err = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
-    let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-    args.push("--foreground".into());
-    let mut cmd = Command::new(exe);
-    cmd.args(&args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(err);
-    // SAFETY: setsid in the child before exec detaches it from our session.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::setsid();
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().with_context(|| format!("starting {what}"))?;
-    let start = Instant::now();
-    loop {
-        if ready() {
-            return Ok(child.id());
-        }
-        if let Some(status) = child.try_wait()? {
-            let msg = std::fs::read_to_string(log).unwrap_or_default();
-            let _ = std::fs::remove_file(log);
-            let msg = msg.trim().trim_start_matches("casfs: error: ");
-            bail!("{what} exited ({status}): {msg}");
-        }
-        if start.elapsed() > wait {
-            let _ = child.kill();
-            bail!("{what} did not answer within {wait:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// What `--json` prints for a mount's answer: its fields and `"ok": true`, as the
+/// control socket sends them.
+#[derive(serde::Serialize)]
+struct Replied<'a, T> {
+    ok: bool,
+    #[serde(flatten)]
+    body: &'a T,
 }
 
 /// Starts `casfs mount --foreground` as a detached process and waits until the mount
@@ -386,30 +279,11 @@ fn spawn_background(
     socket: Option<&Path>,
     log: &Path,
 ) -> anyhow::Result<()> {
-    let pid = start_detached(log, "the mount process", MOUNT_WAIT, || {
+    let pid = daemon::start_detached(log, "the mount process", DAEMON_WAIT, || {
         is_fuse_mount(mountpoint) && socket.is_none_or(|s| s.exists())
     })?;
     println!("mounted {what} at {} (pid {pid})", mountpoint.display());
     Ok(())
-}
-
-/// Waits (at most MOUNT_WAIT) for the daemon named by `pid_file` to remove it or end.
-pub(super) fn wait_daemon_exit(pid_file: &Path) {
-    let Some(pid) = std::fs::read_to_string(pid_file)
-        .ok()
-        .and_then(|s| s.trim().parse::<libc::pid_t>().ok())
-    else {
-        return;
-    };
-    let start = Instant::now();
-    // SAFETY: kill with signal 0 only checks that the process exists.
-    while pid_file.exists() && unsafe { libc::kill(pid, 0) } == 0 {
-        if start.elapsed() > MOUNT_WAIT {
-            eprintln!("casfs: the mount daemon (pid {pid}) is still closing its store");
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 /// Where a read-only mount's daemon logs (it does not write to the store).
@@ -428,12 +302,14 @@ pub fn unmount(cli: &Cli, mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
     // store is closed and the next mount may start.
     let pid_file = std::fs::canonicalize(mountpoint)
         .ok()
-        .map(|c| mount_dir(&cli.store_root(), &c).join("pid"));
+        .map(|c| daemon::pid_file(&cli.store_root(), &c));
     let flags = if lazy { libc::MNT_DETACH } else { 0 };
     // SAFETY: a NUL-terminated path.
     if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
         if let Some(p) = pid_file.filter(|_| !lazy) {
-            wait_daemon_exit(&p);
+            if !daemon::wait_daemon_exit(&p) {
+                eprintln!("casfs: the mount daemon is still closing its store");
+            }
         }
         println!("unmounted {}", mountpoint.display());
         return Ok(());

@@ -50,7 +50,7 @@ pub fn watch(cli: &Cli, dir: &Path, foreground: bool, stop: bool) -> anyhow::Res
     }
     let log = socket.with_extension("log");
     std::fs::create_dir_all(log.parent().expect("in the store"))?;
-    let pid = super::mount::start_detached(&log, "the watcher", START_WAIT, || {
+    let pid = casfs::mount::daemon::start_detached(&log, "the watcher", START_WAIT, || {
         watch::ask(&store, &root, None).is_some()
     })?;
     println!("watching {} (pid {pid})", root.display());
@@ -70,7 +70,9 @@ fn stop_watcher(root: &Path, socket: &Path, pid_file: &Path) -> anyhow::Result<(
         let _ = std::fs::remove_file(socket);
         bail!("{} is not watched (its watcher is gone)", root.display());
     }
-    super::mount::wait_daemon_exit(pid_file);
+    if !casfs::mount::daemon::wait_daemon_exit(pid_file) {
+        eprintln!("casfs: the watcher is still closing");
+    }
     println!("stopped watching {}", root.display());
     Ok(())
 }

@@ -16,8 +16,9 @@ use std::time::Duration;
 use super::live::{Entry, KeyGuard, KeyLocks, Live};
 use super::{MiddlewareError, MiddlewareResult, RunContext, Secrets};
 use crate::cas::TreeId;
-use crate::checkpoint::{discard_mount_state, CheckpointId, MountedThread, Store, ThreadId};
+use crate::checkpoint::{CheckpointId, Store, ThreadId};
 use crate::fs::WorkspaceOptions;
+use crate::mount::{discard_mount_state, MountedThread};
 
 /// How [`SandboxProvider::ensure`] got the sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

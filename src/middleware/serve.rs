@@ -24,7 +24,7 @@ use super::{
     AbortInfo, ArtifactMeta, Chunk, FileEvent, FileEvents, Middleware, MiddlewareConfig,
     MiddlewareError, Persistence, Run, RunContext, StorePersistence,
 };
-use crate::checkpoint::mountd::MaintainOp;
+use crate::checkpoint::maintenance::MaintainOp;
 use crate::checkpoint::{CheckpointError, Store, ThreadId};
 
 /// Every route the server answers, as `METHOD path`; `openapi.json` has the same.
@@ -925,7 +925,7 @@ async fn maintain(State(s): State<Arc<Server>>, ApiJson(op): ApiJson<MaintainOp>
                 .iter()
                 .filter_map(|h| h.mount().map(|m| m.key()))
                 .collect();
-        Ok(Json(op.run(&s.store, &live)?))
+        Ok(Json(to_json(&op.run(&s.store, &live)?)))
     })
     .await
 }

@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use casfs::cas::{Hash, ObjectId, ObjectStore};
 use casfs::checkpoint::{
-    capture_to_thread, AppendOptions, Backends, CaptureOptions, ExpectedHead, MountedThread,
-    OpenMode, Store, ThreadId,
+    capture_to_thread, AppendOptions, Backends, CaptureOptions, ExpectedHead, OpenMode, Store,
+    ThreadId,
 };
 use casfs::fs::WorkspaceOptions;
+use casfs::mount::MountedThread;
 
 use crate::common::pattern;
 use crate::{wait_for, MountGuard};

@@ -16,10 +16,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use casfs::checkpoint::maintenance::{fsck, gc, prune, Retention};
-use casfs::checkpoint::{
-    restore_tree, CheckpointId, MountedThread, OpenMode, RestoreOptions, Store, ThreadId,
-};
+use casfs::checkpoint::{restore_tree, CheckpointId, OpenMode, RestoreOptions, Store, ThreadId};
 use casfs::fs::WorkspaceOptions;
+use casfs::mount::MountedThread;
 
 use crate::common::{casfs, casfs_bin, fails, json, ok, pattern, snapshot};
 use crate::{wait_for, MountGuard};

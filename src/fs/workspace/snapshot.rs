@@ -4,7 +4,7 @@
 use super::*;
 
 /// Counts of what a snapshot did.
-#[derive(Debug, Clone, Default, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct SnapshotStats {
     pub files_hashed: u64,
     pub bytes_hashed: u64,

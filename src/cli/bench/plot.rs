@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context};
 use plotters::prelude::*;
 
-use super::bench::Report;
+use super::report::Report;
 
 /// Debian's DejaVu Sans (package fonts-dejavu-core), for the labels.
 const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";

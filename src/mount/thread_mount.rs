@@ -1,75 +1,30 @@
-//! A mounted workspace on a thread: the [`Workspace`] of `fs` plus what it is a
-//! checkpoint of (thread, base checkpoint, the head the next append expects), its
-//! checkpoint and restore operations, and the control socket (JSON lines) through which
-//! the CLI and the middleware drive it.
+//! A workspace served for a thread: the [`Workspace`] of `fs` plus what it is a
+//! checkpoint of (a [`MountTag`]: thread, base checkpoint, the head the next append
+//! expects), its checkpoint (snapshot, append under the lease, finish) and restore (root
+//! swap), and the adoption of work a killed daemon left.
 //!
-//! Files of a mount live under `<store>/mounts/<key>/`: `upper/` (local copies of dirty
-//! files), `control.sock` and `pid`. Its dirty set lives in the store's `mounts` column
-//! family, keyed by the same 8-byte key (from the mountpoint's canonical path), so
-//! mounting the same mountpoint again after a crash picks the uncaptured work back up.
+//! Files of a mount live under `<store>/mounts/<key>/` ([`mount_dir`]): `upper/`
+//! (local copies of dirty files), `control.sock` and `pid`. Its dirty set lives in the
+//! store's `mounts` column family, keyed by the same 8-byte key (from the mountpoint's
+//! canonical path), so mounting the same mountpoint again after a crash picks the
+//! uncaptured work back up.
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
 
-use super::{
-    holder_name, CheckpointError, CheckpointId, CheckpointResult, LeaseKeeper, NewCheckpoint,
-    Store, ThreadId, WriterLease,
-};
 use crate::cas::{store_tree, Tree, TreeId};
+use crate::checkpoint::{
+    holder_name, mount_dir, CheckpointError, CheckpointId, CheckpointResult, LeaseKeeper, MountTag,
+    NewCheckpoint, Store, ThreadId, WriterLease,
+};
 use crate::fs::dirty::DirtyStore;
 use crate::fs::{
-    mount_key, mount_workspace, MountedWorkspace, SnapshotFilter, SnapshotStats, Tag, Workspace,
+    mount_key, mount_workspace, MountedWorkspace, SnapshotFilter, SnapshotStats, Workspace,
     WorkspaceError, WorkspaceOptions, WorkspaceStatus,
 };
-
-/// What the workspace's base is, kept with it in the dirty set's mount record.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct MountTag {
-    pub thread: ThreadId,
-    /// The checkpoint the content started from (`None`: an empty workspace).
-    pub base: Option<CheckpointId>,
-    /// The head the next checkpoint is appended on (the thread's head when the base
-    /// was set; after a checkpoint, that checkpoint).
-    pub expected_head: Option<CheckpointId>,
-}
-
-impl MountTag {
-    /// The tag as the workspace keeps it.
-    pub fn to_tag(&self) -> Tag {
-        serde_json::value::to_raw_value(self).expect("a mount tag serializes")
-    }
-
-    /// The tag a workspace keeps, if it is a mount tag.
-    pub fn from_tag(t: &Tag) -> Option<MountTag> {
-        serde_json::from_str(t.get()).ok()
-    }
-}
-
-/// Where a mount's files live in the store.
-pub fn mount_dir(store_root: &Path, mountpoint: &Path) -> PathBuf {
-    mount_dir_of_key(store_root, &mount_key(mountpoint))
-}
-
-/// A mount key as it names the mount's directory: 16 hex digits.
-pub fn key_hex(key: &[u8; 8]) -> String {
-    key.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Where the files of the mount with dirty-set key `key` live in the store.
-pub fn mount_dir_of_key(store_root: &Path, key: &[u8; 8]) -> PathBuf {
-    store_root.join("mounts").join(key_hex(key))
-}
-
-/// The control socket of the mount at `mountpoint` (canonical path).
-pub fn control_socket(store_root: &Path, mountpoint: &Path) -> PathBuf {
-    mount_dir(store_root, mountpoint).join("control.sock")
-}
 
 fn ws_err(e: WorkspaceError) -> CheckpointError {
     match e {
@@ -80,7 +35,7 @@ fn ws_err(e: WorkspaceError) -> CheckpointError {
 }
 
 /// The outcome of a checkpoint of a mount.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MountCheckpoint {
     pub checkpoint: CheckpointId,
     pub thread: ThreadId,
@@ -232,6 +187,11 @@ impl MountedThread {
 
     pub fn workspace(&self) -> &Arc<Workspace> {
         &self.workspace
+    }
+
+    /// The store the workspace checkpoints into.
+    pub fn store(&self) -> &Store {
+        &self.store
     }
 
     pub fn mountpoint(&self) -> &Path {
@@ -415,209 +375,6 @@ impl MountedThread {
 
     pub fn status(&self) -> (MountTag, WorkspaceStatus) {
         (self.tag(), self.workspace().status())
-    }
-
-    /// Serves control requests on `socket` until `stop` returns true (checked between
-    /// requests and every 200 ms).
-    pub fn serve_control(&self, socket: &Path, stop: &dyn Fn() -> bool) -> std::io::Result<()> {
-        let _ = std::fs::remove_file(socket);
-        let listener = UnixListener::bind(socket)?;
-        listener.set_nonblocking(true)?;
-        loop {
-            if stop() || self.is_finished() {
-                break;
-            }
-            // Wait for a connection (or 200 ms, to check for a stop) without spinning.
-            let mut pfd = libc::pollfd {
-                fd: std::os::fd::AsRawFd::as_raw_fd(&listener),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd.
-            if unsafe { libc::poll(&mut pfd, 1, 200) } <= 0 {
-                continue;
-            }
-            match listener.accept() {
-                Ok((stream, _)) => {
-                    stream.set_nonblocking(false)?;
-                    if let Err(e) = self.handle(stream) {
-                        tracing::warn!("control connection: {e}");
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                // Out of descriptors and the like: the mount must keep serving.
-                Err(e) => {
-                    tracing::warn!("control socket: {e}");
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-            }
-        }
-        let _ = std::fs::remove_file(socket);
-        Ok(())
-    }
-
-    fn handle(&self, stream: UnixStream) -> std::io::Result<()> {
-        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-        let mut reader = BufReader::new(stream.try_clone()?);
-        let mut line = String::new();
-        reader.read_line(&mut line)?;
-        let reply = match serde_json::from_str::<Request>(&line) {
-            Ok(req) => self.answer(req),
-            Err(e) => json!({"ok": false, "error": format!("bad request {:?}: {e}", line.trim())}),
-        };
-        let mut w = stream;
-        let mut out = serde_json::to_vec(&reply).expect("json");
-        out.push(b'\n');
-        w.write_all(&out)
-    }
-
-    fn answer(&self, req: Request) -> Value {
-        let r: CheckpointResult<Value> = (|| match req {
-            Request::Status => {
-                let (tag, st) = self.status();
-                Ok(json!({
-                    "mountpoint": self.mountpoint,
-                    "pid": std::process::id(),
-                    "thread": tag.thread,
-                    "base": tag.base,
-                    "expected_head": tag.expected_head,
-                    "dirty_files": st.dirty_files,
-                    "dirty_bytes": st.dirty_bytes,
-                    "dirty_nodes": st.dirty_nodes,
-                    "dirty_paths": st.dirty_paths,
-                    "nodes_loaded": st.nodes_loaded,
-                    "read_mode": st.read_mode,
-                    "root": st.base,
-                }))
-            }
-            Request::Checkpoint { reason } => {
-                let c = self.checkpoint(reason.as_deref().unwrap_or("checkpoint"))?;
-                Ok(serde_json::to_value(&c).expect("json"))
-            }
-            Request::Maintain(op) => {
-                let live: std::collections::HashSet<[u8; 8]> = [self.key()].into_iter().collect();
-                op.run(&self.store, &live)
-            }
-            Request::Restore {
-                checkpoint,
-                thread,
-                force,
-            } => {
-                let thread = thread.map(|t| ThreadId::new(&t)).transpose()?;
-                let (tag, us) = self.restore(checkpoint, thread, force)?;
-                Ok(json!({"thread": tag.thread, "base": tag.base,
-                          "expected_head": tag.expected_head, "duration_us": us}))
-            }
-        })();
-        match r {
-            Ok(mut v) => {
-                v["ok"] = json!(true);
-                v
-            }
-            Err(e) => json!({"ok": false, "error": e.to_string()}),
-        }
-    }
-}
-
-/// A control request.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "lowercase")]
-pub enum Request {
-    Status,
-    Checkpoint {
-        reason: Option<String>,
-    },
-    Restore {
-        checkpoint: CheckpointId,
-        thread: Option<String>,
-        #[serde(default)]
-        force: bool,
-    },
-    /// Store maintenance, run by the process that has the store open.
-    Maintain(MaintainOp),
-}
-
-/// A maintenance operation on the whole store.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "what", rename_all = "lowercase")]
-pub enum MaintainOp {
-    Gc {
-        #[serde(default)]
-        dry_run: bool,
-    },
-    Prune {
-        #[serde(default)]
-        keep_last: Option<usize>,
-        #[serde(default)]
-        keep_within_ms: Option<u64>,
-        #[serde(default)]
-        thread: Option<String>,
-        #[serde(default)]
-        dry_run: bool,
-        /// Collect garbage afterwards.
-        #[serde(default)]
-        gc: bool,
-    },
-    Fsck {
-        #[serde(default)]
-        repair: bool,
-    },
-}
-
-impl MaintainOp {
-    /// Runs the operation on `store`; `live` names the mounts this process serves.
-    /// The reply is the report as JSON (prune with gc: `{prune, gc}`).
-    pub fn run(
-        &self,
-        store: &Store,
-        live: &std::collections::HashSet<[u8; 8]>,
-    ) -> CheckpointResult<Value> {
-        use super::maintenance::{fsck, gc, prune, Retention};
-        Ok(match self {
-            MaintainOp::Gc { dry_run } => serde_json::to_value(gc(store, *dry_run)?),
-            MaintainOp::Prune {
-                keep_last,
-                keep_within_ms,
-                thread,
-                dry_run,
-                gc: then_gc,
-            } => {
-                let r = Retention {
-                    keep_last: *keep_last,
-                    keep_within: keep_within_ms.map(Duration::from_millis),
-                    thread: thread.as_deref().map(ThreadId::new).transpose()?,
-                };
-                let p = prune(store, &r, *dry_run)?;
-                let g = if *then_gc {
-                    Some(gc(store, *dry_run)?)
-                } else {
-                    None
-                };
-                Ok(json!({"prune": p, "gc": g}))
-            }
-            MaintainOp::Fsck { repair } => serde_json::to_value(fsck(store, *repair, live)?),
-        }
-        .expect("reports serialize"))
-    }
-}
-
-/// Sends one request to the control socket and returns the reply (an error reply
-/// becomes `Err` with its message).
-pub fn control_request(socket: &Path, req: &Request) -> Result<Value, String> {
-    let mut s = UnixStream::connect(socket)
-        .map_err(|e| format!("{}: no casfs mount answers here ({e})", socket.display()))?;
-    let mut line = serde_json::to_vec(req).expect("json");
-    line.push(b'\n');
-    s.write_all(&line).map_err(|e| e.to_string())?;
-    let mut reply = String::new();
-    BufReader::new(s)
-        .read_line(&mut reply)
-        .map_err(|e| e.to_string())?;
-    let v: Value = serde_json::from_str(&reply).map_err(|e| format!("bad reply {reply:?}: {e}"))?;
-    if v["ok"] == json!(true) {
-        Ok(v)
-    } else {
-        Err(v["error"].as_str().unwrap_or("unknown error").to_string())
     }
 }
 
