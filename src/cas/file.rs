@@ -5,7 +5,7 @@
 //! one shorter) and its `FileId` is the hash of its encoded [`ChunkList`]. Fixed offsets
 //! mean a write inside a big file touches only the chunks under it: they alone are
 //! re-hashed and stored. `benches/chunking.rs` measured the choice of size and of fixed
-//! against content-defined chunking; the README has the figures.
+//! against content-defined chunking; docs/checkpoints.md has the figures.
 
 use std::io::{Read, Write};
 use std::path::Path;

@@ -198,7 +198,7 @@ pub enum Command {
         lazy: bool,
     },
 
-    /// Serve the store, sandboxes and run lifecycle over HTTP + JSON (see openapi.json)
+    /// Serve the store, sandboxes and run lifecycle over HTTP + JSON (see docs/openapi.json)
     /// on a Unix socket, or on loopback TCP with a bearer token
     Serve {
         /// Unix socket to listen on [default: <store>/serve.sock]

@@ -201,7 +201,7 @@ impl SnapshotFilter for CaptureFilter<'_> {
     }
 
     /// Names, symlink targets and extended attributes are stored as they are, so one
-    /// holding a secret value refuses the capture (documented in the README): the
+    /// holding a secret value refuses the capture (docs/middleware.md says why): the
     /// error names the entry with the value replaced by its placeholder.
     fn vet(&self, dir: &str, entry: &TreeEntry) -> Result<(), FilterError> {
         if self.secrets.is_empty() {

@@ -1,7 +1,7 @@
 //! `casfs serve`: the checkpoint store, sandboxes and run lifecycle over HTTP + JSON,
 //! on a Unix socket (owner only) or on loopback TCP with a bearer token, so an agent
-//! host in another language can use casfs. `openapi.json` at the repository root
-//! describes every route of [`ROUTES`]; a test keeps the two equal.
+//! host in another language can use casfs. `docs/openapi.json` describes every route of
+//! [`ROUTES`]; a test keeps the two equal.
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
@@ -27,7 +27,7 @@ use super::{
 use crate::checkpoint::maintenance::MaintainOp;
 use crate::checkpoint::{CheckpointError, Store, ThreadId};
 
-/// Every route the server answers, as `METHOD path`; `openapi.json` has the same.
+/// Every route the server answers, as `METHOD path`; `docs/openapi.json` has the same.
 pub const ROUTES: &[&str] = &[
     "GET /v1/health",
     "GET /v1/threads",
@@ -1010,7 +1010,7 @@ mod tests {
     use serde_json::Value;
 
     fn spec() -> Value {
-        let text = include_str!("../../openapi.json");
+        let text = include_str!("../../docs/openapi.json");
         serde_json::from_str(text).expect("openapi.json is JSON")
     }
 

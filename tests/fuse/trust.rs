@@ -527,7 +527,8 @@ fn conforms(doc: &Value, method: &str, path: &str, status: u16, body: &Value) {
 #[test]
 fn every_answer_is_documented_and_every_error_is_json() {
     let doc: Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.json")).unwrap(),
+        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/openapi.json"))
+            .unwrap(),
     )
     .unwrap();
     let t = tempfile::tempdir().unwrap();
