@@ -600,17 +600,13 @@ impl Workspace {
     }
 }
 
-/// A mounted workspace; unmounted when dropped or by [`MountedWorkspace::unmount`].
+/// A mounted workspace; unmounted when dropped or by [`MountedWorkspace::try_unmount`].
 pub struct MountedWorkspace {
     pub(super) mounted: Mounted,
     pub workspace: Arc<Workspace>,
 }
 
 impl MountedWorkspace {
-    pub fn unmount(self) -> std::io::Result<()> {
-        self.mounted.unmount()
-    }
-
     /// Unmounts; a busy mount stays mounted and served, and this may be tried again.
     pub fn try_unmount(&mut self) -> std::io::Result<()> {
         self.mounted.try_unmount()
