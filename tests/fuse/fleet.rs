@@ -124,3 +124,174 @@ fn a_second_host_prefetches_what_the_last_run_read() {
     );
     mb.unmount().unwrap();
 }
+
+/// With fleet backends, a run's secret reaches neither the bucket (raw bytes, nor any
+/// object decoded) nor PostgreSQL (any row of the store's schema), nor any byte under
+/// the local store.
+#[test]
+fn a_secret_reaches_neither_the_bucket_nor_postgresql() {
+    use casfs::middleware::{
+        ArtifactMeta, ArtifactStore, BlobStore, CasfsProvider, MessageStore, Middleware,
+        MiddlewareConfig, Persistence, RunContext, Secrets, SnapshotConfig, StorePersistence,
+    };
+    let tag = Hash::of(format!("{:?}", std::time::SystemTime::now()).as_bytes()).to_hex()[..12]
+        .to_string();
+    let schema = format!("s_{tag}");
+    let prefix = format!("s-{tag}");
+    let b = Backends {
+        checkpoints: Some(format!("{}?schema={schema}", env("CASFS_TEST_PG"))),
+        objects: Some(format!("{}/{prefix}", env("CASFS_TEST_S3"))),
+    };
+    let secret = "sk-\"fleet\"\\value-7a6b5c";
+    let escaped = serde_json::to_string(secret).unwrap();
+    let escaped = escaped.trim_matches('"').to_string();
+    let t = tempfile::tempdir().unwrap();
+    let store_dir = t.path().join("store");
+    let store = Arc::new(
+        Store::open_with_families(
+            &store_dir,
+            OpenMode::Create,
+            Duration::from_secs(5),
+            &b,
+            casfs::middleware::COLUMN_FAMILIES,
+        )
+        .unwrap(),
+    );
+    let secrets = std::collections::BTreeMap::from([("API_KEY".to_string(), secret.to_string())]);
+    let sp = Arc::new(
+        StorePersistence::new(store.database().clone())
+            .unwrap()
+            .with_secrets(Secrets::new(secrets.clone()).unwrap()),
+    );
+    let persistence = Persistence::on_store(sp.clone());
+    let sb = t.path().join("sb");
+    let provider = Arc::new(CasfsProvider::new(
+        store.clone(),
+        &sb,
+        WorkspaceOptions::default(),
+    ));
+    let mut snap = SnapshotConfig::new(persistence.clone());
+    snap.secrets = secrets;
+    let mw = Arc::new(
+        Middleware::new(
+            store.clone(),
+            provider.clone(),
+            MiddlewareConfig {
+                snapshots: Some(snap),
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    );
+    let _g = MountGuard::new(&sb.join("conv"));
+    let th = ThreadId::new("conv").unwrap();
+    let run = mw
+        .setup(RunContext::new(th.clone(), "r1"), Some(&persistence))
+        .unwrap();
+    let root = run.sandbox().unwrap().root;
+    fs::write(root.join(".env"), format!("API_KEY={secret}\n")).unwrap();
+    fs::write(root.join("main.py"), "print('hi')\n").unwrap();
+    sp.save_thread(
+        &th,
+        &[serde_json::json!({"role": "user", "content": format!("use {secret}")})],
+    )
+    .unwrap();
+    BlobStore::put(&*sp, "report", format!("report {secret}").as_bytes()).unwrap();
+    ArtifactStore::put(
+        &*sp,
+        &ArtifactMeta {
+            artifact_id: "a1".into(),
+            run_id: "r1".into(),
+            thread: th.clone(),
+            blob_key: Some("report".into()),
+            name: "report.txt".into(),
+            mime_type: "text/plain".into(),
+            size: 0,
+            created_at_ms: 1,
+        },
+    )
+    .unwrap();
+    let out = run.on_finish().unwrap();
+    assert_eq!(out.secret_files, 1);
+    drop(run);
+    mw.destroy_all_sandboxes().unwrap();
+    let needles: Vec<&[u8]> = vec![secret.as_bytes(), escaped.as_bytes()];
+    let holds = |b: &[u8]| needles.iter().any(|n| b.windows(n.len()).any(|w| w == *n));
+
+    // The bucket: every object under the prefix, raw and decoded.
+    let s3 = object_store::aws::AmazonS3Builder::from_env()
+        .with_url(b.objects.as_ref().unwrap())
+        .build()
+        .unwrap();
+    let objects = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        use futures::TryStreamExt;
+        use object_store::ObjectStore as _;
+        let p = object_store::path::Path::from(prefix.as_str());
+        let metas: Vec<_> = s3.list(Some(&p)).try_collect().await.unwrap();
+        let mut out = Vec::new();
+        for m in metas {
+            let bytes = s3.get(&m.location).await.unwrap().bytes().await.unwrap();
+            out.push((m.location.to_string(), bytes.to_vec()));
+        }
+        out
+    });
+    assert!(
+        objects.len() > 3,
+        "the run's objects are in the bucket: {objects:?}"
+    );
+    for (key, raw) in &objects {
+        assert!(!holds(raw), "{key} holds the secret");
+        let hex = key.rsplit('/').next().unwrap();
+        if let Some(h) = Hash::from_hex(hex) {
+            let data = casfs::cas::object::decode_stored(&h, raw).unwrap();
+            assert!(!holds(&data), "{key} decoded holds the secret");
+        }
+    }
+    // PostgreSQL: every row of every table of the store's schema, as text.
+    let mut pg = postgres::Client::connect(
+        &format!(
+            "{} password={}",
+            pg_conninfo(&env("CASFS_TEST_PG")),
+            env("PGPASSWORD")
+        ),
+        postgres::NoTls,
+    )
+    .unwrap();
+    for table in [
+        "casfs_meta",
+        "casfs_checkpoints",
+        "casfs_heads",
+        "casfs_leases",
+        "casfs_fencing",
+    ] {
+        let q = format!("SELECT row_to_json(t)::text FROM {schema}.{table} t");
+        for row in pg.query(&q, &[]).unwrap() {
+            let text: String = row.get(0);
+            assert!(!holds(text.as_bytes()), "{table}: {text}");
+        }
+    }
+    let rows = pg
+        .query(&format!("SELECT body FROM {schema}.casfs_checkpoints"), &[])
+        .unwrap();
+    assert!(!rows.is_empty());
+    for row in rows {
+        let body: Vec<u8> = row.get(0);
+        assert!(!holds(&body));
+    }
+    drop(mw);
+    drop(provider);
+    drop(store);
+    crate::trust::assert_nowhere(&store_dir, &needles);
+}
+
+/// `postgres://user@host:port/db` as a libpq conninfo string.
+fn pg_conninfo(url: &str) -> String {
+    let u = url::Url::parse(url).unwrap();
+    format!(
+        "host={} port={} user={} dbname={}",
+        u.host_str().unwrap(),
+        u.port().unwrap_or(5432),
+        u.username(),
+        u.path().trim_start_matches('/')
+    )
+}

@@ -207,7 +207,7 @@ fn holds(hay: &[u8], needle: &[u8]) -> bool {
 
 /// Fails if any file under `store` (raw bytes) or anything the store holds (decoded)
 /// contains one of `needles`.
-fn assert_nowhere(store: &Path, needles: &[&[u8]]) {
+pub(crate) fn assert_nowhere(store: &Path, needles: &[&[u8]]) {
     for f in files_under(store) {
         let bytes = std::fs::read(&f).unwrap();
         for n in needles {
