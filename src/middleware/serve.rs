@@ -410,41 +410,42 @@ where
     }
 }
 
-/// A path parameter; one that does not decode is a 400.
-struct ApiPath<T>(T);
+/// An extractor of request parts whose rejection is a 400 [`ApiError`], like every other
+/// error: `$name(T)` wraps `axum::extract::$inner<T>`.
+macro_rules! api_extractor {
+    ($(#[$doc:meta])* $name:ident, $inner:ident, $rejection:ty) => {
+        $(#[$doc])*
+        struct $name<T>(T);
 
-impl<T, S> FromRequestParts<S> for ApiPath<T>
-where
-    axum::extract::Path<T>: FromRequestParts<S, Rejection = PathRejection>,
-    S: Send + Sync,
-{
-    type Rejection = ApiError;
+        impl<T, S> FromRequestParts<S> for $name<T>
+        where
+            axum::extract::$inner<T>: FromRequestParts<S, Rejection = $rejection>,
+            S: Send + Sync,
+        {
+            type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        axum::extract::Path::<T>::from_request_parts(parts, state)
-            .await
-            .map(|p| ApiPath(p.0))
-            .map_err(|r| ApiError::bad(r.body_text()))
-    }
+            async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+                axum::extract::$inner::<T>::from_request_parts(parts, state)
+                    .await
+                    .map(|x| $name(x.0))
+                    .map_err(|r| ApiError::bad(r.body_text()))
+            }
+        }
+    };
 }
 
-/// The query string; one that does not parse is a 400.
-struct ApiQuery<T>(T);
-
-impl<T, S> FromRequestParts<S> for ApiQuery<T>
-where
-    axum::extract::Query<T>: FromRequestParts<S, Rejection = QueryRejection>,
-    S: Send + Sync,
-{
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        axum::extract::Query::<T>::from_request_parts(parts, state)
-            .await
-            .map(|q| ApiQuery(q.0))
-            .map_err(|r| ApiError::bad(r.body_text()))
-    }
-}
+api_extractor!(
+    /// A path parameter; one that does not decode is a 400.
+    ApiPath,
+    Path,
+    PathRejection
+);
+api_extractor!(
+    /// The query string; one that does not parse is a 400.
+    ApiQuery,
+    Query,
+    QueryRejection
+);
 
 async fn no_route(req: Request) -> ApiError {
     ApiError::new(
