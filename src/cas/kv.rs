@@ -364,6 +364,17 @@ impl<'a> Column<'a> {
         self.db.db.get_cf(self.cf, key).map_err(|e| self.db.err(e))
     }
 
+    /// `f` of the value of `key`, read in place (no copy: for values decoded at once on
+    /// a hot path, as the directory cache's during a capture).
+    pub fn read<T>(&self, key: &[u8], f: impl FnOnce(&[u8]) -> T) -> CasResult<Option<T>> {
+        let v = self
+            .db
+            .db
+            .get_pinned_cf(self.cf, key)
+            .map_err(|e| self.db.err(e))?;
+        Ok(v.map(|v| f(&v)))
+    }
+
     /// Writes one key; `durable` as in [`Database::write`].
     pub fn put(&self, key: &[u8], value: &[u8], durable: bool) -> CasResult<()> {
         let mut b = Batch::default();

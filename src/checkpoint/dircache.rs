@@ -209,8 +209,8 @@ impl<'a> DirCacheSet<'a> {
             return Ok(None);
         }
         let db = self.store.database();
-        let v = db.column(DIRCACHE_CF).get(&self.key(suffix))?;
-        Ok(v.and_then(|v| decode(&v)))
+        let v = db.column(DIRCACHE_CF).read(&self.key(suffix), decode)?;
+        Ok(v.flatten())
     }
 
     pub fn put(&self, rel: &[u8], c: &DirCache) {

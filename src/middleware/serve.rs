@@ -695,10 +695,7 @@ struct StartRun {
 async fn start_run(State(s): State<Arc<Server>>, ApiJson(b): ApiJson<StartRun>) -> ApiResult {
     blocking(move || {
         let thread = thread_id(&b.thread)?;
-        if b.run_id.is_empty() || b.run_id.len() > 200 {
-            return Err(ApiError::bad("run_id: 1 to 200 bytes"));
-        }
-        // Taken atomically: of two starts with one id, one gets it, the other 409.
+        // Taken atomically (setup checks the id itself: 1 to 200 bytes, no secret): of two starts with one id, one gets it, the other 409.
         let reserved = Reservation::take(&s, &b.run_id)?;
         let mut ctx = RunContext::new(thread, b.run_id.clone());
         ctx.tenant = b.tenant;

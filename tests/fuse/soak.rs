@@ -138,14 +138,7 @@ fn an_abandoned_run_is_ended_and_a_slow_reader_is_told_what_it_lost() {
         &["--run-idle-timeout", "1", "--max-events", "3"],
         &[],
     );
-    let (st, v) = call(
-        &s,
-        "POST",
-        "/v1/runs",
-        Some(&json!({"thread": "t", "run_id": "r1"})),
-    );
-    assert_eq!(st, 200, "{v}");
-    let root = std::path::PathBuf::from(v["sandbox"]["path"].as_str().unwrap());
+    let root = crate::trust::start_run(&s, "t", "r1");
     for i in 0..4 {
         std::fs::write(root.join(format!("f{i}")), "x").unwrap();
     }

@@ -47,7 +47,7 @@ fn sandbox_of(v: &Value) -> PathBuf {
     PathBuf::from(v["sandbox"]["path"].as_str().expect("a sandbox path"))
 }
 
-fn start_run(s: &Served, thread: &str, run: &str) -> PathBuf {
+pub(crate) fn start_run(s: &Served, thread: &str, run: &str) -> PathBuf {
     let (st, v) = call(
         s,
         "POST",
