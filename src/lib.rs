@@ -15,6 +15,30 @@ pub mod fuzzing;
 pub mod middleware;
 pub mod mount;
 
+/// A Unix socket listener at `path` that is already listening and private (0600) when
+/// the path appears: bound and chmod-ed under a side name, then renamed into place. A
+/// client that waits for the path never meets ECONNREFUSED (bound, not yet listening),
+/// and no other user can connect in between. A stale socket at `path` is replaced.
+pub fn bind_private_socket(
+    path: &std::path::Path,
+) -> std::io::Result<std::os::unix::net::UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    let named =
+        |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", path.display()));
+    let mut side = path.as_os_str().to_owned();
+    side.push(".binding");
+    let side = std::path::PathBuf::from(side);
+    let _ = std::fs::remove_file(&side);
+    let l = std::os::unix::net::UnixListener::bind(&side).map_err(named)?;
+    let placed = std::fs::set_permissions(&side, std::fs::Permissions::from_mode(0o600))
+        .and_then(|()| std::fs::rename(&side, path));
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&side);
+        return Err(named(e));
+    }
+    Ok(l)
+}
+
 /// A crash-test hook: when the environment variable `CASFS_CRASH_AT` is `NAME` or
 /// `NAME:N`, the process kills itself with SIGKILL the first (or Nth) time it reaches
 /// the point `NAME`, as a power cut or an OOM kill would at that instant. The crash
@@ -38,5 +62,49 @@ pub fn crashpoint(name: &str) {
             // SAFETY: signalling our own process.
             unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::net::UnixStream;
+
+    /// The path appears only once it accepts connections and is private; a stale socket
+    /// (bound by a dead process) is replaced; a bad path is an error naming it.
+    #[test]
+    fn a_private_socket_appears_listening() {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("s.sock");
+        let stale = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        drop(stale);
+        assert!(UnixStream::connect(&path).is_err());
+        for _ in 0..200 {
+            let path2 = path.clone();
+            let watcher = std::thread::spawn(move || loop {
+                if let Ok(m) = std::fs::symlink_metadata(&path2) {
+                    assert_eq!(m.permissions().mode() & 0o777, 0o600, "seen before chmod");
+                    return UnixStream::connect(&path2).map(|_| ());
+                }
+                std::thread::yield_now();
+            });
+            let _ = std::fs::remove_file(&path);
+            let l = super::bind_private_socket(&path).unwrap();
+            watcher
+                .join()
+                .unwrap()
+                .expect("connect as soon as the path exists");
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+            drop(l);
+        }
+        let names: Vec<_> = std::fs::read_dir(t.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["s.sock"]);
+        let bad = t.path().join("missing/dir/s.sock");
+        let e = super::bind_private_socket(&bad).unwrap_err();
+        assert!(e.to_string().contains("missing/dir/s.sock"), "{e}");
     }
 }

@@ -27,8 +27,8 @@ use std::ffi::CString;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -552,9 +552,7 @@ pub fn serve(store: &Path, root: &Path, ready: impl FnOnce(&Watcher)) -> std::io
             socket.display()
         )));
     }
-    let _ = std::fs::remove_file(&socket);
-    let listener = UnixListener::bind(&socket)?;
-    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))?;
+    let listener = crate::bind_private_socket(&socket)?;
     listener.set_nonblocking(true)?;
     struct Cleanup(PathBuf);
     impl Drop for Cleanup {

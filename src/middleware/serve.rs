@@ -981,10 +981,9 @@ pub async fn serve(
     let _stop_reaper = AbortOnDrop(reaper);
     match listen {
         Listen::Unix(path) => {
-            let _ = std::fs::remove_file(&path);
-            let l = tokio::net::UnixListener::bind(&path)?;
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+            let l = crate::bind_private_socket(&path)?;
+            l.set_nonblocking(true)?;
+            let l = tokio::net::UnixListener::from_std(l)?;
             let r = axum::serve(l, app).with_graceful_shutdown(shutdown).await;
             let _ = std::fs::remove_file(&path);
             r

@@ -4,7 +4,7 @@
 //! [`serve`] answers with the reply types below, [`request`] reads them back.
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -147,8 +147,7 @@ pub fn request<T: DeserializeOwned>(socket: &Path, req: &Request) -> Result<T, C
 /// Serves control requests for `mount` on `socket` until `stop` returns true (checked
 /// between requests and every 200 ms) or the mount is gone.
 pub fn serve(mount: &MountedThread, socket: &Path, stop: &dyn Fn() -> bool) -> std::io::Result<()> {
-    let _ = std::fs::remove_file(socket);
-    let listener = UnixListener::bind(socket)?;
+    let listener = crate::bind_private_socket(socket)?;
     listener.set_nonblocking(true)?;
     loop {
         if stop() || mount.is_finished() {
