@@ -107,6 +107,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
             at,
             read_only,
             no_passthrough,
+            mode,
             foreground,
             allow_other,
             max_local_copies,
@@ -118,6 +119,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
             at.as_deref(),
             *read_only,
             *foreground,
+            *mode,
             casfs::fs::WorkspaceOptions {
                 allow_other: *allow_other,
                 passthrough: !*no_passthrough,

@@ -153,6 +153,12 @@ pub enum Command {
         /// Serve every read through the daemon, even where FUSE passthrough works
         #[arg(long)]
         no_passthrough: bool,
+        /// Backend: `overlay` (the kernel's overlayfs over a read-only casfs lower:
+        /// native-speed metadata; needs root), `fuse` (every request through casfs:
+        /// per-write events, chunk-exact large-file checkpoints) or `auto` (overlay where
+        /// the host allows it)
+        #[arg(long, env = "CASFS_MOUNT_MODE", default_value = "auto", value_parser = parse_mode)]
+        mode: casfs::mount::MountMode,
         /// Stay in the foreground (otherwise return once the mount answers)
         #[arg(long)]
         foreground: bool,
@@ -462,4 +468,8 @@ pub(crate) fn thread_or_at(
 /// Resolves `@thread`, a hex id or prefix, each optionally followed by `~N`.
 pub(crate) fn resolve(store: &Store, r: &str) -> anyhow::Result<CheckpointId> {
     Ok(casfs::checkpoint::refs::resolve(store.checkpoints(), r)?)
+}
+
+fn parse_mode(s: &str) -> Result<casfs::mount::MountMode, String> {
+    s.parse()
 }

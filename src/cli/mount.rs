@@ -11,10 +11,10 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context};
 
 use casfs::checkpoint::{mount_dir, CheckpointId, OpenMode, Store, ThreadId};
-use casfs::fs::{is_dead_mount, is_fuse_mount, ViewOptions, WorkspaceOptions};
+use casfs::fs::{is_dead_mount, is_fuse_mount, is_overlay_mount, ViewOptions, WorkspaceOptions};
 use casfs::mount::control::{control_socket, request, MountStatus, Request, Restored};
 use casfs::mount::daemon::{self, DAEMON_WAIT};
-use casfs::mount::MountCheckpoint;
+use casfs::mount::{MountCheckpoint, MountMode};
 
 use super::output::bytes;
 use super::{resolve, thread_or_at, Cli};
@@ -27,6 +27,7 @@ pub fn mount(
     at: Option<&str>,
     read_only: bool,
     foreground: bool,
+    mode: MountMode,
     ws_opts: WorkspaceOptions,
 ) -> anyhow::Result<()> {
     let allow_other = ws_opts.allow_other;
@@ -43,10 +44,13 @@ pub fn mount(
     if is_fuse_mount(mountpoint) {
         bail!("{}: already a FUSE mount", mountpoint.display());
     }
+    if is_overlay_mount(mountpoint) && socket_of(cli, mountpoint).is_some_and(|s| answers(&s)) {
+        bail!("{}: already a casfs overlay mount", mountpoint.display());
+    }
     let mountpoint = &std::fs::canonicalize(mountpoint)
         .with_context(|| format!("resolving {}", mountpoint.display()))?;
     if !read_only {
-        return mount_writable(cli, mountpoint, thread, at, foreground, &ws_opts);
+        return mount_writable(cli, mountpoint, thread, at, foreground, mode, &ws_opts);
     }
     // Read-only, without the store lock: a writer may keep using the store.
     let store = cli.open_store_read()?;
@@ -85,6 +89,7 @@ fn mount_writable(
     thread: Option<&str>,
     at: Option<&str>,
     foreground: bool,
+    mode: MountMode,
     opts: &WorkspaceOptions,
 ) -> anyhow::Result<()> {
     if thread.is_none() && at.is_none() {
@@ -99,6 +104,11 @@ fn mount_writable(
         }
         let dir = mount_dir(&cli.store_root(), mountpoint);
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        // A killed daemon's socket (its overlay may still be mounted): the new daemon's
+        // socket appears once it serves, and that is what the wait below looks for.
+        if socket.exists() && !answers(&socket) {
+            let _ = std::fs::remove_file(&socket);
+        }
         return spawn_background(mountpoint, &what, Some(&socket), &dir.join("daemon.log"));
     }
     // A daemon does not wait long for a store another process holds: the command that
@@ -116,11 +126,12 @@ fn mount_writable(
         (None, Some(id)) => store.checkpoints().get(&id)?.body.thread_id,
         (None, None) => bail!("mount needs --thread (or --at CHECKPOINT) unless --read-only"),
     };
-    daemon::serve_writable(store, mountpoint, thread, at, opts, |tag| {
+    daemon::serve_writable(store, mountpoint, thread, at, opts, mode, |tag| {
         eprintln!(
-            "casfs: serving thread {} at {} (base {})",
+            "casfs: serving thread {} at {} with {} (base {})",
             tag.thread,
             mountpoint.display(),
+            mode.as_str(),
             tag.base
                 .map(|b| b.short())
                 .unwrap_or_else(|| "empty".into())
@@ -131,7 +142,7 @@ fn mount_writable(
 
 /// The control socket of the casfs mount at `path`, if it is one.
 pub fn socket_of(cli: &Cli, path: &Path) -> Option<std::path::PathBuf> {
-    if !is_fuse_mount(path) {
+    if !is_fuse_mount(path) && !is_overlay_mount(path) {
         return None;
     }
     let canon = std::fs::canonicalize(path).ok()?;
@@ -172,6 +183,7 @@ pub fn status(cli: &Cli, mountpoint: &Path) -> anyhow::Result<()> {
         st.dirty_files,
         bytes(st.dirty_bytes)
     );
+    println!("  mode:       {}", st.mode.as_str());
     println!(
         "  reads:      {}",
         serde_json::to_value(st.read_mode)?.as_str().unwrap_or("?")
@@ -184,13 +196,16 @@ pub fn status(cli: &Cli, mountpoint: &Path) -> anyhow::Result<()> {
 
 pub fn checkpoint(cli: &Cli, mountpoint: &Path, reason: &str) -> anyhow::Result<()> {
     let socket = require_socket(cli, mountpoint)?;
-    // Writes the kernel still holds go to the daemon first.
-    let dir = std::fs::File::open(mountpoint)
-        .with_context(|| format!("opening {}", mountpoint.display()))?;
-    // SAFETY: a valid fd.
-    if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
-        return Err(anyhow!(std::io::Error::last_os_error()))
-            .with_context(|| format!("syncfs {}", mountpoint.display()));
+    // Writes the kernel still holds go to the daemon first (an overlay's upper is read
+    // by the daemon through the page cache: nothing to hand over).
+    if is_fuse_mount(mountpoint) {
+        let dir = std::fs::File::open(mountpoint)
+            .with_context(|| format!("opening {}", mountpoint.display()))?;
+        // SAFETY: a valid fd.
+        if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
+            return Err(anyhow!(std::io::Error::last_os_error()))
+                .with_context(|| format!("syncfs {}", mountpoint.display()));
+        }
     }
     let c: MountCheckpoint = request(
         &socket,
@@ -280,7 +295,8 @@ fn spawn_background(
     log: &Path,
 ) -> anyhow::Result<()> {
     let pid = daemon::start_detached(log, "the mount process", DAEMON_WAIT, || {
-        is_fuse_mount(mountpoint) && socket.is_none_or(|s| s.exists())
+        (is_fuse_mount(mountpoint) || is_overlay_mount(mountpoint))
+            && socket.is_none_or(|s| s.exists())
     })?;
     println!("mounted {what} at {} (pid {pid})", mountpoint.display());
     Ok(())
@@ -293,8 +309,8 @@ fn tempfile_path(mountpoint: &Path) -> std::path::PathBuf {
 }
 
 pub fn unmount(cli: &Cli, mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
-    if !is_fuse_mount(mountpoint) && !is_dead_mount(mountpoint) {
-        bail!("{}: not a FUSE mount", mountpoint.display());
+    if !is_fuse_mount(mountpoint) && !is_dead_mount(mountpoint) && !is_overlay_mount(mountpoint) {
+        bail!("{}: not a casfs mount", mountpoint.display());
     }
     let c = CString::new(mountpoint.as_os_str().as_bytes())
         .map_err(|_| anyhow!("{}: path contains NUL", mountpoint.display()))?;
@@ -339,4 +355,9 @@ pub fn unmount(cli: &Cli, mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
         ),
         _ => Err(anyhow!(e).context(format!("unmounting {}", mountpoint.display()))),
     }
+}
+
+/// Whether a mount's control socket answers (its daemon is alive).
+fn answers(socket: &Path) -> bool {
+    request::<MountStatus>(socket, &Request::Status).is_ok()
 }

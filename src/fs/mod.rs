@@ -183,6 +183,12 @@ pub fn is_fuse_mount(path: &std::path::Path) -> bool {
     statfs(path).is_ok_and(|st| st.f_type == FUSE_SUPER_MAGIC)
 }
 
+/// Whether `path` is the root of an overlayfs mount (or inside one).
+pub fn is_overlay_mount(path: &std::path::Path) -> bool {
+    const OVERLAYFS_SUPER_MAGIC: libc::c_long = 0x794c_7630;
+    statfs(path).is_ok_and(|st| st.f_type as libc::c_long == OVERLAYFS_SUPER_MAGIC)
+}
+
 /// Whether `path` is a FUSE mount whose daemon is gone ("transport endpoint is not
 /// connected"). Asked with statfs, which the kernel never answers from its caches (a
 /// stat of the mountpoint may still succeed from cached attributes).

@@ -43,8 +43,9 @@ impl Default for ViewOptions {
     }
 }
 
-/// Immutable content: the kernel may keep attributes and entries this long.
-const TTL: Duration = Duration::from_secs(60);
+/// Immutable content: the kernel may keep attributes and entries as long as it likes
+/// (a year here: fuser converts the TTL to the kernel's seconds + nanoseconds).
+const TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
 struct Node {
     parent: u64,

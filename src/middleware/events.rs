@@ -69,8 +69,12 @@ impl Watcher {
     pub fn start(handle: &SandboxHandle, cfg: &FileEvents) -> Result<Watcher, String> {
         let (tx, rx) = std::sync::mpsc::channel();
         let (seq, notify) = match &handle.workspace {
-            SandboxWorkspace::Mount(m) => (m.workspace().subscribe_with(tx.clone()), None),
-            SandboxWorkspace::Dir(_) => (0, Some(watch_dir(&handle.root, tx.clone())?)),
+            SandboxWorkspace::Mount(m) if m.workspace().is_some() => {
+                let ws = m.workspace().expect("a FUSE mount");
+                (ws.subscribe_with(tx.clone()), None)
+            }
+            // A plain directory, or an overlay mount (changes reach the kernel only).
+            _ => (0, Some(watch_dir(&handle.root, tx.clone())?)),
         };
         let delivered = Arc::new((
             Mutex::new(Delivered {
@@ -97,11 +101,11 @@ impl Watcher {
     /// callback that never returns), saying what was not delivered.
     pub fn drain(mut self, limit: Duration) -> Result<(), String> {
         let done: Box<dyn Fn(&Delivered) -> bool> = match &self.handle.workspace {
-            SandboxWorkspace::Mount(m) => {
-                let target = m.workspace().last_event();
+            SandboxWorkspace::Mount(m) if m.workspace().is_some() => {
+                let target = m.workspace().expect("a FUSE mount").last_event();
                 Box::new(move |d| d.seq >= target)
             }
-            SandboxWorkspace::Dir(_) => {
+            _ => {
                 // inotify has one queue: once a file made now is reported, so is every
                 // change made before it.
                 static NEXT: AtomicU64 = AtomicU64::new(0);

@@ -358,7 +358,7 @@ impl Run {
                 // an earlier sandbox of the key left).
                 let fresh = outcome == EnsureOutcome::Created
                     && m.tag().base == Some(cp.id)
-                    && m.workspace().status().dirty_nodes == 0;
+                    && m.status().1.dirty_nodes == 0;
                 if !fresh {
                     m.restore(cp.id, None, true)?;
                 }

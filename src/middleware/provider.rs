@@ -85,7 +85,7 @@ impl SandboxHandle {
     /// A file's content in the checkpoint the workspace started from.
     pub(crate) fn base_file(&self, path: &str) -> Result<Option<Vec<u8>>, String> {
         match &self.workspace {
-            SandboxWorkspace::Mount(m) => m.workspace().base_file(path).map_err(|e| e.to_string()),
+            SandboxWorkspace::Mount(m) => m.base_file(path).map_err(|e| e.to_string()),
             SandboxWorkspace::Dir(d) => {
                 let base = *d.base.lock().unwrap_or_else(|p| p.into_inner());
                 let Some((_, root)) = base else {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::{MountCheckpoint, MountedThread};
+use super::{MountCheckpoint, MountMode, MountedThread};
 use crate::cas::TreeId;
 use crate::checkpoint::maintenance::{MaintainOp, MaintainReport};
 use crate::checkpoint::{mount_dir, CheckpointId, CheckpointResult, ThreadId};
@@ -56,6 +56,8 @@ pub struct MountStatus {
     pub dirty_paths: Vec<String>,
     pub nodes_loaded: usize,
     pub read_mode: ReadMode,
+    /// The backend serving the mount.
+    pub mode: MountMode,
     /// The base tree.
     pub root: TreeId,
 }
@@ -227,6 +229,7 @@ fn answer(mount: &MountedThread, req: Request) -> Vec<u8> {
                 dirty_paths: st.dirty_paths,
                 nodes_loaded: st.nodes_loaded,
                 read_mode: st.read_mode,
+                mode: mount.mode(),
                 root: st.base,
             }))
         }

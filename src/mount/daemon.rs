@@ -4,8 +4,6 @@
 //! the store, remove the pid file, so whoever waits for the pid file finds the store
 //! closed.
 
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -13,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::control::{self, control_socket};
-use super::MountedThread;
+use super::{MountMode, MountedThread};
 use crate::cas::TreeId;
 use crate::checkpoint::{mount_dir, CheckpointError, CheckpointId, MountTag, Store, ThreadId};
 use crate::fs::{mount_tree, ViewOptions, WorkspaceOptions};
@@ -155,6 +153,7 @@ pub fn serve_writable(
     thread: ThreadId,
     at: Option<CheckpointId>,
     opts: &WorkspaceOptions,
+    mode: MountMode,
     ready: impl FnOnce(&MountTag),
 ) -> Result<(), DaemonError> {
     let signals = block_signals();
@@ -168,7 +167,7 @@ pub fn serve_writable(
         )));
     }
     let pid = pid_file(store.root(), mountpoint);
-    let mounted = MountedThread::mount(store, mountpoint, thread, at, opts)?;
+    let mounted = MountedThread::mount_mode(store, mountpoint, thread, at, opts, mode)?;
     std::fs::write(&pid, std::process::id().to_string())
         .map_err(io(format!("writing {}", pid.display())))?;
     ready(&mounted.tag());
@@ -176,10 +175,7 @@ pub fn serve_writable(
     let served = control::serve(&mounted, &socket, &stop);
     let detached = !mounted.is_finished();
     if detached {
-        if let Ok(c) = CString::new(mountpoint.as_os_str().as_bytes()) {
-            // SAFETY: a NUL-terminated path.
-            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-        }
+        mounted.detach();
     }
     // Unmounting drops the workspace and the store: the pid file goes last, so whoever
     // waits for it finds the store closed.

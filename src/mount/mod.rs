@@ -1,13 +1,15 @@
 //! A thread's mounted workspace, whatever the backend: checkpoint under the writer
 //! lease, restore, adoption of what a killed daemon left ([`MountedThread`]); the typed
 //! control protocol its socket speaks ([`control`]); and the daemon that serves it
-//! ([`daemon`]: pid file, signals, detaching, the serve loop). This is where a second
-//! mount backend (kernel overlayfs over a casfs lower) plugs in.
+//! ([`daemon`]: pid file, signals, detaching, the serve loop). Two backends serve a
+//! workspace ([`MountMode`]): casfs's own FUSE filesystem (`crate::fs::Workspace`) and
+//! the kernel's overlayfs over a read-only casfs lower ([`overlay`]).
 //!
 //! Depends on `checkpoint`, `fs` and `cas`; knows nothing of agent runs.
 
 pub mod control;
 pub mod daemon;
+pub mod overlay;
 mod thread_mount;
 
-pub use thread_mount::{discard_mount_state, MountCheckpoint, MountedThread};
+pub use thread_mount::{discard_mount_state, MountCheckpoint, MountMode, MountedThread};

@@ -25,6 +25,9 @@ use crate::fs::{
     mount_key, mount_workspace, MountedWorkspace, SnapshotFilter, SnapshotStats, Workspace,
     WorkspaceError, WorkspaceOptions, WorkspaceStatus,
 };
+use std::collections::HashMap;
+
+use super::overlay::{self, OverlayMount, Stamp};
 
 fn ws_err(e: WorkspaceError) -> CheckpointError {
     match e {
@@ -45,12 +48,69 @@ pub struct MountCheckpoint {
     pub duration_us: u64,
 }
 
+/// How a workspace is mounted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MountMode {
+    /// casfs's own FUSE filesystem: every request answered by the daemon (per-write
+    /// events, chunk-exact checkpoints of large files).
+    Fuse,
+    /// The kernel's overlayfs over a read-only casfs lower: native-speed metadata and
+    /// writes on a local upper directory. Needs root.
+    Overlay,
+}
+
+impl MountMode {
+    /// The faster mode this host allows: overlay for root where the kernel has
+    /// overlayfs, else FUSE.
+    pub fn default_for_host() -> MountMode {
+        // SAFETY: geteuid cannot fail.
+        let root = unsafe { libc::geteuid() } == 0;
+        let overlay = std::fs::read_to_string("/proc/filesystems").is_ok_and(|f| {
+            f.lines()
+                .any(|l| l.split_whitespace().last() == Some("overlay"))
+        });
+        if root && overlay {
+            MountMode::Overlay
+        } else {
+            MountMode::Fuse
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MountMode::Fuse => "fuse",
+            MountMode::Overlay => "overlay",
+        }
+    }
+}
+
+impl std::str::FromStr for MountMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<MountMode, String> {
+        match s {
+            "fuse" => Ok(MountMode::Fuse),
+            "overlay" => Ok(MountMode::Overlay),
+            "auto" => Ok(MountMode::default_for_host()),
+            other => Err(format!("mount mode {other:?}: use fuse, overlay or auto")),
+        }
+    }
+}
+
+/// What serves the workspace.
+enum Backend {
+    Fuse {
+        workspace: Arc<Workspace>,
+        /// The FUSE session (none once unmounted).
+        mounted: std::sync::Mutex<Option<MountedWorkspace>>,
+    },
+    Overlay(Box<OverlayMount>),
+}
+
 /// A workspace being served for a thread.
 pub struct MountedThread {
     store: Arc<Store>,
-    workspace: Arc<Workspace>,
-    /// The FUSE session (none once unmounted).
-    mounted: std::sync::Mutex<Option<MountedWorkspace>>,
+    backend: Backend,
     mountpoint: PathBuf,
     pub lease_ttl: Duration,
 }
@@ -77,6 +137,7 @@ pub fn discard_mount_state(
     mountpoint: &Path,
     purge: bool,
 ) -> CheckpointResult<bool> {
+    overlay::detach_leftovers(store, mountpoint);
     let dirty = DirtyStore::new(store.database().clone(), mount_key(mountpoint));
     let dir = mount_dir(store.root(), mountpoint);
     let had = dirty.meta()?.is_some() || dir.exists();
@@ -103,6 +164,41 @@ impl MountedThread {
     /// it, the uncaptured work is picked up if it belongs to the same thread (and `at`
     /// names its base or nothing); otherwise it starts at `at` or the thread's head.
     pub fn mount(
+        store: Arc<Store>,
+        mountpoint: &Path,
+        thread: ThreadId,
+        at: Option<CheckpointId>,
+        opts: &WorkspaceOptions,
+    ) -> CheckpointResult<MountedThread> {
+        Self::mount_mode(store, mountpoint, thread, at, opts, MountMode::Fuse)
+    }
+
+    /// [`MountedThread::mount`] with the backend `mode`. Uncaptured work left by a mount
+    /// of the other mode is refused (mount it with that mode and checkpoint it first).
+    pub fn mount_mode(
+        store: Arc<Store>,
+        mountpoint: &Path,
+        thread: ThreadId,
+        at: Option<CheckpointId>,
+        opts: &WorkspaceOptions,
+        mode: MountMode,
+    ) -> CheckpointResult<MountedThread> {
+        match mode {
+            MountMode::Fuse => {
+                if overlay::has_overlay_work(&store, mountpoint)? {
+                    return Err(CheckpointError::Invalid(format!(
+                        "{} has uncaptured changes from an overlay mount; mount it with \
+                         --mode overlay and checkpoint them first",
+                        mountpoint.display()
+                    )));
+                }
+                Self::mount_fuse(store, mountpoint, thread, at, opts)
+            }
+            MountMode::Overlay => Self::mount_overlay(store, mountpoint, thread, at, opts),
+        }
+    }
+
+    fn mount_fuse(
         store: Arc<Store>,
         mountpoint: &Path,
         thread: ThreadId,
@@ -178,15 +274,126 @@ impl MountedThread {
         }
         Ok(MountedThread {
             store,
-            workspace: ws,
-            mounted: std::sync::Mutex::new(Some(mounted)),
+            backend: Backend::Fuse {
+                workspace: ws,
+                mounted: std::sync::Mutex::new(Some(mounted)),
+            },
             mountpoint: mountpoint.to_path_buf(),
             lease_ttl: Duration::from_secs(30),
         })
     }
 
-    pub fn workspace(&self) -> &Arc<Workspace> {
-        &self.workspace
+    fn mount_overlay(
+        store: Arc<Store>,
+        mountpoint: &Path,
+        thread: ThreadId,
+        at: Option<CheckpointId>,
+        opts: &WorkspaceOptions,
+    ) -> CheckpointResult<MountedThread> {
+        let objects = store.objects_shared();
+        let _session = crate::cas::write_session(objects.as_ref());
+        // FUSE work left at this mountpoint is not the overlay's to drop.
+        let dirty = DirtyStore::new(store.database().clone(), mount_key(mountpoint));
+        let fuse_dirty = dirty.nodes()?.len();
+        if fuse_dirty > 0 {
+            return Err(CheckpointError::Invalid(format!(
+                "{} has uncaptured changes ({fuse_dirty} node(s)) from a FUSE mount; mount it \
+                 with --mode fuse and checkpoint them first",
+                mountpoint.display()
+            )));
+        }
+        let cps = store.checkpoints();
+        let head = cps.head(&thread)?;
+        let base = at.or(head);
+        let root = match base {
+            Some(id) => cps.get(&id)?.body.root,
+            None => empty_tree(&store)?,
+        };
+        let tag = MountTag {
+            thread: thread.clone(),
+            base,
+            expected_head: head,
+        };
+        let view = crate::fs::ViewOptions {
+            chunk_cache_bytes: opts.chunk_cache_bytes,
+            threads: opts.threads,
+            allow_other: true,
+        };
+        let found = overlay::found_state(&store, mountpoint)?;
+        let mount = |lower, tag, generation| {
+            OverlayMount::start(store.clone(), mountpoint, lower, tag, generation, &view)
+        };
+        let ov = match found {
+            // Work of the same thread (on the base it was made on) is picked up.
+            Some((lower, f, g)) if f.thread == thread && (at.is_none() || at == f.base) => {
+                let ov = mount(lower, f.clone(), g)?;
+                let (merged, _, _) = ov.snapshot(None)?;
+                let captured = match f.base {
+                    Some(b) => cps.get(&b)?.body.root,
+                    None => empty_tree(&store)?,
+                };
+                if merged == captured {
+                    ov.mark_captured()?;
+                    if f.base != base && ov.status().dirty_nodes == 0 {
+                        // Nothing uncaptured and the thread moved on: follow it.
+                        ov.swap(root, tag, true)?;
+                    }
+                } else if let Some(landed) = landed_checkpoint(&store, &f, head, merged)? {
+                    ov.finish(landed, HashMap::new())?;
+                    ov.mark_captured()?;
+                }
+                ov
+            }
+            Some((lower, f, g)) => {
+                let ov = mount(lower, f.clone(), g)?;
+                let st = ov.status();
+                if st.dirty_nodes > 0 && !overlay_is_captured(&store, &ov, &f)? {
+                    return Err(CheckpointError::Invalid(format!(
+                        "{} has uncaptured changes ({} file(s)) from an earlier mount on \
+                         thread {} (for example {}); mount it on that thread and checkpoint \
+                         them first",
+                        mountpoint.display(),
+                        st.dirty_files,
+                        f.thread,
+                        st.dirty_paths.first().cloned().unwrap_or_default()
+                    )));
+                }
+                ov.swap(root, tag, true)?;
+                ov
+            }
+            None => mount(root, tag, 1)?,
+        };
+        if let Some(id) = base {
+            start_prefetch(&store, id);
+        }
+        Ok(MountedThread {
+            store,
+            backend: Backend::Overlay(Box::new(ov)),
+            mountpoint: mountpoint.to_path_buf(),
+            lease_ttl: Duration::from_secs(30),
+        })
+    }
+
+    /// The FUSE workspace (none for an overlay mount).
+    pub fn workspace(&self) -> Option<&Arc<Workspace>> {
+        match &self.backend {
+            Backend::Fuse { workspace, .. } => Some(workspace),
+            Backend::Overlay(_) => None,
+        }
+    }
+
+    /// The backend serving the mount.
+    pub fn mode(&self) -> MountMode {
+        match &self.backend {
+            Backend::Fuse { .. } => MountMode::Fuse,
+            Backend::Overlay(_) => MountMode::Overlay,
+        }
+    }
+
+    /// A file's content in the tree the workspace was restored at.
+    pub fn base_file(&self, path: &str) -> CheckpointResult<Option<Vec<u8>>> {
+        let base = self.status().1.base;
+        Ok(crate::cas::file_at(self.store.objects(), &base, path)?)
     }
 
     /// The store the workspace checkpoints into.
@@ -199,17 +406,20 @@ impl MountedThread {
     }
 
     pub fn tag(&self) -> MountTag {
-        let (_, t) = self.workspace().base();
-        MountTag::from_tag(&t).expect("the daemon wrote it")
+        match &self.backend {
+            Backend::Fuse { workspace, .. } => {
+                MountTag::from_tag(&workspace.base().1).expect("the daemon wrote it")
+            }
+            Backend::Overlay(o) => o.tag(),
+        }
     }
 
     /// Whether the mount is gone (unmounted here or by someone else).
     pub fn is_finished(&self) -> bool {
-        self.session().as_ref().is_none_or(|m| m.is_finished())
-    }
-
-    fn session(&self) -> std::sync::MutexGuard<'_, Option<MountedWorkspace>> {
-        self.mounted.lock().unwrap_or_else(|p| p.into_inner())
+        match &self.backend {
+            Backend::Fuse { mounted, .. } => lock(mounted).as_ref().is_none_or(|m| m.is_finished()),
+            Backend::Overlay(o) => o.is_finished(),
+        }
     }
 
     /// The key of this mount's dirty set and directory in the store.
@@ -220,16 +430,43 @@ impl MountedThread {
     /// Unmounts (whoever else holds this mount sees it finished). A busy mount is an
     /// error and stays mounted; unmounting again later may succeed.
     pub fn unmount(&self) -> std::io::Result<()> {
-        unmount_session(&mut self.session())
+        match &self.backend {
+            Backend::Fuse { mounted, .. } => unmount_session(&mut lock(mounted)),
+            Backend::Overlay(o) => o.unmount(),
+        }
+    }
+
+    /// Detaches the mount lazily (processes inside keep what they hold).
+    pub fn detach(&self) {
+        match &self.backend {
+            Backend::Fuse { .. } => {
+                if let Ok(c) =
+                    std::ffi::CString::new(self.mountpoint.as_os_str().as_encoded_bytes())
+                {
+                    // SAFETY: a NUL-terminated path.
+                    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+                }
+            }
+            Backend::Overlay(o) => o.detach(),
+        }
     }
 
     /// Unmounts and discards the uncaptured work ([`discard_mount_state`]): what was
     /// not checkpointed is gone, and the next mount of this mountpoint starts clean.
     /// Two discards of one mount do not overlap: the second returns after the first.
     pub fn discard(&self, purge: bool) -> CheckpointResult<bool> {
-        let mut s = self.session();
-        unmount_session(&mut s).map_err(|e| CheckpointError::io(&self.mountpoint, e))?;
-        discard_mount_state(&self.store, &self.mountpoint, purge)
+        match &self.backend {
+            Backend::Fuse { mounted, .. } => {
+                let mut s = lock(mounted);
+                unmount_session(&mut s).map_err(|e| CheckpointError::io(&self.mountpoint, e))?;
+                discard_mount_state(&self.store, &self.mountpoint, purge)
+            }
+            Backend::Overlay(o) => {
+                o.unmount()
+                    .map_err(|e| CheckpointError::io(&self.mountpoint, e))?;
+                discard_mount_state(&self.store, &self.mountpoint, purge)
+            }
+        }
     }
 
     /// Checkpoints the dirty set: under the thread's writer lease, appends a checkpoint
@@ -273,7 +510,7 @@ impl MountedThread {
         // Objects the snapshot puts are named by nothing until the append.
         let _session = crate::cas::write_session(self.store.objects());
         let mut template = template;
-        let reads = self.workspace().take_reads();
+        let reads = self.workspace().map(|w| w.take_reads()).unwrap_or_default();
         // Only another host fetches ahead (from a remote object store): a local store
         // would pay a list of up to 8192 files on every checkpoint for nothing.
         if self.store.remote().is_some() && !reads.is_empty() && template.read_first.is_none() {
@@ -294,7 +531,15 @@ impl MountedThread {
         let cps = self.store.checkpoints();
         // Snapshot, append under the lease, then make the snapshot the base: a refused
         // append drops the snapshot and leaves the workspace as it was.
-        let snap = self.workspace().begin_snapshot(filter).map_err(ws_err)?;
+        let snap = match &self.backend {
+            Backend::Fuse { workspace, .. } => {
+                Pending::Fuse(workspace.begin_snapshot(filter).map_err(ws_err)?)
+            }
+            Backend::Overlay(o) => {
+                let (root, stats, stamps) = o.snapshot(filter)?;
+                Pending::Overlay(o, root, stats, stamps)
+            }
+        };
         let mut new = template;
         new.root = snap.root();
         let stats = snap.stats();
@@ -312,7 +557,7 @@ impl MountedThread {
             base: Some(cp.id),
             expected_head: Some(cp.id),
         };
-        let stats = snap.finish(next.to_tag()).map_err(ws_err)?;
+        let stats = snap.finish(next)?;
         Ok(MountCheckpoint {
             checkpoint: cp.id,
             thread: tag.thread,
@@ -347,7 +592,7 @@ impl MountedThread {
             // A new thread: fork it from the checkpoint, so its history starts there
             // (not before the restore is known to be allowed).
             None => {
-                let st = self.workspace().status();
+                let st = self.status().1;
                 if !force && st.dirty_nodes > 0 {
                     return Err(CheckpointError::Invalid(format!(
                         "{} uncaptured change(s) (for example {}); checkpoint them first or force",
@@ -366,16 +611,105 @@ impl MountedThread {
                 }
             }
         };
-        self.workspace()
-            .swap_root(cp.body.root, tag.to_tag(), force)
-            .map_err(ws_err)?;
+        match &self.backend {
+            Backend::Fuse { workspace, .. } => workspace
+                .swap_root(cp.body.root, tag.to_tag(), force)
+                .map_err(ws_err)?,
+            Backend::Overlay(o) => o.swap(cp.body.root, tag.clone(), force)?,
+        }
         start_prefetch(&self.store, id);
         Ok((tag, start.elapsed().as_micros() as u64))
     }
 
     pub fn status(&self) -> (MountTag, WorkspaceStatus) {
-        (self.tag(), self.workspace().status())
+        let st = match &self.backend {
+            Backend::Fuse { workspace, .. } => workspace.status(),
+            Backend::Overlay(o) => o.status(),
+        };
+        (self.tag(), st)
     }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A snapshot taken and not yet recorded as the mount's base.
+enum Pending<'a> {
+    Fuse(crate::fs::Snapshot<'a>),
+    Overlay(
+        &'a OverlayMount,
+        TreeId,
+        SnapshotStats,
+        HashMap<String, Stamp>,
+    ),
+}
+
+impl Pending<'_> {
+    fn root(&self) -> TreeId {
+        match self {
+            Pending::Fuse(s) => s.root(),
+            Pending::Overlay(_, root, _, _) => *root,
+        }
+    }
+
+    fn stats(&self) -> SnapshotStats {
+        match self {
+            Pending::Fuse(s) => s.stats().clone(),
+            Pending::Overlay(_, _, stats, _) => stats.clone(),
+        }
+    }
+
+    fn finish(self, tag: MountTag) -> CheckpointResult<SnapshotStats> {
+        match self {
+            Pending::Fuse(s) => s.finish(tag.to_tag()).map_err(ws_err),
+            Pending::Overlay(o, _, stats, stamps) => {
+                o.finish(tag, stamps)?;
+                Ok(stats)
+            }
+        }
+    }
+}
+
+/// A daemon killed between appending a checkpoint and recording it leaves the mount on
+/// a head the thread has moved past. If the head's parent is the expected head and its
+/// root is what the mount holds (`merged`), that checkpoint is this work: the tag to
+/// adopt it with.
+fn landed_checkpoint(
+    store: &Store,
+    found: &MountTag,
+    head: Option<CheckpointId>,
+    merged: TreeId,
+) -> CheckpointResult<Option<MountTag>> {
+    let Some(head) = head else { return Ok(None) };
+    if found.expected_head == Some(head) {
+        return Ok(None);
+    }
+    let cp = store.checkpoints().get(&head)?;
+    if cp.body.parent_id != found.expected_head || cp.body.root != merged {
+        return Ok(None);
+    }
+    tracing::info!(
+        "checkpoint {} of thread {} holds this overlay's uncaptured work (its daemon \
+         stopped before recording it): adopting it as the base",
+        head.short(),
+        found.thread
+    );
+    Ok(Some(MountTag {
+        thread: found.thread.clone(),
+        base: Some(head),
+        expected_head: Some(head),
+    }))
+}
+
+/// Whether the overlay's content is its tag's base checkpoint (nothing uncaptured).
+fn overlay_is_captured(store: &Store, ov: &OverlayMount, f: &MountTag) -> CheckpointResult<bool> {
+    let (merged, _, _) = ov.snapshot(None)?;
+    let captured = match f.base {
+        Some(b) => store.checkpoints().get(&b)?.body.root,
+        None => empty_tree(store)?,
+    };
+    Ok(merged == captured)
 }
 
 /// A daemon killed between appending a checkpoint and recording it in the dirty set

@@ -42,6 +42,57 @@ impl Drop for MountGuard {
             .expect("no NUL in test paths");
         // SAFETY: a NUL-terminated path. MNT_DETACH never blocks on a dead daemon.
         unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        // An overlay mount's lower views (left mounted by a killed daemon) live under
+        // the store, beside the mountpoint in the test's temporary directory.
+        if let Some(parent) = self.mountpoint.parent() {
+            for lower in mounts_under(parent) {
+                if lower.ends_with("lower") {
+                    detach(&lower);
+                }
+            }
+        }
+    }
+}
+
+fn detach(p: &Path) {
+    if let Ok(c) = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()) {
+        // SAFETY: a NUL-terminated path.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// Mount points strictly under `dir`, from /proc/self/mountinfo.
+pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let prefix = format!("{}/", dir.display());
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| m.starts_with(&prefix))
+        .map(PathBuf::from)
+        .collect()
+}
+
+/// The backend `casfs mount` uses in this run: `CASFS_MOUNT_MODE` (fuse, overlay or
+/// auto, as the command reads it), the suite is run once per backend.
+pub fn mount_mode() -> casfs::mount::MountMode {
+    std::env::var("CASFS_MOUNT_MODE")
+        .unwrap_or_else(|_| "auto".into())
+        .parse()
+        .expect("CASFS_MOUNT_MODE is fuse, overlay or auto")
+}
+
+/// Whether this run's mounts are overlay mounts.
+pub fn overlay() -> bool {
+    mount_mode() == casfs::mount::MountMode::Overlay
+}
+
+/// Whether `p` is a writable casfs mount of this run's backend.
+pub fn is_mounted(p: &Path) -> bool {
+    if overlay() {
+        casfs::fs::is_overlay_mount(p)
+    } else {
+        casfs::fs::is_fuse_mount(p)
     }
 }
 

@@ -77,7 +77,7 @@ fn a_mounted_checkpoint_reads_back_exactly() {
     ok(&store, &["unmount", mp.to_str().unwrap()]);
     assert!(!casfs::fs::is_fuse_mount(&mp));
     let err = fails(&store, &["unmount", mp.to_str().unwrap()]);
-    assert!(err.contains("not a FUSE mount"), "{err}");
+    assert!(err.contains("not a casfs mount"), "{err}");
 }
 
 #[test]

@@ -29,7 +29,7 @@ fn mount(thread: &str, extra: &[&str]) -> Ws {
     let mut args = vec!["mount", mp.to_str().unwrap(), "-t", thread];
     args.extend_from_slice(extra);
     ok(&store, &args);
-    assert!(casfs::fs::is_fuse_mount(&mp));
+    assert!(crate::is_mounted(&mp));
     Ws {
         _t: t,
         store,
@@ -530,13 +530,16 @@ fn a_killed_daemon_loses_no_write_that_returned() {
         // SAFETY: probing whether the process still exists.
         unsafe { libc::kill(pid as i32, 0) != 0 }
     }));
-    // The dead mount says so; `unmount --lazy` clears it.
-    let err = fails(
-        &ws.store,
-        &["mount", ws.mp.to_str().unwrap(), "-t", "crash"],
-    );
-    assert!(err.contains("unmount --lazy"), "{err}");
-    ok(&ws.store, &["unmount", "--lazy", ws.mp.to_str().unwrap()]);
+    if !crate::overlay() {
+        // The dead mount says so; `unmount --lazy` clears it. (An overlay outlives its
+        // daemon, only its lower is gone: mounting again takes it over.)
+        let err = fails(
+            &ws.store,
+            &["mount", ws.mp.to_str().unwrap(), "-t", "crash"],
+        );
+        assert!(err.contains("unmount --lazy"), "{err}");
+        ok(&ws.store, &["unmount", "--lazy", ws.mp.to_str().unwrap()]);
+    }
 
     ok(
         &ws.store,
@@ -590,7 +593,18 @@ fn posix_behaviour_matches_ext4() {
     let want = run(&native);
     let got = run(&ws.mp);
     assert!(want.lines().count() > 100, "{want}");
+    // The one difference overlayfs makes by design: a directory merged from upper and
+    // lower reports nlink 1 ("nlink=1 seems to pacify 'find'", ovl_getattr in
+    // fs/overlayfs/inode.c), so mkdir in the mount's root does not change it.
+    let known: &[&str] = if crate::overlay() {
+        &["parent nlink after mkdir"]
+    } else {
+        &[]
+    };
     for (w, g) in want.lines().zip(got.lines()) {
+        if w != g && known.iter().any(|k| w.starts_with(k)) {
+            continue;
+        }
         assert_eq!(w, g, "ext4 vs casfs");
     }
     assert_eq!(want.lines().count(), got.lines().count());
@@ -660,9 +674,20 @@ fn pjdfstest_passes() {
             .find(|l| l.starts_with("Summary:"))
             .unwrap_or_else(|| panic!("no summary from pjdfstest:\n{text}"))
             .to_string();
-        let failed: Vec<&str> = text.lines().filter(|l| l.contains("FAILED")).collect();
+        // overlayfs refuses to create a 0/0 character device (it is its whiteout):
+        // mknod gives EPERM, so the cases on such a device fail on the overlay backend
+        // and only there (docs/mount.md).
+        let (excused, failed): (Vec<&str>, Vec<&str>) = text
+            .lines()
+            .filter(|l| l.contains("FAILED"))
+            .partition(|l| {
+                crate::overlay()
+                    && l.split_whitespace()
+                        .next()
+                        .is_some_and(|t| t.ends_with("::char"))
+            });
         assert!(
-            out.status.success() && failed.is_empty(),
+            (out.status.success() || !excused.is_empty()) && failed.is_empty(),
             "{summary}\n{}\n{text}",
             failed.join("\n")
         );
@@ -675,7 +700,11 @@ fn pjdfstest_passes() {
                 .parse()
                 .unwrap()
         };
-        (count(" passed"), count(" skipped"), summary)
+        (
+            count(" passed") + excused.len() as u32,
+            count(" skipped"),
+            summary,
+        )
     };
     let (passed, skipped, summary) = run(false, None);
     // 398 cases: the 13 EROFS ones are skipped here, and link_count_max, which needs
@@ -684,7 +713,7 @@ fn pjdfstest_passes() {
     let (passed, skipped, summary) = run(true, Some("erofs"));
     assert!(passed >= 13 && skipped == 0, "{summary}");
     assert!(
-        casfs::fs::is_fuse_mount(&ws.mp),
+        crate::is_mounted(&ws.mp),
         "the suite left the mount in place"
     );
     assert_eq!(ws.checkpoint()["ok"], true);
@@ -996,7 +1025,7 @@ fn an_exiting_daemon_leaves_the_next_mount_at_its_path_alone() {
         ok(&b, &["mount", mp.to_str().unwrap(), "-t", "two"]);
         wait_for_daemons_to_exit(&a);
         assert!(
-            casfs::fs::is_fuse_mount(&mp),
+            crate::is_mounted(&mp),
             "round {i}: the first daemon unmounted the second mount"
         );
         assert!(
@@ -1025,7 +1054,11 @@ fn a_large_file_checkpoint_reads_only_the_chunks_written() {
     fs::write(native.join("big.bin"), pattern(40 * MIB as usize + 123, 9)).unwrap();
     ok(&store, &["capture", native.to_str().unwrap(), "-t", "big"]);
     let _guard = MountGuard::new(&mp);
-    ok(&store, &["mount", mp.to_str().unwrap(), "-t", "big"]);
+    // Chunk-exact tracking is the FUSE backend's (overlayfs copies a file up whole).
+    ok(
+        &store,
+        &["mount", mp.to_str().unwrap(), "-t", "big", "--mode", "fuse"],
+    );
     let passthrough = json(&store, &["status", mp.to_str().unwrap()])["read_mode"] == "passthrough";
 
     let open_rw = |dir: &Path| {
@@ -1207,7 +1240,10 @@ fn a_large_file_checkpoint_reads_only_the_chunks_written() {
         libc::kill(pid, 0) != 0
     }));
     ok(&store, &["unmount", "--lazy", mp.to_str().unwrap()]);
-    ok(&store, &["mount", mp.to_str().unwrap(), "-t", "big"]);
+    ok(
+        &store,
+        &["mount", mp.to_str().unwrap(), "-t", "big", "--mode", "fuse"],
+    );
     round("after a remount", &|_| {}, None);
     round(
         "tracked after the remount's checkpoint",

@@ -428,7 +428,7 @@ impl Bench<'_> {
             for tool in tools {
                 self.step(format!("run loop {n} files: {tool} ({}/{runs})", r + 1));
                 let t = if tool == "casfs" {
-                    if !casfs::fs::is_fuse_mount(&mp) {
+                    if !casfs::fs::is_fuse_mount(&mp) && !casfs::fs::is_overlay_mount(&mp) {
                         continue;
                     }
                     change(&in_mount, self.opts.changes, *round)?;

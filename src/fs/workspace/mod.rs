@@ -133,6 +133,9 @@ pub enum ReadMode {
     Passthrough,
     /// Every read is a request to the daemon.
     Fuse,
+    /// The kernel's overlayfs serves the workspace: changed files from a local upper
+    /// directory, the rest through a read-only casfs view (the overlay backend).
+    Overlay,
 }
 
 /// The dirty set at a glance.

@@ -1,0 +1,577 @@
+//! The overlay backend: the kernel's overlayfs serves the workspace, with every write,
+//! create, rename and unlink on a local upper directory at native speed, over a lower
+//! that is the base checkpoint's tree served read-only and lazily by casfs
+//! ([`crate::fs::mount_tree`], everything cacheable forever since it never changes).
+//!
+//! Files live under `<store>/mounts/<key>/overlay/<generation>/`: `lower/` (the
+//! view's mountpoint), `upper/` and `work/`. A restore starts a new generation (a fresh
+//! empty upper over the new checkpoint's lower) and mounts it in place of the old one;
+//! the old generation is removed in the background. The dirty set is the upper itself
+//! (crash-safe by construction: it is a plain directory); what the lower is and which
+//! checkpoint the mount is on are kept in the store's `mounts` column family as a
+//! FUSE mount's are (so prune, gc and fsck keep the lower's tree alive), with the
+//! generation in the tag.
+//!
+//! A checkpoint reads the upper only ([`upper`]): O(changed since the mount), with
+//! files stored at an earlier checkpoint not read again (by stamp).
+
+mod upper;
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::{Deserialize, Serialize};
+
+use crate::cas::TreeId;
+use crate::checkpoint::{mount_dir, CheckpointError, CheckpointResult, MountTag, Store};
+use crate::fs::dirty::{DirtyStore, MountMeta};
+use crate::fs::{
+    is_overlay_mount, mount_key, mount_tree, MountedTree, ReadMode, SnapshotFilter, SnapshotStats,
+    ViewOptions, WorkspaceStatus,
+};
+pub(crate) use upper::Stamp;
+use upper::{changes_since, HashCache, UpperCapture, UpperError};
+
+/// The tag an overlay mount keeps in its mount record: a [`MountTag`] (what prune, gc
+/// and a FUSE mount read) and the generation of its layers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct OverlayTag {
+    #[serde(flatten)]
+    tag: MountTag,
+    overlay_generation: u64,
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+    move |e| CheckpointError::io(path, e)
+}
+
+impl From<UpperError> for CheckpointError {
+    fn from(e: UpperError) -> CheckpointError {
+        match e {
+            UpperError::Io { path, source } => CheckpointError::io(Path::new(&path), source),
+            UpperError::Refused(why) => CheckpointError::Refused(why),
+            UpperError::Cas(c) => CheckpointError::Cas(c),
+            UpperError::Invalid(why) => CheckpointError::Invalid(why),
+        }
+    }
+}
+
+/// The layers of one generation.
+struct Layers {
+    generation: u64,
+    lower_root: TreeId,
+    tag: MountTag,
+    /// The read-only view serving the lower (none once unmounted).
+    lower: Option<MountedTree>,
+    /// Whether the overlay at the mountpoint is this one.
+    mounted: bool,
+    /// st_dev of the overlay's root, to tell it from whatever is mounted there later.
+    dev: u64,
+    /// Every upper entry's stamp at the last checkpoint (what is captured).
+    captured: HashMap<String, Stamp>,
+}
+
+/// A workspace served by overlayfs over a casfs lower.
+pub struct OverlayMount {
+    store: Arc<Store>,
+    mountpoint: PathBuf,
+    /// `<store>/mounts/<key>/overlay`.
+    dir: PathBuf,
+    view: ViewOptions,
+    state: Mutex<Layers>,
+    cache: HashCache,
+}
+
+/// What an overlay mount left in the store for `mountpoint`: its lower's root, tag
+/// and generation (whose upper exists).
+pub(crate) fn found_state(
+    store: &Store,
+    mountpoint: &Path,
+) -> CheckpointResult<Option<(TreeId, MountTag, u64)>> {
+    let dirty = DirtyStore::new(store.database().clone(), mount_key(mountpoint));
+    let Some(meta) = dirty.meta()? else {
+        return Ok(None);
+    };
+    let Ok(t) = serde_json::from_str::<OverlayTag>(meta.tag.get()) else {
+        return Ok(None);
+    };
+    let dir = overlay_dir(store, mountpoint);
+    if !dir
+        .join(t.overlay_generation.to_string())
+        .join("upper")
+        .is_dir()
+    {
+        return Ok(None);
+    }
+    Ok(Some((meta.base, t.tag, t.overlay_generation)))
+}
+
+/// `<store>/mounts/<key>/overlay`, absolute (overlayfs keeps the paths it was given;
+/// the store's path may be relative).
+fn overlay_dir(store: &Store, mountpoint: &Path) -> PathBuf {
+    let root = std::fs::canonicalize(store.root()).unwrap_or_else(|_| store.root().to_path_buf());
+    mount_dir(&root, mountpoint).join("overlay")
+}
+
+/// Whether the upper of generation `g` holds anything.
+fn upper_is_empty(dir: &Path, g: u64) -> bool {
+    std::fs::read_dir(dir.join(g.to_string()).join("upper"))
+        .map(|mut r| r.next().is_none())
+        .unwrap_or(true)
+}
+
+fn cstr(p: &Path) -> std::io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in a path"))
+}
+
+/// Detaches whatever is mounted at `path` (lazily: users keep what they hold).
+fn detach(path: &Path) {
+    if let Ok(c) = cstr(path) {
+        // SAFETY: a NUL-terminated path.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// An overlayfs mount option's path: `\`, `,` and `:` escaped (the kernel splits
+/// options at `,` and lower layers at `:`).
+fn escape(p: &Path) -> String {
+    let s = p.to_string_lossy();
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '\\' | ',' | ':') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Mounts overlayfs at `target`.
+fn mount_overlay(lower: &Path, upper: &Path, work: &Path, target: &Path) -> std::io::Result<()> {
+    // redirect_dir: a directory of the lower can be renamed (a redirect in the upper,
+    // read back by the checkpoint); xino: inode numbers unique and stable across
+    // copy-up; index off and metacopy off: a changed file is a whole file in the upper.
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={},redirect_dir=on,xino=auto,index=off,metacopy=off",
+        escape(lower),
+        escape(upper),
+        escape(work)
+    );
+    let (src, fstype, target, data) = (
+        CString::new("casfs").expect("no NUL"),
+        CString::new("overlay").expect("no NUL"),
+        cstr(target)?,
+        CString::new(opts).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?,
+    );
+    // SAFETY: NUL-terminated strings that outlive the call.
+    let r = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            data.as_ptr().cast(),
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn st_dev(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).map(|m| m.dev()).unwrap_or(0)
+}
+
+/// Removes the generations of `dir` other than `keep`, detaching any mount left in
+/// them first; in the background when `background`.
+fn remove_generations(dir: &Path, keep: Option<u64>, background: bool) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let old: Vec<PathBuf> = rd
+        .flatten()
+        .filter(|e| e.file_name().to_str().and_then(|n| n.parse::<u64>().ok()) != keep)
+        .map(|e| e.path())
+        .collect();
+    if old.is_empty() {
+        return;
+    }
+    let work = move || {
+        for g in old {
+            detach(&g.join("lower"));
+            if let Err(e) = std::fs::remove_dir_all(&g) {
+                tracing::warn!("removing {}: {e}", g.display());
+            }
+        }
+    };
+    if background {
+        let _ = std::thread::Builder::new()
+            .name("casfs-overlay-gc".into())
+            .spawn(work);
+    } else {
+        work();
+    }
+}
+
+impl OverlayMount {
+    /// Mounts generation `generation` (made if new: an empty upper) over tree
+    /// `lower_root` at `mountpoint` (canonical), replacing whatever overlay of this
+    /// mount was there (left by a killed daemon).
+    pub(crate) fn start(
+        store: Arc<Store>,
+        mountpoint: &Path,
+        lower_root: TreeId,
+        tag: MountTag,
+        generation: u64,
+        view: &ViewOptions,
+    ) -> CheckpointResult<OverlayMount> {
+        let dir = overlay_dir(&store, mountpoint);
+        // A killed daemon leaves its overlay mounted (its lower dead): detach it.
+        if is_overlay_mount(mountpoint) {
+            if !Self::ours(&dir, mountpoint) {
+                return Err(CheckpointError::Invalid(format!(
+                    "{}: already an overlay mount, not casfs's",
+                    mountpoint.display()
+                )));
+            }
+            detach(mountpoint);
+        }
+        let m = OverlayMount {
+            store,
+            mountpoint: mountpoint.to_path_buf(),
+            dir,
+            view: ViewOptions {
+                // overlayfs reaches the lower with the mounter's credentials, callers'
+                // permissions are checked by overlayfs itself.
+                allow_other: true,
+                ..view.clone()
+            },
+            state: Mutex::new(Layers {
+                generation,
+                lower_root,
+                tag,
+                lower: None,
+                mounted: false,
+                dev: 0,
+                captured: HashMap::new(),
+            }),
+            cache: Mutex::new(HashMap::new()),
+        };
+        {
+            let mut st = m.layers();
+            m.mount_generation(&mut st)?;
+        }
+        remove_generations(&m.dir, Some(generation), false);
+        Ok(m)
+    }
+
+    /// Whether the overlay at `mountpoint` has its upper under `dir`.
+    fn ours(dir: &Path, mountpoint: &Path) -> bool {
+        let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+            return false;
+        };
+        let mp = mountpoint.to_string_lossy();
+        let up = format!("upperdir={}", escape(dir));
+        info.lines().any(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            f.get(4).is_some_and(|m| *m == mp) && l.contains(&up)
+        })
+    }
+
+    fn layers(&self) -> MutexGuard<'_, Layers> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn gen_dir(&self, g: u64) -> PathBuf {
+        self.dir.join(g.to_string())
+    }
+
+    /// Persists the layers' record (lower root, tag, generation) durably.
+    fn record(&self, st: &Layers) -> CheckpointResult<()> {
+        let dirty = DirtyStore::new(self.store.database().clone(), mount_key(&self.mountpoint));
+        let tag = OverlayTag {
+            tag: st.tag.clone(),
+            overlay_generation: st.generation,
+        };
+        let meta = MountMeta {
+            base: st.lower_root,
+            tag: serde_json::value::to_raw_value(&tag).expect("a tag serializes"),
+        };
+        let mut b = dirty.batch();
+        dirty.put_meta(&mut b, &meta);
+        dirty.commit(b)?;
+        dirty.sync()?;
+        Ok(())
+    }
+
+    /// Mounts the lower view and the overlay of `st`'s generation at the mountpoint.
+    fn mount_generation(&self, st: &mut Layers) -> CheckpointResult<()> {
+        let g = self.gen_dir(st.generation);
+        let (lower, upper, work) = (g.join("lower"), g.join("upper"), g.join("work"));
+        for d in [&lower, &upper, &work] {
+            std::fs::create_dir_all(d).map_err(io_err(d))?;
+        }
+        detach(&lower);
+        let view = mount_tree(
+            self.store.objects_shared(),
+            st.lower_root,
+            &lower,
+            &self.view,
+        )
+        .map_err(io_err(&lower))?;
+        self.record(st)?;
+        mount_overlay(&lower, &upper, &work, &self.mountpoint).map_err(|e| {
+            CheckpointError::io(
+                &self.mountpoint,
+                std::io::Error::new(e.kind(), format!("mounting overlayfs: {e}")),
+            )
+        })?;
+        st.lower = Some(view);
+        st.mounted = true;
+        st.dev = st_dev(&self.mountpoint);
+        Ok(())
+    }
+
+    fn upper(&self, st: &Layers) -> PathBuf {
+        self.gen_dir(st.generation).join("upper")
+    }
+
+    pub fn tag(&self) -> MountTag {
+        self.layers().tag.clone()
+    }
+
+    /// The tree of the merged workspace, its objects stored (named by nothing until a
+    /// checkpoint names them), with the stamps of the upper taken before the walk.
+    pub(crate) fn snapshot(
+        &self,
+        filter: Option<&dyn SnapshotFilter>,
+    ) -> CheckpointResult<(TreeId, SnapshotStats, HashMap<String, Stamp>)> {
+        let (upper, lower_root, captured) = {
+            let st = self.layers();
+            (self.upper(&st), st.lower_root, st.captured.clone())
+        };
+        // The stamps first: whatever changes during the walk counts as changed after.
+        let changes = changes_since(&upper, &captured, 0).map_err(io_err(&upper))?;
+        let mut cap = UpperCapture {
+            objects: self.store.objects(),
+            lower_root,
+            filter,
+            cache: &self.cache,
+            stats: SnapshotStats::default(),
+        };
+        let root = cap.dir(&upper, "", Some(lower_root))?.ok_or_else(|| {
+            CheckpointError::Invalid(format!("{}: the upper is gone", upper.display()))
+        })?;
+        let mut stats = cap.stats;
+        // What changed is told against the last checkpoint (what the upper holds is
+        // against the lower, which a checkpoint does not move).
+        let previous = match self.tag().base {
+            Some(b) => Some(self.store.checkpoints().get(&b)?.body.root),
+            None => None,
+        };
+        stats.changed_paths.clear();
+        stats.removed_paths.clear();
+        stats.dirs_written = 0;
+        upper::paths_between(
+            self.store.objects(),
+            previous,
+            root,
+            "",
+            &mut stats.changed_paths,
+            &mut stats.removed_paths,
+            &mut stats.dirs_written,
+        )?;
+        Ok((root, stats, changes.now))
+    }
+
+    /// Records a checkpoint: `tag` is the mount's from now on, `stamps` what it holds.
+    pub(crate) fn finish(
+        &self,
+        tag: MountTag,
+        stamps: HashMap<String, Stamp>,
+    ) -> CheckpointResult<()> {
+        let mut st = self.layers();
+        st.tag = tag;
+        st.captured = stamps;
+        self.record(&st)
+    }
+
+    /// What changed since the last checkpoint.
+    pub fn status(&self) -> WorkspaceStatus {
+        let st = self.layers();
+        let upper = self.upper(&st);
+        let c = changes_since(&upper, &st.captured, 20).unwrap_or_default();
+        WorkspaceStatus {
+            base: st.lower_root,
+            dirty_nodes: c.nodes,
+            dirty_files: c.files,
+            dirty_bytes: c.bytes,
+            dirty_paths: c.paths,
+            nodes_loaded: 0,
+            read_mode: ReadMode::Overlay,
+        }
+    }
+
+    /// Marks what the upper holds now as captured (the mount's content equals its
+    /// tag's base checkpoint).
+    pub(crate) fn mark_captured(&self) -> CheckpointResult<()> {
+        let mut st = self.layers();
+        let upper = self.upper(&st);
+        st.captured = changes_since(&upper, &HashMap::new(), 0)
+            .map_err(io_err(&upper))?
+            .now;
+        Ok(())
+    }
+
+    /// Shows tree `root` with `tag`: a new generation (an empty upper over it) mounted
+    /// in place of the current one. Processes inside the old one keep what they had
+    /// open (and their working directories) on the old layers, detached, which are
+    /// removed once the last is let go. Refuses uncaptured changes unless `force`.
+    pub(crate) fn swap(&self, root: TreeId, tag: MountTag, force: bool) -> CheckpointResult<()> {
+        if !force {
+            let s = self.status();
+            if s.dirty_nodes > 0 {
+                return Err(CheckpointError::Invalid(format!(
+                    "{} uncaptured change(s) (for example {}); checkpoint them first or force",
+                    s.dirty_nodes,
+                    s.dirty_paths.first().cloned().unwrap_or_default()
+                )));
+            }
+        }
+        let mut st = self.layers();
+        let old_lower = st.lower.take();
+        let mut next = Layers {
+            generation: st.generation + 1,
+            lower_root: root,
+            tag,
+            lower: None,
+            mounted: false,
+            dev: 0,
+            captured: HashMap::new(),
+        };
+        if st.mounted && st_dev(&self.mountpoint) == st.dev {
+            detach(&self.mountpoint);
+        }
+        st.mounted = false;
+        if let Err(e) = self.mount_generation(&mut next) {
+            // Put the old layers back rather than leave the mountpoint empty.
+            let g = self.gen_dir(st.generation);
+            if mount_overlay(
+                &g.join("lower"),
+                &g.join("upper"),
+                &g.join("work"),
+                &self.mountpoint,
+            )
+            .is_ok()
+            {
+                st.mounted = true;
+                st.dev = st_dev(&self.mountpoint);
+                st.lower = old_lower;
+            }
+            return Err(e);
+        }
+        *st = next;
+        let keep = st.generation;
+        drop(st);
+        // The old lower's daemon threads end once the detached overlay lets it go.
+        if let Some(v) = old_lower {
+            let _ = std::thread::Builder::new()
+                .name("casfs-lower-end".into())
+                .spawn(move || drop(v));
+        }
+        remove_generations(&self.dir, Some(keep), true);
+        Ok(())
+    }
+
+    /// Whether the overlay is gone from the mountpoint (unmounted by anyone).
+    pub fn is_finished(&self) -> bool {
+        let st = self.layers();
+        !st.mounted || !is_overlay_mount(&self.mountpoint) || st_dev(&self.mountpoint) != st.dev
+    }
+
+    /// Unmounts the overlay, then its lower. A busy overlay is an error and stays.
+    pub fn unmount(&self) -> std::io::Result<()> {
+        let mut st = self.layers();
+        if st.mounted && is_overlay_mount(&self.mountpoint) && st_dev(&self.mountpoint) == st.dev {
+            let c = cstr(&self.mountpoint)?;
+            let start = std::time::Instant::now();
+            loop {
+                // SAFETY: a NUL-terminated path.
+                if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
+                    break;
+                }
+                let e = std::io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EINVAL) => break,
+                    Some(libc::EBUSY)
+                        if start.elapsed() < std::time::Duration::from_millis(500) =>
+                    {
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                    }
+                    _ => return Err(e),
+                }
+            }
+        }
+        st.mounted = false;
+        if let Some(v) = st.lower.take() {
+            // The overlay is gone: nothing holds the lower but whoever detached files.
+            if let Err(e) = v.unmount() {
+                tracing::warn!("unmounting the lower of {}: {e}", self.mountpoint.display());
+            }
+        }
+        Ok(())
+    }
+
+    /// Detaches the overlay (users keep what they hold) and ends the lower.
+    pub fn detach(&self) {
+        let mut st = self.layers();
+        if st.mounted && st_dev(&self.mountpoint) == st.dev {
+            detach(&self.mountpoint);
+        }
+        st.mounted = false;
+        if let Some(v) = st.lower.take() {
+            let lower = self.gen_dir(st.generation).join("lower");
+            detach(&lower);
+            drop(v);
+        }
+    }
+}
+
+impl Drop for OverlayMount {
+    fn drop(&mut self) {
+        if let Err(e) = self.unmount() {
+            tracing::warn!(
+                "unmounting {}: {e}; detaching it",
+                self.mountpoint.display()
+            );
+            self.detach();
+        }
+    }
+}
+
+/// Whether the store holds uncaptured overlay work for `mountpoint` that a FUSE mount
+/// would not see: an upper that is not empty.
+pub(crate) fn has_overlay_work(store: &Store, mountpoint: &Path) -> CheckpointResult<bool> {
+    Ok(found_state(store, mountpoint)?
+        .is_some_and(|(_, _, g)| !upper_is_empty(&overlay_dir(store, mountpoint), g)))
+}
+
+/// Detaches any overlay and lower a killed daemon left for `mountpoint` (so that its
+/// files can be removed).
+pub(crate) fn detach_leftovers(store: &Store, mountpoint: &Path) {
+    let dir = overlay_dir(store, mountpoint);
+    if is_overlay_mount(mountpoint) && OverlayMount::ours(&dir, mountpoint) {
+        detach(mountpoint);
+    }
+    if let Ok(rd) = std::fs::read_dir(&dir) {
+        for e in rd.flatten() {
+            detach(&e.path().join("lower"));
+        }
+    }
+}

@@ -1,0 +1,524 @@
+//! Reading an overlayfs upper directory as changes to its lower tree.
+//!
+//! The upper holds exactly what differs from the lower, in the kernel's own format
+//! (Documentation/filesystems/overlayfs.rst): a regular file, symlink, device or
+//! directory is a new or changed entry; a 0/0 character device (or an empty file
+//! with `trusted.overlay.whiteout`) is a removed one; a directory with
+//! `trusted.overlay.opaque=y` replaces the lower's directory of that name instead of
+//! merging with it; `trusted.overlay.redirect` names the lower directory a renamed
+//! directory (or a metacopy file) came from, absolute from the lower's root or
+//! relative to the parent's lower directory; `trusted.overlay.metacopy` marks a file
+//! whose metadata changed but whose data is still the lower's. The tree of the merged
+//! view is the lower's trees with these applied, bottom-up: the walk visits the upper
+//! only, never the lower's other directories.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{Read, Seek};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::Mutex;
+
+use crate::cas::file::{store_bytes, store_reader, StoreStats};
+use crate::cas::{
+    load_tree, store_tree, EntryContent, FileId, ObjectStore, Tree, TreeEntry, TreeId,
+};
+use crate::checkpoint::xattr;
+use crate::fs::{EntryKind, FilterError, SnapshotFilter, SnapshotStats};
+
+/// The prefix of the xattrs overlayfs keeps on upper entries (mounted by root).
+const OVL_PREFIX: &[u8] = b"trusted.overlay.";
+
+/// What identifies an unchanged upper file: if any differs, it is read again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Stamp {
+    ino: u64,
+    size: u64,
+    mode: u32,
+    mtime_ns: i64,
+    ctime_ns: i64,
+    rdev: u64,
+}
+
+impl Stamp {
+    pub(super) fn of(m: &std::fs::Metadata) -> Stamp {
+        Stamp {
+            ino: m.ino(),
+            size: m.size(),
+            mode: m.mode(),
+            mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+            ctime_ns: m.ctime() * 1_000_000_000 + m.ctime_nsec(),
+            rdev: m.rdev(),
+        }
+    }
+}
+
+/// Files already stored from the upper, by stamp: a checkpoint after ten changes reads
+/// ten files, not every file changed since the mount.
+pub(super) type HashCache = Mutex<HashMap<Stamp, (FileId, u64)>>;
+
+/// The error of a capture of the upper.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum UpperError {
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Refused(String),
+    #[error(transparent)]
+    Cas(#[from] crate::cas::CasError),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> UpperError + '_ {
+    move |source| UpperError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// One capture of an upper over a lower tree.
+pub(super) struct UpperCapture<'a> {
+    pub objects: &'a dyn ObjectStore,
+    pub lower_root: TreeId,
+    pub filter: Option<&'a dyn SnapshotFilter>,
+    pub cache: &'a HashCache,
+    pub stats: SnapshotStats,
+}
+
+/// Whether `m` (with xattrs `x`) is a whiteout: a removed lower entry.
+fn is_whiteout(m: &std::fs::Metadata, x: &[(Vec<u8>, Vec<u8>)]) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    (m.file_type().is_char_device() && m.rdev() == 0)
+        || (m.file_type().is_file()
+            && m.size() == 0
+            && x.iter().any(|(k, _)| k == b"trusted.overlay.whiteout"))
+}
+
+fn ovl_attr<'x>(x: &'x [(Vec<u8>, Vec<u8>)], name: &str) -> Option<&'x [u8]> {
+    x.iter()
+        .find(|(k, _)| k.strip_prefix(OVL_PREFIX) == Some(name.as_bytes()))
+        .map(|(_, v)| v.as_slice())
+}
+
+/// The user's xattrs: overlayfs's own left out.
+fn user_xattrs(x: Vec<(Vec<u8>, Vec<u8>)>) -> Vec<(Vec<u8>, Vec<u8>)> {
+    x.into_iter()
+        .filter(|(k, _)| !k.starts_with(OVL_PREFIX))
+        .collect()
+}
+
+/// An entry renamed or removed while the walk ran.
+fn vanished(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR))
+}
+
+fn join(dir: &str, name: &[u8]) -> String {
+    let n = String::from_utf8_lossy(name);
+    if dir.is_empty() {
+        n.into_owned()
+    } else {
+        format!("{dir}/{n}")
+    }
+}
+
+impl UpperCapture<'_> {
+    fn tree(&self, id: &TreeId) -> Result<Tree, UpperError> {
+        Ok(load_tree(self.objects, id)?)
+    }
+
+    /// The entry at `path` ('/'-separated, from the lower's root), if any.
+    fn lower_entry(&self, path: &[u8]) -> Result<Option<TreeEntry>, UpperError> {
+        let mut tree = self.tree(&self.lower_root)?;
+        let parts: Vec<&[u8]> = path
+            .split(|b| *b == b'/')
+            .filter(|p| !p.is_empty())
+            .collect();
+        for (i, part) in parts.iter().enumerate() {
+            let Some(e) = tree.get(part).cloned() else {
+                return Ok(None);
+            };
+            if i + 1 == parts.len() {
+                return Ok(Some(e));
+            }
+            match e.tree_id() {
+                Some(t) => tree = self.tree(&t)?,
+                None => return Ok(None),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Where a redirect points: an absolute path from the lower's root, or a name in
+    /// the parent's lower directory.
+    fn redirected(
+        &self,
+        target: &[u8],
+        parent_lower: Option<&Tree>,
+    ) -> Result<Option<TreeEntry>, UpperError> {
+        if target.starts_with(b"/") {
+            self.lower_entry(target)
+        } else {
+            Ok(parent_lower.and_then(|t| t.get(target).cloned()))
+        }
+    }
+
+    /// The tree of the merged directory whose upper is `upper` and whose lower is
+    /// `lower` (none: a new or opaque directory); `rel` is its path in the workspace.
+    pub(super) fn dir(
+        &mut self,
+        upper: &Path,
+        rel: &str,
+        lower: Option<TreeId>,
+    ) -> Result<Option<TreeId>, UpperError> {
+        let lower = lower.map(|t| self.tree(&t)).transpose()?;
+        let mut listing: BTreeMap<Vec<u8>, TreeEntry> = lower
+            .iter()
+            .flat_map(|t| t.entries().iter().cloned())
+            .map(|e| (e.name.clone(), e))
+            .collect();
+        let mut names: Vec<_> = match std::fs::read_dir(upper) {
+            Ok(rd) => rd
+                .map(|e| e.map(|e| e.file_name()))
+                .collect::<Result<_, _>>()
+                .map_err(io(upper))?,
+            // Renamed or removed while the walk ran: per-entry consistency.
+            Err(e) if vanished(&e) && !rel.is_empty() => return Ok(None),
+            Err(e) => return Err(io(upper)(e)),
+        };
+        names.sort();
+        for name in names {
+            let name = name.as_bytes().to_vec();
+            let path = upper.join(std::ffi::OsStr::from_bytes(&name));
+            let child_rel = join(rel, &name);
+            let m = match std::fs::symlink_metadata(&path) {
+                Ok(m) => m,
+                // Removed while the walk ran: per-entry consistency (docs/mount.md).
+                Err(e) if vanished(&e) => continue,
+                Err(e) => return Err(io(&path)(e)),
+            };
+            let x = match xattr::list(&path) {
+                Ok(x) => x,
+                Err(e) if vanished(&e) => continue,
+                Err(e) => return Err(io(&path)(e)),
+            };
+            let before = lower.as_ref().and_then(|t| t.get(&name).cloned());
+            if is_whiteout(&m, &x) {
+                if listing.remove(&name).is_some() {
+                    self.stats.removed_paths.push(child_rel);
+                }
+                continue;
+            }
+            let ft = m.file_type();
+            let (kind, size) = if ft.is_file() {
+                (EntryKind::File, m.size())
+            } else if ft.is_dir() {
+                (EntryKind::Dir, 0)
+            } else if ft.is_symlink() {
+                (EntryKind::Symlink, 0)
+            } else {
+                (EntryKind::Special, 0)
+            };
+            if let Some(f) = self.filter {
+                if !f.keep(&child_rel, kind, size) {
+                    // Left out: the lower's entry (if any) stays what the tree holds.
+                    continue;
+                }
+            }
+            let entry = |content, size, xattrs| TreeEntry {
+                name: name.clone(),
+                content,
+                mode: m.mode() & 0o7777,
+                mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+                size,
+                xattrs,
+            };
+            let new = if ft.is_dir() {
+                let sub_lower = if ovl_attr(&x, "opaque") == Some(b"y") {
+                    None
+                } else if let Some(r) = ovl_attr(&x, "redirect") {
+                    self.redirected(r, lower.as_ref())?
+                        .and_then(|e| e.tree_id())
+                } else {
+                    before.as_ref().and_then(|e| e.tree_id())
+                };
+                let Some(id) = self.dir(&path, &child_rel, sub_lower)? else {
+                    continue;
+                };
+                self.stats.dirs_written += 1;
+                entry(EntryContent::Dir(id), 0, user_xattrs(x))
+            } else if ft.is_file() {
+                if ovl_attr(&x, "metacopy").is_some() {
+                    // Metadata changed, data still the lower's (where it came from).
+                    let from = match ovl_attr(&x, "redirect") {
+                        Some(r) => self.redirected(r, lower.as_ref())?,
+                        None => before.clone(),
+                    };
+                    let Some(EntryContent::File(id)) = from.as_ref().map(|e| e.content.clone())
+                    else {
+                        return Err(UpperError::Invalid(format!(
+                            "{}: a metacopy file whose lower file is not in the base",
+                            path.display()
+                        )));
+                    };
+                    let size = from.map(|e| e.size).unwrap_or(0);
+                    entry(EntryContent::File(id), size, user_xattrs(x))
+                } else {
+                    let Some((id, size)) = self.file(&path, &child_rel, &m)? else {
+                        continue;
+                    };
+                    entry(EntryContent::File(id), size, user_xattrs(x))
+                }
+            } else if ft.is_symlink() {
+                let target = match std::fs::read_link(&path) {
+                    Ok(t) => t,
+                    Err(e) if vanished(&e) => continue,
+                    Err(e) => return Err(io(&path)(e)),
+                };
+                let t = target.as_os_str().as_bytes().to_vec();
+                let len = t.len() as u64;
+                entry(EntryContent::Symlink(t), len, user_xattrs(x))
+            } else {
+                use std::os::unix::fs::FileTypeExt;
+                let content = if ft.is_fifo() {
+                    EntryContent::Fifo
+                } else if ft.is_char_device() {
+                    EntryContent::CharDevice { rdev: m.rdev() }
+                } else if ft.is_block_device() {
+                    EntryContent::BlockDevice { rdev: m.rdev() }
+                } else {
+                    // A socket cannot be stored.
+                    self.stats.skipped += 1;
+                    continue;
+                };
+                entry(content, 0, user_xattrs(x))
+            };
+            if let Some(f) = self.filter {
+                f.vet(rel, &new).map_err(|e| match e {
+                    FilterError::Refused(why) => UpperError::Refused(format!("{child_rel}: {why}")),
+                    FilterError::Io(e) => io(&path)(e),
+                })?;
+            }
+            if !ft.is_dir() && before.as_ref() != Some(&new) {
+                self.stats.changed_paths.push(child_rel);
+            }
+            listing.insert(name, new);
+        }
+        let tree = Tree::from_sorted_entries(listing.into_values().collect())
+            .map_err(|e| UpperError::Invalid(format!("{}: {e}", upper.display())))?;
+        let (id, put) = store_tree(self.objects, &tree)?;
+        let mut s = StoreStats::default();
+        s.record(&put);
+        self.add(&s);
+        Ok(Some(id))
+    }
+
+    fn add(&mut self, s: &StoreStats) {
+        self.stats.new_objects += s.new_objects;
+        self.stats.new_bytes += s.new_bytes;
+        self.stats.reused_objects += s.reused_objects;
+    }
+
+    /// Stores an upper file (unless stored unchanged before), returning its id and
+    /// size. A file that changes while it is read is read again (three tries), then
+    /// stored as read: consistency is per file.
+    fn file(
+        &mut self,
+        path: &Path,
+        rel: &str,
+        m: &std::fs::Metadata,
+    ) -> Result<Option<(FileId, u64)>, UpperError> {
+        let stamp = Stamp::of(m);
+        if self.filter.is_none() {
+            if let Some(hit) = self
+                .cache
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&stamp)
+            {
+                return Ok(Some(*hit));
+            }
+        }
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let mut file = match File::open(path) {
+                Ok(f) => f,
+                Err(e) if vanished(&e) => return Ok(None),
+                Err(e) => return Err(io(path)(e)),
+            };
+            let before = Stamp::of(&file.metadata().map_err(io(path))?);
+            let mut s = StoreStats::default();
+            let other = match self.filter {
+                Some(f) => f
+                    .transform(rel, &mut file, before.size)
+                    .map_err(|e| match e {
+                        FilterError::Refused(why) => UpperError::Refused(format!("{rel}: {why}")),
+                        FilterError::Io(e) => io(path)(e),
+                    })?,
+                None => None,
+            };
+            let fref = match other {
+                Some(data) => store_bytes(self.objects, &data, &mut s)?,
+                None => {
+                    file.rewind().map_err(io(path))?;
+                    if before.size <= (1 << 20) {
+                        let mut buf = Vec::with_capacity(before.size as usize + 1);
+                        file.read_to_end(&mut buf).map_err(io(path))?;
+                        store_bytes(self.objects, &buf, &mut s)?
+                    } else {
+                        store_reader(self.objects, &mut file, path, &mut s)?
+                    }
+                }
+            };
+            let after = Stamp::of(&file.metadata().map_err(io(path))?);
+            self.add(&s);
+            self.stats.files_hashed += 1;
+            self.stats.bytes_hashed += fref.size;
+            if after == before || tries == 3 {
+                if after == before && self.filter.is_none() {
+                    self.cache
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(before, (fref.id, fref.size));
+                } else if after != before {
+                    tracing::warn!("{rel}: changed while it was being captured; stored as read");
+                }
+                return Ok(Some((fref.id, fref.size)));
+            }
+        }
+    }
+}
+
+/// What of the upper changed since the last checkpoint.
+#[derive(Debug, Default)]
+pub(super) struct UpperChanges {
+    /// Changed, new and vanished entries, directories included.
+    pub nodes: usize,
+    /// Of them, not directories.
+    pub files: usize,
+    pub bytes: u64,
+    /// The first few paths (sorted).
+    pub paths: Vec<String>,
+    /// The stamp of every upper entry now, by path.
+    pub now: HashMap<String, Stamp>,
+}
+
+/// What of the upper changed since `captured` (stamps of every upper entry when the
+/// last checkpoint was taken, by path); at most `limit` paths are listed. A directory
+/// counts when it is new or its mode or mtime changed (an entry made in it changes its
+/// mtime: both count, as with the FUSE backend's dirty nodes).
+pub(super) fn changes_since(
+    upper: &Path,
+    captured: &HashMap<String, Stamp>,
+    limit: usize,
+) -> std::io::Result<UpperChanges> {
+    let mut now = HashMap::new();
+    let mut stack = vec![(upper.to_path_buf(), String::new())];
+    while let Some((dir, rel)) = stack.pop() {
+        let rd = match std::fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        for e in rd {
+            let e = e?;
+            let Ok(m) = e.metadata() else { continue };
+            let r = join(&rel, e.file_name().as_bytes());
+            if m.is_dir() {
+                stack.push((e.path(), r.clone()));
+            }
+            now.insert(r, Stamp::of(&m));
+        }
+    }
+    let mut out = UpperChanges::default();
+    let mut paths = Vec::new();
+    let is_dir = |s: &Stamp| s.mode & libc::S_IFMT == libc::S_IFDIR;
+    for (p, s) in &now {
+        let changed = match captured.get(p) {
+            None => true,
+            Some(c) if is_dir(s) => (c.mode, c.mtime_ns) != (s.mode, s.mtime_ns),
+            Some(c) => c != s,
+        };
+        if changed {
+            out.nodes += 1;
+            // A whiteout (a 0/0 character device) is a removal: a change of its
+            // directory, as with the FUSE backend.
+            let whiteout = s.mode & libc::S_IFMT == libc::S_IFCHR && s.rdev == 0;
+            if !is_dir(s) && !whiteout {
+                out.files += 1;
+                out.bytes += s.size;
+            }
+            paths.push(p.clone());
+        }
+    }
+    for p in captured.keys().filter(|p| !now.contains_key(*p)) {
+        out.nodes += 1;
+        paths.push(p.clone());
+    }
+    paths.sort();
+    paths.truncate(limit);
+    out.paths = paths;
+    out.now = now;
+    Ok(out)
+}
+
+/// The paths that differ from tree `a` to tree `b`, as a checkpoint reports them:
+/// files (and other non-directories) added or modified into `changed`, entries gone
+/// into `removed` (a removed directory once), and in `dirs` the directories whose tree
+/// is new (the root included). Identical subtrees are skipped, so the cost follows what
+/// changed.
+pub(super) fn paths_between(
+    objects: &dyn ObjectStore,
+    a: Option<TreeId>,
+    b: TreeId,
+    prefix: &str,
+    changed: &mut Vec<String>,
+    removed: &mut Vec<String>,
+    dirs: &mut u64,
+) -> Result<(), UpperError> {
+    if a == Some(b) {
+        return Ok(());
+    }
+    *dirs += 1;
+    let ta = a.map(|a| load_tree(objects, &a)).transpose()?;
+    let tb = load_tree(objects, &b)?;
+    let before: HashMap<&[u8], &TreeEntry> = ta
+        .iter()
+        .flat_map(|t| t.entries())
+        .map(|e| (e.name.as_slice(), e))
+        .collect();
+    for e in tb.entries() {
+        let path = join(prefix, &e.name);
+        let old = before.get(e.name.as_slice()).copied();
+        match (old.and_then(|o| o.tree_id()), e.tree_id()) {
+            (old_tree, Some(t)) => {
+                if old.is_some() && old_tree.is_none() {
+                    removed.push(path.clone());
+                }
+                paths_between(objects, old_tree, t, &path, changed, removed, dirs)?;
+            }
+            (Some(_), None) => {
+                removed.push(path.clone());
+                changed.push(path);
+            }
+            (None, None) => {
+                if old != Some(e) {
+                    changed.push(path);
+                }
+            }
+        }
+    }
+    let now: std::collections::HashSet<&[u8]> =
+        tb.entries().iter().map(|e| e.name.as_slice()).collect();
+    for e in ta.iter().flat_map(|t| t.entries()) {
+        if !now.contains(e.name.as_slice()) {
+            removed.push(join(prefix, &e.name));
+        }
+    }
+    Ok(())
+}
