@@ -94,8 +94,15 @@ step "Mount the thread writable: its head appears at once, contents load lazily"
 M="$DEMO/live"
 mkdir -p "$M"
 trap '"$CASFS" unmount --lazy "$M" >/dev/null 2>&1 || true; rm -rf "$DEMO"' EXIT
-timed "$CASFS" mount "$M" --thread demo
+timed "$CASFS" mount "$M" --thread demo   # --mode auto: overlay as root, else fuse
+"$CASFS" status "$M" | grep -E 'mode|reads' | sed 's/^/ /'
 printf '   %s files visible\n' "$(find "$M" -type f | wc -l)"
+
+step "Metadata work in the mount: untar 5,000 small files, then rm -rf them"
+mkdir -p "$DEMO/untar-src" && for d in $(seq 0 49); do mkdir -p "$DEMO/untar-src/d$d"; for f in $(seq 0 99); do echo "$d $f" > "$DEMO/untar-src/d$d/f$f"; done; done
+tar -C "$DEMO/untar-src" -cf "$DEMO/small.tar" . && mkdir -p "$M/untarred"
+timed tar -xf "$DEMO/small.tar" -C "$M/untarred"
+timed rm -rf "$M/untarred"
 
 step "Work inside the mount: edit 10 files, add a directory, delete one"
 for i in $(seq 0 9); do echo "// agent edit $i" >> "$M/pkg$i/mod$((i % 7))/file$i.rs"; done
@@ -106,11 +113,11 @@ rm "$M/NOTES.md"
 step "Checkpoint the mount: only the dirty files are read, no walk of the tree"
 timed "$CASFS" checkpoint "$M" --reason "agent run 1"
 
-step "A large file: 4 KiB written into the 64 MiB model.bin; the checkpoint reads only that 1 MiB chunk"
+step "A large file: 4 KiB written into the 64 MiB model.bin; one new 1 MiB chunk is stored (FUSE mode reads only that chunk; overlay copies the file up and reads it once)"
 head -c 4096 /dev/urandom | dd of="$M/model.bin" bs=4096 seek=4000 conv=notrunc status=none
 timed "$CASFS" checkpoint "$M" --reason "model.bin edited"
 
-step "Change more, then restore checkpoint 2, before both (a root swap: nothing copied)"
+step "Change more, then restore checkpoint 2, before both (a fresh upper mounted in place, or a root swap: nothing copied)"
 echo "scratch" > "$M/scratch.txt"
 rm -rf "$M/pkg1"
 timed "$CASFS" restore "$M" @demo~2 --force

@@ -224,6 +224,11 @@ pub enum Command {
         /// come from inotify
         #[arg(long)]
         plain: bool,
+        /// Sandboxes' mount backend: `fuse` (per-write file events from the mount),
+        /// `overlay` (the kernel's overlayfs over a casfs lower: native-speed
+        /// metadata; events from inotify) or `auto` (overlay where the host allows it)
+        #[arg(long, env = "CASFS_MOUNT_MODE", default_value = "auto", value_parser = parse_mode)]
+        mode: casfs::mount::MountMode,
         /// Capture policy (JSON: include, exclude, max_file_size, max_total_bytes,
         /// oversize, allow_workspace_mismatch)
         #[arg(long)]

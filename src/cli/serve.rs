@@ -22,6 +22,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         token_file,
         sandboxes,
         plain,
+        mode,
         policy,
         workspace,
         secrets,
@@ -109,6 +110,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
     } else {
         Arc::new(
             CasfsProvider::new(store.clone(), &sandboxes, WorkspaceOptions::default())
+                .with_mode(*mode)
                 .with_max_sandboxes(*max_sandboxes),
         )
     };

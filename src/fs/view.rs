@@ -16,8 +16,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::{
     Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEntry, ReplyOpen,
-    ReplyStatfs, ReplyXattr, Request,
+    InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
 };
 
 use super::{reply_getxattr, reply_listxattr, ChunkReader, Mounted};
@@ -250,6 +250,13 @@ impl TreeView {
 }
 
 impl Filesystem for TreeView {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Every listing with its attributes (not adaptively: whoever lists a view, `find`
+        // or overlayfs, looks the names up next).
+        let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS);
+        Ok(())
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         if name.len() > crate::cas::tree::MAX_NAME_LEN {
             return reply.error(Errno::ENAMETOOLONG);
@@ -342,6 +349,67 @@ impl Filesystem for TreeView {
                 next,
                 kind_of(&e.content),
                 OsStr::from_bytes(&e.name),
+            ) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    /// No opendir: the kernel then sends neither opendir nor releasedir and keeps every
+    /// listing in its page cache (FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE): a view never
+    /// changes, so a directory is listed through the daemon once.
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.entry(ino.0) {
+            Ok((e, _)) if matches!(e.content, EntryContent::Dir(_)) => reply.error(Errno::ENOSYS),
+            Ok(_) => reply.error(Errno::ENOTDIR),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    /// A listing with every entry's attributes: one request per directory instead of
+    /// one lookup per name (a cold `find`, overlayfs's readdir of the lower).
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let ino = ino.0;
+        let (tree, parent) = match self.dir_tree(ino).and_then(|t| Ok((t, self.entry(ino)?.1))) {
+            Ok(x) => x,
+            Err(e) => return reply.error(e),
+        };
+        let dots = [(ino, &b"."[..]), (parent, b"..")];
+        for (i, (child, name)) in dots.into_iter().enumerate().skip(offset as usize) {
+            let Ok((e, _)) = self.entry(child) else {
+                continue;
+            };
+            let attr = self.attr(child, &e);
+            if reply.add(
+                INodeNo(child),
+                i as u64 + 1,
+                OsStr::from_bytes(name),
+                &TTL,
+                &attr,
+                Generation(0),
+            ) {
+                return reply.ok();
+            }
+        }
+        let skip = (offset as usize).saturating_sub(2);
+        for (i, e) in tree.entries().iter().enumerate().skip(skip) {
+            let child = self.child(ino, e);
+            let attr = self.attr(child, e);
+            if reply.add(
+                INodeNo(child),
+                i as u64 + 3,
+                OsStr::from_bytes(&e.name),
+                &TTL,
+                &attr,
+                Generation(0),
             ) {
                 break;
             }

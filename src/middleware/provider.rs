@@ -18,7 +18,7 @@ use super::{MiddlewareError, MiddlewareResult, RunContext, Secrets};
 use crate::cas::TreeId;
 use crate::checkpoint::{CheckpointId, Store, ThreadId};
 use crate::fs::WorkspaceOptions;
-use crate::mount::{discard_mount_state, MountedThread};
+use crate::mount::{discard_mount_state, MountMode, MountedThread};
 
 /// How [`SandboxProvider::ensure`] got the sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -210,6 +210,7 @@ pub struct CasfsProvider {
     store: Arc<Store>,
     dir: PathBuf,
     opts: WorkspaceOptions,
+    mode: MountMode,
     live: Live,
     /// Held while a key's sandbox is made, resumed or destroyed.
     keys: KeyLocks,
@@ -228,10 +229,19 @@ impl CasfsProvider {
             store,
             dir,
             opts,
+            mode: MountMode::Fuse,
             live: Live::default(),
             keys: KeyLocks::default(),
             doomed: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Mounts sandboxes with backend `mode` (default FUSE). With overlay, file events
+    /// come from inotify on the sandbox (as for a plain directory), and the mount
+    /// outlives a killed server (the next server detaches and discards it).
+    pub fn with_mode(mut self, mode: MountMode) -> CasfsProvider {
+        self.mode = mode;
+        self
     }
 
     /// At most `n` live sandboxes (0: no limit): making one more first destroys the
@@ -371,12 +381,13 @@ impl SandboxProvider for CasfsProvider {
         discard_mount_state(&self.store, &mp, purge(secrets)).map_err(|e| {
             sandbox_err(format!("discarding earlier work in {}: {e}", mp.display()))
         })?;
-        let mount = MountedThread::mount(
+        let mount = MountedThread::mount_mode(
             self.store.clone(),
             &mp,
             ctx.thread.clone(),
             None,
             &self.opts,
+            self.mode,
         )
         .map_err(|e| sandbox_err(format!("mounting {}: {e}", mp.display())))?;
         let h = SandboxHandle {

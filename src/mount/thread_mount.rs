@@ -185,7 +185,7 @@ impl MountedThread {
     ) -> CheckpointResult<MountedThread> {
         match mode {
             MountMode::Fuse => {
-                if overlay::has_overlay_work(&store, mountpoint)? {
+                if !overlay::release_to_fuse(&store, mountpoint)? {
                     return Err(CheckpointError::Invalid(format!(
                         "{} has uncaptured changes from an overlay mount; mount it with \
                          --mode overlay and checkpoint them first",

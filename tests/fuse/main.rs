@@ -11,6 +11,7 @@ mod bench;
 mod fleet;
 mod lifecycle;
 mod middleware;
+mod overlay;
 mod read_only;
 mod reliability;
 mod serve;

@@ -150,6 +150,26 @@ fn escape(p: &Path) -> String {
     out
 }
 
+/// Removes a replaced generation once nothing uses it: its lower's mountpoint is
+/// detached now, and the detached overlay lets the lower go when the last process
+/// inside it (a working directory, an open file) does; then the lower's session ends
+/// and the generation's files are removed. Until then those processes keep the old
+/// tree, upper files included.
+fn retire(dir: PathBuf, lower: MountedTree) {
+    detach(&dir.join("lower"));
+    let _ = std::thread::Builder::new()
+        .name("casfs-retire".into())
+        .spawn(move || {
+            while !lower.is_finished() {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            drop(lower);
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                tracing::warn!("removing {}: {e}", dir.display());
+            }
+        });
+}
+
 /// Mounts overlayfs at `target`.
 fn mount_overlay(lower: &Path, upper: &Path, work: &Path, target: &Path) -> std::io::Result<()> {
     // redirect_dir: a directory of the lower can be renamed (a redirect in the upper,
@@ -188,9 +208,9 @@ fn st_dev(path: &Path) -> u64 {
     std::fs::metadata(path).map(|m| m.dev()).unwrap_or(0)
 }
 
-/// Removes the generations of `dir` other than `keep`, detaching any mount left in
-/// them first; in the background when `background`.
-fn remove_generations(dir: &Path, keep: Option<u64>, background: bool) {
+/// Removes the generations of `dir` other than `keep` (left by a daemon that is gone),
+/// detaching any mount left in them first.
+fn remove_generations(dir: &Path, keep: Option<u64>) {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return;
     };
@@ -202,20 +222,11 @@ fn remove_generations(dir: &Path, keep: Option<u64>, background: bool) {
     if old.is_empty() {
         return;
     }
-    let work = move || {
-        for g in old {
-            detach(&g.join("lower"));
-            if let Err(e) = std::fs::remove_dir_all(&g) {
-                tracing::warn!("removing {}: {e}", g.display());
-            }
+    for g in old {
+        detach(&g.join("lower"));
+        if let Err(e) = std::fs::remove_dir_all(&g) {
+            tracing::warn!("removing {}: {e}", g.display());
         }
-    };
-    if background {
-        let _ = std::thread::Builder::new()
-            .name("casfs-overlay-gc".into())
-            .spawn(work);
-    } else {
-        work();
     }
 }
 
@@ -267,7 +278,7 @@ impl OverlayMount {
             let mut st = m.layers();
             m.mount_generation(&mut st)?;
         }
-        remove_generations(&m.dir, Some(generation), false);
+        remove_generations(&m.dir, Some(generation));
         Ok(m)
     }
 
@@ -476,16 +487,14 @@ impl OverlayMount {
             }
             return Err(e);
         }
+        let old_dir = self.gen_dir(st.generation);
         *st = next;
-        let keep = st.generation;
         drop(st);
-        // The old lower's daemon threads end once the detached overlay lets it go.
+        // Stamps name inodes of the old upper, whose numbers the new one may reuse.
+        self.cache.lock().unwrap_or_else(|p| p.into_inner()).clear();
         if let Some(v) = old_lower {
-            let _ = std::thread::Builder::new()
-                .name("casfs-lower-end".into())
-                .spawn(move || drop(v));
+            retire(old_dir, v);
         }
-        remove_generations(&self.dir, Some(keep), true);
         Ok(())
     }
 
@@ -555,11 +564,51 @@ impl Drop for OverlayMount {
     }
 }
 
-/// Whether the store holds uncaptured overlay work for `mountpoint` that a FUSE mount
-/// would not see: an upper that is not empty.
-pub(crate) fn has_overlay_work(store: &Store, mountpoint: &Path) -> CheckpointResult<bool> {
-    Ok(found_state(store, mountpoint)?
-        .is_some_and(|(_, _, g)| !upper_is_empty(&overlay_dir(store, mountpoint), g)))
+/// Hands `mountpoint` over to a FUSE mount: refuses (returns false) while an overlay of
+/// it holds uncaptured work (its content is not its base checkpoint's); otherwise
+/// removes the overlay's layers and record, so the FUSE mount starts from a checkpoint.
+pub(crate) fn release_to_fuse(store: &Store, mountpoint: &Path) -> CheckpointResult<bool> {
+    let Some((lower, tag, g)) = found_state(store, mountpoint)? else {
+        return Ok(true);
+    };
+    let dir = overlay_dir(store, mountpoint);
+    if !upper_is_empty(&dir, g) {
+        // The content, computed from the upper and the lower's trees (no mount needed).
+        let cache = Mutex::new(HashMap::new());
+        let mut cap = UpperCapture {
+            objects: store.objects(),
+            lower_root: lower,
+            filter: None,
+            cache: &cache,
+            stats: SnapshotStats::default(),
+        };
+        let upper = dir.join(g.to_string()).join("upper");
+        let _session = crate::cas::write_session(store.objects());
+        let merged = cap.dir(&upper, "", Some(lower))?;
+        let base = match tag.base {
+            Some(b) => Some(store.checkpoints().get(&b)?.body.root),
+            None => None,
+        };
+        let empty = crate::cas::store_tree(
+            store.objects(),
+            &crate::cas::Tree::from_sorted_entries(Vec::new()).expect("empty tree"),
+        )?
+        .0;
+        if merged != Some(base.unwrap_or(empty)) {
+            return Ok(false);
+        }
+    }
+    detach_leftovers(store, mountpoint);
+    let dirty = DirtyStore::new(store.database().clone(), mount_key(mountpoint));
+    let mut b = dirty.batch();
+    dirty.clear_all(&mut b);
+    dirty.commit(b)?;
+    dirty.sync()?;
+    match std::fs::remove_dir_all(&dir) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+        Err(e) => Err(CheckpointError::io(&dir, e)),
+    }
 }
 
 /// Detaches any overlay and lower a killed daemon left for `mountpoint` (so that its

@@ -1,0 +1,607 @@
+//! The two mount backends side by side with the kernel's floor, in one run, on a fresh
+//! journaled ext4 loop filesystem (this VM's root ext4 has no journal, and its create
+//! times swing tenfold after mass deletes): everything (stores, trees, uppers) lives on
+//! it.
+//!
+//! Backends, each a workspace over the same base tree (the "real" tree below):
+//! - `native`: a plain copy of the base on the loop filesystem;
+//! - `kernel-overlay`: the kernel's overlayfs, lower a plain copy of the base, upper and
+//!   work beside it (the floor of the overlay design);
+//! - `casfs-overlay`: `casfs mount --mode overlay` of the base's checkpoint;
+//! - `casfs-fuse`: `casfs mount --mode fuse` of the same checkpoint;
+//! - `fuse-overlayfs` (when installed): the userspace overlay over a plain copy.
+//!
+//! Operations (medians of `--reps` rounds, each round on a fresh workspace):
+//! cold `find` of the base (caches dropped), warm `find`, `rm -rf` of the base tree;
+//! untar of 30,000 files of 100 B ("small") and of the real tree; `rm -rf` of the new
+//! small tree; `git clone --no-hardlinks` of a local repository and the first
+//! `git status` after it; a small C build (`make -j2` of 120 generated files); a 1 GiB
+//! sequential write with fsync and its cold read.
+//!
+//! Then, per casfs backend: `casfs checkpoint` after 10 changed files on trees of
+//! 1k/10k/100k files, and `casfs restore` of the previous checkpoint (the daemon's own
+//! `duration_us` and the whole command).
+//!
+//! The real tree is /usr/share/man + /usr/include (about 29k files here). Results also
+//! go to `target/bench-overlay.json`.
+//!
+//! Run (root): `cargo bench --bench overlay -- [--reps 2] [--sizes 1k,10k,100k]
+//! [--repo PATH] [--no-ckpt] [--no-io]`
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+#[path = "common/mod.rs"]
+mod common;
+use common::*;
+
+fn casfs_bin() -> String {
+    std::env::var("CASFS_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_casfs").into())
+}
+
+fn q(p: &Path) -> String {
+    format!("'{}'", p.display().to_string().replace('\'', "'\\''"))
+}
+
+fn casfs_json(store: &Path, args: &[&str]) -> serde_json::Value {
+    let out = Command::new(casfs_bin())
+        .arg("--json")
+        .arg("--store")
+        .arg(store)
+        .args(args)
+        .env_remove("CASFS_STORE")
+        .env_remove("CASFS_MOUNT_MODE")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "casfs {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
+}
+
+fn drop_caches() {
+    let _ = sh("sync; echo 3 > /proc/sys/vm/drop_caches", &[]);
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// The loop filesystem; unmounted (and its image removed) when dropped.
+struct LoopFs {
+    dir: tempfile::TempDir,
+    mnt: PathBuf,
+}
+
+impl LoopFs {
+    fn new(gib: u64) -> LoopFs {
+        let dir = tempfile::Builder::new()
+            .prefix("casfs-ovb")
+            .tempdir()
+            .unwrap();
+        let img = dir.path().join("img");
+        let mnt = dir.path().join("fs");
+        fs::create_dir(&mnt).unwrap();
+        sh(
+            &format!(
+                "truncate -s {gib}G {i} && mkfs.ext4 -q {i} && mount -o loop {i} {m}",
+                i = q(&img),
+                m = q(&mnt)
+            ),
+            &[],
+        );
+        LoopFs { dir, mnt }
+    }
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        // Whatever is still mounted below it first (lazily: never hang).
+        let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let prefix = format!("{}/", self.mnt.display());
+        let mut below: Vec<&str> = info
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|m| m.starts_with(&prefix))
+            .collect();
+        below.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in below {
+            let _ = Command::new("umount").args(["-l", m]).status();
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        let _ = fs::remove_file(self.dir.path().join("img"));
+    }
+}
+
+/// A workspace of one backend over the base tree.
+struct Ws {
+    root: PathBuf,
+    unmount: Vec<PathBuf>,
+}
+
+impl Drop for Ws {
+    fn drop(&mut self) {
+        for m in &self.unmount {
+            let _ = Command::new("umount").arg(m).status();
+            let _ = Command::new("umount").arg("-l").arg(m).status();
+        }
+        // casfs daemons let their store go after the unmount.
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+struct Bench {
+    fs: PathBuf,
+    base: PathBuf,
+    /// Per backend: the casfs store holding the base's checkpoint.
+    stores: BTreeMap<String, PathBuf>,
+    results: BTreeMap<(String, String), Vec<f64>>,
+    failed: Vec<String>,
+    round: usize,
+}
+
+impl Bench {
+    fn workspace(&mut self, backend: &str) -> Ws {
+        self.round += 1;
+        let d = self.fs.join(format!("{backend}-{}", self.round));
+        fs::create_dir_all(&d).unwrap();
+        let m = d.join("ws");
+        fs::create_dir_all(&m).unwrap();
+        match backend {
+            "native" => {
+                sh(&format!("cp -a {}/. {}", q(&self.base), q(&m)), &[]);
+                Ws {
+                    root: m,
+                    unmount: vec![],
+                }
+            }
+            "kernel-overlay" | "fuse-overlayfs" => {
+                let (l, u, w) = (d.join("lower"), d.join("upper"), d.join("work"));
+                for p in [&l, &u, &w] {
+                    fs::create_dir_all(p).unwrap();
+                }
+                sh(&format!("cp -a {}/. {}", q(&self.base), q(&l)), &[]);
+                let opts = format!(
+                    "lowerdir={},upperdir={},workdir={}",
+                    l.display(),
+                    u.display(),
+                    w.display()
+                );
+                if backend == "kernel-overlay" {
+                    sh(
+                        &format!(
+                            "mount -t overlay overlay -o {opts},redirect_dir=on,xino=auto {}",
+                            q(&m)
+                        ),
+                        &[],
+                    );
+                } else {
+                    sh(&format!("fuse-overlayfs -o {opts} {}", q(&m)), &[]);
+                }
+                Ws {
+                    root: m.clone(),
+                    unmount: vec![m],
+                }
+            }
+            casfs => {
+                let mode = casfs.strip_prefix("casfs-").unwrap();
+                let store = self.stores[casfs].clone();
+                casfs_json(
+                    &store,
+                    &["mount", m.to_str().unwrap(), "-t", "base", "--mode", mode],
+                );
+                Ws {
+                    root: m.clone(),
+                    unmount: vec![m],
+                }
+            }
+        }
+    }
+
+    fn add(&mut self, op: &str, backend: &str, v: f64) {
+        self.results
+            .entry((op.to_string(), backend.to_string()))
+            .or_default()
+            .push(v);
+    }
+
+    /// Times `cmd`; a failure is noted (and reported) instead of a figure.
+    fn timed(&mut self, op: &str, backend: &str, cmd: &str, env: &[(&str, &str)]) {
+        let t = std::time::Instant::now();
+        let out = Command::new("sh")
+            .args(["-c", cmd])
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        let d = t.elapsed();
+        if out.status.success() {
+            self.add(op, backend, ms(d));
+        } else {
+            let why = String::from_utf8_lossy(&out.stderr);
+            let why = why.lines().next().unwrap_or("").to_string();
+            eprintln!("{op} on {backend} failed: {why}");
+            self.failed.push(format!("{op} on {backend}: {why}"));
+        }
+    }
+}
+
+/// 30,000 files of 100 B in 300 directories, as a tar file.
+fn small_tar(dir: &Path) -> PathBuf {
+    let src = dir.join("small-src");
+    for d in 0..300 {
+        let dd = src.join(format!("d{d:03}"));
+        fs::create_dir_all(&dd).unwrap();
+        for f in 0..100 {
+            fs::write(
+                dd.join(format!("f{f:03}.txt")),
+                [b'a' + (f % 26) as u8; 100],
+            )
+            .unwrap();
+        }
+    }
+    let tar = dir.join("small.tar");
+    sh(&format!("tar -C {} -cf {} .", q(&src), q(&tar)), &[]);
+    fs::remove_dir_all(&src).unwrap();
+    tar
+}
+
+/// A C project of `n` files and its Makefile.
+fn c_project(dir: &Path, n: usize) {
+    fs::create_dir_all(dir).unwrap();
+    let mut objs = Vec::new();
+    for i in 0..n {
+        fs::write(
+            dir.join(format!("u{i}.c")),
+            format!(
+                "#include <stdio.h>\n#include <string.h>\nint f{i}(int x) {{ char b[64]; \
+                 snprintf(b, sizeof b, \"%d\", x * {i}); return (int)strlen(b) + x; }}\n"
+            ),
+        )
+        .unwrap();
+        objs.push(format!("u{i}.o"));
+    }
+    let calls: String = (0..n).map(|i| format!("s += f{i}(s);")).collect();
+    let decls: String = (0..n).map(|i| format!("int f{i}(int);")).collect();
+    fs::write(
+        dir.join("main.c"),
+        format!("{decls}\nint main(void) {{ int s = 1; {calls} return s == 0; }}\n"),
+    )
+    .unwrap();
+    fs::write(
+        dir.join("Makefile"),
+        format!(
+            "prog: main.o {o}\n\tcc -o $@ $^\n%.o: %.c\n\tcc -O1 -c $< -o $@\n",
+            o = objs.join(" ")
+        ),
+    )
+    .unwrap();
+}
+
+fn main() {
+    let args = parse_bench_args(2);
+    let flag = |f: &str| args.flags.iter().any(|a| a == f);
+    let repo = args
+        .flags
+        .windows(2)
+        .find(|w| w[0] == "--repo")
+        .map(|w| PathBuf::from(&w[1]))
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("the overlay bench mounts loop filesystems and overlays: run it as root");
+        return;
+    }
+    let lfs = LoopFs::new(12);
+    let root = lfs.mnt.clone();
+    eprintln!("loop filesystem at {}", root.display());
+    let base = root.join("base");
+    fs::create_dir_all(&base).unwrap();
+    for src in ["/usr/share/man", "/usr/include"] {
+        if Path::new(src).is_dir() {
+            let name = Path::new(src).file_name().unwrap();
+            sh(&format!("cp -a {} {}", src, q(&base.join(name))), &[]);
+        }
+    }
+    let count = String::from_utf8(
+        Command::new("sh")
+            .args(["-c", &format!("find {} | wc -l", q(&base))])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let tars = root.join("tars");
+    fs::create_dir_all(&tars).unwrap();
+    let small = small_tar(&tars);
+    let real = tars.join("real.tar");
+    sh(&format!("tar -C {} -cf {} .", q(&base), q(&real)), &[]);
+    let bare = root.join("repo.git");
+    sh(
+        &format!(
+            "git clone -q --bare --no-hardlinks {} {}",
+            q(&repo),
+            q(&bare)
+        ),
+        &[],
+    );
+    let cproj = root.join("cproj");
+    c_project(&cproj, 120);
+
+    let mut backends = vec!["native", "kernel-overlay", "casfs-overlay", "casfs-fuse"];
+    if have("fuse-overlayfs") {
+        backends.push("fuse-overlayfs");
+    }
+    let mut b = Bench {
+        fs: root.clone(),
+        base: base.clone(),
+        stores: BTreeMap::new(),
+        results: BTreeMap::new(),
+        failed: Vec::new(),
+        round: 0,
+    };
+    for casfs in ["casfs-overlay", "casfs-fuse"] {
+        let store = root.join(format!("store-{casfs}"));
+        casfs_json(&store, &["capture", base.to_str().unwrap(), "-t", "base"]);
+        b.stores.insert(casfs.into(), store);
+    }
+    eprintln!("base: {} entries", count.trim());
+
+    if !flag("--no-io") {
+        for r in 0..args.reps {
+            for be in &backends {
+                eprintln!("round {}: {be}", r + 1);
+                let ws = b.workspace(be);
+                let w = ws.root.clone();
+                drop_caches();
+                b.timed(
+                    "cold find (base)",
+                    be,
+                    &format!("find {} | wc -l", q(&w)),
+                    &[],
+                );
+                b.timed(
+                    "warm find (base)",
+                    be,
+                    &format!("find {} | wc -l", q(&w)),
+                    &[],
+                );
+                b.timed(
+                    "rm -rf (base tree)",
+                    be,
+                    &format!("rm -rf {}/*", q(&w)),
+                    &[],
+                );
+                fs::create_dir_all(w.join("small")).unwrap();
+                b.timed(
+                    "untar small",
+                    be,
+                    &format!("tar -xf {} -C {}", q(&small), q(&w.join("small"))),
+                    &[],
+                );
+                b.timed(
+                    "rm -rf (new files)",
+                    be,
+                    &format!("rm -rf {}", q(&w.join("small"))),
+                    &[],
+                );
+                fs::create_dir_all(w.join("real")).unwrap();
+                b.timed(
+                    "untar real",
+                    be,
+                    &format!("tar -xf {} -C {}", q(&real), q(&w.join("real"))),
+                    &[],
+                );
+                b.timed(
+                    "git clone",
+                    be,
+                    &format!(
+                        "git -c gc.auto=0 clone -q --no-hardlinks {} {}",
+                        q(&bare),
+                        q(&w.join("clone"))
+                    ),
+                    GIT_ENV,
+                );
+                b.timed(
+                    "git status (first)",
+                    be,
+                    &format!(
+                        "git -C {} -c gc.auto=0 status --porcelain > /dev/null",
+                        q(&w.join("clone"))
+                    ),
+                    GIT_ENV,
+                );
+                sh(&format!("cp -a {} {}", q(&cproj), q(&w.join("cproj"))), &[]);
+                b.timed(
+                    "build (make -j2, 121 files)",
+                    be,
+                    &format!("make -s -j2 -C {} > /dev/null", q(&w.join("cproj"))),
+                    &[],
+                );
+                let big = w.join("big.bin");
+                b.timed(
+                    "write 1 GiB + fsync",
+                    be,
+                    &format!(
+                        "dd if=/dev/zero of={} bs=1M count=1024 conv=fsync status=none",
+                        q(&big)
+                    ),
+                    &[],
+                );
+                drop_caches();
+                b.timed(
+                    "cold read 1 GiB",
+                    be,
+                    &format!("cat {} > /dev/null", q(&big)),
+                    &[],
+                );
+                drop(ws);
+                // Give the space back: the round's directory, and a casfs store's
+                // uncaptured work (upper files) of the mount just dropped.
+                let _ = fs::remove_dir_all(w.parent().unwrap());
+                if let Some(store) = b.stores.get(*be) {
+                    let _ = fs::remove_dir_all(store.join("mounts"));
+                }
+            }
+        }
+    }
+
+    let mut ckpt: BTreeMap<(String, String), Vec<f64>> = BTreeMap::new();
+    if !flag("--no-ckpt") {
+        for &n in &args.sizes {
+            let tree = root.join(format!("tree-{n}"));
+            for i in 0..n {
+                let d = tree.join(format!("d{:03}", i / 100));
+                if i % 100 == 0 {
+                    fs::create_dir_all(&d).unwrap();
+                }
+                fs::write(
+                    d.join(format!("f{i}.txt")),
+                    format!("file {i}\n").repeat(10),
+                )
+                .unwrap();
+            }
+            for casfs in ["casfs-overlay", "casfs-fuse"] {
+                let mode = casfs.strip_prefix("casfs-").unwrap();
+                let store = root.join(format!("ck-{casfs}-{n}"));
+                let th = format!("t{n}");
+                casfs_json(&store, &["capture", tree.to_str().unwrap(), "-t", &th]);
+                let mp = root.join(format!("ck-mp-{casfs}-{n}"));
+                fs::create_dir_all(&mp).unwrap();
+                casfs_json(
+                    &store,
+                    &["mount", mp.to_str().unwrap(), "-t", &th, "--mode", mode],
+                );
+                let _ws = Ws {
+                    root: mp.clone(),
+                    unmount: vec![mp.clone()],
+                };
+                let mut prev = casfs_json(&store, &["status", mp.to_str().unwrap()])["base"]
+                    .as_str()
+                    .unwrap()
+                    .to_string();
+                for r in 0..args.reps.max(3) {
+                    for k in 0..10 {
+                        let i = k * (n / 10);
+                        let f = mp.join(format!("d{:03}/f{i}.txt", i / 100));
+                        let mut s = fs::read_to_string(&f).unwrap_or_default();
+                        s.push_str(&format!("change {r}\n"));
+                        fs::write(&f, s).unwrap();
+                    }
+                    let t = std::time::Instant::now();
+                    let cp = casfs_json(&store, &["checkpoint", mp.to_str().unwrap()]);
+                    let whole = ms(t.elapsed());
+                    let daemon = cp["duration_us"].as_f64().unwrap() / 1000.0;
+                    ckpt.entry((
+                        format!("checkpoint after 10 changes, {n} files"),
+                        casfs.into(),
+                    ))
+                    .or_default()
+                    .push(daemon);
+                    ckpt.entry((
+                        format!("checkpoint after 10 changes, {n} files (command)"),
+                        casfs.into(),
+                    ))
+                    .or_default()
+                    .push(whole);
+                    let id = cp["checkpoint"].as_str().unwrap().to_string();
+                    // Restore of the previous checkpoint (after the kernel saw the tree).
+                    let _ = sh(&format!("find {} > /dev/null", q(&mp)), &[]);
+                    let t = std::time::Instant::now();
+                    let rs =
+                        casfs_json(&store, &["restore", mp.to_str().unwrap(), &prev, "--force"]);
+                    let whole = ms(t.elapsed());
+                    ckpt.entry((format!("restore, {n} files"), casfs.into()))
+                        .or_default()
+                        .push(rs["duration_us"].as_f64().unwrap() / 1000.0);
+                    ckpt.entry((format!("restore, {n} files (command)"), casfs.into()))
+                        .or_default()
+                        .push(whole);
+                    // Back to the newest, to change it again.
+                    casfs_json(&store, &["restore", mp.to_str().unwrap(), &id, "--force"]);
+                    prev = id;
+                }
+            }
+            let _ = fs::remove_dir_all(&tree);
+        }
+    }
+
+    // Report: medians, and each backend's ratio to native (and to the kernel's overlay).
+    let med = |v: &Vec<f64>| {
+        let mut v = v.clone();
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v[v.len() / 2]
+    };
+    let mut out = serde_json::Map::new();
+    let ops: Vec<String> = {
+        let mut o: Vec<String> = b.results.keys().map(|(op, _)| op.clone()).collect();
+        o.dedup();
+        o
+    };
+    println!(
+        "\n| operation (ms, median of {}) | {} |",
+        args.reps,
+        backends.join(" | ")
+    );
+    println!("|---|{}", "---|".repeat(backends.len()));
+    for op in &ops {
+        let native = b.results.get(&(op.clone(), "native".into())).map(med);
+        let kovl = b
+            .results
+            .get(&(op.clone(), "kernel-overlay".into()))
+            .map(med);
+        let mut row = format!("| {op} |");
+        let mut jrow = serde_json::Map::new();
+        for be in &backends {
+            match b.results.get(&(op.clone(), be.to_string())) {
+                Some(v) => {
+                    let m = med(v);
+                    let r = native.map(|n| m / n).unwrap_or(f64::NAN);
+                    let k = kovl.map(|n| m / n).unwrap_or(f64::NAN);
+                    row.push_str(&format!(" {m:.0} ({r:.2}x / {k:.2}x) |"));
+                    jrow.insert(
+                        be.to_string(),
+                        serde_json::json!({"median_ms": m, "runs": v, "vs_native": r, "vs_kernel_overlay": k}),
+                    );
+                }
+                None => row.push_str(" - |"),
+            }
+        }
+        println!("{row}");
+        out.insert(op.clone(), jrow.into());
+    }
+    println!("(ratios: to native / to the kernel's overlayfs over ext4)");
+    for f in &b.failed {
+        println!("failed: {f}");
+    }
+    out.insert("failed".into(), serde_json::json!(b.failed));
+    if !ckpt.is_empty() {
+        println!(
+            "\n| casfs (ms, median of {}) | casfs-overlay | casfs-fuse |",
+            args.reps.max(3)
+        );
+        println!("|---|---|---|");
+        let mut ops: Vec<String> = ckpt.keys().map(|(op, _)| op.clone()).collect();
+        ops.dedup();
+        for op in ops {
+            let o = ckpt.get(&(op.clone(), "casfs-overlay".into())).map(med);
+            let f = ckpt.get(&(op.clone(), "casfs-fuse".into())).map(med);
+            println!(
+                "| {op} | {:.1} | {:.1} |",
+                o.unwrap_or(f64::NAN),
+                f.unwrap_or(f64::NAN)
+            );
+            out.insert(op, serde_json::json!({"casfs-overlay": o, "casfs-fuse": f}));
+        }
+    }
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-overlay.json");
+    let _ = fs::write(&path, serde_json::to_vec_pretty(&out).unwrap());
+    eprintln!("wrote {}", path.display());
+    drop(b);
+    drop(lfs);
+}

@@ -1,0 +1,263 @@
+//! The two mount backends agree: one workload script (creates, modifies, deletes,
+//! renames of base directories, a directory replaced, metadata-only changes, xattrs,
+//! symlinks, a fifo, a hard link) run in a FUSE mount, in an overlay mount and in a
+//! plain directory gives the same root tree, byte for byte. And what only the overlay
+//! backend has: a restore in place while a process holds the old tree.
+
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+
+use crate::common::*;
+use crate::MountGuard;
+
+/// The changes, as a shell script run in the workspace; every entry's times are then
+/// set to one value (times differ between runs otherwise).
+const WORKLOAD: &str = r#"
+set -e
+echo more >> a.txt
+echo n > new.txt
+mkdir -p newdir/deep && echo d > newdir/deep/f
+rm -r gone
+mv mvdir renamed
+echo w2 > renamed/inner/w2
+mv keep/sub/y keep/y-moved
+rm keep/x
+rm -r replace_dir && mkdir replace_dir && echo r > replace_dir/r
+chmod 600 mode.sh
+chmod 700 keep
+python3 -c "import os; os.setxattr('xa', 'user.k', b'v2'); os.setxattr('keep', 'user.d', b'dir')"
+ln -sf new.txt ln
+mkfifo fifo
+ln new.txt hard
+echo t > tmp && rm tmp
+mkdir emptied && rmdir emptied
+find . -exec touch -h -d @1700000000 {} +
+"#;
+
+fn base(dir: &Path) {
+    fs::create_dir_all(dir.join("keep/sub")).unwrap();
+    fs::create_dir_all(dir.join("gone/g2")).unwrap();
+    fs::create_dir_all(dir.join("mvdir/inner")).unwrap();
+    fs::create_dir_all(dir.join("replace_dir")).unwrap();
+    fs::write(dir.join("a.txt"), "A\n").unwrap();
+    fs::write(dir.join("keep/x"), "x").unwrap();
+    fs::write(dir.join("keep/sub/y"), "y").unwrap();
+    fs::write(dir.join("gone/z"), "z").unwrap();
+    fs::write(dir.join("gone/g2/z2"), "z2").unwrap();
+    fs::write(dir.join("mvdir/inner/w"), "w").unwrap();
+    fs::write(dir.join("replace_dir/q"), "q").unwrap();
+    fs::write(dir.join("mode.sh"), "#!/bin/sh\n").unwrap();
+    fs::write(dir.join("xa"), "xattrs").unwrap();
+    set_xattr(&dir.join("xa"), "user.k", b"v");
+    std::os::unix::fs::symlink("a.txt", dir.join("ln")).unwrap();
+    fs::write(dir.join("big.bin"), pattern(3 << 20, 5)).unwrap();
+}
+
+fn run_workload(dir: &Path) {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(WORKLOAD)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "workload in {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn root_of(store: &Path, id: &str) -> String {
+    let v = json(store, &["show", id]);
+    v["root"]
+        .as_str()
+        .or(v["body"]["root"].as_str())
+        .unwrap_or_else(|| panic!("no root in {v}"))
+        .to_string()
+}
+
+#[test]
+fn one_workload_gives_one_tree_in_both_backends_and_a_plain_directory() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("base");
+    base(&src);
+    let mut roots = Vec::new();
+    for mode in ["fuse", "overlay"] {
+        let store = t.path().join(format!("store-{mode}"));
+        ok(&store, &["capture", src.to_str().unwrap(), "-t", "w"]);
+        let mp = t.path().join(format!("mnt-{mode}"));
+        fs::create_dir(&mp).unwrap();
+        let _g = MountGuard::new(&mp);
+        ok(
+            &store,
+            &["mount", mp.to_str().unwrap(), "-t", "w", "--mode", mode],
+        );
+        run_workload(&mp);
+        let cp = json(&store, &["checkpoint", mp.to_str().unwrap()]);
+        assert_eq!(cp["ok"], true, "{cp}");
+        let id = cp["checkpoint"].as_str().unwrap().to_string();
+        let st = json(&store, &["status", mp.to_str().unwrap()]);
+        assert_eq!(st["dirty_files"], 0, "{mode}: {st}");
+        assert_eq!(st["mode"], mode);
+        // What the checkpoint holds is what the mount shows.
+        let shown = snapshot(&mp);
+        ok(&store, &["unmount", mp.to_str().unwrap()]);
+        let out = t.path().join(format!("out-{mode}"));
+        ok(&store, &["restore", out.to_str().unwrap(), "--at", &id]);
+        assert_eq!(snapshot(&out), shown, "{mode}: restored vs mounted");
+        roots.push((mode, root_of(&store, &id)));
+        ok(&store, &["fsck"]);
+    }
+    // The same changes made to a plain copy, captured.
+    let plain = t.path().join("plain");
+    fs::create_dir(&plain).unwrap();
+    Command::new("cp")
+        .args([
+            "-a",
+            &format!("{}/.", src.display()),
+            plain.to_str().unwrap(),
+        ])
+        .status()
+        .unwrap();
+    run_workload(&plain);
+    let store = t.path().join("store-plain");
+    let c = json(&store, &["capture", plain.to_str().unwrap(), "-t", "p"]);
+    let id = c["checkpoint"]["id"].as_str().unwrap().to_string();
+    roots.push(("plain", root_of(&store, &id)));
+    assert!(
+        roots.iter().all(|(_, r)| *r == roots[0].1),
+        "root trees differ: {roots:?}"
+    );
+}
+
+/// An overlay restore mounts a new generation in place: a process inside keeps the old
+/// tree (its cwd and open files), new lookups see the restored one, the old layers go
+/// once let go, and nothing of them is left under the store.
+#[test]
+fn an_overlay_restore_leaves_holders_on_the_old_tree() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("s");
+    let mp = t.path().join("mnt");
+    fs::create_dir(&mp).unwrap();
+    let _g = MountGuard::new(&mp);
+    ok(
+        &store,
+        &[
+            "mount",
+            mp.to_str().unwrap(),
+            "-t",
+            "r",
+            "--mode",
+            "overlay",
+        ],
+    );
+    fs::create_dir(mp.join("d")).unwrap();
+    fs::write(mp.join("d/f"), "one").unwrap();
+    let first = json(&store, &["checkpoint", mp.to_str().unwrap()]);
+    fs::write(mp.join("d/f"), "two").unwrap();
+    fs::write(mp.join("d/g"), "new").unwrap();
+    json(&store, &["checkpoint", mp.to_str().unwrap()]);
+    let held = fs::File::open(mp.join("d/f")).unwrap();
+    let cwd = fs::File::open(mp.join("d")).unwrap();
+    let r = json(
+        &store,
+        &[
+            "restore",
+            mp.to_str().unwrap(),
+            first["checkpoint"].as_str().unwrap(),
+        ],
+    );
+    assert!(r["duration_us"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(fs::read_to_string(mp.join("d/f")).unwrap(), "one");
+    assert!(!mp.join("d/g").exists());
+    // The holder still reads the old file and lists the old directory.
+    let mut s = String::new();
+    use std::io::Read;
+    (&held).read_to_string(&mut s).unwrap();
+    assert_eq!(s, "two");
+    let old: Vec<_> = fs::read_dir(format!("/proc/self/fd/{}", {
+        use std::os::fd::AsRawFd;
+        cwd.as_raw_fd()
+    }))
+    .unwrap()
+    .map(|e| e.unwrap().file_name())
+    .collect();
+    assert_eq!(old.len(), 2, "{old:?}");
+    drop((held, cwd));
+    // One generation is left under the store (the old one is removed in the background).
+    let key_dir = fs::read_dir(store.join("mounts"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    assert!(crate::wait_for(std::time::Duration::from_secs(10), || {
+        fs::read_dir(key_dir.join("overlay")).unwrap().count() == 1
+    }));
+    let st = json(&store, &["status", mp.to_str().unwrap()]);
+    assert_eq!(
+        (st["dirty_files"].as_u64(), st["mode"].as_str()),
+        (Some(0), Some("overlay"))
+    );
+    ok(&store, &["unmount", mp.to_str().unwrap()]);
+    assert!(!casfs::fs::is_overlay_mount(&mp));
+    // No mount of it is left anywhere (the lower views included).
+    assert!(crate::wait_for(std::time::Duration::from_secs(10), || {
+        crate::mounts_under(t.path()).is_empty()
+    }));
+}
+
+/// Uncaptured work of one backend is never dropped by the other: mounting with the
+/// other mode is refused until it is checkpointed, and then starts at that checkpoint.
+#[test]
+fn switching_backends_keeps_uncaptured_work() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("s");
+    let mp = t.path().join("mnt");
+    fs::create_dir(&mp).unwrap();
+    let _g = MountGuard::new(&mp);
+    let m = mp.to_str().unwrap();
+    let mount = |mode: &str| casfs(&store, &["mount", m, "-t", "sw", "--mode", mode]);
+    let unmount = || {
+        ok(&store, &["unmount", m]);
+        assert!(crate::wait_for(std::time::Duration::from_secs(10), || {
+            !fs::read_dir(store.join("mounts"))
+                .unwrap()
+                .flatten()
+                .any(|d| d.path().join("pid").exists())
+        }));
+    };
+    for (from, to) in [("overlay", "fuse"), ("fuse", "overlay")] {
+        assert!(mount(from).status.success());
+        fs::write(mp.join(format!("by-{from}")), from).unwrap();
+        unmount();
+        let out = mount(to);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{from} -> {to}: {err}");
+        assert!(err.contains("uncaptured"), "{err}");
+        assert!(mount(from).status.success());
+        assert_eq!(
+            fs::read_to_string(mp.join(format!("by-{from}"))).unwrap(),
+            from
+        );
+        ok(&store, &["checkpoint", m]);
+        unmount();
+        assert!(
+            mount(to).status.success(),
+            "{from} -> {to} after a checkpoint"
+        );
+        let st = json(&store, &["status", m]);
+        assert_eq!(
+            (st["mode"].as_str(), st["dirty_files"].as_u64()),
+            (Some(to), Some(0))
+        );
+        assert_eq!(
+            fs::read_to_string(mp.join(format!("by-{from}"))).unwrap(),
+            from
+        );
+        unmount();
+    }
+    ok(&store, &["fsck"]);
+}
