@@ -105,6 +105,9 @@ impl Watcher {
                 let target = m.workspace().expect("a FUSE mount").last_event();
                 Box::new(move |d| d.seq >= target)
             }
+            // An overlay sandbox unmounted behind the run's back: no change can reach
+            // its watch any more, and a marker would land in the directory underneath.
+            SandboxWorkspace::Mount(m) if m.is_finished() => Box::new(|_| true),
             _ => {
                 // inotify has one queue: once a file made now is reported, so is every
                 // change made before it.

@@ -375,11 +375,12 @@ impl OverlayMount {
             filter,
             cache: &self.cache,
             stats: SnapshotStats::default(),
+            kept_back: Vec::new(),
         };
         let root = cap.dir(&upper, "", Some(lower_root))?.ok_or_else(|| {
             CheckpointError::Invalid(format!("{}: the upper is gone", upper.display()))
         })?;
-        let mut stats = cap.stats;
+        let mut stats = std::mem::take(&mut cap.stats);
         // What changed is told against the last checkpoint (what the upper holds is
         // against the lower, which a checkpoint does not move).
         let previous = match self.tag().base {
@@ -398,7 +399,11 @@ impl OverlayMount {
             &mut stats.removed_paths,
             &mut stats.dirs_written,
         )?;
-        Ok((root, stats, changes.now))
+        let mut now = changes.now;
+        for p in &cap.kept_back {
+            now.remove(p);
+        }
+        Ok((root, stats, now))
     }
 
     /// Records a checkpoint: `tag` is the mount's from now on, `stamps` what it holds.
@@ -581,6 +586,7 @@ pub(crate) fn release_to_fuse(store: &Store, mountpoint: &Path) -> CheckpointRes
             filter: None,
             cache: &cache,
             stats: SnapshotStats::default(),
+            kept_back: Vec::new(),
         };
         let upper = dir.join(g.to_string()).join("upper");
         let _session = crate::cas::write_session(store.objects());

@@ -88,6 +88,10 @@ pub(super) struct UpperCapture<'a> {
     pub filter: Option<&'a dyn SnapshotFilter>,
     pub cache: &'a HashCache,
     pub stats: SnapshotStats,
+    /// Entries the filter left out or stored in another form (a secret replaced):
+    /// they stay uncaptured, as with the FUSE backend, so the next checkpoint looks at
+    /// them again.
+    pub kept_back: Vec<String>,
 }
 
 /// Whether `m` (with xattrs `x`) is a whiteout: a removed lower entry.
@@ -226,6 +230,7 @@ impl UpperCapture<'_> {
             if let Some(f) = self.filter {
                 if !f.keep(&child_rel, kind, size) {
                     // Left out: the lower's entry (if any) stays what the tree holds.
+                    self.kept_back.push(child_rel);
                     continue;
                 }
             }
@@ -363,7 +368,10 @@ impl UpperCapture<'_> {
                 None => None,
             };
             let fref = match other {
-                Some(data) => store_bytes(self.objects, &data, &mut s)?,
+                Some(data) => {
+                    self.kept_back.push(rel.to_string());
+                    store_bytes(self.objects, &data, &mut s)?
+                }
                 None => {
                     file.rewind().map_err(io(path))?;
                     if before.size <= (1 << 20) {
