@@ -903,6 +903,7 @@ async fn sandboxes(State(s): State<Arc<Server>>) -> ApiResult {
                     if let Some(m) = h.mount() {
                         let (tag, st) = m.status();
                         v["thread"] = json!(tag.thread);
+                        v["mode"] = json!(m.mode());
                         v["dirty_files"] = json!(st.dirty_files);
                         v["dirty_bytes"] = json!(st.dirty_bytes);
                     }

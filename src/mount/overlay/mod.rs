@@ -136,6 +136,35 @@ fn detach(path: &Path) {
     }
 }
 
+/// Detaches the overlay (st_dev `dev`) at `path` and returns once the path no longer
+/// shows it. The detach itself runs on a thread of its own: when the last reference to
+/// an overlay goes, the kernel syncs its upper filesystem (overlayfs's sync_fs), which
+/// with a large file freshly written takes tens of milliseconds that a restore need not
+/// wait for (the new overlay does not depend on it).
+fn detach_quickly(path: &Path, dev: u64) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = path.to_path_buf();
+    let spawned = std::thread::Builder::new()
+        .name("casfs-detach".into())
+        .spawn(move || {
+            detach(&p);
+            let _ = tx.send(());
+        });
+    if spawned.is_err() {
+        return detach(path);
+    }
+    let start = std::time::Instant::now();
+    while st_dev(path) == dev && start.elapsed() < std::time::Duration::from_secs(2) {
+        if rx.try_recv().is_ok() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    if st_dev(path) == dev {
+        let _ = rx.recv();
+    }
+}
+
 /// An overlayfs mount option's path: `\`, `,` and `:` escaped (the kernel splits
 /// options at `,` and lower layers at `:`).
 fn escape(p: &Path) -> String {
@@ -472,7 +501,7 @@ impl OverlayMount {
             captured: HashMap::new(),
         };
         if st.mounted && st_dev(&self.mountpoint) == st.dev {
-            detach(&self.mountpoint);
+            detach_quickly(&self.mountpoint, st.dev);
         }
         st.mounted = false;
         if let Err(e) = self.mount_generation(&mut next) {
