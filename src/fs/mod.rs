@@ -81,27 +81,11 @@ impl Mounted {
             return Ok(());
         };
         if !s.guard.is_finished() && self.ours_on_top() {
-            let c = CString::new(self.mountpoint.as_os_str().as_bytes())
-                .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
             // A file closed just now keeps the mount busy until the daemon has answered
             // the kernel's asynchronous release of it: busy is tried again for a while.
-            let start = std::time::Instant::now();
-            loop {
-                // SAFETY: a NUL-terminated path.
-                if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
-                    break;
-                }
-                let e = std::io::Error::last_os_error();
-                match e.raw_os_error() {
-                    Some(libc::EINVAL) => break,
-                    Some(libc::EBUSY) if start.elapsed() < BUSY_WAIT => {
-                        std::thread::sleep(std::time::Duration::from_millis(10));
-                    }
-                    _ => {
-                        self.session = Some(s);
-                        return Err(e);
-                    }
-                }
+            if let Err(e) = unmount_retrying(&self.mountpoint) {
+                self.session = Some(s);
+                return Err(e);
             }
             // Unmounted: the kernel ends the connection and the threads return.
             let start = std::time::Instant::now();
@@ -127,6 +111,29 @@ impl Mounted {
     fn ours_on_top(&self) -> bool {
         let now = std::fs::metadata(&self.mountpoint).ok().map(|m| m.dev());
         self.dev.is_some() && now == self.dev
+    }
+}
+
+/// Unmounts whatever is mounted at `path` (not lazily), trying again for a while
+/// (`BUSY_WAIT`) while it is busy; nothing mounted there (EINVAL) is success. A mount
+/// still busy after that is the error, and stays mounted.
+pub fn unmount_retrying(path: &Path) -> std::io::Result<()> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let start = std::time::Instant::now();
+    loop {
+        // SAFETY: a NUL-terminated path.
+        if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINVAL) => return Ok(()),
+            Some(libc::EBUSY) if start.elapsed() < BUSY_WAIT => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            _ => return Err(e),
+        }
     }
 }
 

@@ -206,18 +206,8 @@ impl MountedThread {
         opts: &WorkspaceOptions,
     ) -> CheckpointResult<MountedThread> {
         let session = crate::cas::write_session(store.objects());
-        let cps = store.checkpoints();
-        let head = cps.head(&thread)?;
-        let base = at.or(head);
-        let root = match base {
-            Some(id) => cps.get(&id)?.body.root,
-            None => empty_tree(&store)?,
-        };
-        let tag = MountTag {
-            thread: thread.clone(),
-            base,
-            expected_head: head,
-        };
+        let (head, root, tag) = start_point(&store, &thread, at)?;
+        let base = tag.base;
         let dir = mount_dir(store.root(), mountpoint);
         let ws = Workspace::open(
             store.objects_shared(),
@@ -303,17 +293,8 @@ impl MountedThread {
             )));
         }
         let cps = store.checkpoints();
-        let head = cps.head(&thread)?;
-        let base = at.or(head);
-        let root = match base {
-            Some(id) => cps.get(&id)?.body.root,
-            None => empty_tree(&store)?,
-        };
-        let tag = MountTag {
-            thread: thread.clone(),
-            base,
-            expected_head: head,
-        };
+        let (head, root, tag) = start_point(&store, &thread, at)?;
+        let base = tag.base;
         let view = crate::fs::ViewOptions {
             chunk_cache_bytes: opts.chunk_cache_bytes,
             threads: opts.threads,
@@ -338,7 +319,7 @@ impl MountedThread {
                         // Nothing uncaptured and the thread moved on: follow it.
                         ov.swap(root, tag, true)?;
                     }
-                } else if let Some(landed) = landed_checkpoint(&store, &f, head, merged)? {
+                } else if let Some(landed) = landed_checkpoint(&store, &f, head, || Ok(merged))? {
                     ov.finish(landed, HashMap::new())?;
                     ov.mark_captured()?;
                 }
@@ -673,24 +654,24 @@ impl Pending<'_> {
 
 /// A daemon killed between appending a checkpoint and recording it leaves the mount on
 /// a head the thread has moved past. If the head's parent is the expected head and its
-/// root is what the mount holds (`merged`), that checkpoint is this work: the tag to
-/// adopt it with.
+/// root is what the mount holds (`content`, computed only then), that checkpoint is
+/// this work: the tag to adopt it with.
 fn landed_checkpoint(
     store: &Store,
     found: &MountTag,
     head: Option<CheckpointId>,
-    merged: TreeId,
+    content: impl FnOnce() -> CheckpointResult<TreeId>,
 ) -> CheckpointResult<Option<MountTag>> {
     let Some(head) = head else { return Ok(None) };
     if found.expected_head == Some(head) {
         return Ok(None);
     }
     let cp = store.checkpoints().get(&head)?;
-    if cp.body.parent_id != found.expected_head || cp.body.root != merged {
+    if cp.body.parent_id != found.expected_head || content()? != cp.body.root {
         return Ok(None);
     }
     tracing::info!(
-        "checkpoint {} of thread {} holds this overlay's uncaptured work (its daemon \
+        "checkpoint {} of thread {} holds this mount's uncaptured work (its daemon \
          stopped before recording it): adopting it as the base",
         head.short(),
         found.thread
@@ -713,8 +694,8 @@ fn overlay_is_captured(store: &Store, ov: &OverlayMount, f: &MountTag) -> Checkp
 }
 
 /// A daemon killed between appending a checkpoint and recording it in the dirty set
-/// leaves the dirty set as it was, on a base the thread has moved past: the head's
-/// parent is the expected head. If the dirty set still snapshots to exactly the head's
+/// leaves the dirty set as it was, on a base the thread has moved past. If the head's
+/// parent is the expected head and the uncaptured work snapshots to exactly the head's
 /// root, that checkpoint is this work: the workspace adopts it as its base (nothing
 /// changes in its content). Otherwise the work stays as it is (a checkpoint of it then
 /// meets the moved head and says so).
@@ -724,30 +705,16 @@ fn adopt_landed_checkpoint(
     found: Option<&MountTag>,
     head: Option<CheckpointId>,
 ) -> CheckpointResult<()> {
-    let (Some(found), Some(head)) = (found, head) else {
-        return Ok(());
-    };
-    if found.expected_head == Some(head) {
-        return Ok(());
-    }
-    let cp = store.checkpoints().get(&head)?;
-    if cp.body.parent_id != found.expected_head {
-        return Ok(());
-    }
+    let Some(found) = found else { return Ok(()) };
+    let mut root = None;
     // What the uncaptured work would store, without making it the base.
-    let root = ws.begin_snapshot(None).map_err(ws_err)?.root();
-    if root == cp.body.root {
-        tracing::info!(
-            "checkpoint {} of thread {} holds this workspace's uncaptured work (its daemon \
-             stopped before recording it): adopting it as the base",
-            head.short(),
-            found.thread
-        );
-        let tag = MountTag {
-            thread: found.thread.clone(),
-            base: Some(head),
-            expected_head: Some(head),
-        };
+    let content = || {
+        let r = ws.begin_snapshot(None).map_err(ws_err)?.root();
+        root = Some(r);
+        Ok(r)
+    };
+    if let Some(tag) = landed_checkpoint(store, found, head, content)? {
+        let root = root.expect("the content was computed");
         ws.swap_root(root, tag.to_tag(), true).map_err(ws_err)?;
     }
     Ok(())
@@ -805,6 +772,28 @@ fn start_prefetch(store: &Arc<Store>, id: CheckpointId) {
                 id.short()
             );
         });
+}
+
+/// Where a mount of `thread` starts: the thread's head, the tree of `at` (or the
+/// head; empty without either), and the tag of that start.
+fn start_point(
+    store: &Store,
+    thread: &ThreadId,
+    at: Option<CheckpointId>,
+) -> CheckpointResult<(Option<CheckpointId>, TreeId, MountTag)> {
+    let cps = store.checkpoints();
+    let head = cps.head(thread)?;
+    let base = at.or(head);
+    let root = match base {
+        Some(id) => cps.get(&id)?.body.root,
+        None => empty_tree(store)?,
+    };
+    let tag = MountTag {
+        thread: thread.clone(),
+        base,
+        expected_head: head,
+    };
+    Ok((head, root, tag))
 }
 
 fn empty_tree(store: &Store) -> CheckpointResult<TreeId> {

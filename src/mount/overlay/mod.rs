@@ -29,8 +29,8 @@ use crate::cas::TreeId;
 use crate::checkpoint::{mount_dir, CheckpointError, CheckpointResult, MountTag, Store};
 use crate::fs::dirty::{DirtyStore, MountMeta};
 use crate::fs::{
-    is_overlay_mount, mount_key, mount_tree, MountedTree, ReadMode, SnapshotFilter, SnapshotStats,
-    ViewOptions, WorkspaceStatus,
+    is_overlay_mount, mount_key, mount_tree, unmount_retrying, MountedTree, ReadMode,
+    SnapshotFilter, SnapshotStats, ViewOptions, WorkspaceStatus,
 };
 pub(crate) use upper::Stamp;
 use upper::{changes_since, HashCache, UpperCapture, UpperError};
@@ -542,24 +542,7 @@ impl OverlayMount {
     pub fn unmount(&self) -> std::io::Result<()> {
         let mut st = self.layers();
         if st.mounted && is_overlay_mount(&self.mountpoint) && st_dev(&self.mountpoint) == st.dev {
-            let c = cstr(&self.mountpoint)?;
-            let start = std::time::Instant::now();
-            loop {
-                // SAFETY: a NUL-terminated path.
-                if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
-                    break;
-                }
-                let e = std::io::Error::last_os_error();
-                match e.raw_os_error() {
-                    Some(libc::EINVAL) => break,
-                    Some(libc::EBUSY)
-                        if start.elapsed() < std::time::Duration::from_millis(500) =>
-                    {
-                        std::thread::sleep(std::time::Duration::from_millis(10));
-                    }
-                    _ => return Err(e),
-                }
-            }
+            unmount_retrying(&self.mountpoint)?;
         }
         st.mounted = false;
         if let Some(v) = st.lower.take() {
