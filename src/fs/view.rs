@@ -31,6 +31,10 @@ pub struct ViewOptions {
     pub threads: usize,
     /// Let other users in (as `allow_other`); permissions are still enforced.
     pub allow_other: bool,
+    /// Read the tree's directories ahead in the background, up to this many entries
+    /// (0: none): a first listing then finds its tree decoded and verified already
+    /// instead of reading it from the store (the overlay's lower).
+    pub read_ahead_dirs: usize,
 }
 
 impl Default for ViewOptions {
@@ -39,6 +43,7 @@ impl Default for ViewOptions {
             chunk_cache_bytes: 64 << 20,
             threads: 4,
             allow_other: false,
+            read_ahead_dirs: 0,
         }
     }
 }
@@ -71,6 +76,8 @@ struct Inodes {
 pub struct TreeView {
     objects: Arc<dyn ObjectStore>,
     inodes: RwLock<Inodes>,
+    /// Directory trees read ahead (`ViewOptions::read_ahead_dirs`), by id.
+    ahead: Arc<RwLock<HashMap<TreeId, Arc<Tree>>>>,
     reader: ChunkReader,
     uid: u32,
     gid: u32,
@@ -110,10 +117,15 @@ impl TreeView {
             }],
             by_name: HashMap::new(),
         };
+        let ahead = Arc::new(RwLock::new(HashMap::new()));
+        if opts.read_ahead_dirs > 0 {
+            read_ahead(objects.clone(), root, ahead.clone(), opts.read_ahead_dirs);
+        }
         TreeView {
             reader: ChunkReader::new(Arc::clone(&objects), opts.chunk_cache_bytes),
             objects,
             inodes: RwLock::new(inodes),
+            ahead,
             // SAFETY: getuid and getgid cannot fail.
             uid: unsafe { libc::getuid() },
             // SAFETY: as above.
@@ -153,6 +165,10 @@ impl TreeView {
             return Err(Errno::ENOTDIR);
         };
         let load = || {
+            let ahead = self.ahead.read().unwrap_or_else(|p| p.into_inner()).get(&id).cloned();
+            if let Some(t) = ahead {
+                return Ok(Loaded::Tree(t));
+            }
             let tree = load_tree(self.objects.as_ref(), &id).map_err(eio)?;
             Ok(Loaded::Tree(Arc::new(tree)))
         };
@@ -440,6 +456,41 @@ impl Filesystem for TreeView {
             Err(e) => reply.error(e),
         }
     }
+}
+
+/// Reads the directories of `root` breadth-first into `ahead` on a thread of its own,
+/// until `limit` entries are held. A tree that fails to load is left to the request that
+/// needs it (which reports the error).
+fn read_ahead(
+    objects: Arc<dyn ObjectStore>,
+    root: TreeId,
+    ahead: Arc<RwLock<HashMap<TreeId, Arc<Tree>>>>,
+    limit: usize,
+) {
+    let _ = std::thread::Builder::new()
+        .name("casfs-read-ahead".into())
+        .spawn(move || {
+            let mut queue = std::collections::VecDeque::from([root]);
+            let mut held = 0usize;
+            while let Some(id) = queue.pop_front() {
+                // The view is gone (unmounted): stop.
+                if Arc::strong_count(&ahead) == 1 {
+                    return;
+                }
+                let Ok(tree) = load_tree(objects.as_ref(), &id) else {
+                    continue;
+                };
+                held += tree.len();
+                queue.extend(tree.entries().iter().filter_map(|e| e.tree_id()));
+                ahead
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(id, Arc::new(tree));
+                if held >= limit {
+                    return;
+                }
+            }
+        });
 }
 
 /// A mounted view; unmounted when dropped or by [`Mounted::unmount`].

@@ -299,6 +299,9 @@ impl MountedThread {
             chunk_cache_bytes: opts.chunk_cache_bytes,
             threads: opts.threads,
             allow_other: true,
+            // The lower's listings start warm: up to 256k entries (about 100 B each)
+            // read ahead.
+            read_ahead_dirs: 1 << 18,
         };
         let found = overlay::found_state(&store, mountpoint)?;
         let mount = |lower, tag, generation| {
