@@ -79,7 +79,12 @@ mod tests {
         let stale = std::os::unix::net::UnixListener::bind(&path).unwrap();
         drop(stale);
         assert!(UnixStream::connect(&path).is_err());
+        let replaced = super::bind_private_socket(&path).unwrap();
+        UnixStream::connect(&path).expect("the stale socket is replaced");
+        drop(replaced);
         for _ in 0..200 {
+            // The last round's socket goes first: the watcher must see only the new one.
+            let _ = std::fs::remove_file(&path);
             let path2 = path.clone();
             let watcher = std::thread::spawn(move || loop {
                 if let Ok(m) = std::fs::symlink_metadata(&path2) {
@@ -88,7 +93,6 @@ mod tests {
                 }
                 std::thread::yield_now();
             });
-            let _ = std::fs::remove_file(&path);
             let l = super::bind_private_socket(&path).unwrap();
             watcher
                 .join()

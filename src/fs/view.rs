@@ -165,7 +165,12 @@ impl TreeView {
             return Err(Errno::ENOTDIR);
         };
         let load = || {
-            let ahead = self.ahead.read().unwrap_or_else(|p| p.into_inner()).get(&id).cloned();
+            let ahead = self
+                .ahead
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&id)
+                .cloned();
             if let Some(t) = ahead {
                 return Ok(Loaded::Tree(t));
             }
