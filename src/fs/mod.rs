@@ -190,10 +190,20 @@ pub fn is_fuse_mount(path: &std::path::Path) -> bool {
     statfs(path).is_ok_and(|st| st.f_type == FUSE_SUPER_MAGIC)
 }
 
-/// Whether `path` is the root of an overlayfs mount (or inside one).
+/// Whether `path` is the root of an overlayfs mount: an overlay filesystem whose device
+/// differs from its parent directory's (a plain directory inside an overlay, as in a
+/// container whose root is one, is not).
 pub fn is_overlay_mount(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
     const OVERLAYFS_SUPER_MAGIC: libc::c_long = 0x794c_7630;
-    statfs(path).is_ok_and(|st| st.f_type as libc::c_long == OVERLAYFS_SUPER_MAGIC)
+    if !statfs(path).is_ok_and(|st| st.f_type as libc::c_long == OVERLAYFS_SUPER_MAGIC) {
+        return false;
+    }
+    let dev = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.dev()).ok();
+    match dev(&path.join("..")) {
+        Some(parent) => dev(path) != Some(parent),
+        None => true,
+    }
 }
 
 /// Whether `path` is a FUSE mount whose daemon is gone ("transport endpoint is not
