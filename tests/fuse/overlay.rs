@@ -155,6 +155,9 @@ fn an_overlay_restore_leaves_holders_on_the_old_tree() {
     );
     fs::create_dir(mp.join("d")).unwrap();
     fs::write(mp.join("d/f"), "one").unwrap();
+    // The mount's root is an overlay mount; a directory inside it is not.
+    assert!(casfs::fs::is_overlay_mount(&mp));
+    assert!(!casfs::fs::is_overlay_mount(&mp.join("d")));
     let first = json(&store, &["checkpoint", mp.to_str().unwrap()]);
     fs::write(mp.join("d/f"), "two").unwrap();
     fs::write(mp.join("d/g"), "new").unwrap();
