@@ -392,12 +392,10 @@ impl OverlayMount {
         &self,
         filter: Option<&dyn SnapshotFilter>,
     ) -> CheckpointResult<(TreeId, SnapshotStats, HashMap<String, Stamp>)> {
-        let (upper, lower_root, captured) = {
+        let (upper, lower_root) = {
             let st = self.layers();
-            (self.upper(&st), st.lower_root, st.captured.clone())
+            (self.upper(&st), st.lower_root)
         };
-        // The stamps first: whatever changes during the walk counts as changed after.
-        let changes = changes_since(&upper, &captured, 0).map_err(io_err(&upper))?;
         let mut cap = UpperCapture {
             objects: self.store.objects(),
             lower_root,
@@ -405,6 +403,7 @@ impl OverlayMount {
             cache: &self.cache,
             stats: SnapshotStats::default(),
             kept_back: Vec::new(),
+            stamps: HashMap::new(),
         };
         let root = cap.dir(&upper, "", Some(lower_root))?.ok_or_else(|| {
             CheckpointError::Invalid(format!("{}: the upper is gone", upper.display()))
@@ -428,7 +427,9 @@ impl OverlayMount {
             &mut stats.removed_paths,
             &mut stats.dirs_written,
         )?;
-        let mut now = changes.now;
+        // Each entry's stamp was taken before it was read: whatever changed during the
+        // walk counts as uncaptured afterwards.
+        let mut now = std::mem::take(&mut cap.stamps);
         for p in &cap.kept_back {
             now.remove(p);
         }
@@ -599,6 +600,7 @@ pub(crate) fn release_to_fuse(store: &Store, mountpoint: &Path) -> CheckpointRes
             cache: &cache,
             stats: SnapshotStats::default(),
             kept_back: Vec::new(),
+            stamps: HashMap::new(),
         };
         let upper = dir.join(g.to_string()).join("upper");
         let _session = crate::cas::write_session(store.objects());

@@ -92,6 +92,9 @@ pub(super) struct UpperCapture<'a> {
     /// they stay uncaptured, as with the FUSE backend, so the next checkpoint looks at
     /// them again.
     pub kept_back: Vec<String>,
+    /// The stamp of every upper entry the walk saw, by path, taken before the entry was
+    /// read: what the checkpoint holds (an entry changed later has another stamp).
+    pub stamps: HashMap<String, Stamp>,
 }
 
 /// Whether `m` (with xattrs `x`) is a whiteout: a removed lower entry.
@@ -210,6 +213,7 @@ impl UpperCapture<'_> {
                 Err(e) if vanished(&e) => continue,
                 Err(e) => return Err(io(&path)(e)),
             };
+            self.stamps.insert(child_rel.clone(), Stamp::of(&m));
             let before = lower.as_ref().and_then(|t| t.get(&name).cloned());
             if is_whiteout(&m, &x) {
                 if listing.remove(&name).is_some() {
