@@ -204,8 +204,14 @@ fn the_http_api_drives_runs_over_the_unix_socket() {
         ),
     );
     assert_eq!((st, v["size"].as_u64()), (200, Some(10)), "{v}");
-    let (st, v) = call(&s, "GET", "/v1/runs/r1/events", None);
-    assert_eq!(st, 200);
+    // Events are delivered by the run's dispatcher thread, asynchronously: wait for the
+    // create and the modify of app.py.
+    let mut v = Value::Null;
+    assert!(crate::wait_for(Duration::from_secs(10), || {
+        let (st, got) = call(&s, "GET", "/v1/runs/r1/events", None);
+        v = got;
+        st == 200 && v.as_array().is_some_and(|a| a.len() >= 2)
+    }));
     let ev = v.as_array().unwrap();
     assert_eq!(ev[0]["kind"], "create");
     assert_eq!(ev[0]["path"], "app.py");
