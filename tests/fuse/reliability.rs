@@ -609,6 +609,18 @@ fn sigkill_at_every_crash_point_loses_nothing_acknowledged() {
             .map(|c| c["id"].as_str().unwrap().to_string())
             .collect();
         acked.retain(|(id, _)| kept.contains(id));
+        // Garbage for certain: a capture of content no checkpoint holds, killed after
+        // storing its objects and before its append (the pruned checkpoint may share
+        // every object with kept ones, and the gc before may have swept the rest; a gc
+        // that frees nothing never compacts).
+        fs::write(
+            src.join(format!("orphan-{point}")),
+            pattern(9000, seed + 77),
+        )
+        .unwrap();
+        let (killed, _) = run_crashing(&store, "capture.stored", &capture_args);
+        assert!(killed, "the capture did not reach capture.stored");
+        fs::remove_file(src.join(format!("orphan-{point}"))).unwrap();
         let (killed, _) = run_crashing(&store, point, &["gc"]);
         assert!(killed, "gc did not reach {point}");
         kills.push(format!("gc at {point}"));
