@@ -15,12 +15,13 @@ use std::path::{Path, PathBuf};
 
 mod chunk_cache;
 pub mod dirty;
+pub mod erofs;
 mod view;
 mod workspace;
 
 pub use chunk_cache::{ChunkCache, ChunkReader};
 pub use dirty::{null_tag, Tag, MOUNTS_CF};
-pub use view::{mount_tree, MountedTree, TreeView, ViewOptions};
+pub use view::{mount_objects, mount_tree, MountedTree, TreeView, ViewOptions};
 pub use workspace::{
     mount_key, mount_workspace, upper_rel, EntryKind, FilterError, FsEvent, FsEventKind,
     MountedWorkspace, ReadMode, Snapshot, SnapshotFilter, SnapshotStats, Workspace, WorkspaceError,

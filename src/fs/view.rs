@@ -81,6 +81,9 @@ pub struct TreeView {
     reader: ChunkReader,
     uid: u32,
     gid: u32,
+    /// The root is the object directory of [`mount_objects`]: its names are file
+    /// contents (`<id>-<size>`), found by lookup only.
+    objects_root: bool,
 }
 
 fn eio(e: CasError) -> Errno {
@@ -130,7 +133,19 @@ impl TreeView {
             uid: unsafe { libc::getuid() },
             // SAFETY: as above.
             gid: unsafe { libc::getgid() },
+            objects_root: false,
         }
+    }
+
+    /// A view whose root holds every file content of the store by name
+    /// ([`crate::fs::erofs::data_path`]), listed as empty.
+    pub fn objects(objects: Arc<dyn ObjectStore>, opts: &ViewOptions) -> TreeView {
+        let empty = Tree::default();
+        let mut v = TreeView::new(objects, empty.id(), opts);
+        let g = v.inodes.get_mut().unwrap_or_else(|p| p.into_inner());
+        g.nodes[0].loaded = Some(Loaded::Tree(Arc::new(empty)));
+        v.objects_root = true;
+        v
     }
 
     fn entry(&self, ino: u64) -> Result<(Arc<TreeEntry>, u64), Errno> {
@@ -268,6 +283,33 @@ impl TreeView {
             Err(e) => Err(err.unwrap_or_else(|| eio(e))),
         }
     }
+
+    /// Lists directory `ino` from `offset` (`.` and `..` first): `add` gets each
+    /// entry's inode, the offset after it, its name and its entry, and returns true
+    /// once the reply is full.
+    fn list(
+        &self,
+        ino: u64,
+        offset: u64,
+        mut add: impl FnMut(u64, u64, &[u8], &TreeEntry) -> bool,
+    ) -> Result<(), Errno> {
+        let tree = self.dir_tree(ino)?;
+        let (own, parent) = self.entry(ino)?;
+        let parent_entry = self.entry(parent)?.0;
+        let dots = [(ino, &b"."[..], &own), (parent, b"..", &parent_entry)];
+        for (i, (child, name, e)) in dots.into_iter().enumerate().skip(offset as usize) {
+            if add(child, i as u64 + 1, name, e) {
+                return Ok(());
+            }
+        }
+        let skip = (offset as usize).saturating_sub(2);
+        for (i, e) in tree.entries().iter().enumerate().skip(skip) {
+            if add(self.child(ino, e), i as u64 + 3, &e.name, e) {
+                break;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Filesystem for TreeView {
@@ -283,6 +325,21 @@ impl Filesystem for TreeView {
             return reply.error(Errno::ENAMETOOLONG);
         }
         let parent = parent.0;
+        if self.objects_root && parent == 1 {
+            let Some(f) = super::erofs::parse_data_name(name.as_bytes()) else {
+                return reply.error(Errno::ENOENT);
+            };
+            let e = TreeEntry {
+                name: name.as_bytes().to_vec(),
+                content: EntryContent::File(f.id),
+                mode: 0o444,
+                mtime_ns: 0,
+                size: f.size,
+                xattrs: Vec::new(),
+            };
+            let ino = self.child(parent, &e);
+            return reply.entry(&TTL, &self.attr(ino, &e), Generation(0));
+        }
         let result = self.dir_tree(parent).and_then(|tree| {
             let e = tree.get(name.as_bytes()).ok_or(Errno::ENOENT)?;
             let ino = self.child(parent, e);
@@ -347,34 +404,18 @@ impl Filesystem for TreeView {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let ino = ino.0;
-        let (tree, parent) = match self.dir_tree(ino).and_then(|t| Ok((t, self.entry(ino)?.1))) {
-            Ok(x) => x,
-            Err(e) => return reply.error(e),
-        };
-        let dots = [
-            (ino, FileType::Directory, &b"."[..]),
-            (parent, FileType::Directory, b".."),
-        ];
-        for (i, (child, kind, name)) in dots.into_iter().enumerate().skip(offset as usize) {
-            if reply.add(INodeNo(child), i as u64 + 1, kind, OsStr::from_bytes(name)) {
-                return reply.ok();
-            }
-        }
-        let skip = (offset as usize).saturating_sub(2);
-        for (i, e) in tree.entries().iter().enumerate().skip(skip) {
-            let child = self.child(ino, e);
-            let next = i as u64 + 3;
-            if reply.add(
+        let r = self.list(ino.0, offset, |child, next, name, e| {
+            reply.add(
                 INodeNo(child),
                 next,
                 kind_of(&e.content),
-                OsStr::from_bytes(&e.name),
-            ) {
-                break;
-            }
+                OsStr::from_bytes(name),
+            )
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
         }
-        reply.ok();
     }
 
     /// No opendir: the kernel then sends neither opendir nor releasedir and keeps every
@@ -398,44 +439,21 @@ impl Filesystem for TreeView {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let ino = ino.0;
-        let (tree, parent) = match self.dir_tree(ino).and_then(|t| Ok((t, self.entry(ino)?.1))) {
-            Ok(x) => x,
-            Err(e) => return reply.error(e),
-        };
-        let dots = [(ino, &b"."[..]), (parent, b"..")];
-        for (i, (child, name)) in dots.into_iter().enumerate().skip(offset as usize) {
-            let Ok((e, _)) = self.entry(child) else {
-                continue;
-            };
-            let attr = self.attr(child, &e);
-            if reply.add(
+        let r = self.list(ino.0, offset, |child, next, name, e| {
+            let attr = self.attr(child, e);
+            reply.add(
                 INodeNo(child),
-                i as u64 + 1,
+                next,
                 OsStr::from_bytes(name),
                 &TTL,
                 &attr,
                 Generation(0),
-            ) {
-                return reply.ok();
-            }
+            )
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
         }
-        let skip = (offset as usize).saturating_sub(2);
-        for (i, e) in tree.entries().iter().enumerate().skip(skip) {
-            let child = self.child(ino, e);
-            let attr = self.attr(child, e);
-            if reply.add(
-                INodeNo(child),
-                i as u64 + 3,
-                OsStr::from_bytes(&e.name),
-                &TTL,
-                &attr,
-                Generation(0),
-            ) {
-                break;
-            }
-        }
-        reply.ok();
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -508,7 +526,22 @@ pub fn mount_tree(
     mountpoint: &Path,
     opts: &ViewOptions,
 ) -> std::io::Result<MountedTree> {
-    let view = TreeView::new(objects, root, opts);
+    serve(TreeView::new(objects, root, opts), mountpoint, opts)
+}
+
+/// Mounts the store's file contents read-only at `mountpoint`, each at
+/// `/<id>-<size>` (the data-only layer under an EROFS image of a tree,
+/// [`crate::fs::erofs`]). A name that is no stored content is ENOENT; a content that
+/// is named but missing or damaged is EIO when read, as in any view.
+pub fn mount_objects(
+    objects: Arc<dyn ObjectStore>,
+    mountpoint: &Path,
+    opts: &ViewOptions,
+) -> std::io::Result<MountedTree> {
+    serve(TreeView::objects(objects, opts), mountpoint, opts)
+}
+
+fn serve(view: TreeView, mountpoint: &Path, opts: &ViewOptions) -> std::io::Result<MountedTree> {
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::RO,

@@ -1,0 +1,840 @@
+//! A stored tree as an EROFS metadata image, composefs-style: the kernel serves every
+//! lookup, listing and stat of the tree from the image with no daemon in the way, and
+//! overlayfs fetches file contents from a data-only layer (casfs's object view,
+//! [`crate::fs::mount_objects`]) by the redirect each file carries.
+//!
+//! Layout (Documentation/filesystems/erofs.rst, include/erofs_fs.h), 4 KiB blocks:
+//! block 0 holds the superblock at byte 1024; the metadata area starts at block 1 with
+//! the root's inode first (its nid must fit 16 bits), then every inode in breadth-first
+//! order, each 32-byte aligned: a 64-byte extended inode, its xattrs inline, then its
+//! inline tail (a directory's last block of entries, a symlink's target, a file's one
+//! chunk index). Directory blocks that do not fit inline follow the metadata area.
+//!
+//! A regular file with content is chunk-based with a single null chunk (no data in the
+//! image: it reads as zeros if opened directly) and carries
+//! `trusted.overlay.metacopy` (empty: no digest) and `trusted.overlay.redirect` =
+//! `/<file id>-<size>`, the path of its content in the data-only layer. Empty files are
+//! plain empty files.
+//!
+//! What the image cannot say the way the tree does is refused ([`ImageError::Unsupported`])
+//! and the caller serves that tree through FUSE instead: an xattr value over 65,535
+//! bytes, an xattr in overlayfs's own `trusted.overlay.` namespace, a 0/0 character
+//! device (overlayfs would read it as a whiteout), a device number beyond the kernel's
+//! 12/20-bit encoding.
+
+use std::collections::VecDeque;
+use std::io::Write;
+use std::path::Path;
+
+use crate::cas::{load_tree, CasError, EntryContent, FileRef, ObjectStore, TreeEntry, TreeId};
+
+const BLOCK: usize = 4096;
+const SLOT: usize = 32;
+const INODE_SIZE: usize = 64;
+const DIRENT_SIZE: usize = 12;
+const XATTR_HEADER: usize = 12;
+/// Largest directory tail kept inline with its inode (as composefs).
+const MAX_INLINE_DIR_TAIL: usize = 2048;
+
+const MAGIC: u32 = 0xE0F5_E1E2;
+const FEATURE_INCOMPAT_CHUNKED_FILE: u32 = 0x4;
+
+const LAYOUT_EXTENDED: u16 = 1;
+const FLAT_PLAIN: u16 = 0;
+const FLAT_INLINE: u16 = 2 << 1;
+const CHUNK_BASED: u16 = 4 << 1;
+/// Chunk format: chunk size `4 KiB << 31`, so any file is one chunk.
+const ONE_CHUNK: u32 = 31;
+const NULL_ADDR: u32 = 0xFFFF_FFFF;
+
+/// Prefixes EROFS stores xattr names under (index into this table).
+const XATTR_PREFIXES: [&[u8]; 7] = [
+    b"",
+    b"user.",
+    b"system.posix_acl_access",
+    b"system.posix_acl_default",
+    b"trusted.",
+    b"lustre.",
+    b"security.",
+];
+
+/// Why no image was built.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    #[error("the tree cannot be an EROFS image: {0}")]
+    Unsupported(String),
+    #[error(transparent)]
+    Cas(#[from] CasError),
+    #[error("writing {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// What a built image holds.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ImageStats {
+    pub inodes: u64,
+    pub bytes: u64,
+}
+
+/// The path of a file's content in the data-only layer: `/<id>-<size>`.
+pub fn data_path(f: &FileRef) -> String {
+    format!("/{}-{}", f.id.0.to_hex(), f.size)
+}
+
+/// The file named by a data-layer name (`<id>-<size>`, no slash), if it is one.
+pub fn parse_data_name(name: &[u8]) -> Option<FileRef> {
+    let s = std::str::from_utf8(name).ok()?;
+    let (hex, size) = s.split_once('-')?;
+    if size.is_empty() || !size.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let id = crate::cas::Hash::from_hex(hex)?;
+    Some(FileRef {
+        id: crate::cas::FileId(id),
+        size: size.parse().ok()?,
+    })
+}
+
+enum Body {
+    Dir {
+        /// Entries sorted by name, `.` and `..` included: (name, node, file type).
+        entries: Vec<(Vec<u8>, usize, u8)>,
+        /// Entry counts of each block; the last is the tail.
+        blocks: Vec<usize>,
+        /// Bytes used in the last block.
+        tail: usize,
+    },
+    File(Option<FileRef>),
+    Symlink(Vec<u8>),
+    Device(u32),
+    Fifo,
+}
+
+struct Node {
+    parent: usize,
+    mode: u16,
+    mtime_ns: i64,
+    xattrs: Vec<(u8, Vec<u8>, Vec<u8>)>,
+    body: Body,
+    /// Placed by the layout.
+    nid: u64,
+    inline: bool,
+    blkaddr: u32,
+}
+
+impl Node {
+    fn xattr_size(&self) -> usize {
+        if self.xattrs.is_empty() {
+            return 0;
+        }
+        XATTR_HEADER
+            + self
+                .xattrs
+                .iter()
+                .map(|(_, n, v)| (4 + n.len() + v.len()).next_multiple_of(4))
+                .sum::<usize>()
+    }
+
+    fn size(&self) -> u64 {
+        match &self.body {
+            Body::Dir { blocks, tail, .. } => ((blocks.len() - 1) * BLOCK + tail) as u64,
+            Body::File(f) => f.map_or(0, |f| f.size),
+            Body::Symlink(t) => t.len() as u64,
+            Body::Device(_) | Body::Fifo => 0,
+        }
+    }
+
+    /// Bytes that may follow the inode and its xattrs in the metadata area.
+    fn tail_len(&self) -> usize {
+        match &self.body {
+            Body::Dir { tail, .. } => *tail,
+            Body::File(Some(_)) => 4,
+            Body::Symlink(t) => t.len(),
+            _ => 0,
+        }
+    }
+
+    /// Blocks of data outside the metadata area.
+    fn data_blocks(&self) -> usize {
+        match &self.body {
+            Body::Dir { blocks, .. } if self.inline => blocks.len() - 1,
+            Body::Dir { blocks, .. } => blocks.len(),
+            Body::Symlink(_) if !self.inline => 1,
+            _ => 0,
+        }
+    }
+
+    fn file_type(&self) -> (u8, u16) {
+        match &self.body {
+            Body::Dir { .. } => (2, libc::S_IFDIR as u16),
+            Body::File(_) => (1, libc::S_IFREG as u16),
+            Body::Symlink(_) => (7, libc::S_IFLNK as u16),
+            Body::Fifo => (5, libc::S_IFIFO as u16),
+            Body::Device(_) if self.mode & 0o170000 == libc::S_IFBLK as u16 => {
+                (4, libc::S_IFBLK as u16)
+            }
+            Body::Device(_) => (3, libc::S_IFCHR as u16),
+        }
+    }
+}
+
+fn unsupported(path: &str, why: &str) -> ImageError {
+    ImageError::Unsupported(format!("{path:?}: {why}"))
+}
+
+/// The kernel's `new_encode_dev` of a `dev_t`, if it fits 12-bit major, 20-bit minor.
+fn encode_dev(rdev: u64) -> Option<u32> {
+    let (major, minor) = (libc::major(rdev) as u64, libc::minor(rdev) as u64);
+    if major >= 1 << 12 || minor >= 1 << 20 {
+        return None;
+    }
+    Some(((minor & 0xff) | (major << 8) | ((minor & !0xff) << 12)) as u32)
+}
+
+fn node_of(e: &TreeEntry, parent: usize, path: &str) -> Result<Node, ImageError> {
+    let mut xattrs = Vec::with_capacity(e.xattrs.len() + 2);
+    for (k, v) in &e.xattrs {
+        if k.starts_with(b"trusted.overlay.") {
+            return Err(unsupported(path, "an xattr in overlayfs's namespace"));
+        }
+        if v.len() > u16::MAX as usize {
+            return Err(unsupported(path, "an xattr value over 65535 bytes"));
+        }
+        let (i, p) = XATTR_PREFIXES
+            .iter()
+            .enumerate()
+            .rev()
+            .find(|(_, p)| k.starts_with(p))
+            .expect("the empty prefix matches");
+        let suffix = k[p.len()..].to_vec();
+        if suffix.len() > u8::MAX as usize {
+            return Err(unsupported(path, "an xattr name over 255 bytes"));
+        }
+        xattrs.push((i as u8, suffix, v.clone()));
+    }
+    let mut mode = (e.mode & 0o7777) as u16;
+    let body = match &e.content {
+        EntryContent::Dir(_) => Body::Dir {
+            entries: Vec::new(),
+            blocks: Vec::new(),
+            tail: 0,
+        },
+        EntryContent::File(id) => {
+            let f = (e.size > 0).then_some(FileRef {
+                id: *id,
+                size: e.size,
+            });
+            if let Some(f) = &f {
+                xattrs.push((4, b"overlay.metacopy".to_vec(), Vec::new()));
+                xattrs.push((4, b"overlay.redirect".to_vec(), data_path(f).into_bytes()));
+            }
+            Body::File(f)
+        }
+        EntryContent::Symlink(t) => Body::Symlink(t.clone()),
+        EntryContent::Fifo => Body::Fifo,
+        EntryContent::CharDevice { rdev } | EntryContent::BlockDevice { rdev } => {
+            let block = matches!(e.content, EntryContent::BlockDevice { .. });
+            if !block && *rdev == 0 {
+                return Err(unsupported(path, "a 0/0 character device (a whiteout)"));
+            }
+            let dev = encode_dev(*rdev)
+                .ok_or_else(|| unsupported(path, "a device number beyond 12/20 bits"))?;
+            if block {
+                mode |= libc::S_IFBLK as u16;
+            }
+            Body::Device(dev)
+        }
+    };
+    Ok(Node {
+        parent,
+        mode,
+        mtime_ns: e.mtime_ns,
+        xattrs,
+        body,
+        nid: 0,
+        inline: false,
+        blkaddr: 0,
+    })
+}
+
+/// Splits sorted entries into blocks: the entry count of each (at least one block).
+fn split_blocks(entries: &[(Vec<u8>, usize, u8)]) -> (Vec<usize>, usize) {
+    let mut blocks = Vec::new();
+    let (mut n, mut used) = (0usize, 0usize);
+    for (name, _, _) in entries {
+        let size = DIRENT_SIZE + name.len();
+        if used + size > BLOCK {
+            blocks.push(n);
+            (n, used) = (0, 0);
+        }
+        n += 1;
+        used += size;
+    }
+    blocks.push(n);
+    (blocks, used)
+}
+
+/// Reads every directory of `root` into nodes, breadth-first (root first).
+fn collect(objects: &dyn ObjectStore, root: &TreeId) -> Result<Vec<Node>, ImageError> {
+    let root_entry = TreeEntry {
+        name: Vec::new(),
+        content: EntryContent::Dir(*root),
+        mode: 0o755,
+        mtime_ns: 0,
+        size: 0,
+        xattrs: Vec::new(),
+    };
+    let mut nodes = vec![node_of(&root_entry, 0, "/")?];
+    let mut queue = VecDeque::from([(0usize, *root, String::new())]);
+    while let Some((dir, id, path)) = queue.pop_front() {
+        let tree = load_tree(objects, &id)?;
+        let mut entries = Vec::with_capacity(tree.len() + 2);
+        entries.push((b".".to_vec(), dir, 2));
+        entries.push((b"..".to_vec(), nodes[dir].parent, 2));
+        for e in tree.entries() {
+            let child_path = format!("{path}/{}", e.name_lossy());
+            let node = node_of(e, dir, &child_path)?;
+            let idx = nodes.len();
+            if let EntryContent::Dir(sub) = e.content {
+                queue.push_back((idx, sub, child_path));
+            }
+            entries.push((e.name.clone(), idx, node.file_type().0));
+            nodes.push(node);
+        }
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        let (blocks, tail) = split_blocks(&entries);
+        nodes[dir].body = Body::Dir {
+            entries,
+            blocks,
+            tail,
+        };
+    }
+    Ok(nodes)
+}
+
+/// Places every inode (nid, inline or not) and every data block; returns the number
+/// of blocks of the image.
+fn layout(nodes: &mut [Node]) -> Result<u32, ImageError> {
+    let mut pos = 0usize;
+    for n in nodes.iter_mut() {
+        pos = pos.next_multiple_of(SLOT);
+        let head = INODE_SIZE + n.xattr_size();
+        let tail = n.tail_len();
+        n.inline = match n.body {
+            Body::Dir { .. } => tail <= MAX_INLINE_DIR_TAIL && head + tail <= BLOCK,
+            Body::Symlink(_) => head + tail <= BLOCK,
+            Body::File(Some(_)) => true,
+            _ => false,
+        };
+        if n.inline && tail > 0 {
+            // Inline data never crosses a block boundary: start the inode on a fresh
+            // block if it would.
+            let start = pos + head;
+            if start / BLOCK != (start + tail - 1) / BLOCK {
+                pos = pos.next_multiple_of(BLOCK);
+            }
+        }
+        n.nid = (pos / SLOT) as u64;
+        pos += head + if n.inline { tail } else { 0 };
+    }
+    if nodes[0].nid != 0 {
+        return Err(ImageError::Unsupported("root not at nid 0".into()));
+    }
+    let mut block = 1 + pos.div_ceil(BLOCK);
+    for n in nodes.iter_mut() {
+        let b = n.data_blocks();
+        if b > 0 {
+            n.blkaddr = u32::try_from(block)
+                .map_err(|_| ImageError::Unsupported("over 2^32 blocks".into()))?;
+            block += b;
+        }
+    }
+    u32::try_from(block).map_err(|_| ImageError::Unsupported("over 2^32 blocks".into()))
+}
+
+/// A sequential writer that knows its offset.
+struct Out<W: Write> {
+    w: W,
+    pos: usize,
+}
+
+impl<W: Write> Out<W> {
+    fn put(&mut self, b: &[u8]) -> std::io::Result<()> {
+        self.pos += b.len();
+        self.w.write_all(b)
+    }
+
+    fn zeros(&mut self, n: usize) -> std::io::Result<()> {
+        const Z: [u8; BLOCK] = [0; BLOCK];
+        let mut left = n;
+        while left > 0 {
+            let k = left.min(BLOCK);
+            self.put(&Z[..k])?;
+            left -= k;
+        }
+        Ok(())
+    }
+
+    fn pad_to(&mut self, offset: usize) -> std::io::Result<()> {
+        self.zeros(offset - self.pos)
+    }
+}
+
+/// Appends one block of directory entries (dirents, then their names) to `out`.
+fn dir_block(nodes: &[Node], entries: &[(Vec<u8>, usize, u8)], out: &mut Vec<u8>) {
+    let mut nameoff = DIRENT_SIZE * entries.len();
+    for (name, node, ft) in entries {
+        out.extend_from_slice(&nodes[*node].nid.to_le_bytes());
+        out.extend_from_slice(&(nameoff as u16).to_le_bytes());
+        out.push(*ft);
+        out.push(0);
+        nameoff += name.len();
+    }
+    for (name, _, _) in entries {
+        out.extend_from_slice(name);
+    }
+}
+
+fn write_inode<W: Write>(
+    nodes: &[Node],
+    n: &Node,
+    out: &mut Out<W>,
+    uid: u32,
+    gid: u32,
+) -> Result<(), ImageError> {
+    let io = |source| ImageError::Io {
+        path: "image".into(),
+        source,
+    };
+    let layout = match &n.body {
+        Body::File(Some(_)) => CHUNK_BASED,
+        Body::Dir { .. } | Body::Symlink(_) if n.inline => FLAT_INLINE,
+        _ => FLAT_PLAIN,
+    };
+    let i_u = match &n.body {
+        Body::File(Some(_)) => ONE_CHUNK,
+        Body::Device(d) => *d,
+        _ => n.blkaddr,
+    };
+    let nlink: u32 = match &n.body {
+        Body::Dir { entries, .. } => entries.iter().filter(|e| e.2 == 2).count() as u32,
+        _ => 1,
+    };
+    let xsize = n.xattr_size();
+    let icount: u16 = if xsize == 0 {
+        0
+    } else {
+        u16::try_from((xsize - XATTR_HEADER) / 4 + 1)
+            .map_err(|_| ImageError::Unsupported("xattrs over 256 KiB on one entry".into()))?
+    };
+    let mut b = Vec::with_capacity(INODE_SIZE + xsize + n.tail_len());
+    b.extend_from_slice(&(LAYOUT_EXTENDED | layout).to_le_bytes());
+    b.extend_from_slice(&icount.to_le_bytes());
+    b.extend_from_slice(&(n.file_type().1 | (n.mode & 0o7777)).to_le_bytes());
+    b.extend_from_slice(&0u16.to_le_bytes());
+    b.extend_from_slice(&n.size().to_le_bytes());
+    b.extend_from_slice(&i_u.to_le_bytes());
+    b.extend_from_slice(&(n.nid as u32).to_le_bytes());
+    b.extend_from_slice(&uid.to_le_bytes());
+    b.extend_from_slice(&gid.to_le_bytes());
+    let (secs, nsec) = (
+        n.mtime_ns.div_euclid(1_000_000_000),
+        n.mtime_ns.rem_euclid(1_000_000_000) as u32,
+    );
+    b.extend_from_slice(&(secs as u64).to_le_bytes());
+    b.extend_from_slice(&nsec.to_le_bytes());
+    b.extend_from_slice(&nlink.to_le_bytes());
+    b.extend_from_slice(&[0; 16]);
+    if xsize > 0 {
+        b.extend_from_slice(&[0; XATTR_HEADER]);
+        for (index, name, value) in &n.xattrs {
+            b.push(name.len() as u8);
+            b.push(*index);
+            b.extend_from_slice(&(value.len() as u16).to_le_bytes());
+            b.extend_from_slice(name);
+            b.extend_from_slice(value);
+            b.resize(b.len().next_multiple_of(4), 0);
+        }
+    }
+    if n.inline {
+        match &n.body {
+            Body::Dir {
+                entries, blocks, ..
+            } => {
+                let first = blocks[..blocks.len() - 1].iter().sum::<usize>();
+                dir_block(nodes, &entries[first..], &mut b);
+            }
+            Body::File(Some(_)) => b.extend_from_slice(&NULL_ADDR.to_le_bytes()),
+            Body::Symlink(t) => b.extend_from_slice(t),
+            _ => {}
+        }
+    }
+    out.put(&b).map_err(io)
+}
+
+/// Writes the EROFS image of tree `root` to `path` (through a temporary file renamed
+/// into place, so a reader never sees half an image). Files are owned by `uid`/`gid`.
+pub fn write_image(
+    objects: &dyn ObjectStore,
+    root: &TreeId,
+    path: &Path,
+    uid: u32,
+    gid: u32,
+) -> Result<ImageStats, ImageError> {
+    let mut nodes = collect(objects, root)?;
+    let blocks = layout(&mut nodes)?;
+    let io = |source| ImageError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut tmp_name = path.as_os_str().to_owned();
+    tmp_name.push(format!(".{}-{n}.tmp", std::process::id()));
+    let tmp = std::path::PathBuf::from(tmp_name);
+    let result = write_to(&nodes, blocks, root, &tmp, uid, gid)
+        .and_then(|bytes| std::fs::rename(&tmp, path).map(|_| bytes).map_err(io));
+    match result {
+        Ok(bytes) => Ok(ImageStats {
+            inodes: nodes.len() as u64,
+            bytes,
+        }),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}
+
+fn write_to(
+    nodes: &[Node],
+    blocks: u32,
+    root: &TreeId,
+    path: &Path,
+    uid: u32,
+    gid: u32,
+) -> Result<u64, ImageError> {
+    let io = |source| ImageError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let file = std::fs::File::create(path).map_err(io)?;
+    let mut out = Out {
+        w: std::io::BufWriter::with_capacity(1 << 20, &file),
+        pos: 0,
+    };
+    let mut sb = Vec::with_capacity(128);
+    sb.extend_from_slice(&MAGIC.to_le_bytes());
+    sb.extend_from_slice(&0u32.to_le_bytes()); // checksum (feature off)
+    sb.extend_from_slice(&0u32.to_le_bytes()); // feature_compat
+    sb.push(12); // blkszbits
+    sb.push(0); // extslots
+    sb.extend_from_slice(&0u16.to_le_bytes()); // root_nid
+    sb.extend_from_slice(&(nodes.len() as u64).to_le_bytes());
+    sb.extend_from_slice(&0u64.to_le_bytes()); // build_time
+    sb.extend_from_slice(&0u32.to_le_bytes()); // build_time_nsec
+    sb.extend_from_slice(&blocks.to_le_bytes());
+    sb.extend_from_slice(&1u32.to_le_bytes()); // meta_blkaddr
+    sb.extend_from_slice(&0u32.to_le_bytes()); // xattr_blkaddr
+    sb.extend_from_slice(&root.0 .0[..16]); // uuid
+    sb.extend_from_slice(b"casfs\0\0\0\0\0\0\0\0\0\0\0"); // volume name
+    sb.extend_from_slice(&FEATURE_INCOMPAT_CHUNKED_FILE.to_le_bytes());
+    sb.resize(128, 0);
+    out.pad_to(1024).map_err(io)?;
+    out.put(&sb).map_err(io)?;
+    out.pad_to(BLOCK).map_err(io)?;
+    for n in nodes {
+        out.pad_to(BLOCK + n.nid as usize * SLOT).map_err(io)?;
+        write_inode(nodes, n, &mut out, uid, gid)?;
+    }
+    out.pad_to(out.pos.next_multiple_of(BLOCK)).map_err(io)?;
+    let mut block = Vec::with_capacity(BLOCK);
+    for n in nodes {
+        if n.data_blocks() == 0 {
+            continue;
+        }
+        out.pad_to(n.blkaddr as usize * BLOCK).map_err(io)?;
+        match &n.body {
+            Body::Dir {
+                entries, blocks, ..
+            } => {
+                let mut at = 0;
+                for &count in &blocks[..n.data_blocks()] {
+                    block.clear();
+                    dir_block(nodes, &entries[at..at + count], &mut block);
+                    at += count;
+                    block.resize(BLOCK, 0);
+                    out.put(&block).map_err(io)?;
+                }
+            }
+            Body::Symlink(t) => {
+                out.put(t).map_err(io)?;
+                out.pad_to(out.pos.next_multiple_of(BLOCK)).map_err(io)?;
+            }
+            _ => {}
+        }
+    }
+    out.pad_to(blocks as usize * BLOCK).map_err(io)?;
+    let pos = out.pos;
+    out.w.flush().map_err(io)?;
+    drop(out);
+    file.sync_all().map_err(io)?;
+    Ok(pos as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_names_round_trip_and_refuse_anything_else() {
+        let f = FileRef {
+            id: crate::cas::FileId(crate::cas::Hash::of(b"x")),
+            size: 12345,
+        };
+        let p = data_path(&f);
+        assert_eq!(parse_data_name(&p.as_bytes()[1..]), Some(f));
+        for bad in [
+            &b"abc-1"[..],
+            b"",
+            b"-",
+            &p.as_bytes()[1..65],
+            format!("{}-", &p[1..65]).as_bytes(),
+            format!("{}-1x", &p[1..65]).as_bytes(),
+            format!("{}--1", &p[1..65]).as_bytes(),
+        ] {
+            assert_eq!(
+                parse_data_name(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn devices_encode_as_the_kernel_does() {
+        assert_eq!(encode_dev(libc::makedev(1, 3)), Some(0x103));
+        assert_eq!(encode_dev(libc::makedev(8, 0x12345)), Some(0x12300845));
+        assert_eq!(encode_dev(libc::makedev(4096, 0)), None);
+    }
+
+    #[test]
+    fn entries_split_into_blocks_that_fit() {
+        let e: Vec<_> = (0..1000)
+            .map(|i| (format!("name-{i:05}").into_bytes(), 0usize, 1u8))
+            .collect();
+        let (blocks, tail) = split_blocks(&e);
+        assert_eq!(blocks.iter().sum::<usize>(), 1000);
+        assert!(blocks.len() > 1);
+        for &b in &blocks[..blocks.len() - 1] {
+            assert!(b * (DIRENT_SIZE + 10) <= BLOCK && (b + 1) * (DIRENT_SIZE + 10) > BLOCK);
+        }
+        assert_eq!(tail, blocks.last().unwrap() * (DIRENT_SIZE + 10));
+    }
+
+    /// A tree with what a workspace holds (and what the format finds hard: a directory
+    /// of many blocks, names sorting before `.`, long symlinks, xattrs, devices,
+    /// negative times), written as an image, mounted by the kernel and read back.
+    #[test]
+    fn the_kernel_reads_back_the_tree() {
+        use crate::cas::file::{store_bytes, StoreStats};
+        use crate::cas::{store_tree, Database, RocksObjectStore, Tree};
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        use std::sync::Arc;
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: mounting an image needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let db = Arc::new(Database::open(&dir.path().join("db"), &[]).unwrap());
+        let store = RocksObjectStore::new(db);
+        let mut st = StoreStats::default();
+        let e = |name: &[u8], content, mode, size, xattrs: Vec<(Vec<u8>, Vec<u8>)>| TreeEntry {
+            name: name.to_vec(),
+            content,
+            mode,
+            mtime_ns: 1_700_000_000_123_456_789,
+            size,
+            xattrs,
+        };
+        let mut big = Vec::new();
+        for i in 0..1500 {
+            let f = store_bytes(&store, format!("f{i}").as_bytes(), &mut st).unwrap();
+            big.push(e(
+                format!("entry-with-a-longish-name-{i:05}").as_bytes(),
+                EntryContent::File(f.id),
+                0o644,
+                f.size,
+                vec![],
+            ));
+        }
+        let (big_id, _) = store_tree(&store, &Tree::from_entries(big).unwrap()).unwrap();
+        let hello = store_bytes(&store, b"hello\n", &mut st).unwrap();
+        let empty = store_bytes(&store, b"", &mut st).unwrap();
+        let (sub_id, _) = store_tree(&store, &Tree::default()).unwrap();
+        let long_target = vec![b'x'; 4000];
+        let mut old = e(
+            b"old",
+            EntryContent::File(hello.id),
+            0o600,
+            hello.size,
+            vec![],
+        );
+        old.mtime_ns = -1_500_000_000;
+        let root_entries = vec![
+            e(b"!first", EntryContent::File(empty.id), 0o644, 0, vec![]),
+            e(b"-dash", EntryContent::Dir(sub_id), 0o700, 0, vec![]),
+            e(b"big", EntryContent::Dir(big_id), 0o755, 0, vec![]),
+            e(
+                b"hello",
+                EntryContent::File(hello.id),
+                0o4755,
+                hello.size,
+                vec![
+                    (b"security.x".to_vec(), b"s".to_vec()),
+                    (b"user.note".to_vec(), b"v".repeat(300)),
+                ],
+            ),
+            e(b"fifo", EntryContent::Fifo, 0o640, 0, vec![]),
+            e(
+                b"null",
+                EntryContent::CharDevice {
+                    rdev: libc::makedev(1, 3),
+                },
+                0o666,
+                0,
+                vec![],
+            ),
+            e(
+                b"sda",
+                EntryContent::BlockDevice {
+                    rdev: libc::makedev(8, 0x12345),
+                },
+                0o660,
+                0,
+                vec![],
+            ),
+            e(
+                b"link",
+                EntryContent::Symlink(b"hello".to_vec()),
+                0o777,
+                5,
+                vec![],
+            ),
+            e(
+                b"long",
+                EntryContent::Symlink(long_target.clone()),
+                0o777,
+                4000,
+                vec![],
+            ),
+            old,
+        ];
+        let (root, _) = store_tree(&store, &Tree::from_entries(root_entries).unwrap()).unwrap();
+        let image = dir.path().join("tree.erofs");
+        let stats = write_image(&store, &root, &image, 0, 0).unwrap();
+        assert_eq!(stats.inodes, 1 + 10 + 1500);
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).unwrap();
+        let (src, target) = (
+            std::ffi::CString::new(image.as_os_str().as_encoded_bytes()).unwrap(),
+            std::ffi::CString::new(mnt.as_os_str().as_encoded_bytes()).unwrap(),
+        );
+        // SAFETY: NUL-terminated strings that outlive the call.
+        let r = unsafe {
+            libc::mount(
+                src.as_ptr(),
+                target.as_ptr(),
+                c"erofs".as_ptr(),
+                libc::MS_RDONLY,
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(r, 0, "mount: {}", std::io::Error::last_os_error());
+        struct Unmount(std::ffi::CString);
+        impl Drop for Unmount {
+            fn drop(&mut self) {
+                // SAFETY: a NUL-terminated path.
+                unsafe { libc::umount2(self.0.as_ptr(), libc::MNT_DETACH) };
+            }
+        }
+        let _guard = Unmount(target);
+
+        let names = |p: &Path| {
+            let mut v: Vec<String> = std::fs::read_dir(p)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(
+            names(&mnt),
+            ["!first", "-dash", "big", "fifo", "hello", "link", "long", "null", "old", "sda"]
+        );
+        assert_eq!(names(&mnt.join("big")).len(), 1500);
+        assert!(names(&mnt.join("-dash")).is_empty());
+        let m = std::fs::metadata(mnt.join("big/entry-with-a-longish-name-01234")).unwrap();
+        assert_eq!((m.size(), m.mode()), (5, 0o100644));
+        let redirect = xattr(
+            &mnt.join("big/entry-with-a-longish-name-01234"),
+            "trusted.overlay.redirect",
+        );
+        let f = store_bytes(&store, b"f1234", &mut st).unwrap();
+        assert_eq!(redirect.unwrap(), data_path(&f).into_bytes());
+        let m = std::fs::metadata(mnt.join("hello")).unwrap();
+        assert_eq!((m.size(), m.mode() & 0o7777), (6, 0o4755));
+        assert_eq!((m.mtime(), m.mtime_nsec()), (1_700_000_000, 123_456_789));
+        assert_eq!(
+            xattr(&mnt.join("hello"), "user.note").unwrap(),
+            b"v".repeat(300)
+        );
+        assert_eq!(xattr(&mnt.join("hello"), "security.x").unwrap(), b"s");
+        assert!(xattr(&mnt.join("hello"), "trusted.overlay.metacopy").is_some());
+        let m = std::fs::metadata(mnt.join("old")).unwrap();
+        assert_eq!((m.mtime(), m.mtime_nsec()), (-2, 500_000_000));
+        let m = std::fs::metadata(mnt.join("!first")).unwrap();
+        assert_eq!(m.size(), 0);
+        assert!(xattr(&mnt.join("!first"), "trusted.overlay.redirect").is_none());
+        assert_eq!(
+            std::fs::read_link(mnt.join("link")).unwrap(),
+            Path::new("hello")
+        );
+        assert_eq!(
+            std::fs::read_link(mnt.join("long"))
+                .unwrap()
+                .as_os_str()
+                .len(),
+            long_target.len()
+        );
+        let m = std::fs::symlink_metadata(mnt.join("null")).unwrap();
+        assert!(m.file_type().is_char_device());
+        assert_eq!(m.rdev(), libc::makedev(1, 3));
+        let m = std::fs::symlink_metadata(mnt.join("sda")).unwrap();
+        assert!(m.file_type().is_block_device());
+        assert_eq!(m.rdev(), libc::makedev(8, 0x12345));
+        assert!(std::fs::symlink_metadata(mnt.join("fifo"))
+            .unwrap()
+            .file_type()
+            .is_fifo());
+        let m = std::fs::metadata(mnt.join("-dash")).unwrap();
+        assert_eq!((m.mode(), m.nlink()), (0o40700, 2));
+        assert_eq!(std::fs::metadata(&mnt).unwrap().nlink(), 4);
+        assert!(std::fs::metadata(mnt.join("big/nope")).is_err());
+    }
+
+    fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
+        let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        let n = std::ffi::CString::new(name).unwrap();
+        let mut buf = vec![0u8; 65536];
+        // SAFETY: NUL-terminated strings and a buffer of the given length.
+        let r =
+            unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        (r >= 0).then(|| buf[..r as usize].to_vec())
+    }
+}
