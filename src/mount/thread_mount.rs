@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::cas::{store_tree, Tree, TreeId};
+use crate::cas::TreeId;
 use crate::checkpoint::{
     holder_name, mount_dir, CheckpointError, CheckpointId, CheckpointResult, LeaseKeeper, MountTag,
     NewCheckpoint, Store, ThreadId, WriterLease,
@@ -292,7 +292,6 @@ impl MountedThread {
                 mountpoint.display()
             )));
         }
-        let cps = store.checkpoints();
         let (head, root, tag) = start_point(&store, &thread, at)?;
         let base = tag.base;
         let view = crate::fs::ViewOptions {
@@ -311,12 +310,8 @@ impl MountedThread {
             // Work of the same thread (on the base it was made on) is picked up.
             Some((lower, f, g)) if f.thread == thread && (at.is_none() || at == f.base) => {
                 let ov = mount(lower, f.clone(), g)?;
-                let (merged, _, _) = ov.snapshot(None)?;
-                let captured = match f.base {
-                    Some(b) => cps.get(&b)?.body.root,
-                    None => empty_tree(&store)?,
-                };
-                if merged == captured {
+                let (merged, captured) = ov.content()?;
+                if captured {
                     ov.mark_captured()?;
                     if f.base != base && ov.status().dirty_nodes == 0 {
                         // Nothing uncaptured and the thread moved on: follow it.
@@ -331,7 +326,7 @@ impl MountedThread {
             Some((lower, f, g)) => {
                 let ov = mount(lower, f.clone(), g)?;
                 let st = ov.status();
-                if st.dirty_nodes > 0 && !overlay_is_captured(&store, &ov, &f)? {
+                if st.dirty_nodes > 0 && !ov.content()?.1 {
                     return Err(CheckpointError::Invalid(format!(
                         "{} has uncaptured changes ({} file(s)) from an earlier mount on \
                          thread {} (for example {}); mount it on that thread and checkpoint \
@@ -686,16 +681,6 @@ fn landed_checkpoint(
     }))
 }
 
-/// Whether the overlay's content is its tag's base checkpoint (nothing uncaptured).
-fn overlay_is_captured(store: &Store, ov: &OverlayMount, f: &MountTag) -> CheckpointResult<bool> {
-    let (merged, _, _) = ov.snapshot(None)?;
-    let captured = match f.base {
-        Some(b) => store.checkpoints().get(&b)?.body.root,
-        None => empty_tree(store)?,
-    };
-    Ok(merged == captured)
-}
-
 /// A daemon killed between appending a checkpoint and recording it in the dirty set
 /// leaves the dirty set as it was, on a base the thread has moved past. If the head's
 /// parent is the expected head and the uncaptured work snapshots to exactly the head's
@@ -787,21 +772,13 @@ fn start_point(
     let cps = store.checkpoints();
     let head = cps.head(thread)?;
     let base = at.or(head);
-    let root = match base {
-        Some(id) => cps.get(&id)?.body.root,
-        None => empty_tree(store)?,
-    };
+    let root = overlay::tree_of(store, base)?;
     let tag = MountTag {
         thread: thread.clone(),
         base,
         expected_head: head,
     };
     Ok((head, root, tag))
-}
-
-fn empty_tree(store: &Store) -> CheckpointResult<TreeId> {
-    let t = Tree::from_sorted_entries(Vec::new()).expect("empty tree");
-    Ok(store_tree(store.objects(), &t)?.0)
 }
 
 /// A root for a template checkpoint, replaced by the snapshot's.

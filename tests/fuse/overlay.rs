@@ -30,6 +30,9 @@ python3 -c "import os; os.setxattr('xa', 'user.k', b'v2'); os.setxattr('keep', '
 ln -sf new.txt ln
 mkfifo fifo
 ln new.txt hard
+mv big.bin big-moved.bin && printf tail >> big-moved.bin
+ln xa xa-hard
+mv mode.sh mode-moved.sh
 echo t > tmp && rm tmp
 mkdir emptied && rmdir emptied
 find . -exec touch -h -d @1700000000 {} +
@@ -84,30 +87,49 @@ fn one_workload_gives_one_tree_in_both_backends_and_a_plain_directory() {
     let src = t.path().join("base");
     base(&src);
     let mut roots = Vec::new();
-    for mode in ["fuse", "overlay"] {
-        let store = t.path().join(format!("store-{mode}"));
+    // The overlay's lower as an EROFS image of the base (the default) and as the
+    // tree's FUSE view (CASFS_OVERLAY_LOWER=view).
+    for (mode, lower, read_mode) in [
+        ("fuse", "image", "passthrough"),
+        ("overlay", "image", "overlay-image"),
+        ("overlay", "view", "overlay"),
+    ] {
+        let name = format!("{mode}-{lower}");
+        let store = t.path().join(format!("store-{name}"));
         ok(&store, &["capture", src.to_str().unwrap(), "-t", "w"]);
-        let mp = t.path().join(format!("mnt-{mode}"));
+        let mp = t.path().join(format!("mnt-{name}"));
         fs::create_dir(&mp).unwrap();
         let _g = MountGuard::new(&mp);
-        ok(
-            &store,
-            &["mount", mp.to_str().unwrap(), "-t", "w", "--mode", mode],
+        let out = Command::new(casfs_bin())
+            .arg("--store")
+            .arg(&store)
+            .args(["mount", mp.to_str().unwrap(), "-t", "w", "--mode", mode])
+            .env_remove("CASFS_STORE")
+            .env("CASFS_OVERLAY_LOWER", lower)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
         );
         run_workload(&mp);
         let cp = json(&store, &["checkpoint", mp.to_str().unwrap()]);
         assert_eq!(cp["ok"], true, "{cp}");
         let id = cp["checkpoint"].as_str().unwrap().to_string();
         let st = json(&store, &["status", mp.to_str().unwrap()]);
-        assert_eq!(st["dirty_files"], 0, "{mode}: {st}");
+        assert_eq!(st["dirty_files"], 0, "{name}: {st}");
         assert_eq!(st["mode"], mode);
+        if mode == "overlay" || st["read_mode"] != "fuse" {
+            assert_eq!(st["read_mode"], read_mode, "{name}: {st}");
+        }
         // What the checkpoint holds is what the mount shows.
         let shown = snapshot(&mp);
         ok(&store, &["unmount", mp.to_str().unwrap()]);
-        let out = t.path().join(format!("out-{mode}"));
+        let out = t.path().join(format!("out-{name}"));
         ok(&store, &["restore", out.to_str().unwrap(), "--at", &id]);
-        assert_eq!(snapshot(&out), shown, "{mode}: restored vs mounted");
-        roots.push((mode, root_of(&store, &id)));
+        assert_eq!(snapshot(&out), shown, "{name}: restored vs mounted");
+        roots.push((name, root_of(&store, &id)));
         ok(&store, &["fsck"]);
     }
     // The same changes made to a plain copy, captured.
@@ -125,7 +147,7 @@ fn one_workload_gives_one_tree_in_both_backends_and_a_plain_directory() {
     let store = t.path().join("store-plain");
     let c = json(&store, &["capture", plain.to_str().unwrap(), "-t", "p"]);
     let id = c["checkpoint"]["id"].as_str().unwrap().to_string();
-    roots.push(("plain", root_of(&store, &id)));
+    roots.push(("plain".into(), root_of(&store, &id)));
     assert!(
         roots.iter().all(|(_, r)| *r == roots[0].1),
         "root trees differ: {roots:?}"

@@ -136,6 +136,10 @@ pub enum ReadMode {
     /// The kernel's overlayfs serves the workspace: changed files from a local upper
     /// directory, the rest through a read-only casfs view (the overlay backend).
     Overlay,
+    /// As `Overlay`, with the base's metadata in an EROFS image served by the kernel:
+    /// only file contents come from casfs (its object view, overlayfs's data layer).
+    #[serde(rename = "overlay-image")]
+    OverlayImage,
 }
 
 /// The dirty set at a glance.

@@ -15,6 +15,7 @@
 //! A checkpoint reads the upper only ([`upper`]): O(changed since the mount), with
 //! files stored at an earlier checkpoint not read again (by stamp).
 
+mod image;
 mod upper;
 
 use std::collections::HashMap;
@@ -26,11 +27,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 
 use crate::cas::TreeId;
-use crate::checkpoint::{mount_dir, CheckpointError, CheckpointResult, MountTag, Store};
+use crate::checkpoint::{
+    mount_dir, CheckpointError, CheckpointId, CheckpointResult, MountTag, Store,
+};
 use crate::fs::dirty::{DirtyStore, MountMeta};
 use crate::fs::{
-    is_overlay_mount, mount_key, mount_tree, unmount_retrying, MountedTree, ReadMode,
-    SnapshotFilter, SnapshotStats, ViewOptions, WorkspaceStatus,
+    is_overlay_mount, mount_key, mount_objects, mount_tree, unmount_retrying, MountedTree,
+    ReadMode, SnapshotFilter, SnapshotStats, ViewOptions, WorkspaceStatus,
 };
 pub(crate) use upper::Stamp;
 use upper::{changes_since, HashCache, UpperCapture, UpperError};
@@ -64,8 +67,13 @@ struct Layers {
     generation: u64,
     lower_root: TreeId,
     tag: MountTag,
-    /// The read-only view serving the lower (none once unmounted).
+    /// The read-only view serving the lower, the tree's or (under an image) the
+    /// objects' (none once unmounted).
     lower: Option<MountedTree>,
+    /// The overlay's `lowerdir` option (one layer, or the image and its data layer).
+    lowerdir: String,
+    /// Whether the lower's metadata is an image.
+    image: bool,
     /// Whether the overlay at the mountpoint is this one.
     mounted: bool,
     /// st_dev of the overlay's root, to tell it from whatever is mounted there later.
@@ -179,16 +187,26 @@ fn escape(p: &Path) -> String {
     out
 }
 
-/// Removes a replaced generation once nothing uses it: its lower's mountpoint is
-/// detached now, and the detached overlay lets the lower go when the last process
+/// Detaches the lower layers of a generation's directory `g`.
+fn detach_lowers(g: &Path) {
+    detach(&g.join("meta"));
+    detach(&g.join("lower"));
+}
+
+/// Removes a replaced generation once nothing uses it: its lower's mountpoints are
+/// detached at once (on a thread of its own), and the detached overlay lets the lower go when the last process
 /// inside it (a working directory, an open file) does; then the lower's session ends
 /// and the generation's files are removed. Until then those processes keep the old
 /// tree, upper files included.
 fn retire(dir: PathBuf, lower: MountedTree) {
-    detach(&dir.join("lower"));
+    // Detached on the thread: a lower nothing uses any more is torn down by the detach
+    // itself, every inode the kernel had of it evicted (200 ms after a `find` over
+    // 100k files), which the restore need not wait for.
     let _ = std::thread::Builder::new()
         .name("casfs-retire".into())
         .spawn(move || {
+            idle_priority();
+            detach_lowers(&dir);
             while !lower.is_finished() {
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }
@@ -199,14 +217,37 @@ fn retire(dir: PathBuf, lower: MountedTree) {
         });
 }
 
-/// Mounts overlayfs at `target`.
-fn mount_overlay(lower: &Path, upper: &Path, work: &Path, target: &Path) -> std::io::Result<()> {
+/// Puts the calling thread in the idle scheduling and I/O classes: tearing a replaced
+/// generation down (every inode the kernel had of it evicted, its upper removed) takes
+/// only what the workspace leaves, so a checkpoint right after a restore does not wait
+/// for it.
+fn idle_priority() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread; param is a valid sched_param.
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+    const IOPRIO_WHO_PROCESS: libc::c_long = 1;
+    const IOPRIO_CLASS_IDLE: libc::c_long = 3;
+    // SAFETY: ioprio_set takes plain integers; who 0 is the calling thread.
+    unsafe {
+        libc::syscall(
+            libc::SYS_ioprio_set,
+            IOPRIO_WHO_PROCESS,
+            0 as libc::c_long,
+            IOPRIO_CLASS_IDLE << 13,
+        )
+    };
+}
+
+/// Mounts overlayfs at `target` over `lowerdir` (an option value, escaped).
+fn mount_overlay(lowerdir: &str, upper: &Path, work: &Path, target: &Path) -> std::io::Result<()> {
     // redirect_dir: a directory of the lower can be renamed (a redirect in the upper,
     // read back by the checkpoint); xino: inode numbers unique and stable across
-    // copy-up; index off and metacopy off: a changed file is a whole file in the upper.
+    // copy-up; index off. metacopy is needed by an image's data-only layer (`::`); a
+    // file of it whose metadata changes is then a metacopy file in the upper (read back
+    // by the checkpoint); without an image a changed file is a whole file in the upper.
+    let metacopy = if lowerdir.contains("::") { "on" } else { "off" };
     let opts = format!(
-        "lowerdir={},upperdir={},workdir={},redirect_dir=on,xino=auto,index=off,metacopy=off",
-        escape(lower),
+        "lowerdir={lowerdir},upperdir={},workdir={},redirect_dir=on,xino=auto,index=off,metacopy={metacopy}",
         escape(upper),
         escape(work)
     );
@@ -252,7 +293,7 @@ fn remove_generations(dir: &Path, keep: Option<u64>) {
         return;
     }
     for g in old {
-        detach(&g.join("lower"));
+        detach_lowers(&g);
         if let Err(e) = std::fs::remove_dir_all(&g) {
             tracing::warn!("removing {}: {e}", g.display());
         }
@@ -297,6 +338,8 @@ impl OverlayMount {
                 lower_root,
                 tag,
                 lower: None,
+                lowerdir: String::new(),
+                image: false,
                 mounted: false,
                 dev: 0,
                 captured: HashMap::new(),
@@ -305,7 +348,7 @@ impl OverlayMount {
         };
         {
             let mut st = m.layers();
-            m.mount_generation(&mut st)?;
+            m.mount_generation(&mut st, true)?;
         }
         remove_generations(&m.dir, Some(generation));
         Ok(m)
@@ -350,23 +393,48 @@ impl OverlayMount {
         Ok(())
     }
 
-    /// Mounts the lower view and the overlay of `st`'s generation at the mountpoint.
-    fn mount_generation(&self, st: &mut Layers) -> CheckpointResult<()> {
+    /// Mounts the lower layers and the overlay of `st`'s generation at the mountpoint:
+    /// the tree's image over the object view when there is an image (built now if
+    /// missing and `build`: a new mount, not a restore), else the tree's view.
+    fn mount_generation(&self, st: &mut Layers, build: bool) -> CheckpointResult<()> {
         let g = self.gen_dir(st.generation);
-        let (lower, upper, work) = (g.join("lower"), g.join("upper"), g.join("work"));
-        for d in [&lower, &upper, &work] {
+        let (lower, meta, upper, work) = (
+            g.join("lower"),
+            g.join("meta"),
+            g.join("upper"),
+            g.join("work"),
+        );
+        for d in [&lower, &meta, &upper, &work] {
             std::fs::create_dir_all(d).map_err(io_err(d))?;
         }
-        detach(&lower);
-        let view = mount_tree(
-            self.store.objects_shared(),
-            st.lower_root,
-            &lower,
-            &self.view,
-        )
-        .map_err(io_err(&lower))?;
+        detach_lowers(&g);
+        let image = match image::images_enabled() {
+            true => image::image_for(&self.store, st.lower_root, build),
+            false => None,
+        };
+        let image = image.filter(|img| match image::mount_image(img, &meta) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!("mounting {}: {e}; serving the tree's view", img.display());
+                false
+            }
+        });
+        let objects = self.store.objects_shared();
+        let (view, lowerdir) = if image.is_some() {
+            let v = mount_objects(objects, &lower, &self.view).map_err(|e| {
+                detach(&meta);
+                io_err(&lower)(e)
+            })?;
+            (v, format!("{}::{}", escape(&meta), escape(&lower)))
+        } else {
+            let v =
+                mount_tree(objects, st.lower_root, &lower, &self.view).map_err(io_err(&lower))?;
+            (v, escape(&lower))
+        };
+        st.lowerdir = lowerdir;
+        st.image = image.is_some();
         self.record(st)?;
-        mount_overlay(&lower, &upper, &work, &self.mountpoint).map_err(|e| {
+        mount_overlay(&st.lowerdir, &upper, &work, &self.mountpoint).map_err(|e| {
             CheckpointError::io(
                 &self.mountpoint,
                 std::io::Error::new(e.kind(), format!("mounting overlayfs: {e}")),
@@ -436,6 +504,13 @@ impl OverlayMount {
         Ok((root, stats, now))
     }
 
+    /// The merged workspace's tree, and whether it is its base checkpoint's (nothing
+    /// uncaptured).
+    pub(crate) fn content(&self) -> CheckpointResult<(TreeId, bool)> {
+        let (merged, _, _) = self.snapshot(None)?;
+        Ok((merged, merged == tree_of(&self.store, self.tag().base)?))
+    }
+
     /// Records a checkpoint: `tag` is the mount's from now on, `stamps` what it holds.
     pub(crate) fn finish(
         &self,
@@ -460,7 +535,11 @@ impl OverlayMount {
             dirty_bytes: c.bytes,
             dirty_paths: c.paths,
             nodes_loaded: 0,
-            read_mode: ReadMode::Overlay,
+            read_mode: if st.image {
+                ReadMode::OverlayImage
+            } else {
+                ReadMode::Overlay
+            },
         }
     }
 
@@ -497,6 +576,8 @@ impl OverlayMount {
             lower_root: root,
             tag,
             lower: None,
+            lowerdir: String::new(),
+            image: false,
             mounted: false,
             dev: 0,
             captured: HashMap::new(),
@@ -505,11 +586,11 @@ impl OverlayMount {
             detach_quickly(&self.mountpoint, st.dev);
         }
         st.mounted = false;
-        if let Err(e) = self.mount_generation(&mut next) {
+        if let Err(e) = self.mount_generation(&mut next, false) {
             // Put the old layers back rather than leave the mountpoint empty.
             let g = self.gen_dir(st.generation);
             if mount_overlay(
-                &g.join("lower"),
+                &st.lowerdir,
                 &g.join("upper"),
                 &g.join("work"),
                 &self.mountpoint,
@@ -548,6 +629,7 @@ impl OverlayMount {
         st.mounted = false;
         if let Some(v) = st.lower.take() {
             // The overlay is gone: nothing holds the lower but whoever detached files.
+            detach(&self.gen_dir(st.generation).join("meta"));
             if let Err(e) = v.unmount() {
                 tracing::warn!("unmounting the lower of {}: {e}", self.mountpoint.display());
             }
@@ -563,8 +645,7 @@ impl OverlayMount {
         }
         st.mounted = false;
         if let Some(v) = st.lower.take() {
-            let lower = self.gen_dir(st.generation).join("lower");
-            detach(&lower);
+            detach_lowers(&self.gen_dir(st.generation));
             drop(v);
         }
     }
@@ -605,16 +686,7 @@ pub(crate) fn release_to_fuse(store: &Store, mountpoint: &Path) -> CheckpointRes
         let upper = dir.join(g.to_string()).join("upper");
         let _session = crate::cas::write_session(store.objects());
         let merged = cap.dir(&upper, "", Some(lower))?;
-        let base = match tag.base {
-            Some(b) => Some(store.checkpoints().get(&b)?.body.root),
-            None => None,
-        };
-        let empty = crate::cas::store_tree(
-            store.objects(),
-            &crate::cas::Tree::from_sorted_entries(Vec::new()).expect("empty tree"),
-        )?
-        .0;
-        if merged != Some(base.unwrap_or(empty)) {
+        if merged != Some(tree_of(store, tag.base)?) {
             return Ok(false);
         }
     }
@@ -631,6 +703,17 @@ pub(crate) fn release_to_fuse(store: &Store, mountpoint: &Path) -> CheckpointRes
     }
 }
 
+/// The tree of checkpoint `base`, or the empty tree without one.
+pub(crate) fn tree_of(store: &Store, base: Option<CheckpointId>) -> CheckpointResult<TreeId> {
+    match base {
+        Some(b) => Ok(store.checkpoints().get(&b)?.body.root),
+        None => {
+            let empty = crate::cas::Tree::from_sorted_entries(Vec::new()).expect("empty tree");
+            Ok(crate::cas::store_tree(store.objects(), &empty)?.0)
+        }
+    }
+}
+
 /// Detaches any overlay and lower a killed daemon left for `mountpoint` (so that its
 /// files can be removed).
 pub(crate) fn detach_leftovers(store: &Store, mountpoint: &Path) {
@@ -640,7 +723,7 @@ pub(crate) fn detach_leftovers(store: &Store, mountpoint: &Path) {
     }
     if let Ok(rd) = std::fs::read_dir(&dir) {
         for e in rd.flatten() {
-            detach(&e.path().join("lower"));
+            detach_lowers(&e.path());
         }
     }
 }

@@ -25,6 +25,7 @@ use crate::cas::{
     load_tree, store_tree, EntryContent, FileId, ObjectStore, Tree, TreeEntry, TreeId,
 };
 use crate::checkpoint::xattr;
+use crate::fs::erofs::parse_data_name;
 use crate::fs::{EntryKind, FilterError, SnapshotFilter, SnapshotStats};
 
 /// The prefix of the xattrs overlayfs keeps on upper entries (mounted by root).
@@ -264,6 +265,17 @@ impl UpperCapture<'_> {
                 if ovl_attr(&x, "metacopy").is_some() {
                     // Metadata changed, data still the lower's (where it came from).
                     let from = match ovl_attr(&x, "redirect") {
+                        // Straight to the content in an image's data layer.
+                        Some(r) if r.starts_with(b"/") && parse_data_name(&r[1..]).is_some() => {
+                            parse_data_name(&r[1..]).map(|f| TreeEntry {
+                                name: name.clone(),
+                                content: EntryContent::File(f.id),
+                                mode: 0,
+                                mtime_ns: 0,
+                                size: f.size,
+                                xattrs: Vec::new(),
+                            })
+                        }
                         Some(r) => self.redirected(r, lower.as_ref())?,
                         None => before.clone(),
                     };
