@@ -36,30 +36,12 @@ use std::time::{Duration, Instant};
 mod common;
 use common::*;
 
-fn casfs_bin() -> String {
-    std::env::var("CASFS_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_casfs").into())
-}
-
 fn casfs(store: &Path, args: &[&str]) -> String {
-    let out = Command::new(casfs_bin())
-        .arg("--store")
-        .arg(store)
-        .args(args)
-        .env_remove("CASFS_STORE")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "casfs {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    casfs_with(store, args, &[])
 }
 
 fn casfs_json(store: &Path, args: &[&str]) -> serde_json::Value {
-    let mut a = vec!["--json"];
-    a.extend_from_slice(args);
-    serde_json::from_str(&casfs(store, &a)).unwrap()
+    casfs_json_with(store, args, &[])
 }
 
 fn timed(f: impl FnOnce()) -> Duration {

@@ -7,7 +7,10 @@
 //! - `native`: a plain copy of the base on the loop filesystem;
 //! - `kernel-overlay`: the kernel's overlayfs, lower a plain copy of the base, upper and
 //!   work beside it (the floor of the overlay design);
-//! - `casfs-overlay`: `casfs mount --mode overlay` of the base's checkpoint;
+//! - `casfs-overlay`: `casfs mount --mode overlay` of the base's checkpoint (its
+//!   lower an EROFS image of the base over casfs's object view, the default);
+//! - `casfs-overlay-view`: the same with `CASFS_OVERLAY_LOWER=view` (the lower is
+//!   casfs's FUSE view of the tree);
 //! - `casfs-fuse`: `casfs mount --mode fuse` of the same checkpoint;
 //! - `fuse-overlayfs` (when installed): the userspace overlay over a plain copy.
 //!
@@ -15,7 +18,8 @@
 //! cold `find` of the base (caches dropped), warm `find`, `rm -rf` of the base tree;
 //! untar of 30,000 files of 100 B ("small") and of the real tree; `rm -rf` of the new
 //! small tree; `git clone --no-hardlinks` of a local repository and the first
-//! `git status` after it; a small C build (`make -j2` of 120 generated files); a 1 GiB
+//! `git status` after it; a small C build (`make -j2` of 120 generated files); `npm ci`
+//! from a warm cache (offline) and `rm -rf node_modules`; a 1 GiB
 //! sequential write with fsync and its cold read.
 //!
 //! Then, per casfs backend: `casfs checkpoint` after 10 changed files on trees of
@@ -38,30 +42,19 @@ use std::time::Duration;
 mod common;
 use common::*;
 
-fn casfs_bin() -> String {
-    std::env::var("CASFS_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_casfs").into())
-}
-
 fn q(p: &Path) -> String {
     format!("'{}'", p.display().to_string().replace('\'', "'\\''"))
 }
 
+/// casfs with `--json`; the overlay's lower is an image unless `env` says otherwise.
 fn casfs_json(store: &Path, args: &[&str]) -> serde_json::Value {
-    let out = Command::new(casfs_bin())
-        .arg("--json")
-        .arg("--store")
-        .arg(store)
-        .args(args)
-        .env_remove("CASFS_STORE")
-        .env_remove("CASFS_MOUNT_MODE")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "casfs {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
+    casfs_json_env(store, args, &[])
+}
+
+fn casfs_json_env(store: &Path, args: &[&str], env: &[(&str, &str)]) -> serde_json::Value {
+    let mut e = vec![("CASFS_OVERLAY_LOWER", "image")];
+    e.extend_from_slice(env);
+    casfs_json_with(store, args, &e)
 }
 
 fn drop_caches() {
@@ -144,6 +137,8 @@ struct Bench {
     results: BTreeMap<(String, String), Vec<f64>>,
     failed: Vec<String>,
     round: usize,
+    /// casfs backends mounted once already.
+    mounted: Vec<String>,
 }
 
 impl Bench {
@@ -190,12 +185,25 @@ impl Bench {
                 }
             }
             casfs => {
-                let mode = casfs.strip_prefix("casfs-").unwrap();
+                let (mode, env): (&str, &[(&str, &str)]) = match casfs {
+                    "casfs-overlay-view" => ("overlay", &[("CASFS_OVERLAY_LOWER", "view")]),
+                    other => (other.strip_prefix("casfs-").unwrap(), &[]),
+                };
                 let store = self.stores[casfs].clone();
-                casfs_json(
+                let first = !self.mounted.iter().any(|m| m == casfs);
+                self.mounted.push(casfs.to_string());
+                let t = std::time::Instant::now();
+                casfs_json_env(
                     &store,
                     &["mount", m.to_str().unwrap(), "-t", "base", "--mode", mode],
+                    env,
                 );
+                let op = if first {
+                    "mount (first; the overlay builds its image)"
+                } else {
+                    "mount (again)"
+                };
+                self.add(op, casfs, ms(t.elapsed()));
                 Ws {
                     root: m.clone(),
                     unmount: vec![m],
@@ -252,6 +260,56 @@ fn small_tar(dir: &Path) -> PathBuf {
 }
 
 /// A C project of `n` files and its Makefile.
+/// A node project (eslint, webpack and jest: about 10k files in node_modules) with its
+/// lock file and a warm npm cache beside it, so that `npm ci --offline` installs it with
+/// no network; None (and the step skipped) without npm or the registry.
+fn npm_project(root: &Path) -> Option<PathBuf> {
+    if !have("npm") {
+        eprintln!("npm: not installed, npm ci skipped");
+        return None;
+    }
+    let d = root.join("npm");
+    fs::create_dir_all(&d).unwrap();
+    fs::write(
+        d.join("package.json"),
+        r#"{"name":"bench","version":"1.0.0","private":true,
+"dependencies":{"eslint":"8.57.0","webpack":"5.94.0","jest":"29.7.0"}}"#,
+    )
+    .unwrap();
+    let out = Command::new("sh")
+        .arg("-c")
+        // The install caches what it fetched; `npm ci` looks packages up in the forms it
+        // asks for itself (the lock file here names no download addresses), which one
+        // `npm ci --prefer-offline` caches; the timed runs are then `--offline`.
+        .arg(
+            "npm install --no-audit --no-fund --ignore-scripts --loglevel=error > /dev/null && \
+             npm ci --prefer-offline --no-audit --no-fund --ignore-scripts --loglevel=error \
+             > /dev/null",
+        )
+        .current_dir(&d)
+        .env("npm_config_cache", d.join("cache"))
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        eprintln!(
+            "npm install failed, npm ci skipped: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return None;
+    }
+    let count = Command::new("sh")
+        .arg("-c")
+        .arg(format!("find {} | wc -l", q(&d.join("node_modules"))))
+        .output()
+        .unwrap();
+    eprintln!(
+        "npm project: {} entries in node_modules",
+        String::from_utf8_lossy(&count.stdout).trim()
+    );
+    fs::remove_dir_all(d.join("node_modules")).unwrap();
+    Some(d)
+}
+
 fn c_project(dir: &Path, n: usize) {
     fs::create_dir_all(dir).unwrap();
     let mut objs = Vec::new();
@@ -332,8 +390,15 @@ fn main() {
     );
     let cproj = root.join("cproj");
     c_project(&cproj, 120);
+    let npm = npm_project(&root);
 
-    let mut backends = vec!["native", "kernel-overlay", "casfs-overlay", "casfs-fuse"];
+    let mut backends = vec![
+        "native",
+        "kernel-overlay",
+        "casfs-overlay",
+        "casfs-overlay-view",
+        "casfs-fuse",
+    ];
     if have("fuse-overlayfs") {
         backends.push("fuse-overlayfs");
     }
@@ -344,8 +409,9 @@ fn main() {
         results: BTreeMap::new(),
         failed: Vec::new(),
         round: 0,
+        mounted: Vec::new(),
     };
-    for casfs in ["casfs-overlay", "casfs-fuse"] {
+    for casfs in ["casfs-overlay", "casfs-overlay-view", "casfs-fuse"] {
         let store = root.join(format!("store-{casfs}"));
         casfs_json(&store, &["capture", base.to_str().unwrap(), "-t", "base"]);
         b.stores.insert(casfs.into(), store);
@@ -423,6 +489,31 @@ fn main() {
                     &format!("make -s -j2 -C {} > /dev/null", q(&w.join("cproj"))),
                     &[],
                 );
+                if let Some(npm) = &npm {
+                    let d = w.join("npmproj");
+                    fs::create_dir_all(&d).unwrap();
+                    for f in ["package.json", "package-lock.json"] {
+                        fs::copy(npm.join(f), d.join(f)).unwrap();
+                    }
+                    let cache = npm.join("cache");
+                    let env = [("npm_config_cache", cache.to_str().unwrap())];
+                    b.timed(
+                        "npm ci (warm cache)",
+                        be,
+                        &format!(
+                            "cd {} && npm ci --offline --no-audit --no-fund --ignore-scripts \
+                             --loglevel=error > /dev/null",
+                            q(&d)
+                        ),
+                        &env,
+                    );
+                    b.timed(
+                        "rm -rf node_modules",
+                        be,
+                        &format!("rm -rf {}", q(&d.join("node_modules"))),
+                        &[],
+                    );
+                }
                 let big = w.join("big.bin");
                 b.timed(
                     "write 1 GiB + fsync",
@@ -563,7 +654,11 @@ fn main() {
                     let m = med(v);
                     let r = native.map(|n| m / n).unwrap_or(f64::NAN);
                     let k = kovl.map(|n| m / n).unwrap_or(f64::NAN);
-                    row.push_str(&format!(" {m:.0} ({r:.2}x / {k:.2}x) |"));
+                    if native.is_some() {
+                        row.push_str(&format!(" {m:.0} ({r:.2}x / {k:.2}x) |"));
+                    } else {
+                        row.push_str(&format!(" {m:.0} |"));
+                    }
                     jrow.insert(
                         be.to_string(),
                         serde_json::json!({"median_ms": m, "runs": v, "vs_native": r, "vs_kernel_overlay": k}),

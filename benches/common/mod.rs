@@ -12,6 +12,37 @@ use std::time::{Duration, Instant};
 mod workload;
 pub use workload::*;
 
+/// The casfs binary under test: this build's, or `CASFS_BENCH_BIN`.
+pub fn casfs_bin() -> String {
+    std::env::var("CASFS_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_casfs").into())
+}
+
+/// Runs `casfs --store STORE args...` with `env` set (and `CASFS_STORE` unset); panics on
+/// failure; returns its standard output.
+pub fn casfs_with(store: &Path, args: &[&str], env: &[(&str, &str)]) -> String {
+    let out = Command::new(casfs_bin())
+        .arg("--store")
+        .arg(store)
+        .args(args)
+        .env_remove("CASFS_STORE")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "casfs {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// [`casfs_with`] with `--json`, its output parsed.
+pub fn casfs_json_with(store: &Path, args: &[&str], env: &[(&str, &str)]) -> serde_json::Value {
+    let mut a = vec!["--json"];
+    a.extend_from_slice(args);
+    serde_json::from_str(&casfs_with(store, &a, env)).unwrap_or(serde_json::Value::Null)
+}
+
 pub fn have(cmd: &str) -> bool {
     Command::new("sh")
         .args(["-c", &format!("command -v {cmd}")])
