@@ -205,7 +205,7 @@ fn retire(dir: PathBuf, lower: MountedTree) {
     let _ = std::thread::Builder::new()
         .name("casfs-retire".into())
         .spawn(move || {
-            idle_priority();
+            low_priority();
             detach_lowers(&dir);
             while !lower.is_finished() {
                 std::thread::sleep(std::time::Duration::from_millis(100));
@@ -217,23 +217,21 @@ fn retire(dir: PathBuf, lower: MountedTree) {
         });
 }
 
-/// Puts the calling thread in the idle scheduling and I/O classes: tearing a replaced
-/// generation down (every inode the kernel had of it evicted, its upper removed) takes
-/// only what the workspace leaves, so a checkpoint right after a restore does not wait
-/// for it.
-fn idle_priority() {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: pid 0 is the calling thread; param is a valid sched_param.
-    unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+/// Lowers the calling thread's CPU and I/O priority (nice 19, best-effort I/O level 7;
+/// never the idle classes, which a busy machine would starve): removing a replaced
+/// generation yields to the workspace.
+fn low_priority() {
+    // SAFETY: on Linux, PRIO_PROCESS with who 0 is the calling thread.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 19) };
     const IOPRIO_WHO_PROCESS: libc::c_long = 1;
-    const IOPRIO_CLASS_IDLE: libc::c_long = 3;
+    const IOPRIO_CLASS_BE: libc::c_long = 2;
     // SAFETY: ioprio_set takes plain integers; who 0 is the calling thread.
     unsafe {
         libc::syscall(
             libc::SYS_ioprio_set,
             IOPRIO_WHO_PROCESS,
             0 as libc::c_long,
-            IOPRIO_CLASS_IDLE << 13,
+            (IOPRIO_CLASS_BE << 13) | 7,
         )
     };
 }
