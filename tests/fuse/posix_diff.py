@@ -70,14 +70,19 @@ def moved(before, after):
 
 def as_nobody(fn):
     """Runs fn() as uid/gid 65534 in a child; returns its result string."""
+    return as_user(NOBODY, NOBODY, [], fn)
+
+
+def as_user(uid, gid, groups, fn):
+    """Runs fn() as uid, gid and supplementary groups in a child; returns its result."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(r)
         try:
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
+            os.setgroups(groups)
+            os.setgid(gid)
+            os.setuid(uid)
             res = fn()
         except OSError as e:
             res = errno.errorcode.get(e.errno, str(e.errno))
@@ -296,6 +301,62 @@ rec("file capabilities set", os.getxattr(p("suid"), "security.capability") == CA
 with open(p("suid"), "r+b") as f:
     f.write(b"c")
 rec("file capabilities after write by root", err(os.getxattr, p("suid"), "security.capability"))
+# chown of a non-directory drops setuid, and setgid when the group may execute or the
+# caller (without CAP_FSETID) is not in the file's group: every kind, set-id mode and
+# change, by root and by the owner (uid 65534 in groups 65533 and 65532), also through a
+# symlink. The file starts as 65534:65533.
+import socket  # noqa: E402
+
+os.mkdir(p("own"))
+os.chmod(p("own"), 0o777)
+KINDS = ["file", "fifo", "chardev", "blockdev", "socket"]
+MODES = [0o6555, 0o6545, 0o4755, 0o2755, 0o2745]
+CHANGES = [
+    ("root -1:65532", None, -1, 65532, False),
+    ("root 0:-1", None, 0, -1, False),
+    ("root -1:-1", None, -1, -1, False),
+    ("owner -1:65532", (NOBODY, 65533, [65533, 65532]), -1, 65532, False),
+    ("owner 65534:-1", (NOBODY, 65533, [65533, 65532]), NOBODY, -1, False),
+    ("owner -1:65532 via symlink", (NOBODY, 65533, [65533, 65532]), -1, 65532, True),
+    ("outsider owner -1:65533", (NOBODY, 65532, [65532]), -1, 65533, False),
+]
+
+
+def make(kind, path):
+    if kind == "file":
+        with open(path, "wb") as f:
+            f.write(b"f")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "chardev":
+        os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    elif kind == "blockdev":
+        os.mknod(path, stat.S_IFBLK | 0o600, os.makedev(7, 200))
+    else:
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(path)
+        s.close()
+
+
+n = 0
+for kind in KINDS:
+    for m in MODES:
+        for label, who, uid, gid, via_link in CHANGES:
+            n += 1
+            f = p("own", f"o{n}")
+            make(kind, f)
+            os.chown(f, NOBODY, 65533)
+            os.chmod(f, m)
+            target = f
+            if via_link:
+                target = p("own", f"l{n}")
+                os.symlink(f, target)
+            if who is None:
+                res = err(os.chown, target, uid, gid)
+            else:
+                res = as_user(*who, lambda: os.chown(target, uid, gid) or "ok")
+            rec(f"chown {kind} {oct(m)} {label}", f"{res} {mode(f)} gid {st(f).st_gid}")
+
 with open(p("private"), "wb") as f:
     f.write(b"p")
 os.chmod(p("private"), 0o600)

@@ -137,6 +137,29 @@ impl Filesystem for WorkspaceFs {
                 let f = ws.upper_file(ino, &u).map_err(io_errno)?;
                 set_file_times(&f, atime.map(resolve), mtime.map(resolve)).map_err(io_errno)?;
             }
+            // chown of a non-directory, the VFS's rule (left to the daemon by
+            // FUSE_HANDLE_KILLPRIV_V2; fuser does not pass FATTR_KILL_SUIDGID on, so root
+            // is taken for CAP_FSETID): setuid goes; setgid goes when the group may
+            // execute, or when the caller lacks CAP_FSETID and is not in the file's
+            // group (before the change).
+            let (kind, old_mode, old_gid) = {
+                let n = tx.node(ino)?;
+                (n.kind, n.meta.mode, n.meta.gid)
+            };
+            // chown(f, -1, -1) changes nothing but still drops the bits: the kernel
+            // sends it as a setattr that sets nothing (its FATTR_KILL_SUIDGID is the
+            // only flag, which fuser does not pass on).
+            let nothing = uid.is_none()
+                && gid.is_none()
+                && size.is_none()
+                && atime.is_none()
+                && mtime.is_none()
+                && mode.is_none();
+            let chown =
+                (uid.is_some() || gid.is_some() || nothing) && mode.is_none() && kind != Kind::Dir;
+            let drop_sgid = chown
+                && old_mode & libc::S_ISGID != 0
+                && (old_mode & libc::S_IXGRP != 0 || (req.uid() != 0 && !in_group(req, old_gid)));
             let n = tx.node_mut(ino)?;
             if let Some(m) = mode {
                 n.meta.mode = m & 0o7777;
@@ -147,9 +170,11 @@ impl Filesystem for WorkspaceFs {
             if let Some(g) = gid {
                 n.meta.gid = g;
             }
-            // chown clears setuid/setgid on files (as ext4 does for non-directories).
-            if (uid.is_some() || gid.is_some()) && mode.is_none() && n.kind == Kind::File {
-                n.meta.mode &= !(libc::S_ISUID | libc::S_ISGID);
+            if chown {
+                n.meta.mode &= !libc::S_ISUID;
+            }
+            if drop_sgid {
+                n.meta.mode &= !libc::S_ISGID;
             }
             if let Some(a) = atime {
                 n.meta.atime = resolve(a);
