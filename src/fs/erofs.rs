@@ -585,6 +585,31 @@ fn write_to(
     Ok(pos as u64)
 }
 
+/// Mounts the image at `image` read-only at `target` (file-backed EROFS: no loop
+/// device).
+pub fn mount_image(image: &Path, target: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in a path"))
+    };
+    let (src, target) = (c(image)?, c(target)?);
+    // SAFETY: NUL-terminated strings that outlive the call.
+    let r = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            target.as_ptr(),
+            c"erofs".as_ptr(),
+            libc::MS_RDONLY,
+            std::ptr::null(),
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -741,21 +766,8 @@ mod tests {
         assert_eq!(stats.inodes, 1 + 10 + 1500);
         let mnt = dir.path().join("mnt");
         std::fs::create_dir(&mnt).unwrap();
-        let (src, target) = (
-            std::ffi::CString::new(image.as_os_str().as_encoded_bytes()).unwrap(),
-            std::ffi::CString::new(mnt.as_os_str().as_encoded_bytes()).unwrap(),
-        );
-        // SAFETY: NUL-terminated strings that outlive the call.
-        let r = unsafe {
-            libc::mount(
-                src.as_ptr(),
-                target.as_ptr(),
-                c"erofs".as_ptr(),
-                libc::MS_RDONLY,
-                std::ptr::null(),
-            )
-        };
-        assert_eq!(r, 0, "mount: {}", std::io::Error::last_os_error());
+        mount_image(&image, &mnt).expect("mount the image");
+        let target = std::ffi::CString::new(mnt.as_os_str().as_encoded_bytes()).unwrap();
         struct Unmount(std::ffi::CString);
         impl Drop for Unmount {
             fn drop(&mut self) {

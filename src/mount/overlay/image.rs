@@ -19,6 +19,7 @@ use std::time::Instant;
 
 use crate::cas::TreeId;
 use crate::checkpoint::Store;
+pub(super) use crate::fs::erofs::mount_image;
 use crate::fs::erofs::{write_image, ImageError};
 
 /// Whether overlay mounts use images (`CASFS_OVERLAY_LOWER`: `image`, the default, or
@@ -94,25 +95,6 @@ pub(super) fn image_for(store: &Store, root: TreeId, build_missing: bool) -> Opt
         return Some(path);
     }
     (build_missing && build(store, root)).then_some(path)
-}
-
-/// Mounts the image at `path` read-only at `target` (file-backed EROFS).
-pub(super) fn mount_image(image: &Path, target: &Path) -> std::io::Result<()> {
-    let (src, target) = (super::cstr(image)?, super::cstr(target)?);
-    // SAFETY: NUL-terminated strings that outlive the call.
-    let r = unsafe {
-        libc::mount(
-            src.as_ptr(),
-            target.as_ptr(),
-            c"erofs".as_ptr(),
-            libc::MS_RDONLY,
-            std::ptr::null(),
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 /// Removes the images of trees the store no longer holds (collected by gc), and
