@@ -3,22 +3,24 @@
 # checkpoint section does, with a pause between rounds to tell a checkpoint's own cost
 # from the teardown of the generation a restore replaced:
 #   benches/restore_loop.sh [--files N] [--rounds R] [--pause SECONDS] [--lower image|view]
+#                           [--dir DIR]   (where the store, tree and mount go; /tmp)
 # Prints each round's checkpoint and restore time as the daemon reports them.
 set -euo pipefail
-files=100000 rounds=6 pause=0 lower=image
+files=100000 rounds=6 pause=0 lower=image dir=/tmp
 while [ $# -gt 0 ]; do
   case $1 in
     --files) files=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --pause) pause=$2; shift 2 ;;
     --lower) lower=$2; shift 2 ;;
+    --dir) dir=$2; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
 here=$(cd "$(dirname "$0")/.." && pwd)
 cargo build --release --quiet --manifest-path "$here/Cargo.toml"
 B=$here/target/release/casfs
-work=$(mktemp -d /tmp/casfs-restore-loop.XXXXXX)
+work=$(mktemp -d "$dir/casfs-restore-loop.XXXXXX")
 S=$work/store M=$work/mnt
 mkdir -p "$M"
 trap '$B --store "$S" unmount "$M" >/dev/null 2>&1 || umount -l "$M" 2>/dev/null; rm -rf "$work"' EXIT
