@@ -193,10 +193,10 @@ fn detach_lowers(g: &Path) {
     detach(&g.join("lower"));
 }
 
-/// Removes a replaced generation once nothing uses it: its lower's mountpoints are
-/// detached at once (on a thread of its own), and the detached overlay lets the lower go when the last process
-/// inside it (a working directory, an open file) does; then the lower's session ends
-/// and the generation's files are removed. Until then those processes keep the old
+/// Removes a replaced generation once nothing uses it: its lowers' mountpoints are
+/// detached at once (on a thread of its own), and the detached overlay lets the lowers
+/// go when the last process inside it (a working directory, an open file) does; then
+/// the lower's session ends and the generation's files are removed. Until then those processes keep the old
 /// tree, upper files included.
 fn retire(dir: PathBuf, lower: MountedTree) {
     // Detached on the thread: a lower nothing uses any more is torn down by the detach
@@ -406,9 +406,10 @@ impl OverlayMount {
             std::fs::create_dir_all(d).map_err(io_err(d))?;
         }
         detach_lowers(&g);
-        let image = match image::images_enabled() {
-            true => image::image_for(&self.store, st.lower_root, build),
-            false => None,
+        let image = if image::images_enabled() {
+            image::image_for(&self.store, st.lower_root, build)
+        } else {
+            None
         };
         let image = image.filter(|img| match image::mount_image(img, &meta) {
             Ok(()) => true,
@@ -431,13 +432,19 @@ impl OverlayMount {
         };
         st.lowerdir = lowerdir;
         st.image = image.is_some();
-        self.record(st)?;
-        mount_overlay(&st.lowerdir, &upper, &work, &self.mountpoint).map_err(|e| {
-            CheckpointError::io(
-                &self.mountpoint,
-                std::io::Error::new(e.kind(), format!("mounting overlayfs: {e}")),
-            )
-        })?;
+        let mounted = self.record(st).and_then(|()| {
+            mount_overlay(&st.lowerdir, &upper, &work, &self.mountpoint).map_err(|e| {
+                CheckpointError::io(
+                    &self.mountpoint,
+                    std::io::Error::new(e.kind(), format!("mounting overlayfs: {e}")),
+                )
+            })
+        });
+        if let Err(e) = mounted {
+            // The view unmounts as it drops; the image's mount goes with it.
+            detach(&meta);
+            return Err(e);
+        }
         st.lower = Some(view);
         st.mounted = true;
         st.dev = st_dev(&self.mountpoint);
