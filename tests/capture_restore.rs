@@ -215,3 +215,32 @@ fn capturing_into_a_foreign_directory_is_refused() {
         b"keep"
     );
 }
+
+/// The captured directory's own mode and mtime come back too (set after its entries,
+/// which move its mtime), into a new directory and over an existing one.
+#[test]
+fn restore_sets_the_directory_s_own_mode_and_mtime() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let (t, store, work) = setup();
+    build_sample_tree(&work);
+    fs::set_permissions(&work, fs::Permissions::from_mode(0o750)).unwrap();
+    set_mtime(&work, 1_600_000_000, 123_456_789);
+    let cp = json(&store, &["capture", s(&work), "--thread", "main"]);
+    assert_eq!(cp["checkpoint"]["root_meta"]["mode"], 0o750, "{cp}");
+    let own = |p: &Path| {
+        let m = fs::metadata(p).unwrap();
+        (m.mode() & 0o7777, m.mtime(), m.mtime_nsec())
+    };
+    let want = (0o750, 1_600_000_000, 123_456_789);
+    assert_eq!(own(&work), want);
+    let fresh = t.path().join("fresh");
+    ok(&store, &["restore", s(&fresh), "--thread", "main"]);
+    assert_same_tree(&work, &fresh);
+    assert_eq!(own(&fresh), want);
+    // Over a directory whose own mode and mtime differ, and whose entries change.
+    let old = t.path().join("old");
+    fs::create_dir(&old).unwrap();
+    fs::set_permissions(&old, fs::Permissions::from_mode(0o700)).unwrap();
+    ok(&store, &["restore", s(&old), "--thread", "main", "--force"]);
+    assert_eq!(own(&old), want);
+}

@@ -24,7 +24,7 @@ use super::dirfd::{
 use super::watch::{self, Changes};
 use super::{
     xattr, CaptureStats, Checkpoint, CheckpointError, CheckpointId, CheckpointResult, LeaseKeeper,
-    NewCheckpoint, Store, ThreadId,
+    NewCheckpoint, RootMeta, Store, ThreadId,
 };
 use crate::cas::file::{store_bytes, store_reader};
 use crate::cas::{
@@ -57,6 +57,8 @@ pub struct CaptureOptions<'a> {
 #[derive(Debug, Clone)]
 pub struct Captured {
     pub root: TreeId,
+    /// The directory's own mode and mtime, taken before the walk.
+    pub root_meta: RootMeta,
     pub stats: CaptureStats,
     pub warnings: Vec<String>,
 }
@@ -161,6 +163,11 @@ pub fn capture_dir(
     let cache = DirCacheSet::new(store, &dir, !opts.no_stat_cache && opts.filter.is_none());
     // Asked before the walk: whatever changes from now on is in its next answer.
     let (changes, watcher) = ask_watcher(store, &dir, &cache)?;
+    let own = fstat(fd.as_raw_fd()).map_err(|e| CheckpointError::io(&dir, e))?;
+    let root_meta = RootMeta {
+        mode: own.st_mode & 0o7777,
+        mtime_ns: mtime_ns(&own),
+    };
     let ctx = Ctx {
         store,
         cache,
@@ -197,6 +204,7 @@ pub fn capture_dir(
     ctx.cache.save()?;
     Ok(Captured {
         root,
+        root_meta,
         stats,
         warnings,
     })
@@ -609,6 +617,7 @@ pub fn capture_to_thread(
         crate::crashpoint("capture.stored");
         let mut new = NewCheckpoint::new(append.thread.clone(), captured.root, &append.reason);
         new.stats = captured.stats;
+        new.root_meta = Some(captured.root_meta);
         let cp = cps.append(new, expected, &keeper.held()?)?;
         Ok((cp, captured.warnings))
     })();

@@ -32,7 +32,7 @@ pub use lease::{holder_name, LeaseKeeper, LeaseStatus, WriterLease};
 pub use pg_store::PgCheckpointStore;
 pub use record::{
     Artifact, CaptureStats, Checkpoint, CheckpointBody, CheckpointId, ContentRef, MountTag,
-    NewCheckpoint, SecretFile, ThreadId,
+    NewCheckpoint, RootMeta, SecretFile, ThreadId,
 };
 pub use restore::{
     restore_tree, uncaptured_changes, RestoreOptions, RestoreProgress, RestoreStats,

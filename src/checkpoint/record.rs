@@ -173,6 +173,16 @@ pub struct NewCheckpoint {
     /// The clean files the run read, in the order first read (a list stored as
     /// content): another host restoring this checkpoint fetches them first.
     pub read_first: Option<ContentRef>,
+    /// The captured directory's own mode and mtime (a tree holds its entries', not its
+    /// own); set by captures of plain directories.
+    pub root_meta: Option<RootMeta>,
+}
+
+/// A directory's own permission bits and modification time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RootMeta {
+    pub mode: u32,
+    pub mtime_ns: i64,
 }
 
 impl NewCheckpoint {
@@ -190,6 +200,7 @@ impl NewCheckpoint {
             stats: src.body.stats.clone(),
             secret_files: src.body.secret_files.clone(),
             read_first: src.body.read_first,
+            root_meta: src.body.root_meta,
         }
     }
 
@@ -205,6 +216,7 @@ impl NewCheckpoint {
             stats: CaptureStats::default(),
             secret_files: Vec::new(),
             read_first: None,
+            root_meta: None,
         }
     }
 }
@@ -230,6 +242,9 @@ pub struct CheckpointBody {
     /// See [`NewCheckpoint::read_first`]; absent when none (older ids unchanged).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub read_first: Option<ContentRef>,
+    /// See [`NewCheckpoint::root_meta`]; absent when none (older ids unchanged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_meta: Option<RootMeta>,
 }
 
 /// A checkpoint: an immutable record naming a root tree, its parent and its thread.
@@ -265,6 +280,7 @@ impl Checkpoint {
             stats: new.stats,
             secret_files: new.secret_files,
             read_first: new.read_first,
+            root_meta: new.root_meta,
         };
         let id = CheckpointId(Hash::of(&body_bytes(&body)));
         Checkpoint { id, body }

@@ -27,7 +27,7 @@ use super::dirfd::{
     child, cstr, file_type, fstat, is_dir, last_err, list_dir, lstat_at, open_at, open_dir,
     open_dir_at, readlink_at, remove_at, Fingerprint,
 };
-use super::{xattr, CheckpointError, CheckpointResult, Store};
+use super::{xattr, CheckpointError, CheckpointResult, RootMeta, Store};
 use crate::cas::file::{check_present, hash_reader, write_file_to};
 use crate::cas::{load_tree, EntryContent, ObjectId, Tree, TreeEntry, TreeId};
 
@@ -41,6 +41,9 @@ pub struct RestoreProgress {
 pub struct RestoreOptions<'a> {
     pub no_stat_cache: bool,
     pub progress: Option<&'a RestoreProgress>,
+    /// The directory's own mode and mtime, set last (after its entries, whose changes
+    /// move its mtime). When it is a mountpoint, they are those of the mounted root.
+    pub root_meta: Option<RootMeta>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -105,6 +108,13 @@ pub fn restore_tree(
         tmp_counter: AtomicU64::new(0),
     };
     restore_dir(&ctx, fd.as_raw_fd(), &dest, b"", root)?;
+    if let Some(m) = opts.root_meta {
+        // SAFETY: a valid descriptor of the directory.
+        if unsafe { libc::fchmod(fd.as_raw_fd(), m.mode) } != 0 {
+            return Err(last_err(&dest));
+        }
+        set_mtime_at(fd.as_raw_fd(), c".", m.mtime_ns, &dest)?;
+    }
     let n = &ctx.n;
     let stats = RestoreStats {
         files_written: n.files_written.load(Ordering::Relaxed),

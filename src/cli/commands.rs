@@ -274,6 +274,7 @@ fn restore(
     let opts = RestoreOptions {
         no_stat_cache,
         progress: Some(&progress),
+        root_meta: cp.body.root_meta,
     };
     let stats = with_spinner(
         "restoring",
