@@ -109,7 +109,11 @@ enum Body {
     },
     File(Option<FileRef>),
     Symlink(Vec<u8>),
-    Device(u32),
+    /// The kernel's encoding of the device number, and whether a block device.
+    Device {
+        rdev: u32,
+        block: bool,
+    },
     Fifo,
 }
 
@@ -143,7 +147,7 @@ impl Node {
             Body::Dir { blocks, tail, .. } => ((blocks.len() - 1) * BLOCK + tail) as u64,
             Body::File(f) => f.map_or(0, |f| f.size),
             Body::Symlink(t) => t.len() as u64,
-            Body::Device(_) | Body::Fifo => 0,
+            Body::Device { .. } | Body::Fifo => 0,
         }
     }
 
@@ -173,10 +177,8 @@ impl Node {
             Body::File(_) => (1, libc::S_IFREG as u16),
             Body::Symlink(_) => (7, libc::S_IFLNK as u16),
             Body::Fifo => (5, libc::S_IFIFO as u16),
-            Body::Device(_) if self.mode & 0o170000 == libc::S_IFBLK as u16 => {
-                (4, libc::S_IFBLK as u16)
-            }
-            Body::Device(_) => (3, libc::S_IFCHR as u16),
+            Body::Device { block: true, .. } => (4, libc::S_IFBLK as u16),
+            Body::Device { block: false, .. } => (3, libc::S_IFCHR as u16),
         }
     }
 }
@@ -215,7 +217,7 @@ fn node_of(e: &TreeEntry, parent: usize, path: &str) -> Result<Node, ImageError>
         }
         xattrs.push((i as u8, suffix, v.clone()));
     }
-    let mut mode = (e.mode & 0o7777) as u16;
+    let mode = (e.mode & 0o7777) as u16;
     let body = match &e.content {
         EntryContent::Dir(_) => Body::Dir {
             entries: Vec::new(),
@@ -240,12 +242,9 @@ fn node_of(e: &TreeEntry, parent: usize, path: &str) -> Result<Node, ImageError>
             if !block && *rdev == 0 {
                 return Err(unsupported(path, "a 0/0 character device (a whiteout)"));
             }
-            let dev = encode_dev(*rdev)
+            let rdev = encode_dev(*rdev)
                 .ok_or_else(|| unsupported(path, "a device number beyond 12/20 bits"))?;
-            if block {
-                mode |= libc::S_IFBLK as u16;
-            }
-            Body::Device(dev)
+            Body::Device { rdev, block }
         }
     };
     Ok(Node {
@@ -398,17 +397,8 @@ fn dir_block(nodes: &[Node], entries: &[(Vec<u8>, usize, u8)], out: &mut Vec<u8>
     }
 }
 
-fn write_inode<W: Write>(
-    nodes: &[Node],
-    n: &Node,
-    out: &mut Out<W>,
-    uid: u32,
-    gid: u32,
-) -> Result<(), ImageError> {
-    let io = |source| ImageError::Io {
-        path: "image".into(),
-        source,
-    };
+/// An inode as it is written: header, xattrs and inline tail.
+fn inode_bytes(nodes: &[Node], n: &Node, uid: u32, gid: u32) -> Result<Vec<u8>, ImageError> {
     let layout = match &n.body {
         Body::File(Some(_)) => CHUNK_BASED,
         Body::Dir { .. } | Body::Symlink(_) if n.inline => FLAT_INLINE,
@@ -416,7 +406,7 @@ fn write_inode<W: Write>(
     };
     let i_u = match &n.body {
         Body::File(Some(_)) => ONE_CHUNK,
-        Body::Device(d) => *d,
+        Body::Device { rdev, .. } => *rdev,
         _ => n.blkaddr,
     };
     let nlink: u32 = match &n.body {
@@ -472,7 +462,7 @@ fn write_inode<W: Write>(
             _ => {}
         }
     }
-    out.put(&b).map_err(io)
+    Ok(b)
 }
 
 /// Writes the EROFS image of tree `root` to `path` (through a temporary file renamed
@@ -548,7 +538,8 @@ fn write_to(
     out.pad_to(BLOCK).map_err(io)?;
     for n in nodes {
         out.pad_to(BLOCK + n.nid as usize * SLOT).map_err(io)?;
-        write_inode(nodes, n, &mut out, uid, gid)?;
+        let b = inode_bytes(nodes, n, uid, gid)?;
+        out.put(&b).map_err(io)?;
     }
     out.pad_to(out.pos.next_multiple_of(BLOCK)).map_err(io)?;
     let mut block = Vec::with_capacity(BLOCK);
