@@ -604,6 +604,7 @@ pub fn mount_image(image: &Path, target: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     #[test]
     fn data_names_round_trip_and_refuse_anything_else() {
@@ -660,7 +661,6 @@ mod tests {
         use crate::cas::file::{store_bytes, StoreStats};
         use crate::cas::{store_tree, Database, RocksObjectStore, Tree};
         use std::os::unix::fs::{FileTypeExt, MetadataExt};
-        use std::sync::Arc;
         // SAFETY: geteuid cannot fail.
         if unsafe { libc::geteuid() } != 0 {
             eprintln!("skipped: mounting an image needs root");
@@ -756,17 +756,7 @@ mod tests {
         let stats = write_image(&store, &root, &image, 0, 0).unwrap();
         assert_eq!(stats.inodes, 1 + 10 + 1500);
         let mnt = dir.path().join("mnt");
-        std::fs::create_dir(&mnt).unwrap();
-        mount_image(&image, &mnt).expect("mount the image");
-        let target = std::ffi::CString::new(mnt.as_os_str().as_encoded_bytes()).unwrap();
-        struct Unmount(std::ffi::CString);
-        impl Drop for Unmount {
-            fn drop(&mut self) {
-                // SAFETY: a NUL-terminated path.
-                unsafe { libc::umount2(self.0.as_ptr(), libc::MNT_DETACH) };
-            }
-        }
-        let _guard = Unmount(target);
+        let _guard = Mounted::new(&image, &mnt);
 
         let names = |p: &Path| {
             let mut v: Vec<String> = std::fs::read_dir(p)
@@ -829,6 +819,154 @@ mod tests {
         assert_eq!((m.mode(), m.nlink()), (0o40700, 2));
         assert_eq!(std::fs::metadata(&mnt).unwrap().nlink(), 4);
         assert!(std::fs::metadata(mnt.join("big/nope")).is_err());
+    }
+
+    /// An image mounted at a new directory; detached when dropped.
+    struct Mounted(std::ffi::CString);
+
+    impl Mounted {
+        fn new(image: &Path, mnt: &Path) -> Mounted {
+            std::fs::create_dir(mnt).unwrap();
+            mount_image(image, mnt).expect("mount the image");
+            Mounted(std::ffi::CString::new(mnt.as_os_str().as_encoded_bytes()).unwrap())
+        }
+    }
+
+    impl Drop for Mounted {
+        fn drop(&mut self) {
+            // SAFETY: a NUL-terminated path.
+            unsafe { libc::umount2(self.0.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+
+    /// Names and sizes at the format's edges: 255-byte names, bytes that are not UTF-8,
+    /// newlines and backslashes; directories whose entries fill a block exactly, or
+    /// leave a tail of just under and just over the inline limit; an xattr of 60,000
+    /// bytes (its inode cannot hold a tail inline). Every name is found by lookup and
+    /// by listing, every size and xattr reads back.
+    #[test]
+    fn names_and_sizes_at_the_edges_read_back() {
+        use crate::cas::file::{store_bytes, StoreStats};
+        use crate::cas::{store_tree, Database, RocksObjectStore, Tree};
+        use std::collections::BTreeSet;
+        use std::os::unix::ffi::OsStrExt;
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: mounting an image needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let db = Arc::new(Database::open(&dir.path().join("db"), &[]).unwrap());
+        let store = RocksObjectStore::new(db);
+        let mut st = StoreStats::default();
+        let f = store_bytes(&store, b"content", &mut st).unwrap();
+        let file = |name: Vec<u8>, xattrs| TreeEntry {
+            name,
+            content: EntryContent::File(f.id),
+            mode: 0o644,
+            mtime_ns: 0,
+            size: f.size,
+            xattrs,
+        };
+        // Entry sizes: 12 bytes of dirent + the name. `.` and `..` take 12 + 1 and
+        // 12 + 2. Names of n bytes for a block of exactly 4096: 4096 - 27 = 4069 left.
+        let exact: Vec<Vec<u8>> = {
+            let mut v = Vec::new();
+            let mut left = 4069usize;
+            let mut i = 0;
+            while left > 0 {
+                // 112 bytes while what stays can still hold an entry (13 bytes).
+                let len = if left >= 112 + 13 { 100 } else { left - 12 };
+                let mut name = format!("x{i:04}-").into_bytes();
+                name.resize(len, b'e');
+                left -= 12 + len;
+                v.push(name);
+                i += 1;
+            }
+            v
+        };
+        let tail_names = |total: usize| {
+            // Entries of 12 + 50 bytes after `.` and `..` (27 bytes) up to `total`.
+            let mut v = Vec::new();
+            let mut used = 27;
+            let mut i = 0;
+            while used + 62 <= total {
+                let mut name = format!("t{i:04}-").into_bytes();
+                name.resize(50, b't');
+                v.push(name);
+                used += 62;
+                i += 1;
+            }
+            v
+        };
+        let mut odd: Vec<Vec<u8>> = vec![
+            vec![b'n'; 255],
+            b"new\nline".to_vec(),
+            b"back\\slash".to_vec(),
+            vec![0xff, 0xfe, b'x'],
+            b"-".to_vec(),
+            b"\x01low".to_vec(),
+            b"sp ace".to_vec(),
+        ];
+        odd.sort();
+        let mut dirs = Vec::new();
+        for (name, names) in [
+            (&b"exact"[..], exact.clone()),
+            (b"tail-2040", tail_names(2040)),
+            (b"tail-2110", tail_names(2110)),
+            (b"odd", odd.clone()),
+        ] {
+            let t = Tree::from_entries(names.iter().map(|n| file(n.clone(), vec![])).collect())
+                .unwrap();
+            let (id, _) = store_tree(&store, &t).unwrap();
+            dirs.push((name.to_vec(), id, names));
+        }
+        let mut root = vec![file(
+            b"big-xattr".to_vec(),
+            vec![(b"user.big".to_vec(), vec![b'v'; 60_000])],
+        )];
+        for (name, id, _) in &dirs {
+            root.push(TreeEntry {
+                name: name.clone(),
+                content: EntryContent::Dir(*id),
+                mode: 0o755,
+                mtime_ns: 0,
+                size: 0,
+                // A large xattr on one directory only: it keeps that one's tail out of
+                // the inode, which the tail-* directories must not be.
+                xattrs: if name == b"odd" {
+                    vec![(b"user.d".to_vec(), vec![b'd'; 3000])]
+                } else {
+                    vec![]
+                },
+            });
+        }
+        let (root, _) = store_tree(&store, &Tree::from_entries(root).unwrap()).unwrap();
+        let image = dir.path().join("edges.erofs");
+        write_image(&store, &root, &image, 0, 0).unwrap();
+        let mnt = dir.path().join("mnt");
+        let _guard = Mounted::new(&image, &mnt);
+        for (name, _, names) in &dirs {
+            let d = mnt.join(std::ffi::OsStr::from_bytes(name));
+            let listed: BTreeSet<Vec<u8>> = std::fs::read_dir(&d)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().as_bytes().to_vec())
+                .collect();
+            let want: BTreeSet<Vec<u8>> = names.iter().cloned().collect();
+            assert_eq!(listed, want, "{}", String::from_utf8_lossy(name));
+            for n in names {
+                let m = std::fs::metadata(d.join(std::ffi::OsStr::from_bytes(n))).unwrap();
+                assert_eq!(m.len(), 7, "{:?}", String::from_utf8_lossy(n));
+            }
+            if name == b"odd" {
+                assert_eq!(xattr(&d, "user.d").unwrap(), vec![b'd'; 3000]);
+            }
+        }
+        assert_eq!(
+            xattr(&mnt.join("big-xattr"), "user.big").unwrap(),
+            vec![b'v'; 60_000]
+        );
+        assert!(xattr(&mnt.join("big-xattr"), "trusted.overlay.redirect").is_some());
     }
 
     fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
