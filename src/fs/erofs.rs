@@ -604,7 +604,22 @@ pub fn mount_image(image: &Path, target: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cas::file::{store_bytes, StoreStats};
+    use crate::cas::{store_tree, Database, RocksObjectStore, Tree};
     use std::sync::Arc;
+
+    /// A store in a temporary directory, if this runs as root (mounting an image needs
+    /// it); None, and the test skipped, otherwise.
+    fn store_if_root() -> Option<(tempfile::TempDir, RocksObjectStore)> {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: mounting an image needs root");
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let db = Arc::new(Database::open(&dir.path().join("db"), &[]).unwrap());
+        Some((dir, RocksObjectStore::new(db)))
+    }
 
     #[test]
     fn data_names_round_trip_and_refuse_anything_else() {
@@ -658,17 +673,10 @@ mod tests {
     /// negative times), written as an image, mounted by the kernel and read back.
     #[test]
     fn the_kernel_reads_back_the_tree() {
-        use crate::cas::file::{store_bytes, StoreStats};
-        use crate::cas::{store_tree, Database, RocksObjectStore, Tree};
         use std::os::unix::fs::{FileTypeExt, MetadataExt};
-        // SAFETY: geteuid cannot fail.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: mounting an image needs root");
+        let Some((dir, store)) = store_if_root() else {
             return;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let db = Arc::new(Database::open(&dir.path().join("db"), &[]).unwrap());
-        let store = RocksObjectStore::new(db);
+        };
         let mut st = StoreStats::default();
         let e = |name: &[u8], content, mode, size, xattrs: Vec<(Vec<u8>, Vec<u8>)>| TreeEntry {
             name: name.to_vec(),
@@ -846,18 +854,11 @@ mod tests {
     /// by listing, every size and xattr reads back.
     #[test]
     fn names_and_sizes_at_the_edges_read_back() {
-        use crate::cas::file::{store_bytes, StoreStats};
-        use crate::cas::{store_tree, Database, RocksObjectStore, Tree};
         use std::collections::BTreeSet;
         use std::os::unix::ffi::OsStrExt;
-        // SAFETY: geteuid cannot fail.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: mounting an image needs root");
+        let Some((dir, store)) = store_if_root() else {
             return;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let db = Arc::new(Database::open(&dir.path().join("db"), &[]).unwrap());
-        let store = RocksObjectStore::new(db);
+        };
         let mut st = StoreStats::default();
         let f = store_bytes(&store, b"content", &mut st).unwrap();
         let file = |name: Vec<u8>, xattrs| TreeEntry {
