@@ -521,6 +521,8 @@ pub fn fsck(store: &Store, repair: bool, live: &HashSet<[u8; 8]>) -> CheckpointR
         }
     }
 
+    check_images(store, repair, &mut rep);
+
     // Unreachable objects: counted; swept by a repair when nothing live was unreadable.
     let dry = !(repair && w.problems.is_empty());
     let marked = w.marker.into_marked();
@@ -551,6 +553,51 @@ pub fn fsck(store: &Store, repair: bool, live: &HashSet<[u8; 8]>) -> CheckpointR
     }
     rep.duration_ms = start.elapsed().as_millis() as u64;
     Ok(rep)
+}
+
+/// The overlay's EROFS images: each must be, byte for byte, its tree's (an image damaged
+/// on disk would show wrong names, sizes or contents). A damaged one is an error that
+/// `--repair` removes (the next mount rebuilds it); one whose tree is gone is a leftover.
+fn check_images(store: &Store, repair: bool, rep: &mut FsckReport) {
+    let Ok(rd) = std::fs::read_dir(super::store::images_dir(store.root())) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let path = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(tree) = name
+            .strip_suffix(".erofs")
+            .and_then(Hash::from_hex)
+            .map(crate::cas::TreeId)
+        else {
+            continue;
+        };
+        if crate::cas::load_tree(store.objects(), &tree).is_err() {
+            rep.leftovers.push(format!(
+                "{}: the image of a tree the store no longer holds",
+                path.display()
+            ));
+            if repair && std::fs::remove_file(&path).is_ok() {
+                rep.repaired.push(format!("removed {}", path.display()));
+            }
+            continue;
+        }
+        match crate::fs::erofs::image_matches(store.objects(), &tree, &path) {
+            Ok(true) => {}
+            Ok(false) => {
+                rep.errors.push(format!(
+                    "{}: the image differs from its tree (damaged); --repair removes it, the \
+                     next mount rebuilds it",
+                    path.display()
+                ));
+                if repair && std::fs::remove_file(&path).is_ok() {
+                    rep.repaired
+                        .push(format!("removed the damaged image {}", path.display()));
+                }
+            }
+            Err(err) => rep.errors.push(format!("{}: {err}", path.display())),
+        }
+    }
 }
 
 fn remove_files(files: &[PathBuf]) -> CheckpointResult<()> {

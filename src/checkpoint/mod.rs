@@ -38,4 +38,4 @@ pub use restore::{
     restore_tree, uncaptured_changes, RestoreOptions, RestoreProgress, RestoreStats,
 };
 pub use rocks_store::RocksCheckpointStore;
-pub use store::{key_hex, mount_dir, mount_dir_of_key, Backends, OpenMode, Store};
+pub use store::{images_dir, key_hex, mount_dir, mount_dir_of_key, Backends, OpenMode, Store};

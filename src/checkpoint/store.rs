@@ -330,6 +330,12 @@ fn lock_store(root: &Path, timeout: Duration) -> CheckpointResult<File> {
     Ok(file)
 }
 
+/// Where the overlay backend keeps the EROFS images of trees (a cache: `<tree
+/// id>.erofs`, rebuilt when missing).
+pub fn images_dir(store_root: &Path) -> PathBuf {
+    store_root.join("images")
+}
+
 /// Where a mount's files live in the store.
 pub fn mount_dir(store_root: &Path, mountpoint: &Path) -> PathBuf {
     mount_dir_of_key(store_root, &mount_key(mountpoint))

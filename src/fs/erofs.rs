@@ -512,10 +512,25 @@ fn write_to(
         source,
     };
     let file = std::fs::File::create(path).map_err(io)?;
-    let mut out = Out {
-        w: std::io::BufWriter::with_capacity(1 << 20, &file),
-        pos: 0,
-    };
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, &file);
+    let pos = encode(nodes, blocks, root, &mut w, uid, gid, &io)?;
+    w.flush().map_err(io)?;
+    drop(w);
+    file.sync_all().map_err(io)?;
+    Ok(pos)
+}
+
+/// Writes the image of laid-out `nodes` to `w`; returns its length.
+fn encode<W: Write>(
+    nodes: &[Node],
+    blocks: u32,
+    root: &TreeId,
+    w: W,
+    uid: u32,
+    gid: u32,
+    io: &dyn Fn(std::io::Error) -> ImageError,
+) -> Result<u64, ImageError> {
+    let mut out = Out { w, pos: 0 };
     let mut sb = Vec::with_capacity(128);
     sb.extend_from_slice(&MAGIC.to_le_bytes());
     sb.extend_from_slice(&0u32.to_le_bytes()); // checksum (feature off)
@@ -569,11 +584,47 @@ fn write_to(
         }
     }
     out.pad_to(blocks as usize * BLOCK).map_err(io)?;
-    let pos = out.pos;
-    out.w.flush().map_err(io)?;
-    drop(out);
-    file.sync_all().map_err(io)?;
-    Ok(pos as u64)
+    Ok(out.pos as u64)
+}
+
+/// Whether the image at `path` is, byte for byte, what [`write_image`] writes for tree
+/// `root` (owned by whom its root inode names): an image damaged on disk is not.
+pub fn image_matches(
+    objects: &dyn ObjectStore,
+    root: &TreeId,
+    path: &Path,
+) -> Result<bool, ImageError> {
+    use std::io::Read;
+    let io = |source| ImageError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let mut have = blake3::Hasher::new();
+    let mut head = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = file.read(&mut buf).map_err(io)?;
+        if n == 0 {
+            break;
+        }
+        if head.len() < BLOCK + INODE_SIZE {
+            let k = (BLOCK + INODE_SIZE - head.len()).min(n);
+            head.extend_from_slice(&buf[..k]);
+        }
+        have.update(&buf[..n]);
+    }
+    if head.len() < BLOCK + INODE_SIZE {
+        return Ok(false);
+    }
+    // The root inode (nid 0, at the start of block 1): uid at 24, gid at 28.
+    let word = |at: usize| u32::from_le_bytes(head[BLOCK + at..BLOCK + at + 4].try_into().unwrap());
+    let (uid, gid) = (word(24), word(28));
+    let mut nodes = collect(objects, root)?;
+    let blocks = layout(&mut nodes)?;
+    let mut want = blake3::Hasher::new();
+    encode(&nodes, blocks, root, &mut want, uid, gid, &io)?;
+    Ok(have.finalize() == want.finalize())
 }
 
 /// Mounts the image at `image` read-only at `target` (file-backed EROFS: no loop

@@ -286,3 +286,73 @@ fn switching_backends_keeps_uncaptured_work() {
     }
     ok(&store, &["fsck"]);
 }
+
+/// The overlay's image of a tree is checked by fsck byte for byte: one byte flipped in a
+/// file's redirect (which would serve another content) is an error naming the image,
+/// `--repair` removes it, and the next mount rebuilds it and reads the right bytes.
+#[test]
+fn fsck_finds_a_damaged_image_and_the_next_mount_rebuilds_it() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("base");
+    base(&src);
+    let store = t.path().join("s");
+    ok(&store, &["capture", src.to_str().unwrap(), "-t", "w"]);
+    let mp = t.path().join("mnt");
+    fs::create_dir(&mp).unwrap();
+    let _g = MountGuard::new(&mp);
+    let mount = || {
+        ok(
+            &store,
+            &[
+                "mount",
+                mp.to_str().unwrap(),
+                "-t",
+                "w",
+                "--mode",
+                "overlay",
+            ],
+        )
+    };
+    mount();
+    assert_eq!(
+        json(&store, &["status", mp.to_str().unwrap()])["read_mode"],
+        "overlay-image"
+    );
+    ok(&store, &["unmount", mp.to_str().unwrap()]);
+    ok(&store, &["fsck"]);
+    let images: Vec<_> = fs::read_dir(store.join("images"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "erofs"))
+        .collect();
+    assert_eq!(images.len(), 1, "{images:?}");
+    let image = &images[0];
+    let mut bytes = fs::read(image).unwrap();
+    let at = bytes
+        .windows(b"overlay.redirect".len())
+        .position(|w| w == b"overlay.redirect")
+        .expect("a redirect in the image")
+        + b"overlay.redirect".len()
+        + 5;
+    bytes[at] = if bytes[at] == b'0' { b'1' } else { b'0' };
+    fs::write(image, &bytes).unwrap();
+    let out = casfs(&store, &["fsck"]);
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("the image differs from its tree"), "{said}");
+    let name = image.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(said.contains(&name), "{said}");
+    let _ = casfs(&store, &["fsck", "--repair"]);
+    assert!(!image.exists(), "the damaged image is removed");
+    ok(&store, &["fsck"]);
+    mount();
+    assert!(image.exists(), "the next mount rebuilds it");
+    assert_eq!(
+        json(&store, &["status", mp.to_str().unwrap()])["read_mode"],
+        "overlay-image"
+    );
+    assert_eq!(snapshot(&mp), snapshot(&src));
+    ok(&store, &["unmount", mp.to_str().unwrap()]);
+    ok(&store, &["fsck"]);
+}

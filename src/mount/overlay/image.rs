@@ -30,7 +30,7 @@ pub(super) fn images_enabled() -> bool {
 
 fn images_dir(store: &Store) -> PathBuf {
     let root = std::fs::canonicalize(store.root()).unwrap_or_else(|_| store.root().to_path_buf());
-    root.join("images")
+    crate::checkpoint::images_dir(&root)
 }
 
 fn image_path(store: &Store, root: &TreeId) -> PathBuf {
