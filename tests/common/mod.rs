@@ -22,11 +22,17 @@ pub fn casfs_bin() -> &'static str {
 
 /// Runs `casfs --store STORE args...`.
 pub fn casfs(store: &Path, args: &[&str]) -> Output {
+    casfs_env(store, args, &[])
+}
+
+/// [`casfs`] with `env` set.
+pub fn casfs_env(store: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(casfs_bin())
         .arg("--store")
         .arg(store)
         .args(args)
         .env_remove("CASFS_STORE")
+        .envs(env.iter().copied())
         .output()
         .expect("run casfs")
 }

@@ -100,14 +100,11 @@ fn one_workload_gives_one_tree_in_both_backends_and_a_plain_directory() {
         let mp = t.path().join(format!("mnt-{name}"));
         fs::create_dir(&mp).unwrap();
         let _g = MountGuard::new(&mp);
-        let out = Command::new(casfs_bin())
-            .arg("--store")
-            .arg(&store)
-            .args(["mount", mp.to_str().unwrap(), "-t", "w", "--mode", mode])
-            .env_remove("CASFS_STORE")
-            .env("CASFS_OVERLAY_LOWER", lower)
-            .output()
-            .unwrap();
+        let out = casfs_env(
+            &store,
+            &["mount", mp.to_str().unwrap(), "-t", "w", "--mode", mode],
+            &[("CASFS_OVERLAY_LOWER", lower)],
+        );
         assert!(
             out.status.success(),
             "{}",

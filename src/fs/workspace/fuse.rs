@@ -157,9 +157,7 @@ impl Filesystem for WorkspaceFs {
                 && mode.is_none();
             let chown =
                 (uid.is_some() || gid.is_some() || nothing) && mode.is_none() && kind != Kind::Dir;
-            let drop_sgid = chown
-                && old_mode & libc::S_ISGID != 0
-                && (old_mode & libc::S_IXGRP != 0 || (req.uid() != 0 && !in_group(req, old_gid)));
+            let drop_sgid = chown && sgid_goes(old_mode, old_gid, (req.uid() != 0).then_some(req));
             let n = tx.node_mut(ino)?;
             if let Some(m) = mode {
                 n.meta.mode = m & 0o7777;

@@ -234,11 +234,9 @@ impl<'a> Tx<'a> {
             return Ok(());
         }
         let before = (n.meta.mode, n.xattrs.len());
-        if let Some(req) = by {
+        if by.is_some() {
             n.meta.mode &= !libc::S_ISUID;
-            if n.meta.mode & libc::S_ISGID != 0
-                && (n.meta.mode & libc::S_IXGRP != 0 || !in_group(req, n.meta.gid))
-            {
+            if sgid_goes(n.meta.mode, n.meta.gid, by) {
                 n.meta.mode &= !libc::S_ISGID;
             }
         }
@@ -376,6 +374,14 @@ impl<'a> Tx<'a> {
 
 /// Whether the caller of `req` is in group `gid` (its group, or one of its supplementary
 /// groups as /proc tells).
+/// The VFS's setgid rule (`setattr_should_drop_sgid`): the bit goes when the group may
+/// execute, or when the caller (`by`: one without `CAP_FSETID`; None for root) is not in
+/// the file's group `gid`.
+pub(super) fn sgid_goes(mode: u32, gid: u32, by: Option<&Request>) -> bool {
+    mode & libc::S_ISGID != 0
+        && (mode & libc::S_IXGRP != 0 || by.is_some_and(|r| !in_group(r, gid)))
+}
+
 pub(super) fn in_group(req: &Request, gid: u32) -> bool {
     if req.gid() == gid {
         return true;

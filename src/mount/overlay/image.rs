@@ -52,11 +52,12 @@ fn build(store: &Store, root: TreeId) -> bool {
     if unsupported_path(store, &root).exists() {
         return false;
     }
-    remove_dead_images(store);
+    let dir = images_dir(store);
+    remove_dead_images(store, &dir);
     let start = Instant::now();
-    let made = std::fs::create_dir_all(images_dir(store))
+    let made = std::fs::create_dir_all(&dir)
         .map_err(|source| ImageError::Io {
-            path: images_dir(store).display().to_string(),
+            path: dir.display().to_string(),
             source,
         })
         .and_then(|_| {
@@ -100,11 +101,10 @@ pub(super) fn image_for(store: &Store, root: TreeId, build_missing: bool) -> Opt
 /// Removes the images of trees the store no longer holds (collected by gc), and
 /// temporary files of builds whose process died, before each build: images are a
 /// cache, one per live tree mounted since.
-fn remove_dead_images(store: &Store) -> usize {
-    let Ok(rd) = std::fs::read_dir(images_dir(store)) else {
-        return 0;
+fn remove_dead_images(store: &Store, dir: &Path) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
     };
-    let mut removed = 0;
     for e in rd.flatten() {
         let name = e.file_name();
         let Some(name) = name.to_str() else {
@@ -114,8 +114,8 @@ fn remove_dead_images(store: &Store) -> usize {
         if let Some(rest) = name.strip_suffix(".tmp") {
             let pid = rest.rsplit('.').next().and_then(|p| p.split('-').next());
             let gone = pid.is_some_and(|p| !Path::new("/proc").join(p).exists());
-            if gone && std::fs::remove_file(e.path()).is_ok() {
-                removed += 1;
+            if gone {
+                let _ = std::fs::remove_file(e.path());
             }
             continue;
         }
@@ -125,10 +125,8 @@ fn remove_dead_images(store: &Store) -> usize {
         let Some(h) = crate::cas::Hash::from_hex(hex) else {
             continue;
         };
-        let alive = crate::cas::load_tree(store.objects(), &TreeId(h)).is_ok();
-        if !alive && std::fs::remove_file(e.path()).is_ok() {
-            removed += 1;
+        if crate::cas::load_tree(store.objects(), &TreeId(h)).is_err() {
+            let _ = std::fs::remove_file(e.path());
         }
     }
-    removed
 }

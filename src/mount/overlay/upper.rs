@@ -264,20 +264,22 @@ impl UpperCapture<'_> {
             } else if ft.is_file() {
                 if ovl_attr(&x, "metacopy").is_some() {
                     // Metadata changed, data still the lower's (where it came from).
-                    let from = match ovl_attr(&x, "redirect") {
-                        // Straight to the content in an image's data layer.
-                        Some(r) if r.starts_with(b"/") && parse_data_name(&r[1..]).is_some() => {
-                            parse_data_name(&r[1..]).map(|f| TreeEntry {
-                                name: name.clone(),
-                                content: EntryContent::File(f.id),
-                                mode: 0,
-                                mtime_ns: 0,
-                                size: f.size,
-                                xattrs: Vec::new(),
-                            })
-                        }
-                        Some(r) => self.redirected(r, lower.as_ref())?,
-                        None => before.clone(),
+                    let redirect = ovl_attr(&x, "redirect");
+                    // Straight to a content in an image's data layer, or a path of the lower.
+                    let data = redirect
+                        .and_then(|r| r.strip_prefix(b"/"))
+                        .and_then(parse_data_name);
+                    let from = match (data, redirect) {
+                        (Some(f), _) => Some(TreeEntry {
+                            name: name.clone(),
+                            content: EntryContent::File(f.id),
+                            mode: 0,
+                            mtime_ns: 0,
+                            size: f.size,
+                            xattrs: Vec::new(),
+                        }),
+                        (None, Some(r)) => self.redirected(r, lower.as_ref())?,
+                        (None, None) => before.clone(),
                     };
                     let Some(EntryContent::File(id)) = from.as_ref().map(|e| e.content.clone())
                     else {
