@@ -28,6 +28,15 @@ impl Filesystem for WorkspaceFs {
         Ok(())
     }
 
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.ws().forget([(ino.0, nlookup)]);
+    }
+
+    fn batch_forget(&self, _req: &Request, nodes: &[fuser::ForgetOne]) {
+        self.ws()
+            .forget(nodes.iter().map(|n| (n.nodeid().0, n.nlookup())));
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         if name.len() > MAX_NAME_LEN {
             // The kernel leaves the check to us: every path call with such a component.
@@ -41,6 +50,7 @@ impl Filesystem for WorkspaceFs {
             if tx.node(ino)?.kind == Kind::Dir {
                 tx.load_dir(ino)?;
             }
+            tx.node_mut(ino)?.lookups += 1;
             tx.attr(ino).map(Some)
         })();
         match r {
@@ -424,6 +434,7 @@ impl Filesystem for WorkspaceFs {
             tx.attach(newparent.0, name, ino.0)?;
             tx.event(FsEventKind::Create, newparent.0, name, false);
             tx.changed(ino.0, now_ns())?;
+            tx.node_mut(ino.0)?.lookups += 1;
             let a = tx.attr(ino.0)?;
             tx.commit()?;
             Ok(a)
@@ -642,6 +653,11 @@ impl Filesystem for WorkspaceFs {
                 Generation(0),
             ) {
                 break;
+            }
+            if name != b"." && name != b".." {
+                if let Ok(n) = tx.node_mut(child) {
+                    n.lookups += 1;
+                }
             }
         }
         drop(tx);

@@ -176,12 +176,17 @@ pub struct Workspace {
     mounted_at: i64,
     /// Limit of [`Copies`] in bytes.
     copies_limit: u64,
+    /// Nodes unloaded since freed memory was last given back to the system.
+    unloaded_since_trim: AtomicU64,
     /// Clean files opened since the last checkpoint, in first-open order.
     reads: Mutex<(std::collections::HashSet<crate::cas::FileId>, Vec<FileRef>)>,
 }
 
 /// How long the reaper lets removals of upper files gather between batches.
 const REAP_PAUSE: Duration = Duration::from_millis(20);
+
+/// Unloaded nodes after which freed memory is given back (`malloc_trim`).
+const TRIM_AFTER_UNLOADED: u64 = 20_000;
 
 /// Most links a file may have (ext4's figure): `link` refuses one more with EMLINK.
 const LINK_MAX: u32 = 65_000;
@@ -259,9 +264,12 @@ impl Workspace {
                 dirty: BTreeSet::new(),
                 events: Events::default(),
                 copies: Copies::default(),
+                open: HashSet::new(),
+                unloaded: HashMap::new(),
             }),
             copies_limit: opts.local_copies_bytes,
             reads: Mutex::new((std::collections::HashSet::new(), Vec::new())),
+            unloaded_since_trim: AtomicU64::new(0),
             barrier: RwLock::new(()),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
@@ -301,6 +309,7 @@ impl Workspace {
             base: None,
             open_plain: 0,
             open_passthrough: 0,
+            lookups: 0,
             writers: 0,
             pass_writers: 0,
             changed_chunks: None,
@@ -370,6 +379,7 @@ impl Workspace {
                 base: None,
                 open_plain: 0,
                 open_passthrough: 0,
+                lookups: 0,
                 writers: 0,
                 pass_writers: 0,
                 changed_chunks: None,
@@ -574,6 +584,31 @@ impl Workspace {
         Ok(())
     }
 
+    /// The kernel forgot these lookups (inode, count): the clean nodes it no longer
+    /// knows are unloaded ([`Tx::unload`]), so memory follows what is in use.
+    fn forget(&self, forgotten: impl IntoIterator<Item = (u64, u64)>) {
+        let mut tx = self.tx();
+        let mut queue = Vec::new();
+        for (ino, count) in forgotten {
+            tx.forget(ino, count, &mut queue);
+        }
+        let dropped = if queue.is_empty() {
+            0
+        } else {
+            tx.unload(queue)
+        };
+        drop(tx);
+        // Freed nodes go back to the system in bulk, not one trim per forget.
+        let since = self
+            .unloaded_since_trim
+            .fetch_add(dropped as u64, Ordering::Relaxed);
+        if since + dropped as u64 >= TRIM_AFTER_UNLOADED {
+            self.unloaded_since_trim.store(0, Ordering::Relaxed);
+            // SAFETY: malloc_trim only releases free memory; any thread may call it.
+            unsafe { libc::malloc_trim(0) };
+        }
+    }
+
     fn release_handle(&self, fh: u64) {
         let h = self
             .handles
@@ -599,6 +634,7 @@ impl Workspace {
             }
             if n.open_plain + n.open_passthrough == 0 {
                 n.close_upper();
+                tx.st.open.remove(&h.ino);
             }
         }
         tx.note_copy(h.ino);

@@ -83,6 +83,10 @@ pub(super) struct Node {
     /// `clean` (chunks the snapshot reads anyway): writes note only what they write.
     pub(super) changed_chunks: Option<BTreeSet<u64>>,
     pub(super) backing: Option<Arc<BackingId>>,
+    /// The kernel's lookup count (FUSE `nlookup`): entries handed to it by lookup,
+    /// create, mkdir, mknod, symlink, link and readdirplus, less what it forgot. A
+    /// clean node the kernel no longer knows may be unloaded (see `Tx::unload`).
+    pub(super) lookups: u64,
 }
 
 impl Node {
@@ -304,6 +308,7 @@ pub(super) fn node_from_entry(e: &TreeEntry, dir: u64, owner: (u32, u32)) -> Nod
         base: Some(Arc::new(e.clone())),
         open_plain: 0,
         open_passthrough: 0,
+        lookups: 0,
         writers: 0,
         pass_writers: 0,
         changed_chunks: None,

@@ -74,6 +74,7 @@ impl WorkspaceFs {
         if kind != Kind::File || !keep_open {
             tx.close_if_idle(ino);
         }
+        tx.node_mut(ino)?.lookups += 1;
         let attr = tx.attr(ino)?;
         tx.commit()?;
         Ok((ino, attr))
@@ -208,6 +209,7 @@ impl WorkspaceFs {
         } else {
             n.open_plain += 1;
         }
+        tx.st.open.insert(ino);
         let src = match (upper, clean) {
             (Some(u), _) => Src::Upper(u),
             (None, Some(c)) => Src::Clean(c),

@@ -221,12 +221,12 @@ impl<'a> Tx<'a> {
                             };
                             cx.stats.files_hashed += 1;
                             cx.stats.bytes_hashed += hashed;
-                            cx.stats.changed_paths.push(self.path_of(child));
+                            cx.stats.changed_paths.push(self.entry_path(ino, &name));
                             let mtime = st.st_mtime * 1_000_000_000 + st.st_mtime_nsec;
                             (fref, mtime)
                         }
                         (None, Some(c)) => {
-                            cx.stats.changed_paths.push(self.path_of(child));
+                            cx.stats.changed_paths.push(self.entry_path(ino, &name));
                             (c, meta.mtime)
                         }
                         (None, None) => {
@@ -239,7 +239,7 @@ impl<'a> Tx<'a> {
                     (EntryContent::File(fref.id), fref.size, mtime, meta.mode)
                 }
                 Kind::Symlink => {
-                    cx.stats.changed_paths.push(self.path_of(child));
+                    cx.stats.changed_paths.push(self.entry_path(ino, &name));
                     let t = match &n.body {
                         Body::Symlink(t) => t.clone(),
                         _ => unreachable!(),
@@ -416,25 +416,39 @@ impl Workspace {
         if let Ok(t) = load_tree(self.objects.as_ref(), &root) {
             old_names.extend(t.into_entries().into_iter().map(|e| e.name));
         }
-        let old: Vec<u64> = tx.st.nodes.keys().copied().filter(|&i| i != ROOT).collect();
-        for ino in old {
-            let n = tx.st.nodes.get_mut(&ino).expect("listed");
-            if n.open_plain + n.open_passthrough > 0 {
-                // Detached: open handles keep working on it until they close.
+        // The old table goes whole: the nodes with open handles stay, detached (their
+        // handles keep working until they close); the rest is dropped, and their upper
+        // files removed, on a thread of its own. O(open handles) here at any size.
+        let mut old = std::mem::take(&mut tx.st.nodes);
+        let open: Vec<u64> = tx.st.open.iter().copied().collect();
+        for ino in open {
+            if let Some(mut n) = old.remove(&ino) {
                 n.links.clear();
                 n.nlink = 0;
                 n.dirty = false;
-                continue;
+                tx.st.nodes.insert(ino, n);
             }
-            let n = tx.st.nodes.remove(&ino).expect("listed");
-            if let Body::File { upper: Some(_), .. } = n.body {
-                self.remove_upper(ino);
-            }
+        }
+        tx.st.nodes.remove(&ROOT);
+        old.remove(&ROOT);
+        let reaper = self.reaper.clone();
+        let dropped = std::thread::Builder::new()
+            .name("casfs-old-table".into())
+            .spawn(move || {
+                for (ino, n) in old {
+                    if let Body::File { upper: Some(_), .. } = n.body {
+                        let _ = reaper.send(ino);
+                    }
+                }
+            });
+        if let Err(e) = dropped {
+            tracing::warn!("dropping the old inode table: {e}");
         }
         let root_node = self.root_node(root);
         tx.st.nodes.insert(ROOT, root_node);
         tx.st.dirty.clear();
         tx.st.copies = Copies::default();
+        tx.st.unloaded = HashMap::new();
         tx.st.base = root;
         tx.st.tag = tag.clone();
         self.dirty.clear(&mut tx.batch);
@@ -446,7 +460,10 @@ impl Workspace {
         drop(_barrier);
         if let Some(n) = self.notifier.get() {
             for name in old_names {
-                let _ = n.inval_entry(INodeNo(ROOT), OsStr::from_bytes(&name));
+                // Expired, not invalidated: invalidating prunes the entry's whole cached
+                // subtree now (O(what the kernel looked up)); expired, the next walk
+                // through it looks it up again and the old subtree goes then.
+                let _ = n.expire_entry(INodeNo(ROOT), OsStr::from_bytes(&name));
             }
             let _ = n.inval_inode(INodeNo(ROOT), 0, 0);
         }

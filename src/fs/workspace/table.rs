@@ -10,6 +10,14 @@ pub(super) struct State {
     pub(super) base: TreeId,
     pub(super) tag: Tag,
     pub(super) dirty: BTreeSet<u64>,
+    /// Nodes with an open handle (a root swap keeps exactly these, detached).
+    pub(super) open: HashSet<u64>,
+    /// Directories whose children were unloaded (the kernel had forgotten them): their
+    /// tree and the children's inode numbers in name order, given back to the same
+    /// names when the directory is loaded again, so that an unchanged file keeps its
+    /// inode number (git's index compares them). Emptied by a root swap: numbers the
+    /// kernel may still hold for the old tree are never handed out again.
+    pub(super) unloaded: HashMap<u64, (TreeId, Vec<u64>)>,
     pub(super) events: Events,
     pub(super) copies: Copies,
 }
@@ -74,11 +82,25 @@ impl<'a> Tx<'a> {
             _ => return Err(Errno::ENOTDIR),
         };
         let mut children = BTreeMap::new();
+        let remembered = self.st.unloaded.remove(&ino);
         if let Some(t) = tree {
             let tree = load_tree(self.ws.objects.as_ref(), &t).map_err(eio)?;
-            for e in tree.into_entries() {
+            let mut entries = tree.into_entries();
+            // The numbers its children had before they were unloaded, by name.
+            let reuse =
+                remembered.and_then(|(rt, v)| (rt == t && v.len() == entries.len()).then_some(v));
+            if reuse.is_some() {
+                entries.sort_by(|a, b| a.name.cmp(&b.name));
+            }
+            for (k, e) in entries.into_iter().enumerate() {
                 let node = node_from_entry(&e, ino, self.ws.owner);
-                let child = self.alloc(node);
+                let child = match reuse.as_ref().map(|v| v[k]) {
+                    Some(old) if !self.st.nodes.contains_key(&old) => {
+                        self.st.nodes.insert(old, node);
+                        old
+                    }
+                    _ => self.alloc(node),
+                };
                 children.insert(e.name, child);
             }
         }
@@ -113,6 +135,88 @@ impl<'a> Tx<'a> {
             *c = Some(children);
         }
         Ok(())
+    }
+
+    /// The kernel forgot `count` lookups of `ino`; a clean node it no longer knows puts
+    /// its directory on `queue`, to be unloaded by [`Tx::unload`].
+    pub(super) fn forget(&mut self, ino: u64, count: u64, queue: &mut Vec<u64>) {
+        let Some(n) = self.st.nodes.get_mut(&ino) else {
+            // A node of a tree a root swap replaced, or already unloaded.
+            return;
+        };
+        n.lookups = n.lookups.saturating_sub(count);
+        if n.lookups == 0 && ino != ROOT && !n.dirty && n.links.len() == 1 {
+            queue.push(n.links[0].0);
+        }
+    }
+
+    /// Unloads the children of each directory in `queue` (and then of its ancestors,
+    /// bottom up) when every one of them is unused: clean, unknown to the kernel, not
+    /// open, without a local copy, and if a directory, unloaded itself. The directory
+    /// keeps its node (with its tree) and lists its children from the tree again when
+    /// next used, under the same inode numbers. Returns how many nodes went.
+    pub(super) fn unload(&mut self, queue: Vec<u64>) -> usize {
+        let mut pending: BTreeSet<u64> = queue.into_iter().collect();
+        let mut dropped = 0;
+        while let Some(dir) = pending.pop_last() {
+            let Some((tree, children)) = self.unused_children(dir) else {
+                continue;
+            };
+            for c in &children {
+                self.st.nodes.remove(c);
+            }
+            dropped += children.len();
+            self.st.unloaded.insert(dir, (tree, children));
+            let Some(n) = self.st.nodes.get_mut(&dir) else {
+                continue;
+            };
+            if let Body::Dir { children: c, .. } = &mut n.body {
+                *c = None;
+            }
+            if dir != ROOT && n.lookups == 0 && n.links.len() == 1 {
+                pending.insert(n.links[0].0);
+            }
+        }
+        let nodes = &mut self.st.nodes;
+        if dropped > 0 && nodes.capacity() > 4 * nodes.len() + 4096 {
+            nodes.shrink_to_fit();
+            self.st.unloaded.shrink_to_fit();
+        }
+        dropped
+    }
+
+    /// Directory `dir`'s tree and its children in name order, if it is clean and every
+    /// child is unused (see [`Tx::unload`]).
+    fn unused_children(&self, dir: u64) -> Option<(TreeId, Vec<u64>)> {
+        let n = self.st.nodes.get(&dir)?;
+        let Body::Dir {
+            tree: Some(tree),
+            children: Some(children),
+        } = &n.body
+        else {
+            return None;
+        };
+        if n.dirty {
+            return None;
+        }
+        let mut inos = Vec::with_capacity(children.len());
+        for &c in children.values() {
+            let c_node = self.st.nodes.get(&c)?;
+            let unused = c_node.lookups == 0
+                && !c_node.dirty
+                && c_node.open_plain + c_node.open_passthrough + c_node.writers == 0
+                && c_node.links.len() == 1
+                && match &c_node.body {
+                    Body::Dir { children, .. } => children.is_none(),
+                    Body::File { upper, .. } => upper.is_none(),
+                    _ => true,
+                };
+            if !unused {
+                return None;
+            }
+            inos.push(c);
+        }
+        Some((*tree, inos))
     }
 
     /// Whether directory `dir` is `ancestor` or below it.
@@ -345,6 +449,7 @@ impl<'a> Tx<'a> {
             base: None,
             open_plain: 0,
             open_passthrough: 0,
+            lookups: 0,
             writers: 0,
             pass_writers: 0,
             changed_chunks: None,

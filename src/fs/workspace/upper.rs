@@ -79,6 +79,7 @@ impl<'a> Tx<'a> {
         }
         self.forget_copy(ino);
         let n = self.st.nodes.remove(&ino).expect("present");
+        self.st.unloaded.remove(&ino);
         if n.dirty {
             self.ws.dirty.delete_node(&mut self.batch, ino);
         }

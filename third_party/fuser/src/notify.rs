@@ -9,6 +9,9 @@ use crate::channel::ChannelSender;
 use crate::ll::fuse_abi::fuse_notify_code as notify_code;
 use crate::ll::notify::Notification;
 
+/// casfs patch 0003: `fuse_notify_inval_entry_out.flags`: expire the entry only.
+const FUSE_EXPIRE_ONLY: u32 = 1 << 0;
+
 /// A handle to a pending `poll()` request.
 #[derive(Copy, Clone, Debug)]
 pub struct PollHandle(pub u64);
@@ -70,7 +73,22 @@ impl Notifier {
     /// Returns an error if the notification data is too large.
     /// Returns an error if the kernel rejects the notification.
     pub fn inval_entry(&self, parent: INodeNo, name: &OsStr) -> io::Result<()> {
-        let notif = Notification::new_inval_entry(parent, name).map_err(Self::too_big_err)?;
+        let notif = Notification::new_inval_entry(parent, name, 0).map_err(Self::too_big_err)?;
+        self.send_inval(notify_code::FUSE_NOTIFY_INVAL_ENTRY, &notif)
+    }
+
+    /// casfs patch 0003: expire a directory entry instead of invalidating it
+    /// (`FUSE_EXPIRE_ONLY`, protocol 7.38, Linux 6.2). The kernel marks the dentry's
+    /// timeout as passed, so the next path walk through it asks the filesystem again
+    /// (and drops the dentry and what hangs below it then, if the answer differs),
+    /// instead of pruning the entry's whole cached subtree now, inside this call.
+    /// Kernels before 6.2 ignore the flag and invalidate.
+    /// # Errors
+    /// Returns an error if the notification data is too large.
+    /// Returns an error if the kernel rejects the notification.
+    pub fn expire_entry(&self, parent: INodeNo, name: &OsStr) -> io::Result<()> {
+        let notif = Notification::new_inval_entry(parent, name, FUSE_EXPIRE_ONLY)
+            .map_err(Self::too_big_err)?;
         self.send_inval(notify_code::FUSE_NOTIFY_INVAL_ENTRY, &notif)
     }
 

@@ -688,7 +688,8 @@ pub(crate) struct fuse_notify_inval_inode_out {
 pub(crate) struct fuse_notify_inval_entry_out {
     pub(crate) parent: u64,
     pub(crate) namelen: u32,
-    pub(crate) padding: u32,
+    // casfs patch 0003: `padding` before protocol 7.38, `flags` since.
+    pub(crate) flags: u32,
 }
 
 #[repr(C)]

@@ -68,11 +68,12 @@ impl<'a> Notification<'a> {
     pub(crate) fn new_inval_entry(
         parent: INodeNo,
         name: &'a OsStr,
+        flags: u32, // casfs patch 0003: FUSE_EXPIRE_ONLY or 0
     ) -> Result<Self, TryFromIntError> {
         let r = abi::fuse_notify_inval_entry_out {
             parent: parent.0,
             namelen: name.len().try_into()?,
-            padding: 0,
+            flags,
         };
         Ok(Self::from_struct_with_name(&r, name.as_bytes()))
     }
@@ -141,7 +142,7 @@ mod test {
 
     #[test]
     fn inval_entry() {
-        let n = Notification::new_inval_entry(INodeNo(0x42), OsStr::new("abc"))
+        let n = Notification::new_inval_entry(INodeNo(0x42), OsStr::new("abc"), 0)
             .unwrap()
             .with_iovec(
                 abi::fuse_notify_code::FUSE_NOTIFY_INVAL_ENTRY,
