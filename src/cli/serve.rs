@@ -105,6 +105,10 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
             diff: *diffs,
         }),
     };
+    // Plain and overlay sandboxes report file events through one inotify instance.
+    if *plain || *mode != casfs::mount::MountMode::Fuse {
+        casfs::middleware::start_inotify().map_err(|e| anyhow!(e))?;
+    }
     let provider: Arc<dyn SandboxProvider> = if *plain {
         Arc::new(DirProvider::new(store.clone(), &sandboxes).with_max_sandboxes(*max_sandboxes))
     } else {

@@ -1,5 +1,5 @@
 //! File events of a run: the mount announces every create, modify, delete and rename
-//! (a plain directory: inotify, through `notify`); a dispatcher hands them to the host
+//! (a plain directory or an overlay: inotify, see [`super::dir_watch`]); a dispatcher hands them to the host
 //! in order, with a unified diff against the checkpoint the workspace started from when
 //! asked. Draining at finish, pause, abort and error delivers every change made before
 //! it.
@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::dir_watch::{watch_dir, DirWatch, MARKER_PREFIX};
 use super::{SandboxHandle, SandboxWorkspace};
 use crate::fs::{FsEvent, FsEventKind};
 
@@ -50,8 +51,8 @@ pub(crate) struct Watcher {
     wake: Sender<FsEvent>,
     thread: Option<JoinHandle<()>>,
     handle: SandboxHandle,
-    /// A plain directory's inotify watch (dropped with the watcher).
-    _notify: Option<notify::RecommendedWatcher>,
+    /// A plain directory's or an overlay's inotify watch (dropped with the watcher).
+    _notify: Option<DirWatch>,
 }
 
 #[derive(Default)]
@@ -60,10 +61,6 @@ struct Delivered {
     /// Drain markers of a plain directory that came through.
     markers: Vec<String>,
 }
-
-/// Names of the files a drain of a plain directory makes (and removes) to know that
-/// inotify has handed over everything before them; never reported.
-const MARKER_PREFIX: &str = ".casfs-drain-";
 
 impl Watcher {
     pub fn start(handle: &SandboxHandle, cfg: &FileEvents) -> Result<Watcher, String> {
@@ -172,75 +169,6 @@ fn stop_event() -> FsEvent {
         to: None,
         is_dir: true,
     }
-}
-
-/// Watches a plain directory with inotify (through `notify`): file closed after
-/// writing is a modify, a rename seen from both sides is a rename, one moved in from
-/// outside is a create. (inotify watches a new subdirectory only once it sees it
-/// created: what is written into it before that is reported only by the drain.)
-fn watch_dir(
-    root: &std::path::Path,
-    tx: std::sync::mpsc::Sender<FsEvent>,
-) -> Result<notify::RecommendedWatcher, String> {
-    use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind, RemoveKind, RenameMode};
-    use notify::{EventKind, RecursiveMode, Watcher as _};
-    let base = root.to_path_buf();
-    let mut seq = 0u64;
-    let mut pending_from: Option<usize> = None;
-    let mut w = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-        let Ok(ev) = res else {
-            return;
-        };
-        let rel = |p: &std::path::Path| -> Option<String> {
-            let r = p.strip_prefix(&base).ok()?.to_string_lossy().into_owned();
-            (!r.is_empty()).then_some(r)
-        };
-        let first = ev.paths.first().and_then(|p| rel(p));
-        let (kind, path, to, is_dir) = match ev.kind {
-            EventKind::Create(k) => (FsEventKind::Create, first, None, k == CreateKind::Folder),
-            EventKind::Access(AccessKind::Close(AccessMode::Write)) => {
-                (FsEventKind::Modify, first, None, false)
-            }
-            EventKind::Remove(k) => (FsEventKind::Delete, first, None, k == RemoveKind::Folder),
-            EventKind::Modify(ModifyKind::Name(RenameMode::From)) => {
-                pending_from = ev.tracker();
-                return;
-            }
-            EventKind::Modify(ModifyKind::Name(RenameMode::To)) => {
-                if ev.tracker().is_some() && pending_from == ev.tracker() {
-                    return; // the Both event follows
-                }
-                let is_dir = ev.paths.first().is_some_and(|p| p.is_dir());
-                (FsEventKind::Create, first, None, is_dir)
-            }
-            EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => {
-                pending_from = None;
-                let to = ev.paths.get(1).and_then(|p| rel(p));
-                let is_dir = ev.paths.get(1).is_some_and(|p| p.is_dir());
-                (FsEventKind::Rename, first, to, is_dir)
-            }
-            _ => return,
-        };
-        let Some(path) = path else {
-            return;
-        };
-        let marker = path.starts_with(MARKER_PREFIX);
-        if !marker {
-            seq += 1;
-        }
-        let _ = tx.send(FsEvent {
-            // Markers carry no number: the host never sees them.
-            seq: if marker { 0 } else { seq },
-            kind,
-            path,
-            to,
-            is_dir,
-        });
-    })
-    .map_err(|e| format!("watching {}: {e}", root.display()))?;
-    w.watch(root, RecursiveMode::Recursive)
-        .map_err(|e| format!("watching {}: {e}", root.display()))?;
-    Ok(w)
 }
 
 fn dispatch(

@@ -15,6 +15,7 @@
 //! Depends on `checkpoint`, `fs` and `cas`; nothing below knows of runs.
 
 mod context;
+mod dir_watch;
 mod error;
 mod events;
 mod lifecycle;
@@ -26,6 +27,7 @@ mod secrets;
 pub mod serve;
 
 pub use context::{Cancellation, RunContext};
+pub use dir_watch::start_inotify;
 pub use error::{MiddlewareError, MiddlewareResult};
 pub use events::{FileEvent, FileEvents};
 pub use lifecycle::{

@@ -1,0 +1,197 @@
+//! File events of plain-directory and overlay sandboxes from inotify, through one
+//! `notify` watcher (one inotify instance) for the whole process. The kernel allows a
+//! user 128 instances by default (`fs.inotify.max_user_instances`): an instance per
+//! sandbox refused the 129th live sandbox ("Too many open files"), which `casfs serve`
+//! reaches with its default limits. Events are routed to each watch by its root.
+//!
+//! A file closed after writing is a modify, a rename seen from both sides is a rename,
+//! one moved in from outside is a create. (inotify watches a new subdirectory only once
+//! it sees it created: what is written into it before that is reported only by the
+//! drain.) One instance has one queue, in order: a drain's marker file, once reported,
+//! follows every change made before it in its sandbox.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind, RemoveKind, RenameMode};
+use notify::{EventKind, RecursiveMode, Watcher as _};
+
+use crate::fs::{FsEvent, FsEventKind};
+
+/// Names of the files a drain makes (and removes) to know that inotify has handed
+/// over everything before them; never numbered, never reported.
+pub(super) const MARKER_PREFIX: &str = ".casfs-drain-";
+
+/// One watch: events under `root`, numbered from 1, sent to `tx`.
+struct Route {
+    id: u64,
+    root: PathBuf,
+    tx: Sender<FsEvent>,
+    seq: u64,
+    /// The tracker of a rename whose source side came, waiting for its other side.
+    pending_from: Option<usize>,
+}
+
+#[derive(Default)]
+struct Routes {
+    next_id: u64,
+    list: Vec<Route>,
+}
+
+struct Shared {
+    /// Held while a root is watched or unwatched, so that two watches of one root
+    /// (a run's and the next run's) agree on whether the kernel's watch goes.
+    watcher: Mutex<notify::RecommendedWatcher>,
+    /// Taken alone (the watcher's thread takes it for every event): never held while
+    /// calling the watcher, which waits for that thread.
+    routes: Arc<Mutex<Routes>>,
+}
+
+fn shared() -> Result<&'static Shared, String> {
+    static SHARED: OnceLock<Result<Shared, String>> = OnceLock::new();
+    SHARED
+        .get_or_init(|| {
+            let routes = Arc::new(Mutex::new(Routes::default()));
+            let r = routes.clone();
+            let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+                if let Ok(ev) = res {
+                    route(&r, &ev);
+                }
+            })
+            .map_err(|e| format!("starting inotify: {e}"))?;
+            Ok(Shared {
+                watcher: Mutex::new(watcher),
+                routes,
+            })
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// Starts the process's inotify instance now rather than at the first watch (a server
+/// then holds its descriptors from the start: its resting count).
+pub fn start_inotify() -> Result<(), String> {
+    shared().map(|_| ())
+}
+
+/// A directory watched for a run: its route goes (and the kernel's watch, unless
+/// another watch of the same root remains) when dropped.
+pub(crate) struct DirWatch {
+    id: u64,
+    root: PathBuf,
+}
+
+/// Watches `root` recursively; its changes are sent to `tx`.
+pub(crate) fn watch_dir(root: &Path, tx: Sender<FsEvent>) -> Result<DirWatch, String> {
+    let s = shared()?;
+    let mut w = s.watcher.lock().unwrap_or_else(|p| p.into_inner());
+    let id = {
+        let mut r = s.routes.lock().unwrap_or_else(|p| p.into_inner());
+        r.next_id += 1;
+        let id = r.next_id;
+        r.list.push(Route {
+            id,
+            root: root.to_path_buf(),
+            tx,
+            seq: 0,
+            pending_from: None,
+        });
+        id
+    };
+    // Watched again even if another watch has the same root: a sandbox mounted anew
+    // since (a new overlay over the same path) is another directory to the kernel, and
+    // the old watch stays on the old one. The same directory watched twice is one
+    // watch (inotify gives back the descriptor it has).
+    if let Err(e) = w.watch(root, RecursiveMode::Recursive) {
+        s.routes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .list
+            .retain(|x| x.id != id);
+        return Err(format!("watching {}: {e}", root.display()));
+    }
+    Ok(DirWatch {
+        id,
+        root: root.to_path_buf(),
+    })
+}
+
+impl Drop for DirWatch {
+    fn drop(&mut self) {
+        let Ok(s) = shared() else { return };
+        let mut w = s.watcher.lock().unwrap_or_else(|p| p.into_inner());
+        let last = {
+            let mut r = s.routes.lock().unwrap_or_else(|p| p.into_inner());
+            r.list.retain(|x| x.id != self.id);
+            !r.list.iter().any(|x| x.root == self.root)
+        };
+        if last {
+            // Gone already when the sandbox was unmounted or removed.
+            let _ = w.unwatch(&self.root);
+        }
+    }
+}
+
+/// Hands one inotify event to every watch whose root holds its path.
+fn route(routes: &Mutex<Routes>, ev: &notify::Event) {
+    let Some(first) = ev.paths.first() else {
+        return;
+    };
+    let mut r = routes.lock().unwrap_or_else(|p| p.into_inner());
+    for rt in r.list.iter_mut().filter(|rt| first.starts_with(&rt.root)) {
+        translate(rt, ev);
+    }
+}
+
+fn translate(rt: &mut Route, ev: &notify::Event) {
+    let rel = |p: &Path| -> Option<String> {
+        let r = p
+            .strip_prefix(&rt.root)
+            .ok()?
+            .to_string_lossy()
+            .into_owned();
+        (!r.is_empty()).then_some(r)
+    };
+    let first = ev.paths.first().and_then(|p| rel(p));
+    let (kind, path, to, is_dir) = match ev.kind {
+        EventKind::Create(k) => (FsEventKind::Create, first, None, k == CreateKind::Folder),
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => {
+            (FsEventKind::Modify, first, None, false)
+        }
+        EventKind::Remove(k) => (FsEventKind::Delete, first, None, k == RemoveKind::Folder),
+        EventKind::Modify(ModifyKind::Name(RenameMode::From)) => {
+            rt.pending_from = ev.tracker();
+            return;
+        }
+        EventKind::Modify(ModifyKind::Name(RenameMode::To)) => {
+            if ev.tracker().is_some() && rt.pending_from == ev.tracker() {
+                return; // the Both event follows
+            }
+            let is_dir = ev.paths.first().is_some_and(|p| p.is_dir());
+            (FsEventKind::Create, first, None, is_dir)
+        }
+        EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => {
+            rt.pending_from = None;
+            let to = ev.paths.get(1).and_then(|p| rel(p));
+            let is_dir = ev.paths.get(1).is_some_and(|p| p.is_dir());
+            (FsEventKind::Rename, first, to, is_dir)
+        }
+        _ => return,
+    };
+    let Some(path) = path else {
+        return;
+    };
+    let marker = path.starts_with(MARKER_PREFIX);
+    if !marker {
+        rt.seq += 1;
+    }
+    let _ = rt.tx.send(FsEvent {
+        // Markers carry no number: the host never sees them.
+        seq: if marker { 0 } else { rt.seq },
+        kind,
+        path,
+        to,
+        is_dir,
+    });
+}
