@@ -25,7 +25,16 @@
 //! Results also go to `target/bench-mount.json`. `CASFS_BENCH_BIN` runs another casfs
 //! binary (an older build, say) in the casfs columns.
 //!
-//! Run: `cargo bench --bench mount -- [--sizes 1k,10k,100k] [--reps 5] [--no-io] [--no-large]`
+//! Scale, per size: capture of the plain tree, mount, the first `find` over the mount,
+//! restore after a `find` (the kernel then knows every entry) beside restore without
+//! one, the daemon's peak RSS after the `find` and its RSS once the kernel dropped its
+//! caches (`echo 2 > /proc/sys/vm/drop_caches`, root only) and the daemon unloaded what
+//! the kernel forgot. `--sizes 1m` takes it to a million files (about 7 GB of files
+//! and 20 minutes here: run by hand, not in CI).
+//!
+//! Run: `cargo bench --bench mount -- [--sizes 1k,10k,100k] [--reps 5] [--mode fuse|overlay]
+//! [--no-peers] [--no-io] [--no-large]` (`--mode`: the backend of the casfs mounts;
+//! default: `casfs mount`'s own choice; `--no-peers`: casfs only)
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -85,6 +94,29 @@ fn touch_files(files: &[PathBuf], round: usize) {
     }
 }
 
+/// How one tree size scales (see the module's doc).
+struct Scale {
+    size: usize,
+    capture: Duration,
+    mount: Duration,
+    first_find: Duration,
+    restore_after_find: Duration,
+    restore_after_find_daemon: Duration,
+    peak_rss_kb: u64,
+    rss_after_drop_kb: u64,
+    nodes_after_drop: u64,
+}
+
+/// A field of `/proc/PID/status` in kB (VmHWM, VmRSS).
+fn proc_kb(pid: u64, field: &str) -> u64 {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .unwrap_or(0)
+}
+
 struct Row {
     tool: &'static str,
     scenario: &'static str,
@@ -98,12 +130,26 @@ fn ms(d: Duration) -> String {
 
 fn main() {
     let args = parse_bench_args(5);
-    let (git, restic, rsync) = (have("git"), have("restic"), have("rsync"));
+    // `--no-peers`: casfs only (the million-file scale run).
+    let peers = !args.flags.iter().any(|f| f == "--no-peers");
+    let (git, restic, rsync) = (
+        peers && have("git"),
+        peers && have("restic"),
+        peers && have("rsync"),
+    );
     let overlay = have("fuse-overlayfs");
     let base = std::env::temp_dir().join(format!("casfs-bench-mount-{}", std::process::id()));
     fs::create_dir_all(&base).unwrap();
     let mut rows: Vec<Row> = Vec::new();
+    let mut scale: Vec<Scale> = Vec::new();
     let mut peak_rss_kb = 0u64;
+    let mode: Vec<&str> = match args.flags.iter().position(|f| f == "--mode") {
+        Some(i) => vec![
+            "--mode",
+            args.flags.get(i + 1).expect("--mode fuse|overlay"),
+        ],
+        None => vec![],
+    };
 
     for &n in &args.sizes {
         let dir = base.join(format!("n{n}"));
@@ -115,14 +161,21 @@ fn main() {
         let (files, bytes) = generate(&plain, n);
         eprintln!("{n} files, {} MB", bytes / 1_000_000);
         // The tree enters the store once, then is mounted lazily.
-        casfs(&store, &["capture", plain.to_str().unwrap(), "-t", "b"]);
-        casfs(&store, &["mount", mp.to_str().unwrap(), "-t", "b"]);
+        let capture = timed(|| {
+            casfs(&store, &["capture", plain.to_str().unwrap(), "-t", "b"]);
+        });
+        let mut mount_args = vec!["mount", mp.to_str().unwrap(), "-t", "b"];
+        mount_args.extend(&mode);
+        let mount = timed(|| {
+            casfs(&store, &mount_args);
+        });
         let step = files.len() / 10;
         let changed: Vec<PathBuf> = (0..10)
             .map(|i| mp.join(files[i * step].strip_prefix(&plain).unwrap()))
             .collect();
         let (mut cp_times, mut cp_daemon, mut rs_times, mut rs_daemon) =
             (vec![], vec![], vec![], vec![]);
+        let mut last_two = [String::new(), String::new()];
         for r in 0..args.reps {
             touch_files(&changed, r);
             let mut v = serde_json::Value::Null;
@@ -132,6 +185,10 @@ fn main() {
             assert_eq!(v["changed_files"], 10, "{v}");
             cp_daemon.push(Duration::from_micros(v["duration_us"].as_u64().unwrap()));
             let parent = v["parent"].as_str().unwrap().to_string();
+            last_two = [
+                parent.clone(),
+                v["checkpoint"].as_str().unwrap().to_string(),
+            ];
             // Restore the previous checkpoint and read a restored file.
             let mut rv = serde_json::Value::Null;
             rs_times.push(timed(|| {
@@ -140,18 +197,60 @@ fn main() {
             }));
             rs_daemon.push(Duration::from_micros(rv["duration_us"].as_u64().unwrap()));
         }
-        // Peak RSS of the daemon after every file was looked up.
+        // Restore after the kernel has looked up every entry (a `find` first), back and
+        // forth between the last two checkpoints; the first find's time and the
+        // daemon's peak RSS after it.
         let st = casfs_json(&store, &["status", mp.to_str().unwrap()]);
         let pid = st["pid"].as_u64().unwrap();
+        // The mount is at the first of the two now.
+        let ids = last_two.clone();
+        let (mut af_times, mut af_daemon, mut first_find) = (vec![], vec![], Duration::ZERO);
+        for r in 0..args.reps {
+            let f = sh(&format!("find {} | wc -l", mp.display()), &[]);
+            if r == 0 {
+                first_find = f;
+            }
+            let target = &ids[(r + 1) % 2];
+            let mut rv = serde_json::Value::Null;
+            af_times.push(timed(|| {
+                rv = casfs_json(
+                    &store,
+                    &["restore", mp.to_str().unwrap(), target, "--force"],
+                );
+            }));
+            af_daemon.push(Duration::from_micros(rv["duration_us"].as_u64().unwrap()));
+        }
         sh(&format!("find {} -type f | wc -l", mp.display()), &[]);
-        let rss = fs::read_to_string(format!("/proc/{pid}/status"))
-            .unwrap()
-            .lines()
-            .find(|l| l.starts_with("VmHWM:"))
-            .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-            .unwrap_or(0);
+        let rss = proc_kb(pid, "VmHWM:");
         peak_rss_kb = peak_rss_kb.max(rss);
         eprintln!("  daemon peak RSS after lookups: {} MB", rss / 1024);
+        // What the daemon holds once the kernel forgot (needs root).
+        let mut nodes_after_drop = 0;
+        if fs::write("/proc/sys/vm/drop_caches", b"2").is_ok() {
+            let mut last = u64::MAX;
+            for _ in 0..30 {
+                std::thread::sleep(Duration::from_millis(500));
+                let n = casfs_json(&store, &["status", mp.to_str().unwrap()])["nodes_loaded"]
+                    .as_u64()
+                    .unwrap_or(0);
+                if n == last {
+                    break;
+                }
+                last = n;
+            }
+            nodes_after_drop = last;
+        }
+        scale.push(Scale {
+            size: n,
+            capture,
+            mount,
+            first_find,
+            restore_after_find: median(af_times),
+            restore_after_find_daemon: median(af_daemon),
+            peak_rss_kb: rss,
+            rss_after_drop_kb: proc_kb(pid, "VmRSS:"),
+            nodes_after_drop,
+        });
         casfs(&store, &["unmount", mp.to_str().unwrap()]);
         rows.push(Row {
             tool: "casfs",
@@ -274,6 +373,38 @@ fn main() {
             r.tool,
             ms(r.median),
             ratio
+        );
+    }
+    println!();
+    println!(
+        "scale (restore after find: medians of {}; RSS of the mount daemon)",
+        args.reps
+    );
+    println!(
+        "{:>8} {:>11} {:>10} {:>11} {:>22} {:>9} {:>20}",
+        "files",
+        "capture",
+        "mount",
+        "first find",
+        "restore after find",
+        "peak RSS",
+        "after drop_caches"
+    );
+    for c in &scale {
+        println!(
+            "{:>8} {:>11} {:>10} {:>11} {:>22} {:>6} MB {:>8} MB, {} nodes",
+            c.size,
+            ms(c.capture),
+            ms(c.mount),
+            ms(c.first_find),
+            format!(
+                "{} / {}",
+                ms(c.restore_after_find_daemon),
+                ms(c.restore_after_find)
+            ),
+            c.peak_rss_kb / 1024,
+            c.rss_after_drop_kb / 1024,
+            c.nodes_after_drop
         );
     }
     if !io_rows.is_empty() {

@@ -9,6 +9,7 @@ mod soak_driver;
 
 mod bench;
 mod fleet;
+mod forget;
 mod lifecycle;
 mod middleware;
 mod overlay;

@@ -11,13 +11,13 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::common::*;
-use crate::{overlay, wait_for, MountGuard};
+use crate::{wait_for, MountGuard};
 
-struct Ws {
-    _t: tempfile::TempDir,
-    store: PathBuf,
-    mp: PathBuf,
-    guard: MountGuard,
+pub(crate) struct Ws {
+    pub(crate) _t: tempfile::TempDir,
+    pub(crate) store: PathBuf,
+    pub(crate) mp: PathBuf,
+    pub(crate) guard: MountGuard,
 }
 
 fn mount(thread: &str, extra: &[&str]) -> Ws {
@@ -39,16 +39,16 @@ fn mount(thread: &str, extra: &[&str]) -> Ws {
 }
 
 impl Ws {
-    fn p(&self, rel: &str) -> PathBuf {
+    pub(crate) fn p(&self, rel: &str) -> PathBuf {
         self.mp.join(rel)
     }
-    fn checkpoint(&self) -> serde_json::Value {
+    pub(crate) fn checkpoint(&self) -> serde_json::Value {
         json(&self.store, &["checkpoint", self.mp.to_str().unwrap()])
     }
-    fn status(&self) -> serde_json::Value {
+    pub(crate) fn status(&self) -> serde_json::Value {
         json(&self.store, &["status", self.mp.to_str().unwrap()])
     }
-    fn unmount(&self) {
+    pub(crate) fn unmount(&self) {
         ok(&self.store, &["unmount", self.mp.to_str().unwrap()]);
         // The daemon lets the store go when it exits.
         wait_for_daemons_to_exit(&self.store);
@@ -1262,148 +1262,4 @@ fn a_large_file_checkpoint_reads_only_the_chunks_written() {
         },
         Some(18 * MIB),
     );
-}
-
-/// Every regular file under `root` (relative path -> content).
-fn contents(root: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
-    let mut out = std::collections::BTreeMap::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            let m = fs::symlink_metadata(&p).unwrap();
-            if m.is_dir() {
-                stack.push(p);
-            } else if m.is_file() {
-                out.insert(
-                    p.strip_prefix(root).unwrap().to_path_buf(),
-                    fs::read(&p).unwrap(),
-                );
-            }
-        }
-    }
-    out
-}
-
-/// Drops the kernel's dentries and inodes (root only), then waits for the daemon to
-/// have unloaded what they held: returns the node count it settled at.
-fn drop_kernel_caches(ws: &Ws, below: u64) -> u64 {
-    let loaded = || ws.status()["nodes_loaded"].as_u64().unwrap();
-    let settled = wait_for(Duration::from_secs(20), || {
-        // SAFETY: sync cannot fail.
-        unsafe { libc::sync() };
-        fs::write("/proc/sys/vm/drop_caches", b"2").unwrap();
-        loaded() < below
-    });
-    let n = loaded();
-    assert!(
-        settled,
-        "{n} nodes still loaded, expected fewer than {below}"
-    );
-    n
-}
-
-#[test]
-fn nodes_the_kernel_forgets_are_unloaded_and_read_back_the_same() {
-    // The FUSE backend's inode table (overlayfs holds no table of casfs's).
-    if overlay() {
-        return;
-    }
-    let t = tempfile::tempdir().unwrap();
-    let native = t.path().join("native");
-    for d in 0..20 {
-        let dir = native.join(format!("d{d:02}"));
-        fs::create_dir_all(dir.join("sub")).unwrap();
-        for f in 0..50 {
-            fs::write(
-                dir.join(format!("f{f}")),
-                format!("{d}/{f}\n").repeat(f + 1),
-            )
-            .unwrap();
-        }
-        fs::write(dir.join("sub/deep"), format!("deep {d}")).unwrap();
-    }
-    let store = t.path().join("s");
-    let first = json(&store, &["capture", native.to_str().unwrap(), "-t", "fg"])["checkpoint"]
-        ["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let mp = t.path().join("mnt");
-    fs::create_dir(&mp).unwrap();
-    let guard = MountGuard::new(&mp);
-    ok(
-        &store,
-        &["mount", mp.to_str().unwrap(), "-t", "fg", "--mode", "fuse"],
-    );
-    let ws = Ws {
-        _t: t,
-        store,
-        mp,
-        guard,
-    };
-    let expected = contents(&native);
-    assert_eq!(contents(&ws.mp), expected);
-    let all = ws.status()["nodes_loaded"].as_u64().unwrap();
-    assert!(all > 1_000, "{all} nodes after reading every file");
-    let inos: Vec<u64> = (0..20)
-        .map(|d| fs::metadata(ws.p(&format!("d{d:02}/f7"))).unwrap().ino())
-        .collect();
-
-    // What must stay: a file held open, a changed (dirty) file, a hard link.
-    let mut held = fs::File::open(ws.p("d03/f3")).unwrap();
-    fs::write(ws.p("d04/f4"), b"changed, not captured").unwrap();
-    fs::hard_link(ws.p("d05/f5"), ws.p("d06/link")).unwrap();
-
-    let left = drop_kernel_caches(&ws, all / 4);
-    let mut s = String::new();
-    held.read_to_string(&mut s).unwrap();
-    assert_eq!(s, "3/3\n".repeat(4));
-    assert_eq!(fs::read(ws.p("d04/f4")).unwrap(), b"changed, not captured");
-    let (a, b) = (
-        fs::metadata(ws.p("d05/f5")).unwrap(),
-        fs::metadata(ws.p("d06/link")).unwrap(),
-    );
-    assert_eq!((a.ino(), a.nlink()), (b.ino(), 2));
-    // Unchanged files keep their inode numbers across an unload (git's index notices).
-    let again: Vec<u64> = (0..20)
-        .map(|d| fs::metadata(ws.p(&format!("d{d:02}/f7"))).unwrap().ino())
-        .collect();
-    assert_eq!(inos, again);
-    let mut now = expected.clone();
-    now.insert("d04/f4".into(), b"changed, not captured".to_vec());
-    now.insert("d06/link".into(), expected[Path::new("d05/f5")].clone());
-    assert_eq!(contents(&ws.mp), now);
-    assert!(left < all / 4, "{left}");
-
-    // The dirty set survived the unload: the checkpoint finds exactly the changes (both
-    // names of the linked file, each under its own path).
-    let c = ws.checkpoint();
-    assert_eq!(
-        c["stats"]["changed_paths"],
-        serde_json::json!(["d04/f4", "d05/f5", "d06/link"]),
-        "{c}"
-    );
-    let id = c["checkpoint"].as_str().unwrap().to_string();
-    assert_eq!(
-        ok(&ws.store, &["cat", &id, "d06/link"]).as_bytes(),
-        &expected[Path::new("d05/f5")][..]
-    );
-
-    // A restore in between, then the kernel forgets again: still the right files.
-    ok(&ws.store, &["restore", ws.mp.to_str().unwrap(), &first]);
-    assert_eq!(contents(&ws.mp), expected);
-    drop_kernel_caches(&ws, all / 4);
-    assert_eq!(contents(&ws.mp), expected);
-    ok(&ws.store, &["restore", ws.mp.to_str().unwrap(), &id]);
-    drop_kernel_caches(&ws, all / 4);
-    assert_eq!(contents(&ws.mp), now);
-    // The handle opened before both restores still reads what it opened.
-    held.seek(SeekFrom::Start(0)).unwrap();
-    s.clear();
-    held.read_to_string(&mut s).unwrap();
-    assert_eq!(s, "3/3\n".repeat(4));
-    drop(held);
-    ws.unmount();
-    drop(ws.guard);
 }
