@@ -159,6 +159,13 @@ pub struct Node {
     xattrs: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
+impl Node {
+    /// A regular file's content.
+    pub fn content(&self) -> Option<&[u8]> {
+        self.content.as_deref()
+    }
+}
+
 /// Everything about a tree that a restore promises to reproduce, by relative path.
 /// (The root directory's own mode and mtime are not part of a checkpoint.)
 pub fn snapshot(root: &Path) -> BTreeMap<PathBuf, Node> {

@@ -13,23 +13,10 @@ use crate::{overlay, wait_for, MountGuard};
 
 /// Every regular file under `root` (relative path -> content).
 fn contents(root: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
-    let mut out = std::collections::BTreeMap::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            let m = fs::symlink_metadata(&p).unwrap();
-            if m.is_dir() {
-                stack.push(p);
-            } else if m.is_file() {
-                out.insert(
-                    p.strip_prefix(root).unwrap().to_path_buf(),
-                    fs::read(&p).unwrap(),
-                );
-            }
-        }
-    }
-    out
+    snapshot(root)
+        .into_iter()
+        .filter_map(|(p, n)| Some((p, n.content()?.to_vec())))
+        .collect()
 }
 
 /// Drops the kernel's dentries and inodes (root only), then waits for the daemon to
