@@ -50,7 +50,9 @@ impl<'a> Tx<'a> {
             {
                 if idle && upper.is_some() {
                     *upper = None;
-                    self.ws.remove_upper(old);
+                    // Now, not through the reaper: the node lives on, and a copy-up of it
+                    // before the reaper came by would lose its new upper file.
+                    self.ws.remove_upper_now(old);
                 }
             }
         }
@@ -205,8 +207,16 @@ impl Workspace {
     /// Removes an upper file in the background: freeing a large file's blocks takes
     /// time a request should not wait for, and a crash before leaves only an orphan
     /// that the next mount removes.
+    /// Removes the upper file of a node that is gone (by the reaper, in batches).
     pub(super) fn remove_upper(&self, ino: u64) {
         let _ = self.reaper.send(ino);
+    }
+
+    /// Removes the upper file of `ino` at once (the node stays and may get another).
+    pub(super) fn remove_upper_now(&self, ino: u64) {
+        let name = Self::upper_cname(ino);
+        // SAFETY: a valid directory fd and NUL-terminated name.
+        unsafe { libc::unlinkat(self.upper_fd.as_raw_fd(), name.as_ptr(), 0) };
     }
 
     /// Writes stored content `c` to a new temporary file in the upper directory (not
