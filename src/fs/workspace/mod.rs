@@ -306,7 +306,6 @@ impl Workspace {
                 children: None,
             },
             dirty: false,
-            base: None,
             open_plain: 0,
             open_passthrough: 0,
             lookups: 0,
@@ -321,7 +320,7 @@ impl Workspace {
     /// upper files no record needs.
     fn load(&self, base: TreeId, records: Vec<(u64, NodeRecord)>) -> Result<(), WorkspaceError> {
         let mut st = self.lock();
-        st.nodes.insert(ROOT, self.root_node(base));
+        st.nodes.insert(ROOT, Box::new(self.root_node(base)));
         let mut wanted = BTreeSet::new();
         for (ino, r) in records {
             let mut upper_st = None;
@@ -376,7 +375,6 @@ impl Workspace {
                 xattrs: r.xattrs,
                 body,
                 dirty: true,
-                base: None,
                 open_plain: 0,
                 open_passthrough: 0,
                 lookups: 0,
@@ -399,7 +397,7 @@ impl Workspace {
                     *tree = t;
                 }
             } else {
-                st.nodes.insert(ino, node);
+                st.nodes.insert(ino, Box::new(node));
             }
             st.dirty.insert(ino);
             st.next_ino = st.next_ino.max(ino + 1);

@@ -66,8 +66,6 @@ pub(super) struct Node {
     pub(super) body: Body,
     /// In the dirty set: it (or something below it) differs from the base.
     pub(super) dirty: bool,
-    /// The stored entry this node equals while it is not dirty.
-    pub(super) base: Option<Arc<TreeEntry>>,
     /// Open handles served by the daemon, and by passthrough.
     pub(super) open_plain: u32,
     pub(super) open_passthrough: u32,
@@ -305,7 +303,6 @@ pub(super) fn node_from_entry(e: &TreeEntry, dir: u64, owner: (u32, u32)) -> Nod
         xattrs: e.xattrs.clone(),
         body,
         dirty: false,
-        base: Some(Arc::new(e.clone())),
         open_plain: 0,
         open_passthrough: 0,
         lookups: 0,

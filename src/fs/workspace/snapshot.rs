@@ -105,25 +105,38 @@ impl<'a> Tx<'a> {
     ) -> Result<TreeId, WorkspaceError> {
         self.load_dir(ino)
             .map_err(|e| WorkspaceError::Io(format!("loading {}: {e:?}", self.path_of(ino))))?;
-        let children: Vec<(Vec<u8>, u64)> = match &self.st.nodes[&ino].body {
-            Body::Dir {
-                children: Some(c), ..
-            } => c.iter().map(|(k, v)| (k.clone(), *v)).collect(),
-            _ => unreachable!("loaded above"),
-        };
+        let (children, base_tree): (Vec<(Vec<u8>, u64)>, Option<TreeId>) =
+            match &self.st.nodes[&ino].body {
+                Body::Dir {
+                    children: Some(c),
+                    tree,
+                } => (c.iter().map(|(k, v)| (k.clone(), *v)).collect(), *tree),
+                _ => unreachable!("loaded above"),
+            };
         let mut entries = Vec::with_capacity(children.len());
         let mut cas = StoreStats::default();
+        // The directory's base tree, read at the first clean child: a clean node is the
+        // entry of its name there (re-linking a node anywhere makes it dirty).
+        let mut base: Option<Tree> = None;
         for (name, child) in children {
             let n = &self.st.nodes[&child];
             if !n.dirty {
-                let base = n.base.as_ref().expect("a clean node has a base entry");
-                if base.name == name {
-                    entries.push((**base).clone());
-                } else {
-                    let mut e = (**base).clone();
-                    e.name = name;
-                    entries.push(e);
+                if base.is_none() {
+                    let t = base_tree.ok_or_else(|| {
+                        WorkspaceError::Io(format!(
+                            "{}: a clean entry in a directory with no base tree",
+                            self.entry_path(ino, &name)
+                        ))
+                    })?;
+                    base = Some(load_tree(self.ws.objects.as_ref(), &t)?);
                 }
+                let e = base.as_ref().and_then(|b| b.get(&name)).ok_or_else(|| {
+                    WorkspaceError::Io(format!(
+                        "{}: clean but not in its directory's base tree",
+                        self.entry_path(ino, &name)
+                    ))
+                })?;
+                entries.push(e.clone());
                 continue;
             }
             let meta = n.meta;
@@ -445,7 +458,7 @@ impl Workspace {
             tracing::warn!("dropping the old inode table: {e}");
         }
         let root_node = self.root_node(root);
-        tx.st.nodes.insert(ROOT, root_node);
+        tx.st.nodes.insert(ROOT, Box::new(root_node));
         tx.st.dirty.clear();
         tx.st.copies = Copies::default();
         tx.st.unloaded = HashMap::new();
@@ -519,7 +532,6 @@ impl Snapshot<'_> {
                     *tree = Some(id);
                 }
             }
-            n.base = Some(entry);
             n.dirty = false;
             if n.writers > 0 {
                 still.push(ino);
@@ -536,7 +548,7 @@ impl Snapshot<'_> {
         for ino in std::mem::take(&mut tx.st.dirty) {
             if let Some(n) = tx.st.nodes.get_mut(&ino) {
                 n.dirty = false;
-                if n.base.is_none() && n.kind == Kind::Socket {
+                if n.kind == Kind::Socket {
                     // Keep sockets dirty so their directory is written again next time.
                     still.push(ino);
                 }

@@ -5,7 +5,9 @@
 use super::*;
 
 pub(super) struct State {
-    pub(super) nodes: HashMap<u64, Node>,
+    /// Boxed: a bucket of the map is then 16 bytes, not a whole node (272), and the map's
+    /// spare capacity (up to half its buckets after a growth) costs little.
+    pub(super) nodes: HashMap<u64, Box<Node>>,
     pub(super) next_ino: u64,
     pub(super) base: TreeId,
     pub(super) tag: Tag,
@@ -47,17 +49,21 @@ pub(super) struct Tx<'a> {
 
 impl<'a> Tx<'a> {
     pub(super) fn node(&self, ino: u64) -> Result<&Node, Errno> {
-        self.st.nodes.get(&ino).ok_or(Errno::ESTALE)
+        self.st.nodes.get(&ino).map(|n| &**n).ok_or(Errno::ESTALE)
     }
 
     pub(super) fn node_mut(&mut self, ino: u64) -> Result<&mut Node, Errno> {
-        self.st.nodes.get_mut(&ino).ok_or(Errno::ESTALE)
+        self.st
+            .nodes
+            .get_mut(&ino)
+            .map(|n| &mut **n)
+            .ok_or(Errno::ESTALE)
     }
 
     pub(super) fn alloc(&mut self, node: Node) -> u64 {
         let ino = self.st.next_ino;
         self.st.next_ino += 1;
-        self.st.nodes.insert(ino, node);
+        self.st.nodes.insert(ino, Box::new(node));
         ino
     }
 
@@ -96,7 +102,7 @@ impl<'a> Tx<'a> {
                 let node = node_from_entry(&e, ino, self.ws.owner);
                 let child = match reuse.as_ref().map(|v| v[k]) {
                     Some(old) if !self.st.nodes.contains_key(&old) => {
-                        self.st.nodes.insert(old, node);
+                        self.st.nodes.insert(old, Box::new(node));
                         old
                     }
                     _ => self.alloc(node),
@@ -323,7 +329,6 @@ impl<'a> Tx<'a> {
     pub(super) fn changed(&mut self, ino: u64, t: i64) -> Result<(), Errno> {
         let n = self.node_mut(ino)?;
         n.meta.ctime = t;
-        n.base = None;
         self.persist(ino)
     }
 
@@ -446,7 +451,6 @@ impl<'a> Tx<'a> {
             xattrs: Vec::new(),
             body,
             dirty: false,
-            base: None,
             open_plain: 0,
             open_passthrough: 0,
             lookups: 0,

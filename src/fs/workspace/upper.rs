@@ -151,7 +151,6 @@ impl<'a> Tx<'a> {
         if let (Some(c), true) = (clean, truncate) {
             n.note_changed(0, c.size);
         }
-        n.base = None;
         if truncate {
             n.meta.ctime = now_ns();
         }
