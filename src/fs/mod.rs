@@ -186,6 +186,26 @@ fn reply_xattr(reply: fuser::ReplyXattr, size: u32, data: &[u8]) {
 /// `statfs` magic number of FUSE filesystems.
 pub const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
 
+/// Lowers the calling thread's CPU and I/O priority (nice 19, best-effort I/O level 7;
+/// never the idle classes, which a busy machine would starve): background work (a
+/// replaced overlay generation removed, a replaced inode table dropped) yields to the
+/// workspace.
+pub fn low_priority() {
+    // SAFETY: on Linux, PRIO_PROCESS with who 0 is the calling thread.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 19) };
+    const IOPRIO_WHO_PROCESS: libc::c_long = 1;
+    const IOPRIO_CLASS_BE: libc::c_long = 2;
+    // SAFETY: ioprio_set takes plain integers; who 0 is the calling thread.
+    unsafe {
+        libc::syscall(
+            libc::SYS_ioprio_set,
+            IOPRIO_WHO_PROCESS,
+            0 as libc::c_long,
+            (IOPRIO_CLASS_BE << 13) | 7,
+        )
+    };
+}
+
 /// Whether `path` is the root of a FUSE mount (used to wait for a mount to answer).
 pub fn is_fuse_mount(path: &std::path::Path) -> bool {
     statfs(path).is_ok_and(|st| st.f_type == FUSE_SUPER_MAGIC)

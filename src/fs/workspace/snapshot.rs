@@ -448,6 +448,8 @@ impl Workspace {
         let dropped = std::thread::Builder::new()
             .name("casfs-old-table".into())
             .spawn(move || {
+                // A million nodes take a core for a while.
+                crate::fs::low_priority();
                 for (ino, n) in old {
                     if let Body::File { upper: Some(_), .. } = n.body {
                         let _ = reaper.send(ino);

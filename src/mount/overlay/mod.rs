@@ -205,7 +205,7 @@ fn retire(dir: PathBuf, lower: MountedTree) {
     let _ = std::thread::Builder::new()
         .name("casfs-retire".into())
         .spawn(move || {
-            low_priority();
+            crate::fs::low_priority();
             detach_lowers(&dir);
             while !lower.is_finished() {
                 std::thread::sleep(std::time::Duration::from_millis(100));
@@ -215,25 +215,6 @@ fn retire(dir: PathBuf, lower: MountedTree) {
                 tracing::warn!("removing {}: {e}", dir.display());
             }
         });
-}
-
-/// Lowers the calling thread's CPU and I/O priority (nice 19, best-effort I/O level 7;
-/// never the idle classes, which a busy machine would starve): removing a replaced
-/// generation yields to the workspace.
-fn low_priority() {
-    // SAFETY: on Linux, PRIO_PROCESS with who 0 is the calling thread.
-    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 19) };
-    const IOPRIO_WHO_PROCESS: libc::c_long = 1;
-    const IOPRIO_CLASS_BE: libc::c_long = 2;
-    // SAFETY: ioprio_set takes plain integers; who 0 is the calling thread.
-    unsafe {
-        libc::syscall(
-            libc::SYS_ioprio_set,
-            IOPRIO_WHO_PROCESS,
-            0 as libc::c_long,
-            (IOPRIO_CLASS_BE << 13) | 7,
-        )
-    };
 }
 
 /// Mounts overlayfs at `target` over `lowerdir` (an option value, escaped).
