@@ -19,9 +19,50 @@ pub(super) struct State {
     /// names when the directory is loaded again, so that an unchanged file keeps its
     /// inode number (git's index compares them). Emptied by a root swap: numbers the
     /// kernel may still hold for the old tree are never handed out again.
-    pub(super) unloaded: HashMap<u64, (TreeId, Vec<u64>)>,
+    pub(super) unloaded: HashMap<u64, (TreeId, Numbers)>,
     pub(super) events: Events,
     pub(super) copies: Copies,
+}
+
+/// The inode numbers an unloaded directory's children had, in name order.
+pub(super) enum Numbers {
+    /// `count` numbers from `first` on: children loaded together from one tree get
+    /// consecutive numbers, so this is the common case, and it holds nothing on the heap
+    /// (small allocations made while a table is unloaded would pin the pages of the
+    /// freed nodes around them).
+    Run {
+        first: u64,
+        count: usize,
+    },
+    List(Vec<u64>),
+}
+
+impl Numbers {
+    fn of(inos: Vec<u64>) -> Numbers {
+        let first = inos.first().copied().unwrap_or(0);
+        if inos.iter().zip(first..).all(|(&i, n)| i == n) {
+            Numbers::Run {
+                first,
+                count: inos.len(),
+            }
+        } else {
+            Numbers::List(inos)
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Numbers::Run { count, .. } => *count,
+            Numbers::List(v) => v.len(),
+        }
+    }
+
+    fn get(&self, k: usize) -> u64 {
+        match self {
+            Numbers::Run { first, .. } => first + k as u64,
+            Numbers::List(v) => v[k],
+        }
+    }
 }
 
 /// Local copies of clean files (made for passthrough reads, or left by a checkpoint
@@ -95,12 +136,13 @@ impl<'a> Tx<'a> {
             // The numbers its children had before they were unloaded, by name.
             let reuse =
                 remembered.and_then(|(rt, v)| (rt == t && v.len() == entries.len()).then_some(v));
+
             if reuse.is_some() {
                 entries.sort_by(|a, b| a.name.cmp(&b.name));
             }
             for (k, e) in entries.into_iter().enumerate() {
                 let node = node_from_entry(&e, ino, self.ws.owner);
-                let child = match reuse.as_ref().map(|v| v[k]) {
+                let child = match reuse.as_ref().map(|v| v.get(k)) {
                     Some(old) if !self.st.nodes.contains_key(&old) => {
                         self.st.nodes.insert(old, Box::new(node));
                         old
@@ -172,7 +214,7 @@ impl<'a> Tx<'a> {
                 self.st.nodes.remove(c);
             }
             dropped += children.len();
-            self.st.unloaded.insert(dir, (tree, children));
+            self.st.unloaded.insert(dir, (tree, Numbers::of(children)));
             let Some(n) = self.st.nodes.get_mut(&dir) else {
                 continue;
             };
