@@ -442,8 +442,6 @@ impl Workspace {
                 tx.st.nodes.insert(ino, n);
             }
         }
-        tx.st.nodes.remove(&ROOT);
-        old.remove(&ROOT);
         let reaper = self.reaper.clone();
         let dropped = std::thread::Builder::new()
             .name("casfs-old-table".into())

@@ -132,14 +132,11 @@ impl<'a> Tx<'a> {
         let remembered = self.st.unloaded.remove(&ino);
         if let Some(t) = tree {
             let tree = load_tree(self.ws.objects.as_ref(), &t).map_err(eio)?;
-            let mut entries = tree.into_entries();
-            // The numbers its children had before they were unloaded, by name.
+            // In name order (a tree's entries are sorted), as the numbers its children
+            // had before they were unloaded.
+            let entries = tree.into_entries();
             let reuse =
                 remembered.and_then(|(rt, v)| (rt == t && v.len() == entries.len()).then_some(v));
-
-            if reuse.is_some() {
-                entries.sort_by(|a, b| a.name.cmp(&b.name));
-            }
             for (k, e) in entries.into_iter().enumerate() {
                 let node = node_from_entry(&e, ino, self.ws.owner);
                 let child = match reuse.as_ref().map(|v| v.get(k)) {
