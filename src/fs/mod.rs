@@ -10,7 +10,6 @@
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 mod chunk_cache;
@@ -40,8 +39,9 @@ pub use workspace::{
 pub struct Mounted {
     session: Option<fuser::BackgroundSession>,
     mountpoint: PathBuf,
-    /// st_dev of the mount's root, to tell it from whatever else is mounted there later.
-    dev: Option<u64>,
+    /// `mount_identity` of the mount's root, to tell it from whatever else is mounted
+    /// there later.
+    id: (u64, u64),
 }
 
 /// How long unmount tries again while the mount is busy.
@@ -52,11 +52,11 @@ const UNMOUNT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Mounted {
     fn new(session: fuser::BackgroundSession, mountpoint: &Path) -> Mounted {
-        let dev = std::fs::metadata(mountpoint).ok().map(|m| m.dev());
+        let id = mount_identity(mountpoint);
         Mounted {
             session: Some(session),
             mountpoint: mountpoint.to_path_buf(),
-            dev,
+            id,
         }
     }
 
@@ -110,9 +110,37 @@ impl Mounted {
 
     /// Whether the topmost mount at the mountpoint is this session's.
     fn ours_on_top(&self) -> bool {
-        let now = std::fs::metadata(&self.mountpoint).ok().map(|m| m.dev());
-        self.dev.is_some() && now == self.dev
+        self.id != (0, 0) && mount_identity(&self.mountpoint) == self.id
     }
+}
+
+/// Which mount `path` shows: its device and its mount's id, unique for the boot where
+/// the kernel offers `STATX_MNT_ID_UNIQUE` (6.8 on), else the classic id. The device
+/// alone does not tell an overlay from the next one mounted there: both take anonymous
+/// device numbers, and a number freed by an unmount is handed out again at once.
+/// `(0, 0)` when the path cannot be looked up.
+pub fn mount_identity(path: &Path) -> (u64, u64) {
+    const STATX_MNT_ID_UNIQUE: u32 = 0x4000;
+    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
+        return (0, 0);
+    };
+    // SAFETY: an all-zero statx is a valid value of this plain C struct.
+    let mut buf: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a statx buffer that outlives the call.
+    let r = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            0,
+            libc::STATX_BASIC_STATS | libc::STATX_MNT_ID | STATX_MNT_ID_UNIQUE,
+            &mut buf,
+        )
+    };
+    if r != 0 {
+        return (0, 0);
+    }
+    let dev = libc::makedev(buf.stx_dev_major, buf.stx_dev_minor);
+    (dev, buf.stx_mnt_id)
 }
 
 /// Unmounts whatever is mounted at `path` (not lazily), trying again for a while

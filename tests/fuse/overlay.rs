@@ -353,3 +353,47 @@ fn fsck_finds_a_damaged_image_and_the_next_mount_rebuilds_it() {
     ok(&store, &["unmount", mp.to_str().unwrap()]);
     ok(&store, &["fsck"]);
 }
+
+/// The kernel hands an unmounted overlay's anonymous device number to the next mount at
+/// once, so a daemon that knew its overlay by `st_dev` took the next sandbox's overlay
+/// at the same path for its own (and never exited; CI saw it). The mount's identity
+/// tells the two apart.
+#[test]
+fn an_overlay_mounted_after_another_at_its_path_is_told_apart() {
+    let t = tempfile::tempdir().unwrap();
+    let d = |n: &str| {
+        let p = t.path().join(n);
+        fs::create_dir(&p).unwrap();
+        p
+    };
+    let (lower, mp) = (d("lower"), d("mnt"));
+    let _guard = MountGuard::new(&mp);
+    let mut seen = Vec::new();
+    for i in 0..3 {
+        let (upper, work) = (d(&format!("upper{i}")), d(&format!("work{i}")));
+        let opts = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lower.display(),
+            upper.display(),
+            work.display()
+        );
+        let out = Command::new("mount")
+            .args(["-t", "overlay", "overlay", "-o", &opts])
+            .arg(&mp)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let id = casfs::fs::mount_identity(&mp);
+        assert_ne!(id, (0, 0));
+        assert!(
+            !seen.contains(&id),
+            "round {i}: {id:?} seen before: {seen:?}"
+        );
+        seen.push(id);
+        assert!(Command::new("umount").arg(&mp).status().unwrap().success());
+    }
+}

@@ -32,8 +32,8 @@ use crate::checkpoint::{
 };
 use crate::fs::dirty::{DirtyStore, MountMeta};
 use crate::fs::{
-    is_overlay_mount, mount_key, mount_objects, mount_tree, unmount_retrying, MountedTree,
-    ReadMode, SnapshotFilter, SnapshotStats, ViewOptions, WorkspaceStatus,
+    is_overlay_mount, mount_identity, mount_key, mount_objects, mount_tree, unmount_retrying,
+    MountedTree, ReadMode, SnapshotFilter, SnapshotStats, ViewOptions, WorkspaceStatus,
 };
 pub(crate) use upper::Stamp;
 use upper::{changes_since, HashCache, UpperCapture, UpperError};
@@ -76,8 +76,8 @@ struct Layers {
     image: bool,
     /// Whether the overlay at the mountpoint is this one.
     mounted: bool,
-    /// st_dev of the overlay's root, to tell it from whatever is mounted there later.
-    dev: u64,
+    /// `identity` of the overlay's root, to tell it from whatever is mounted there later.
+    id: (u64, u64),
     /// Every upper entry's stamp at the last checkpoint (what is captured).
     captured: HashMap<String, Stamp>,
 }
@@ -144,12 +144,12 @@ fn detach(path: &Path) {
     }
 }
 
-/// Detaches the overlay (st_dev `dev`) at `path` and returns once the path no longer
+/// Detaches the overlay (`identity` `id`) at `path` and returns once the path no longer
 /// shows it. The detach itself runs on a thread of its own: when the last reference to
 /// an overlay goes, the kernel syncs its upper filesystem (overlayfs's sync_fs), which
 /// with a large file freshly written takes tens of milliseconds that a restore need not
 /// wait for (the new overlay does not depend on it).
-fn detach_quickly(path: &Path, dev: u64) {
+fn detach_quickly(path: &Path, id: (u64, u64)) {
     let (tx, rx) = std::sync::mpsc::channel();
     let p = path.to_path_buf();
     let spawned = std::thread::Builder::new()
@@ -162,13 +162,13 @@ fn detach_quickly(path: &Path, dev: u64) {
         return detach(path);
     }
     let start = std::time::Instant::now();
-    while st_dev(path) == dev && start.elapsed() < std::time::Duration::from_secs(2) {
+    while mount_identity(path) == id && start.elapsed() < std::time::Duration::from_secs(2) {
         if rx.try_recv().is_ok() {
             return;
         }
         std::thread::sleep(std::time::Duration::from_micros(200));
     }
-    if st_dev(path) == dev {
+    if mount_identity(path) == id {
         let _ = rx.recv();
     }
 }
@@ -252,11 +252,6 @@ fn mount_overlay(lowerdir: &str, upper: &Path, work: &Path, target: &Path) -> st
     Ok(())
 }
 
-fn st_dev(path: &Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(path).map(|m| m.dev()).unwrap_or(0)
-}
-
 /// Removes the generations of `dir` other than `keep` (left by a daemon that is gone),
 /// detaching any mount left in them first.
 fn remove_generations(dir: &Path, keep: Option<u64>) {
@@ -320,7 +315,7 @@ impl OverlayMount {
                 lowerdir: String::new(),
                 image: false,
                 mounted: false,
-                dev: 0,
+                id: (0, 0),
                 captured: HashMap::new(),
             }),
             cache: Mutex::new(HashMap::new()),
@@ -383,10 +378,12 @@ impl OverlayMount {
             g.join("upper"),
             g.join("work"),
         );
+        // First: a lower left by a killed daemon answers ENOTCONN, and creating the
+        // directory it is mounted on would fail.
+        detach_lowers(&g);
         for d in [&lower, &meta, &upper, &work] {
             std::fs::create_dir_all(d).map_err(io_err(d))?;
         }
-        detach_lowers(&g);
         let image = if image::images_enabled() {
             image::image_for(&self.store, st.lower_root, build)
         } else {
@@ -428,7 +425,7 @@ impl OverlayMount {
         }
         st.lower = Some(view);
         st.mounted = true;
-        st.dev = st_dev(&self.mountpoint);
+        st.id = mount_identity(&self.mountpoint);
         Ok(())
     }
 
@@ -565,11 +562,11 @@ impl OverlayMount {
             lowerdir: String::new(),
             image: false,
             mounted: false,
-            dev: 0,
+            id: (0, 0),
             captured: HashMap::new(),
         };
-        if st.mounted && st_dev(&self.mountpoint) == st.dev {
-            detach_quickly(&self.mountpoint, st.dev);
+        if st.mounted && mount_identity(&self.mountpoint) == st.id {
+            detach_quickly(&self.mountpoint, st.id);
         }
         st.mounted = false;
         if let Err(e) = self.mount_generation(&mut next, false) {
@@ -584,7 +581,7 @@ impl OverlayMount {
             .is_ok()
             {
                 st.mounted = true;
-                st.dev = st_dev(&self.mountpoint);
+                st.id = mount_identity(&self.mountpoint);
                 st.lower = old_lower;
             }
             return Err(e);
@@ -603,13 +600,18 @@ impl OverlayMount {
     /// Whether the overlay is gone from the mountpoint (unmounted by anyone).
     pub fn is_finished(&self) -> bool {
         let st = self.layers();
-        !st.mounted || !is_overlay_mount(&self.mountpoint) || st_dev(&self.mountpoint) != st.dev
+        !st.mounted
+            || !is_overlay_mount(&self.mountpoint)
+            || mount_identity(&self.mountpoint) != st.id
     }
 
     /// Unmounts the overlay, then its lower. A busy overlay is an error and stays.
     pub fn unmount(&self) -> std::io::Result<()> {
         let mut st = self.layers();
-        if st.mounted && is_overlay_mount(&self.mountpoint) && st_dev(&self.mountpoint) == st.dev {
+        if st.mounted
+            && is_overlay_mount(&self.mountpoint)
+            && mount_identity(&self.mountpoint) == st.id
+        {
             unmount_retrying(&self.mountpoint)?;
         }
         st.mounted = false;
@@ -626,7 +628,7 @@ impl OverlayMount {
     /// Detaches the overlay (users keep what they hold) and ends the lower.
     pub fn detach(&self) {
         let mut st = self.layers();
-        if st.mounted && st_dev(&self.mountpoint) == st.dev {
+        if st.mounted && mount_identity(&self.mountpoint) == st.id {
             detach(&self.mountpoint);
         }
         st.mounted = false;
