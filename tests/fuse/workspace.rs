@@ -1059,7 +1059,20 @@ fn a_large_file_checkpoint_reads_only_the_chunks_written() {
         &store,
         &["mount", mp.to_str().unwrap(), "-t", "big", "--mode", "fuse"],
     );
-    let passthrough = json(&store, &["status", mp.to_str().unwrap()])["read_mode"] == "passthrough";
+    let st = json(&store, &["status", mp.to_str().unwrap()]);
+    let passthrough = st["read_mode"] == "passthrough";
+    let pid = st["pid"].as_u64().unwrap();
+    // Whether the test keeps a handle of the mount's file open across rounds.
+    let kept = std::cell::Cell::new(false);
+    // Whether the daemon has a file of the mount's upper open (a handle on it is).
+    let holds_upper_file = |pid: u64| {
+        fs::read_dir(format!("/proc/{pid}/fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| fs::read_link(e.path()).ok())
+            .any(|l| l.starts_with(&store) && l.to_string_lossy().contains("/upper/"))
+    };
 
     let open_rw = |dir: &Path| {
         fs::OpenOptions::new()
@@ -1097,6 +1110,14 @@ fn a_large_file_checkpoint_reads_only_the_chunks_written() {
             fs::read(mp.join("big.bin")).unwrap() == want,
             "{what}: mount differs"
         );
+        // The kernel releases that read's handle after close returns: until the daemon
+        // has let go of the file, the next round's writer would share the reader's
+        // passthrough (the kernel allows no other kind of handle beside it) and its
+        // checkpoint would read the file whole.
+        assert!(
+            kept.get() || wait_for(Duration::from_secs(10), || !holds_upper_file(pid)),
+            "{what}: the daemon still holds the file"
+        );
     };
 
     // The first write copies the file up; only chunk 5 is read back.
@@ -1108,6 +1129,7 @@ fn a_large_file_checkpoint_reads_only_the_chunks_written() {
     // Across a chunk boundary, from a handle kept open over the checkpoint before.
     let keep = open_rw(&mp);
     let keep_native = open_rw(&native);
+    kept.set(true);
     round(
         "a write across chunks 7 and 8",
         &|d| {
@@ -1125,6 +1147,8 @@ fn a_large_file_checkpoint_reads_only_the_chunks_written() {
         Some(MIB),
     );
     drop((keep, keep_native));
+    kept.set(false);
+    assert!(wait_for(Duration::from_secs(10), || !holds_upper_file(pid)));
     // Past the end: the hole before the write changed too (chunk 40 grows, 41-44 new).
     round(
         "a write past the end",
