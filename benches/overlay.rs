@@ -620,6 +620,57 @@ fn main() {
             }
             let _ = fs::remove_dir_all(&tree);
         }
+        // The same with the files made in the mount since it was mounted (an untar, an
+        // `npm ci`): the overlay's upper holds them all, and a checkpoint after 10
+        // changes must not list it whole.
+        for &n in &args.sizes {
+            for casfs in ["casfs-overlay", "casfs-fuse"] {
+                let mode = casfs.strip_prefix("casfs-").unwrap();
+                let store = root.join(format!("up-{casfs}-{n}"));
+                let mp = root.join(format!("up-mp-{casfs}-{n}"));
+                fs::create_dir_all(&mp).unwrap();
+                casfs_json(
+                    &store,
+                    &["mount", mp.to_str().unwrap(), "-t", "u", "--mode", mode],
+                );
+                let _ws = Ws {
+                    root: mp.clone(),
+                    unmount: vec![mp.clone()],
+                };
+                for i in 0..n {
+                    let d = mp.join(format!("d{:03}", i / 100));
+                    if i % 100 == 0 {
+                        fs::create_dir_all(&d).unwrap();
+                    }
+                    fs::write(
+                        d.join(format!("f{i}.txt")),
+                        format!("file {i}\n").repeat(10),
+                    )
+                    .unwrap();
+                }
+                casfs_json(&store, &["checkpoint", mp.to_str().unwrap()]);
+                for r in 0..args.reps.max(3) {
+                    for k in 0..10 {
+                        let i = k * (n / 10);
+                        let f = mp.join(format!("d{:03}/f{i}.txt", i / 100));
+                        let mut s = fs::read_to_string(&f).unwrap_or_default();
+                        s.push_str(&format!("change {r}\n"));
+                        fs::write(&f, s).unwrap();
+                    }
+                    let t = std::time::Instant::now();
+                    let cp = casfs_json(&store, &["checkpoint", mp.to_str().unwrap()]);
+                    let whole = ms(t.elapsed());
+                    let daemon = cp["duration_us"].as_f64().unwrap() / 1000.0;
+                    let op = format!("checkpoint after 10 changes, {n} files made in the mount");
+                    ckpt.entry((op.clone(), casfs.into()))
+                        .or_default()
+                        .push(daemon);
+                    ckpt.entry((format!("{op} (command)"), casfs.into()))
+                        .or_default()
+                        .push(whole);
+                }
+            }
+        }
     }
 
     // Report: medians, and each backend's ratio to native (and to the kernel's overlay).

@@ -69,9 +69,11 @@ fn shared() -> Result<&'static Shared, String> {
         .map_err(Clone::clone)
 }
 
-/// Starts the process's inotify instance now rather than at the first watch (a server
-/// then holds its descriptors from the start: its resting count).
+/// Starts the process's inotify instances now rather than at the first watch (a server
+/// then holds their descriptors from the start: its resting count): this module's, and
+/// the overlay uppers' (`crate::mount::overlay`).
 pub fn start_inotify() -> Result<(), String> {
+    crate::mount::overlay::start_upper_watch();
     shared().map(|_| ())
 }
 

@@ -25,9 +25,8 @@ use crate::fs::{
     mount_key, mount_workspace, MountedWorkspace, SnapshotFilter, SnapshotStats, Workspace,
     WorkspaceError, WorkspaceOptions, WorkspaceStatus,
 };
-use std::collections::HashMap;
 
-use super::overlay::{self, OverlayMount, Stamp};
+use super::overlay::{self, OverlayMount};
 
 fn ws_err(e: WorkspaceError) -> CheckpointError {
     match e {
@@ -318,7 +317,7 @@ impl MountedThread {
                         ov.swap(root, tag, true)?;
                     }
                 } else if let Some(landed) = landed_checkpoint(&store, &f, head, || Ok(merged))? {
-                    ov.finish(landed, HashMap::new())?;
+                    ov.finish(landed, None)?;
                     ov.mark_captured()?;
                 }
                 ov
@@ -515,8 +514,8 @@ impl MountedThread {
                 Pending::Fuse(workspace.begin_snapshot(filter).map_err(ws_err)?)
             }
             Backend::Overlay(o) => {
-                let (root, stats, stamps) = o.snapshot(filter)?;
-                Pending::Overlay(o, root, stats, stamps)
+                let (root, stats, capture) = o.snapshot(filter)?;
+                Pending::Overlay(o, root, stats, capture)
             }
         };
         let mut new = template;
@@ -616,12 +615,7 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// A snapshot taken and not yet recorded as the mount's base.
 enum Pending<'a> {
     Fuse(crate::fs::Snapshot<'a>),
-    Overlay(
-        &'a OverlayMount,
-        TreeId,
-        SnapshotStats,
-        HashMap<String, Stamp>,
-    ),
+    Overlay(&'a OverlayMount, TreeId, SnapshotStats, overlay::Capture),
 }
 
 impl Pending<'_> {
@@ -642,8 +636,8 @@ impl Pending<'_> {
     fn finish(self, tag: MountTag) -> CheckpointResult<SnapshotStats> {
         match self {
             Pending::Fuse(s) => s.finish(tag.to_tag()).map_err(ws_err),
-            Pending::Overlay(o, _, stats, stamps) => {
-                o.finish(tag, stamps)?;
+            Pending::Overlay(o, _, stats, capture) => {
+                o.finish(tag, Some(capture))?;
                 Ok(stats)
             }
         }

@@ -397,3 +397,112 @@ fn an_overlay_mounted_after_another_at_its_path_is_told_apart() {
         assert!(Command::new("umount").arg(&mp).status().unwrap().success());
     }
 }
+
+/// Changes made one step at a time, a checkpoint after each: an overlay checkpoint
+/// visits only the directories its upper's watch saw change (and those above them) and
+/// takes the rest from the checkpoint before, so every step is compared with a plain
+/// copy of the mount captured whole. The steps aim at what a watch can get wrong: deep
+/// changes, directories renamed (upper and lower ones) and moved back, replaced by
+/// files and the reverse, attribute-only changes of directories, names that are not
+/// UTF-8 and differ only there, a remount and a restore in the middle. The FUSE backend
+/// runs the same steps.
+#[test]
+fn every_checkpoint_of_a_series_is_the_tree_a_full_capture_gives() {
+    const STEPS: &[&str] = &[
+        "mkdir -p n1/n2/n3 && echo a > n1/n2/n3/f && echo b > n1/f",
+        "echo more >> n1/n2/n3/f",
+        "mv n1/n2 n1/m2",
+        "mv keep kept && echo k >> kept/sub/y",
+        "rm -rf n1/m2/n3 && mkdir n1/m2/n3 && echo new > n1/m2/n3/g",
+        "chmod 700 n1/m2 && touch -d @1000 n1/m2 && python3 -c \"import os; os.setxattr('n1', 'user.d', b'1')\"",
+        "mkdir \"$(printf 'd\\377')\" \"$(printf 'd\\376')\" && echo 1 > \"$(printf 'd\\377')/f\" && echo 2 > \"$(printf 'd\\376')/f\"",
+        "REMOUNT",
+        "echo 3 >> \"$(printf 'd\\376')/f\"",
+        "mv n1 gone/n1 && echo g >> gone/n1/f",
+        "mv gone/n1 n1back",
+        "rm -rf gone",
+        "rm a.txt && mkdir a.txt && echo x > a.txt/in && rm -rf replace_dir && echo f > replace_dir",
+        "ln kept/x hl && echo z >> hl",
+        "true",
+        "RESTORE 3",
+        "echo after > kept/sub/after && mkdir -p deep/er && echo d > deep/er/f",
+        "mkdir -p wide && for i in $(seq 1 300); do echo $i > wide/f$i; done",
+        "echo one >> wide/f7",
+        "mkdir t1 && mv wide t1/ && mv t1 t2",
+    ];
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("base");
+    base(&src);
+    for mode in ["overlay", "fuse"] {
+        let store = t.path().join(format!("store-{mode}"));
+        ok(&store, &["capture", src.to_str().unwrap(), "-t", "w"]);
+        let mp = t.path().join(format!("mnt-{mode}"));
+        fs::create_dir(&mp).unwrap();
+        let _g = MountGuard::new(&mp);
+        let m = mp.to_str().unwrap();
+        ok(&store, &["mount", m, "-t", "w", "--mode", mode]);
+        let mut ids = Vec::new();
+        for (i, step) in STEPS.iter().enumerate() {
+            if *step == "REMOUNT" {
+                ok(&store, &["unmount", m]);
+                ok(&store, &["mount", m, "-t", "w", "--mode", mode]);
+                continue;
+            }
+            if let Some(n) = step.strip_prefix("RESTORE ") {
+                let id: &String = &ids[n.parse::<usize>().unwrap()];
+                ok(&store, &["restore", m, id, "--force"]);
+                continue;
+            }
+            let out = Command::new("sh")
+                .arg("-c")
+                .arg(step)
+                .current_dir(&mp)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{mode} step {i} `{step}`: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let st = json(&store, &["status", m]);
+            if *step != "true" {
+                assert!(
+                    st["dirty_nodes"].as_u64().unwrap() > 0,
+                    "{mode} step {i}: {st}"
+                );
+            }
+            let cp = json(&store, &["checkpoint", m]);
+            assert_eq!(cp["ok"], true, "{cp}");
+            let id = cp["checkpoint"].as_str().unwrap().to_string();
+            let st = json(&store, &["status", m]);
+            assert_eq!(st["dirty_nodes"], 0, "{mode} step {i} `{step}`: {st}");
+
+            // The oracle: a plain copy of what the mount shows, captured whole.
+            let plain = t.path().join(format!("plain-{mode}-{i}"));
+            let out = Command::new("cp")
+                .arg("-a")
+                .arg(format!("{m}/."))
+                .arg(&plain)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let ps = t.path().join(format!("store-plain-{mode}-{i}"));
+            let c = json(&ps, &["capture", plain.to_str().unwrap(), "-t", "p"]);
+            let want = root_of(&ps, c["checkpoint"]["id"].as_str().unwrap());
+            assert_eq!(
+                root_of(&store, &id),
+                want,
+                "{mode} step {i} `{step}`: the checkpoint is not what the mount shows"
+            );
+            fs::remove_dir_all(&plain).unwrap();
+            fs::remove_dir_all(&ps).unwrap();
+            ids.push(id);
+        }
+        ok(&store, &["unmount", m]);
+        ok(&store, &["fsck"]);
+    }
+}

@@ -17,6 +17,7 @@
 
 mod image;
 mod upper;
+mod watch;
 
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -35,8 +36,12 @@ use crate::fs::{
     is_overlay_mount, mount_identity, mount_key, mount_objects, mount_tree, unmount_retrying,
     MountedTree, ReadMode, SnapshotFilter, SnapshotStats, ViewOptions, WorkspaceStatus,
 };
-pub(crate) use upper::Stamp;
-use upper::{changes_since, HashCache, UpperCapture, UpperError};
+use upper::{
+    changes_since, merge_listings, DirTrees, HashCache, Listings, Rel, Reuse, UpperCapture,
+    UpperError,
+};
+pub use watch::start as start_upper_watch;
+use watch::UpperWatch;
 
 /// The tag an overlay mount keeps in its mount record: a [`MountTag`] (what prune, gc
 /// and a FUSE mount read) and the generation of its layers.
@@ -78,8 +83,43 @@ struct Layers {
     mounted: bool,
     /// `identity` of the overlay's root, to tell it from whatever is mounted there later.
     id: (u64, u64),
-    /// Every upper entry's stamp at the last checkpoint (what is captured).
-    captured: HashMap<String, Stamp>,
+}
+
+/// What the last checkpoint captured of the current generation's upper, and the watch
+/// that says which directories changed since: a checkpoint or `status` looks at those
+/// only.
+struct Memo {
+    generation: u64,
+    /// None where inotify is not available: the whole upper is walked.
+    watch: Option<UpperWatch>,
+    /// Every upper entry's stamp at the last checkpoint.
+    captured: Listings,
+    /// Every upper directory's tree at the last checkpoint.
+    trees: DirTrees,
+}
+
+impl Memo {
+    fn new(generation: u64, upper: &Path) -> Memo {
+        Memo {
+            generation,
+            watch: UpperWatch::start(upper),
+            captured: HashMap::new(),
+            trees: HashMap::new(),
+        }
+    }
+}
+
+/// A capture of the upper, to record as what a checkpoint holds once it is appended.
+pub(crate) struct Capture {
+    generation: u64,
+    /// The last watch event the capture covers.
+    upto: Option<u64>,
+    /// Whether every directory was visited.
+    full: bool,
+    listings: Listings,
+    trees: DirTrees,
+    /// Entries left uncaptured (left out or stored in another form by the filter).
+    kept_back: Vec<Rel>,
 }
 
 /// A workspace served by overlayfs over a casfs lower.
@@ -90,6 +130,8 @@ pub struct OverlayMount {
     dir: PathBuf,
     view: ViewOptions,
     state: Mutex<Layers>,
+    /// Lock order: `state`, then `memo`; never `state` while `memo` is held.
+    memo: Mutex<Memo>,
     cache: HashCache,
 }
 
@@ -316,13 +358,21 @@ impl OverlayMount {
                 image: false,
                 mounted: false,
                 id: (0, 0),
+            }),
+            memo: Mutex::new(Memo {
+                generation,
+                watch: None,
                 captured: HashMap::new(),
+                trees: HashMap::new(),
             }),
             cache: Mutex::new(HashMap::new()),
         };
         {
             let mut st = m.layers();
             m.mount_generation(&mut st, true)?;
+            // Whatever the upper holds already (a daemon's uncaptured work) counts as
+            // changed until a checkpoint.
+            *m.memo() = Memo::new(generation, &m.upper(&st));
         }
         remove_generations(&m.dir, Some(generation));
         Ok(m)
@@ -343,6 +393,10 @@ impl OverlayMount {
 
     fn layers(&self) -> MutexGuard<'_, Layers> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn memo(&self) -> MutexGuard<'_, Memo> {
+        self.memo.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn gen_dir(&self, g: u64) -> PathBuf {
@@ -438,15 +492,22 @@ impl OverlayMount {
     }
 
     /// The tree of the merged workspace, its objects stored (named by nothing until a
-    /// checkpoint names them), with the stamps of the upper taken before the walk.
+    /// checkpoint names them), and what to record once a checkpoint names it. Only the
+    /// directories the upper's watch saw change, and those above them, are visited.
     pub(crate) fn snapshot(
         &self,
         filter: Option<&dyn SnapshotFilter>,
-    ) -> CheckpointResult<(TreeId, SnapshotStats, HashMap<String, Stamp>)> {
-        let (upper, lower_root) = {
+    ) -> CheckpointResult<(TreeId, SnapshotStats, Capture)> {
+        let (upper, lower_root, generation, base) = {
             let st = self.layers();
-            (self.upper(&st), st.lower_root)
+            (self.upper(&st), st.lower_root, st.generation, st.tag.base)
         };
+        let memo = self.memo();
+        let changed = memo.watch.as_ref().map(|w| w.changed());
+        let on_path = changed
+            .as_ref()
+            .and_then(|c| c.dirs.as_ref())
+            .map(watch::with_ancestors);
         let mut cap = UpperCapture {
             objects: self.store.objects(),
             lower_root,
@@ -454,15 +515,21 @@ impl OverlayMount {
             cache: &self.cache,
             stats: SnapshotStats::default(),
             kept_back: Vec::new(),
-            stamps: HashMap::new(),
+            reuse: on_path.as_ref().map(|on_path| Reuse {
+                on_path,
+                trees: &memo.trees,
+            }),
+            listings: HashMap::new(),
+            trees: HashMap::new(),
         };
         let root = cap.dir(&upper, "", Some(lower_root))?.ok_or_else(|| {
             CheckpointError::Invalid(format!("{}: the upper is gone", upper.display()))
         })?;
+        let full = cap.reuse.is_none();
         let mut stats = std::mem::take(&mut cap.stats);
         // What changed is told against the last checkpoint (what the upper holds is
         // against the lower, which a checkpoint does not move).
-        let previous = match self.tag().base {
+        let previous = match base {
             Some(b) => Some(self.store.checkpoints().get(&b)?.body.root),
             None => None,
         };
@@ -479,12 +546,23 @@ impl OverlayMount {
             &mut stats.dirs_written,
         )?;
         // Each entry's stamp was taken before it was read: whatever changed during the
-        // walk counts as uncaptured afterwards.
-        let mut now = std::mem::take(&mut cap.stamps);
-        for p in &cap.kept_back {
-            now.remove(p);
+        // walk counts as uncaptured afterwards; so do the entries the filter kept back.
+        let mut listings = std::mem::take(&mut cap.listings);
+        for k in &cap.kept_back {
+            let (dir, name) = split_rel(k);
+            if let Some(l) = listings.get_mut(dir) {
+                l.remove(name);
+            }
         }
-        Ok((root, stats, now))
+        let capture = Capture {
+            generation,
+            upto: changed.map(|c| c.upto),
+            full,
+            listings,
+            trees: std::mem::take(&mut cap.trees),
+            kept_back: std::mem::take(&mut cap.kept_back),
+        };
+        Ok((root, stats, capture))
     }
 
     /// The merged workspace's tree, and whether it is its base checkpoint's (nothing
@@ -494,31 +572,52 @@ impl OverlayMount {
         Ok((merged, merged == tree_of(&self.store, self.tag().base)?))
     }
 
-    /// Records a checkpoint: `tag` is the mount's from now on, `stamps` what it holds.
-    pub(crate) fn finish(
-        &self,
-        tag: MountTag,
-        stamps: HashMap<String, Stamp>,
-    ) -> CheckpointResult<()> {
+    /// Records a checkpoint: `tag` is the mount's from now on, `capture` what it holds
+    /// (none: unknown, the next checkpoint visits what the watch says changed).
+    pub(crate) fn finish(&self, tag: MountTag, capture: Option<Capture>) -> CheckpointResult<()> {
         let mut st = self.layers();
         st.tag = tag;
-        st.captured = stamps;
+        if let Some(c) = capture {
+            let mut memo = self.memo();
+            if memo.generation == c.generation {
+                let m = &mut *memo;
+                if c.full {
+                    m.captured = c.listings;
+                    m.trees = c.trees;
+                } else {
+                    merge_listings(&mut m.captured, &mut m.trees, c.listings);
+                    m.trees.extend(c.trees);
+                }
+                if let (Some(w), Some(upto)) = (&m.watch, c.upto) {
+                    let again: Vec<Rel> = c
+                        .kept_back
+                        .iter()
+                        .map(|k| split_rel(k).0.to_vec())
+                        .collect();
+                    w.settle(upto, &again);
+                }
+            }
+        }
         self.record(&st)
     }
 
     /// What changed since the last checkpoint.
     pub fn status(&self) -> WorkspaceStatus {
-        let st = self.layers();
-        let upper = self.upper(&st);
-        let c = changes_since(&upper, &st.captured, 20).unwrap_or_default();
+        let (upper, base, image) = {
+            let st = self.layers();
+            (self.upper(&st), st.lower_root, st.image)
+        };
+        let memo = self.memo();
+        let dirs = memo.watch.as_ref().and_then(|w| w.changed().dirs);
+        let c = changes_since(&upper, &memo.captured, dirs.as_ref(), 20).unwrap_or_default();
         WorkspaceStatus {
-            base: st.lower_root,
+            base,
             dirty_nodes: c.nodes,
             dirty_files: c.files,
             dirty_bytes: c.bytes,
             dirty_paths: c.paths,
             nodes_loaded: 0,
-            read_mode: if st.image {
+            read_mode: if image {
                 ReadMode::OverlayImage
             } else {
                 ReadMode::Overlay
@@ -529,9 +628,9 @@ impl OverlayMount {
     /// Marks what the upper holds now as captured (the mount's content equals its
     /// tag's base checkpoint).
     pub(crate) fn mark_captured(&self) -> CheckpointResult<()> {
-        let mut st = self.layers();
-        let upper = self.upper(&st);
-        st.captured = changes_since(&upper, &HashMap::new(), 0)
+        let upper = self.upper(&self.layers());
+        let mut memo = self.memo();
+        memo.captured = changes_since(&upper, &HashMap::new(), None, 0)
             .map_err(io_err(&upper))?
             .now;
         Ok(())
@@ -563,7 +662,6 @@ impl OverlayMount {
             image: false,
             mounted: false,
             id: (0, 0),
-            captured: HashMap::new(),
         };
         if st.mounted && mount_identity(&self.mountpoint) == st.id {
             detach_quickly(&self.mountpoint, st.id);
@@ -588,6 +686,7 @@ impl OverlayMount {
         }
         let old_dir = self.gen_dir(st.generation);
         *st = next;
+        *self.memo() = Memo::new(st.generation, &self.upper(&st));
         drop(st);
         // Stamps name inodes of the old upper, whose numbers the new one may reuse.
         self.cache.lock().unwrap_or_else(|p| p.into_inner()).clear();
@@ -669,7 +768,9 @@ pub(crate) fn release_to_fuse(store: &Store, mountpoint: &Path) -> CheckpointRes
             cache: &cache,
             stats: SnapshotStats::default(),
             kept_back: Vec::new(),
-            stamps: HashMap::new(),
+            reuse: None,
+            listings: HashMap::new(),
+            trees: HashMap::new(),
         };
         let upper = dir.join(g.to_string()).join("upper");
         let _session = crate::cas::write_session(store.objects());
@@ -688,6 +789,14 @@ pub(crate) fn release_to_fuse(store: &Store, mountpoint: &Path) -> CheckpointRes
         Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
         Err(e) => Err(CheckpointError::io(&dir, e)),
+    }
+}
+
+/// `rel`'s directory and name.
+fn split_rel(rel: &[u8]) -> (&[u8], &[u8]) {
+    match rel.iter().rposition(|b| *b == b'/') {
+        Some(i) => (&rel[..i], &rel[i + 1..]),
+        None => (&[], rel),
     }
 }
 

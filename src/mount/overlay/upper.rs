@@ -12,7 +12,7 @@
 //! view is the lower's trees with these applied, bottom-up: the walk visits the upper
 //! only, never the lower's other directories.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::io::{Read, Seek};
 use std::os::unix::ffi::OsStrExt;
@@ -33,7 +33,7 @@ const OVL_PREFIX: &[u8] = b"trusted.overlay.";
 
 /// What identifies an unchanged upper file: if any differs, it is read again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct Stamp {
+pub(super) struct Stamp {
     ino: u64,
     size: u64,
     mode: u32,
@@ -58,6 +58,45 @@ impl Stamp {
 /// Files already stored from the upper, by stamp: a checkpoint after ten changes reads
 /// ten files, not every file changed since the mount.
 pub(super) type HashCache = Mutex<HashMap<Stamp, (FileId, u64)>>;
+
+/// A directory's path in the upper, as bytes (names need not be UTF-8), `/`-separated,
+/// empty for the root: the key of the maps below.
+pub(super) type Rel = Vec<u8>;
+
+/// `dir/name` as a [`Rel`].
+pub(super) fn rel_join(dir: &[u8], name: &[u8]) -> Rel {
+    let mut r = Vec::with_capacity(dir.len() + 1 + name.len());
+    if !dir.is_empty() {
+        r.extend_from_slice(dir);
+        r.push(b'/');
+    }
+    r.extend_from_slice(name);
+    r
+}
+
+/// The path of `rel` under `upper`.
+pub(super) fn rel_path(upper: &Path, rel: &[u8]) -> std::path::PathBuf {
+    if rel.is_empty() {
+        upper.to_path_buf()
+    } else {
+        upper.join(std::ffi::OsStr::from_bytes(rel))
+    }
+}
+
+/// The stamps of an upper's entries, by directory and name.
+pub(super) type Listings = HashMap<Rel, HashMap<Vec<u8>, Stamp>>;
+
+/// The merged tree of each upper directory at a capture, by path, with the lower tree it
+/// was merged with (none: a new or opaque directory).
+pub(super) type DirTrees = HashMap<Rel, (Option<TreeId>, TreeId)>;
+
+/// What a capture may take from the last checkpoint: the tree of every directory off
+/// the paths to the changed ones, as that checkpoint built it.
+pub(super) struct Reuse<'a> {
+    /// The changed directories and their ancestors.
+    pub on_path: &'a HashSet<Rel>,
+    pub trees: &'a DirTrees,
+}
 
 /// The error of a capture of the upper.
 #[derive(Debug, thiserror::Error)]
@@ -92,10 +131,15 @@ pub(super) struct UpperCapture<'a> {
     /// Entries the filter left out or stored in another form (a secret replaced):
     /// they stay uncaptured, as with the FUSE backend, so the next checkpoint looks at
     /// them again.
-    pub kept_back: Vec<String>,
-    /// The stamp of every upper entry the walk saw, by path, taken before the entry was
-    /// read: what the checkpoint holds (an entry changed later has another stamp).
-    pub stamps: HashMap<String, Stamp>,
+    pub kept_back: Vec<Rel>,
+    /// Directories taken from the last checkpoint without a visit (none: every one
+    /// is visited).
+    pub reuse: Option<Reuse<'a>>,
+    /// The stamp of every upper entry the walk saw, by directory, taken before the entry
+    /// was read: what the checkpoint holds (an entry changed later has another stamp).
+    pub listings: Listings,
+    /// The tree of every directory the walk visited.
+    pub trees: DirTrees,
 }
 
 /// Whether `m` (with xattrs `x`) is a whiteout: a removed lower entry.
@@ -183,6 +227,28 @@ impl UpperCapture<'_> {
         rel: &str,
         lower: Option<TreeId>,
     ) -> Result<Option<TreeId>, UpperError> {
+        self.dir_at(upper, rel, &[], lower)
+    }
+
+    /// [`dir`](Self::dir) of the directory at `key` in the upper.
+    fn dir_at(
+        &mut self,
+        upper: &Path,
+        rel: &str,
+        key: &[u8],
+        lower: Option<TreeId>,
+    ) -> Result<Option<TreeId>, UpperError> {
+        let lower_id = lower;
+        if let Some(r) = &self.reuse {
+            if !r.on_path.contains(key) {
+                if let Some((l, t)) = r.trees.get(key) {
+                    if *l == lower_id {
+                        return Ok(Some(*t));
+                    }
+                }
+            }
+        }
+        let mut stamps = HashMap::new();
         let lower = lower.map(|t| self.tree(&t)).transpose()?;
         let mut listing: BTreeMap<Vec<u8>, TreeEntry> = lower
             .iter()
@@ -214,7 +280,7 @@ impl UpperCapture<'_> {
                 Err(e) if vanished(&e) => continue,
                 Err(e) => return Err(io(&path)(e)),
             };
-            self.stamps.insert(child_rel.clone(), Stamp::of(&m));
+            stamps.insert(name.clone(), Stamp::of(&m));
             let before = lower.as_ref().and_then(|t| t.get(&name).cloned());
             if is_whiteout(&m, &x) {
                 if listing.remove(&name).is_some() {
@@ -235,7 +301,7 @@ impl UpperCapture<'_> {
             if let Some(f) = self.filter {
                 if !f.keep(&child_rel, kind, size) {
                     // Left out: the lower's entry (if any) stays what the tree holds.
-                    self.kept_back.push(child_rel);
+                    self.kept_back.push(rel_join(key, &name));
                     continue;
                 }
             }
@@ -256,7 +322,8 @@ impl UpperCapture<'_> {
                 } else {
                     before.as_ref().and_then(|e| e.tree_id())
                 };
-                let Some(id) = self.dir(&path, &child_rel, sub_lower)? else {
+                let child_key = rel_join(key, &name);
+                let Some(id) = self.dir_at(&path, &child_rel, &child_key, sub_lower)? else {
                     continue;
                 };
                 self.stats.dirs_written += 1;
@@ -291,7 +358,8 @@ impl UpperCapture<'_> {
                     let size = from.map(|e| e.size).unwrap_or(0);
                     entry(EntryContent::File(id), size, user_xattrs(x))
                 } else {
-                    let Some((id, size)) = self.file(&path, &child_rel, &m)? else {
+                    let child_key = rel_join(key, &name);
+                    let Some((id, size)) = self.file(&path, &child_rel, &child_key, &m)? else {
                         continue;
                     };
                     entry(EntryContent::File(id), size, user_xattrs(x))
@@ -337,6 +405,8 @@ impl UpperCapture<'_> {
         let mut s = StoreStats::default();
         s.record(&put);
         self.add(&s);
+        self.trees.insert(key.to_vec(), (lower_id, id));
+        self.listings.insert(key.to_vec(), stamps);
         Ok(Some(id))
     }
 
@@ -353,6 +423,7 @@ impl UpperCapture<'_> {
         &mut self,
         path: &Path,
         rel: &str,
+        key: &[u8],
         m: &std::fs::Metadata,
     ) -> Result<Option<(FileId, u64)>, UpperError> {
         let stamp = Stamp::of(m);
@@ -387,7 +458,7 @@ impl UpperCapture<'_> {
             };
             let fref = match other {
                 Some(data) => {
-                    self.kept_back.push(rel.to_string());
+                    self.kept_back.push(key.to_vec());
                     store_bytes(self.objects, &data, &mut s)?
                 }
                 None => {
@@ -430,67 +501,143 @@ pub(super) struct UpperChanges {
     pub bytes: u64,
     /// The first few paths (sorted).
     pub paths: Vec<String>,
-    /// The stamp of every upper entry now, by path.
-    pub now: HashMap<String, Stamp>,
+    /// The stamps of the entries of every directory looked at.
+    pub now: Listings,
 }
 
-/// What of the upper changed since `captured` (stamps of every upper entry when the
-/// last checkpoint was taken, by path); at most `limit` paths are listed. A directory
-/// counts when it is new or its mode or mtime changed (an entry made in it changes its
-/// mtime: both count, as with the FUSE backend's dirty nodes).
+fn is_dir(s: &Stamp) -> bool {
+    s.mode & libc::S_IFMT == libc::S_IFDIR
+}
+
+/// Whether `now` differs from `then` as a change counts: a directory when its mode or
+/// mtime changed (an entry made in it changes its mtime: both count, as with the FUSE
+/// backend's dirty nodes), anything else when any of its stamp did.
+fn differs(now: &Stamp, then: Option<&Stamp>) -> bool {
+    match then {
+        None => true,
+        Some(c) if is_dir(now) => (c.mode, c.mtime_ns) != (now.mode, now.mtime_ns),
+        Some(c) => c != now,
+    }
+}
+
+impl UpperChanges {
+    fn changed(&mut self, rel: &[u8], s: &Stamp) {
+        self.nodes += 1;
+        // A whiteout (a 0/0 character device) is a removal: a change of its directory,
+        // as with the FUSE backend.
+        let whiteout = s.mode & libc::S_IFMT == libc::S_IFCHR && s.rdev == 0;
+        if !is_dir(s) && !whiteout {
+            self.files += 1;
+            self.bytes += s.size;
+        }
+        self.paths.push(String::from_utf8_lossy(rel).into_owned());
+    }
+
+    /// Counts entry `rel` (captured with `stamp`) gone, and what it held.
+    fn gone(&mut self, captured: &Listings, rel: Rel, stamp: &Stamp) {
+        if is_dir(stamp) {
+            for (name, s) in captured.get(&rel).into_iter().flatten() {
+                self.gone(captured, rel_join(&rel, name), s);
+            }
+        }
+        self.nodes += 1;
+        self.paths.push(String::from_utf8_lossy(&rel).into_owned());
+    }
+}
+
+/// What of the upper changed since `captured` (the stamps of the upper's entries when
+/// the last checkpoint was taken); at most `limit` paths are listed. `dirs`: the only
+/// directories that can have changed (from the upper's watch), or `None` to walk the
+/// whole upper.
 pub(super) fn changes_since(
     upper: &Path,
-    captured: &HashMap<String, Stamp>,
+    captured: &Listings,
+    dirs: Option<&HashSet<Rel>>,
     limit: usize,
 ) -> std::io::Result<UpperChanges> {
-    let mut now = HashMap::new();
-    let mut stack = vec![(upper.to_path_buf(), String::new())];
-    while let Some((dir, rel)) = stack.pop() {
-        let rd = match std::fs::read_dir(&dir) {
+    let mut out = UpperChanges::default();
+    let mut stack: Vec<Rel> = match dirs {
+        Some(d) => d.iter().cloned().collect(),
+        None => vec![Vec::new()],
+    };
+    if let Some(d) = dirs {
+        // A changed directory's own stamp, where its parent is not looked at.
+        for rel in d.iter().filter(|r| !r.is_empty()) {
+            let (p, name) = match rel.iter().rposition(|b| *b == b'/') {
+                Some(i) => (&rel[..i], &rel[i + 1..]),
+                None => (&[][..], &rel[..]),
+            };
+            if d.contains(p) {
+                continue;
+            }
+            let Ok(m) = std::fs::symlink_metadata(rel_path(upper, rel)) else {
+                continue;
+            };
+            let s = Stamp::of(&m);
+            if differs(&s, captured.get(p).and_then(|l| l.get(name))) {
+                out.changed(rel, &s);
+            }
+        }
+    }
+    while let Some(rel) = stack.pop() {
+        let rd = match std::fs::read_dir(rel_path(upper, &rel)) {
             Ok(rd) => rd,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
+                continue
+            }
             Err(e) => return Err(e),
         };
+        let then = captured.get(&rel);
+        let mut listing = HashMap::new();
         for e in rd {
             let e = e?;
             let Ok(m) = e.metadata() else { continue };
-            let r = join(&rel, e.file_name().as_bytes());
-            if m.is_dir() {
-                stack.push((e.path(), r.clone()));
+            let name = e.file_name().as_bytes().to_vec();
+            let s = Stamp::of(&m);
+            let r = rel_join(&rel, &name);
+            if differs(&s, then.and_then(|l| l.get(&name))) {
+                out.changed(&r, &s);
             }
-            now.insert(r, Stamp::of(&m));
-        }
-    }
-    let mut out = UpperChanges::default();
-    let mut paths = Vec::new();
-    let is_dir = |s: &Stamp| s.mode & libc::S_IFMT == libc::S_IFDIR;
-    for (p, s) in &now {
-        let changed = match captured.get(p) {
-            None => true,
-            Some(c) if is_dir(s) => (c.mode, c.mtime_ns) != (s.mode, s.mtime_ns),
-            Some(c) => c != s,
-        };
-        if changed {
-            out.nodes += 1;
-            // A whiteout (a 0/0 character device) is a removal: a change of its
-            // directory, as with the FUSE backend.
-            let whiteout = s.mode & libc::S_IFMT == libc::S_IFCHR && s.rdev == 0;
-            if !is_dir(s) && !whiteout {
-                out.files += 1;
-                out.bytes += s.size;
+            if m.is_dir() && dirs.is_none() {
+                stack.push(r);
             }
-            paths.push(p.clone());
+            listing.insert(name, s);
         }
+        for (name, s) in then.into_iter().flatten() {
+            if !listing.contains_key(name) {
+                out.gone(captured, rel_join(&rel, name), s);
+            }
+        }
+        out.now.insert(rel, listing);
     }
-    for p in captured.keys().filter(|p| !now.contains_key(*p)) {
-        out.nodes += 1;
-        paths.push(p.clone());
-    }
-    paths.sort();
-    paths.truncate(limit);
-    out.paths = paths;
-    out.now = now;
+    out.paths.sort();
+    out.paths.dedup();
+    out.paths.truncate(limit);
     Ok(out)
+}
+
+/// Applies a capture's `listings` (directories it looked at) to `captured`, dropping
+/// what directories gone from them held; the same for `trees`.
+pub(super) fn merge_listings(captured: &mut Listings, trees: &mut DirTrees, listings: Listings) {
+    fn drop_dir(captured: &mut Listings, trees: &mut DirTrees, rel: &[u8]) {
+        trees.remove(rel);
+        if let Some(old) = captured.remove(rel) {
+            for (name, s) in old {
+                if is_dir(&s) {
+                    drop_dir(captured, trees, &rel_join(rel, &name));
+                }
+            }
+        }
+    }
+    for (rel, listing) in listings {
+        let old = captured.insert(rel.clone(), listing);
+        for (name, s) in old.into_iter().flatten() {
+            let now = captured.get(&rel).and_then(|l| l.get(&name));
+            if is_dir(&s) && !now.is_some_and(is_dir) {
+                drop_dir(captured, trees, &rel_join(&rel, &name));
+            }
+        }
+    }
 }
 
 /// The paths that differ from tree `a` to tree `b`, as a checkpoint reports them:

@@ -1,0 +1,419 @@
+//! Which directories of an overlay's upper changed since the last checkpoint.
+//!
+//! The kernel's overlayfs writes straight to the upper, so casfs hears of no change
+//! itself; without help a checkpoint (and `status`) would list the whole upper, which
+//! after an untar or an `npm ci` holds tens of thousands of entries. One inotify
+//! instance per process watches every directory of every upper (an overlay makes its
+//! changes in the upper with the VFS calls that report them: creates, removals,
+//! renames, writes, attribute and xattr changes) and keeps, per upper, the directories
+//! whose entries changed. A checkpoint then visits those and their ancestors only.
+//!
+//! The set is exact for what returned before it is read: inotify queues an event
+//! before the system call that caused it returns, and [`UpperWatch::changed`] reads
+//! the queue empty first. When events are lost (the queue overflowed) every directory
+//! counts as changed until a full walk has been captured; when a directory cannot be
+//! watched (`fs.inotify.max_user_watches`), the upper is walked whole from then on.
+//! A write through a shared writable mapping of a file that has been closed reports
+//! nothing (inotify's limit): it is seen when the file's directory next changes.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ffi::OsString;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
+
+use super::upper::{rel_join, rel_path, Rel};
+
+/// What is watched on every directory of an upper.
+fn mask() -> WatchMask {
+    WatchMask::CREATE
+        | WatchMask::DELETE
+        | WatchMask::MODIFY
+        | WatchMask::ATTRIB
+        | WatchMask::CLOSE_WRITE
+        | WatchMask::MOVED_FROM
+        | WatchMask::MOVED_TO
+        | WatchMask::DONT_FOLLOW
+        | WatchMask::ONLYDIR
+        | WatchMask::EXCL_UNLINK
+}
+
+struct Watcher {
+    state: Mutex<State>,
+}
+
+struct State {
+    inotify: Inotify,
+    /// Counts events: a directory's mark says which event it came from.
+    seq: u64,
+    next_id: u64,
+    uppers: HashMap<u64, Upper>,
+    /// Each watch's upper and directory (relative to the upper's root).
+    wds: HashMap<WatchDescriptor, (u64, Rel)>,
+}
+
+struct Upper {
+    root: PathBuf,
+    /// The watched directories, by path.
+    paths: BTreeMap<Rel, WatchDescriptor>,
+    /// Directories whose entries (or own attributes, for the parent) changed, with the
+    /// number of the last event that said so.
+    dirty: HashMap<Rel, u64>,
+    /// Events were lost at event `n`: every directory counts as changed until a capture
+    /// that started after it is settled.
+    lost_at: Option<u64>,
+    /// A directory could not be watched: the upper is walked whole from now on.
+    unwatched: bool,
+}
+
+/// The watch of one upper; dropping it removes its watches.
+pub(super) struct UpperWatch {
+    id: u64,
+}
+
+/// The upper's changed directories when a capture starts.
+pub(super) struct Changed {
+    /// Marks up to this event are covered by the capture.
+    pub upto: u64,
+    /// The changed directories; `None`: the whole upper must be walked.
+    pub dirs: Option<HashSet<Rel>>,
+}
+
+fn watcher() -> Option<&'static Watcher> {
+    static WATCHER: OnceLock<Option<Watcher>> = OnceLock::new();
+    WATCHER
+        .get_or_init(|| {
+            let inotify = match Inotify::init() {
+                Ok(i) => i,
+                Err(e) => {
+                    tracing::warn!("inotify: {e}; overlay checkpoints walk the whole upper");
+                    return None;
+                }
+            };
+            let fd = inotify.as_raw_fd();
+            let spawned = std::thread::Builder::new()
+                .name("casfs-upper-watch".into())
+                .spawn(move || read_forever(fd));
+            if let Err(e) = spawned {
+                tracing::warn!("upper watch thread: {e}; overlay checkpoints walk the whole upper");
+                return None;
+            }
+            Some(Watcher {
+                state: Mutex::new(State {
+                    inotify,
+                    seq: 0,
+                    next_id: 0,
+                    uppers: HashMap::new(),
+                    wds: HashMap::new(),
+                }),
+            })
+        })
+        .as_ref()
+}
+
+/// Starts the process's upper watch (its inotify instance and reader thread) now rather
+/// than at the first overlay mount (a server then holds its descriptor from the start);
+/// false where inotify is not available.
+pub fn start() -> bool {
+    watcher().is_some()
+}
+
+/// The reader: waits for events and hands them to [`State::drain`], so the kernel's
+/// queue (`fs.inotify.max_queued_events`) does not overflow during a bulk workload.
+fn read_forever(fd: std::os::fd::RawFd) {
+    loop {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; the descriptor lives as long as the process.
+        let r = unsafe { libc::poll(&mut p, 1, -1) };
+        if r < 0 {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            continue;
+        }
+        if let Some(w) = watcher() {
+            w.lock().drain();
+        }
+    }
+}
+
+impl Watcher {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn parent(rel: &[u8]) -> Option<&[u8]> {
+    if rel.is_empty() {
+        return None;
+    }
+    Some(match rel.iter().rposition(|b| *b == b'/') {
+        Some(i) => &rel[..i],
+        None => &[],
+    })
+}
+
+/// `dirs` and every directory above them, the root (empty) included.
+pub(super) fn with_ancestors(dirs: &HashSet<Rel>) -> HashSet<Rel> {
+    let mut out = HashSet::with_capacity(dirs.len() * 2 + 1);
+    out.insert(Vec::new());
+    for d in dirs {
+        let mut cur = d.as_slice();
+        while out.insert(cur.to_vec()) {
+            match parent(cur) {
+                Some(p) => cur = p,
+                None => break,
+            }
+        }
+    }
+    out
+}
+
+impl State {
+    /// Reads every queued event and applies it.
+    fn drain(&mut self) {
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            let events: Vec<(WatchDescriptor, EventMask, Option<OsString>)> =
+                match self.inotify.read_events(&mut buf) {
+                    Ok(evs) => evs
+                        .map(|e| (e.wd, e.mask, e.name.map(|n| n.to_os_string())))
+                        .collect(),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        tracing::warn!("reading inotify events: {e}");
+                        self.lose_all();
+                        return;
+                    }
+                };
+            for (wd, mask, name) in events {
+                self.apply(wd, mask, name.as_deref().map(|n| n.as_bytes()));
+            }
+        }
+    }
+
+    /// Events were lost: every upper is walked whole until captured, and watched again
+    /// (directories made meanwhile have no watch yet).
+    fn lose_all(&mut self) {
+        self.seq += 1;
+        let seq = self.seq;
+        let ids: Vec<u64> = self.uppers.keys().copied().collect();
+        for id in ids {
+            if let Some(u) = self.uppers.get_mut(&id) {
+                if u.lost_at.is_none() {
+                    tracing::warn!(
+                        "{}: inotify events lost; the next checkpoint walks the whole upper",
+                        u.root.display()
+                    );
+                }
+                u.lost_at = Some(seq);
+            }
+            self.watch_tree(id, &[]);
+        }
+    }
+
+    fn apply(&mut self, wd: WatchDescriptor, mask: EventMask, name: Option<&[u8]>) {
+        if mask.contains(EventMask::Q_OVERFLOW) {
+            return self.lose_all();
+        }
+        let Some((id, dir)) = self.wds.get(&wd).cloned() else {
+            return;
+        };
+        if mask.contains(EventMask::IGNORED) {
+            self.wds.remove(&wd);
+            if let Some(u) = self.uppers.get_mut(&id) {
+                if u.paths.get(&dir) == Some(&wd) {
+                    u.paths.remove(&dir);
+                }
+            }
+            return;
+        }
+        self.seq += 1;
+        let seq = self.seq;
+        let Some(u) = self.uppers.get_mut(&id) else {
+            return;
+        };
+        u.dirty.insert(dir.clone(), seq);
+        let Some(name) = name else {
+            // The directory itself (its attributes): its entry is in its parent.
+            if let Some(p) = parent(&dir) {
+                u.dirty.insert(p.to_vec(), seq);
+            }
+            return;
+        };
+        if !mask.contains(EventMask::ISDIR) {
+            return;
+        }
+        let child = rel_join(&dir, name);
+        if mask.intersects(EventMask::MOVED_FROM | EventMask::DELETE) {
+            // Its watches keep their descriptors; a move elsewhere in the upper
+            // names them again (MOVED_TO), a removal ends them (IGNORED).
+            let below = rel_join(&child, b"");
+            let gone: Vec<Rel> = u
+                .paths
+                .range(child.clone()..)
+                .take_while(|(k, _)| **k == child || k.starts_with(&below))
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in gone {
+                u.paths.remove(&k);
+            }
+        }
+        if mask.intersects(EventMask::CREATE | EventMask::MOVED_TO) {
+            self.watch_tree(id, &child);
+        }
+    }
+
+    /// Watches directory `rel` of upper `id` and every directory below it (a directory
+    /// made or moved in: whatever it holds came in unseen), marking each changed.
+    fn watch_tree(&mut self, id: u64, rel: &[u8]) {
+        self.seq += 1;
+        let seq = self.seq;
+        let Some(root) = self.uppers.get(&id).map(|u| u.root.clone()) else {
+            return;
+        };
+        let mut watches = self.inotify.watches();
+        let mut stack = vec![rel.to_vec()];
+        while let Some(d) = stack.pop() {
+            let path = rel_path(&root, &d);
+            // Watched before it is listed: an entry made after the listing is an event.
+            let wd = match watches.add(&path, mask()) {
+                Ok(wd) => wd,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
+                    continue
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "watching {}: {e}; overlay checkpoints walk the whole upper",
+                        path.display()
+                    );
+                    if let Some(u) = self.uppers.get_mut(&id) {
+                        u.unwatched = true;
+                    }
+                    return;
+                }
+            };
+            self.wds.insert(wd.clone(), (id, d.clone()));
+            let Some(u) = self.uppers.get_mut(&id) else {
+                return;
+            };
+            u.paths.insert(d.clone(), wd);
+            u.dirty.insert(d.clone(), seq);
+            let Ok(rd) = std::fs::read_dir(&path) else {
+                continue;
+            };
+            for e in rd.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    stack.push(rel_join(&d, e.file_name().as_bytes()));
+                }
+            }
+        }
+    }
+}
+
+impl UpperWatch {
+    /// Watches the upper at `root` and every directory in it; `None` where inotify is
+    /// not available (checkpoints then walk the whole upper). Whatever the upper holds
+    /// already counts as changed.
+    pub(super) fn start(root: &Path) -> Option<UpperWatch> {
+        let w = watcher()?;
+        let mut st = w.lock();
+        st.drain();
+        let id = st.next_id;
+        st.next_id += 1;
+        st.uppers.insert(
+            id,
+            Upper {
+                root: root.to_path_buf(),
+                paths: BTreeMap::new(),
+                dirty: HashMap::new(),
+                lost_at: None,
+                unwatched: false,
+            },
+        );
+        st.watch_tree(id, &[]);
+        Some(UpperWatch { id })
+    }
+
+    /// The changed directories now (every event of a call that returned is read
+    /// first). They stay marked until [`settle`](Self::settle).
+    pub(super) fn changed(&self) -> Changed {
+        let Some(w) = watcher() else {
+            return Changed {
+                upto: 0,
+                dirs: None,
+            };
+        };
+        let mut st = w.lock();
+        st.drain();
+        let upto = st.seq;
+        let dirs = st
+            .uppers
+            .get(&self.id)
+            .filter(|u| u.lost_at.is_none() && !u.unwatched)
+            .map(|u| u.dirty.keys().cloned().collect());
+        Changed { upto, dirs }
+    }
+
+    /// A capture that started at `upto` is the checkpoint: marks up to then are done.
+    /// `again`: directories to look at next time anyway (entries left uncaptured).
+    pub(super) fn settle(&self, upto: u64, again: &[Rel]) {
+        let Some(w) = watcher() else { return };
+        let mut st = w.lock();
+        st.seq += 1;
+        let seq = st.seq;
+        let Some(u) = st.uppers.get_mut(&self.id) else {
+            return;
+        };
+        u.dirty.retain(|_, s| *s > upto);
+        if u.lost_at.is_some_and(|l| l <= upto) {
+            u.lost_at = None;
+        }
+        for d in again {
+            u.dirty.insert(d.clone(), seq);
+        }
+    }
+}
+
+impl Drop for UpperWatch {
+    fn drop(&mut self) {
+        let Some(w) = watcher() else { return };
+        let mut st = w.lock();
+        let Some(u) = st.uppers.remove(&self.id) else {
+            return;
+        };
+        let mut watches = st.inotify.watches();
+        for wd in u.paths.into_values() {
+            st.wds.remove(&wd);
+            let _ = watches.remove(wd);
+        }
+        // Descriptors of directories moved out of the upper (no path any more).
+        st.wds.retain(|_, (id, _)| *id != self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ancestors_include_the_root_and_every_level() {
+        let dirs: HashSet<Rel> = [&b"a/b/c"[..], b"x", b"a/d"]
+            .iter()
+            .map(|s| s.to_vec())
+            .collect();
+        let mut got: Vec<Rel> = with_ancestors(&dirs).into_iter().collect();
+        got.sort();
+        let want: Vec<&[u8]> = vec![b"", b"a", b"a/b", b"a/b/c", b"a/d", b"x"];
+        assert_eq!(got, want);
+        assert_eq!(parent(b"a/b"), Some(&b"a"[..]));
+        assert_eq!(parent(b"a"), Some(&b""[..]));
+        assert_eq!(parent(b""), None);
+    }
+}
