@@ -309,16 +309,15 @@ impl MountedThread {
             // Work of the same thread (on the base it was made on) is picked up.
             Some((lower, f, g)) if f.thread == thread && (at.is_none() || at == f.base) => {
                 let ov = mount(lower, f.clone(), g)?;
-                let (merged, captured) = ov.content()?;
+                let (merged, captured, capture) = ov.content()?;
                 if captured {
-                    ov.mark_captured()?;
+                    ov.captured(capture);
                     if f.base != base && ov.status().dirty_nodes == 0 {
                         // Nothing uncaptured and the thread moved on: follow it.
                         ov.swap(root, tag, true)?;
                     }
                 } else if let Some(landed) = landed_checkpoint(&store, &f, head, || Ok(merged))? {
-                    ov.finish(landed, None)?;
-                    ov.mark_captured()?;
+                    ov.finish(landed, capture)?;
                 }
                 ov
             }
@@ -637,7 +636,7 @@ impl Pending<'_> {
         match self {
             Pending::Fuse(s) => s.finish(tag.to_tag()).map_err(ws_err),
             Pending::Overlay(o, _, stats, capture) => {
-                o.finish(tag, Some(capture))?;
+                o.finish(tag, capture)?;
                 Ok(stats)
             }
         }

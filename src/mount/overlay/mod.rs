@@ -37,8 +37,8 @@ use crate::fs::{
     MountedTree, ReadMode, SnapshotFilter, SnapshotStats, ViewOptions, WorkspaceStatus,
 };
 use upper::{
-    changes_since, merge_listings, DirTrees, HashCache, Listings, Rel, Reuse, UpperCapture,
-    UpperError,
+    changes_since, merge_listings, DirTrees, HashCache, Listings, Partial, Rel, Reuse,
+    UpperCapture, UpperError,
 };
 pub use watch::start as start_upper_watch;
 use watch::UpperWatch;
@@ -117,6 +117,8 @@ pub(crate) struct Capture {
     /// Whether every directory was visited.
     full: bool,
     listings: Listings,
+    /// Entries of directories looked at in part (none: not in the upper).
+    partial: Partial,
     trees: DirTrees,
     /// Entries left uncaptured (left out or stored in another form by the filter).
     kept_back: Vec<Rel>,
@@ -493,7 +495,8 @@ impl OverlayMount {
 
     /// The tree of the merged workspace, its objects stored (named by nothing until a
     /// checkpoint names them), and what to record once a checkpoint names it. Only the
-    /// directories the upper's watch saw change, and those above them, are visited.
+    /// entries the upper's watch saw change, and the directories above them, are
+    /// looked at.
     pub(crate) fn snapshot(
         &self,
         filter: Option<&dyn SnapshotFilter>,
@@ -504,10 +507,10 @@ impl OverlayMount {
         };
         let memo = self.memo();
         let changed = memo.watch.as_ref().map(|w| w.changed());
-        let on_path = changed
+        let visit = changed
             .as_ref()
             .and_then(|c| c.dirs.as_ref())
-            .map(watch::with_ancestors);
+            .map(watch::visits);
         let mut cap = UpperCapture {
             objects: self.store.objects(),
             lower_root,
@@ -515,11 +518,12 @@ impl OverlayMount {
             cache: &self.cache,
             stats: SnapshotStats::default(),
             kept_back: Vec::new(),
-            reuse: on_path.as_ref().map(|on_path| Reuse {
-                on_path,
+            reuse: visit.as_ref().map(|visit| Reuse {
+                visit,
                 trees: &memo.trees,
             }),
             listings: HashMap::new(),
+            partial: HashMap::new(),
             trees: HashMap::new(),
         };
         let root = cap.dir(&upper, "", Some(lower_root))?.ok_or_else(|| {
@@ -548,10 +552,16 @@ impl OverlayMount {
         // Each entry's stamp was taken before it was read: whatever changed during the
         // walk counts as uncaptured afterwards; so do the entries the filter kept back.
         let mut listings = std::mem::take(&mut cap.listings);
+        let mut partial = std::mem::take(&mut cap.partial);
         for k in &cap.kept_back {
             let (dir, name) = split_rel(k);
             if let Some(l) = listings.get_mut(dir) {
                 l.remove(name);
+            }
+            for (n, stamp) in partial.get_mut(dir).into_iter().flatten() {
+                if n == name {
+                    *stamp = None;
+                }
             }
         }
         let capture = Capture {
@@ -559,46 +569,47 @@ impl OverlayMount {
             upto: changed.map(|c| c.upto),
             full,
             listings,
+            partial,
             trees: std::mem::take(&mut cap.trees),
             kept_back: std::mem::take(&mut cap.kept_back),
         };
         Ok((root, stats, capture))
     }
 
-    /// The merged workspace's tree, and whether it is its base checkpoint's (nothing
-    /// uncaptured).
-    pub(crate) fn content(&self) -> CheckpointResult<(TreeId, bool)> {
-        let (merged, _, _) = self.snapshot(None)?;
-        Ok((merged, merged == tree_of(&self.store, self.tag().base)?))
+    /// The merged workspace's tree, whether it is its base checkpoint's (nothing
+    /// uncaptured), and the capture that computed it.
+    pub(crate) fn content(&self) -> CheckpointResult<(TreeId, bool, Capture)> {
+        let (merged, _, capture) = self.snapshot(None)?;
+        let base = tree_of(&self.store, self.tag().base)?;
+        Ok((merged, merged == base, capture))
     }
 
-    /// Records a checkpoint: `tag` is the mount's from now on, `capture` what it holds
-    /// (none: unknown, the next checkpoint visits what the watch says changed).
-    pub(crate) fn finish(&self, tag: MountTag, capture: Option<Capture>) -> CheckpointResult<()> {
+    /// Records a checkpoint: `tag` is the mount's from now on, `capture` what it holds.
+    pub(crate) fn finish(&self, tag: MountTag, capture: Capture) -> CheckpointResult<()> {
         let mut st = self.layers();
         st.tag = tag;
-        if let Some(c) = capture {
-            let mut memo = self.memo();
-            if memo.generation == c.generation {
-                let m = &mut *memo;
-                if c.full {
-                    m.captured = c.listings;
-                    m.trees = c.trees;
-                } else {
-                    merge_listings(&mut m.captured, &mut m.trees, c.listings);
-                    m.trees.extend(c.trees);
-                }
-                if let (Some(w), Some(upto)) = (&m.watch, c.upto) {
-                    let again: Vec<Rel> = c
-                        .kept_back
-                        .iter()
-                        .map(|k| split_rel(k).0.to_vec())
-                        .collect();
-                    w.settle(upto, &again);
-                }
-            }
-        }
+        self.captured(capture);
         self.record(&st)
+    }
+
+    /// Takes `capture` as what the mount's base checkpoint holds: the next checkpoint
+    /// and `status` start from it.
+    pub(crate) fn captured(&self, c: Capture) {
+        let mut memo = self.memo();
+        if memo.generation != c.generation {
+            return;
+        }
+        let m = &mut *memo;
+        if c.full {
+            m.captured = c.listings;
+            m.trees = c.trees;
+        } else {
+            merge_listings(&mut m.captured, &mut m.trees, c.listings, c.partial);
+            m.trees.extend(c.trees);
+        }
+        if let (Some(w), Some(upto)) = (&m.watch, c.upto) {
+            w.settle(upto, &c.kept_back);
+        }
     }
 
     /// What changed since the last checkpoint.
@@ -623,17 +634,6 @@ impl OverlayMount {
                 ReadMode::Overlay
             },
         }
-    }
-
-    /// Marks what the upper holds now as captured (the mount's content equals its
-    /// tag's base checkpoint).
-    pub(crate) fn mark_captured(&self) -> CheckpointResult<()> {
-        let upper = self.upper(&self.layers());
-        let mut memo = self.memo();
-        memo.captured = changes_since(&upper, &HashMap::new(), None, 0)
-            .map_err(io_err(&upper))?
-            .now;
-        Ok(())
     }
 
     /// Shows tree `root` with `tag`: a new generation (an empty upper over it) mounted
@@ -770,6 +770,7 @@ pub(crate) fn release_to_fuse(store: &Store, mountpoint: &Path) -> CheckpointRes
             kept_back: Vec::new(),
             reuse: None,
             listings: HashMap::new(),
+            partial: HashMap::new(),
             trees: HashMap::new(),
         };
         let upper = dir.join(g.to_string()).join("upper");

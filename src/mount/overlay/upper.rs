@@ -86,16 +86,39 @@ pub(super) fn rel_path(upper: &Path, rel: &[u8]) -> std::path::PathBuf {
 /// The stamps of an upper's entries, by directory and name.
 pub(super) type Listings = HashMap<Rel, HashMap<Vec<u8>, Stamp>>;
 
+/// Stamps of some entries of directories, by directory (none: not in the upper).
+pub(super) type Partial = HashMap<Rel, Vec<(Vec<u8>, Option<Stamp>)>>;
+
 /// The merged tree of each upper directory at a capture, by path, with the lower tree it
 /// was merged with (none: a new or opaque directory).
 pub(super) type DirTrees = HashMap<Rel, (Option<TreeId>, TreeId)>;
 
-/// What a capture may take from the last checkpoint: the tree of every directory off
-/// the paths to the changed ones, as that checkpoint built it.
+/// What of a directory a capture looks at again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Visit {
+    /// Every entry: it is new, or came in whole (moved in), or events were lost.
+    All,
+    /// These entries: they changed, or lead to what changed.
+    Names(HashSet<Vec<u8>>),
+}
+
+/// What a capture may take from the last checkpoint: the tree of every directory not in
+/// `visit`, and the entries of a directory in it that are not named, as that checkpoint
+/// built them.
 pub(super) struct Reuse<'a> {
-    /// The changed directories and their ancestors.
-    pub on_path: &'a HashSet<Rel>,
+    /// The changed directories (and what of them changed) and their ancestors (the
+    /// name of the child on the way).
+    pub visit: &'a HashMap<Rel, Visit>,
     pub trees: &'a DirTrees,
+}
+
+/// What an upper entry makes of its name in the merged directory.
+enum Step {
+    /// The lower's entry (if any) shows: nothing in the upper, or nothing storable.
+    Lower,
+    /// A whiteout: the name is gone.
+    Removed,
+    Entry(TreeEntry),
 }
 
 /// The error of a capture of the upper.
@@ -138,6 +161,9 @@ pub(super) struct UpperCapture<'a> {
     /// The stamp of every upper entry the walk saw, by directory, taken before the entry
     /// was read: what the checkpoint holds (an entry changed later has another stamp).
     pub listings: Listings,
+    /// The same for directories of which only some entries were looked at (none: the
+    /// entry is not in the upper).
+    pub partial: Partial,
     /// The tree of every directory the walk visited.
     pub trees: DirTrees,
 }
@@ -239,165 +265,78 @@ impl UpperCapture<'_> {
         lower: Option<TreeId>,
     ) -> Result<Option<TreeId>, UpperError> {
         let lower_id = lower;
+        // From the last checkpoint: the tree as it was, and (for a directory on the way
+        // to changes) the names to look at again.
+        let mut names_only = None;
+        let mut before = None;
         if let Some(r) = &self.reuse {
-            if !r.on_path.contains(key) {
-                if let Some((l, t)) = r.trees.get(key) {
-                    if *l == lower_id {
-                        return Ok(Some(*t));
+            if let Some((_, t)) = r.trees.get(key).filter(|(l, _)| *l == lower_id) {
+                match r.visit.get(key) {
+                    None => return Ok(Some(*t)),
+                    Some(Visit::Names(n)) => {
+                        names_only = Some(n.clone());
+                        before = Some(*t);
                     }
+                    Some(Visit::All) => {}
                 }
             }
         }
-        let mut stamps = HashMap::new();
+        let whole = names_only.is_none();
         let lower = lower.map(|t| self.tree(&t)).transpose()?;
-        let mut listing: BTreeMap<Vec<u8>, TreeEntry> = lower
-            .iter()
-            .flat_map(|t| t.entries().iter().cloned())
-            .map(|e| (e.name.clone(), e))
-            .collect();
-        let mut names: Vec<_> = match std::fs::read_dir(upper) {
-            Ok(rd) => rd
-                .map(|e| e.map(|e| e.file_name()))
-                .collect::<Result<_, _>>()
-                .map_err(io(upper))?,
-            // Renamed or removed while the walk ran: per-entry consistency.
-            Err(e) if vanished(&e) && !rel.is_empty() => return Ok(None),
-            Err(e) => return Err(io(upper)(e)),
-        };
-        names.sort();
+        let (mut listing, names): (BTreeMap<Vec<u8>, TreeEntry>, Vec<Vec<u8>>) =
+            match (names_only, before) {
+                (Some(n), Some(b)) => {
+                    let prev = self.tree(&b)?;
+                    let mut names: Vec<Vec<u8>> = n.into_iter().collect();
+                    names.sort();
+                    let listing = prev
+                        .entries()
+                        .iter()
+                        .map(|e| (e.name.clone(), e.clone()))
+                        .collect();
+                    (listing, names)
+                }
+                _ => {
+                    let listing = lower
+                        .iter()
+                        .flat_map(|t| t.entries().iter().cloned())
+                        .map(|e| (e.name.clone(), e))
+                        .collect();
+                    let mut names: Vec<Vec<u8>> = match std::fs::read_dir(upper) {
+                        Ok(rd) => rd
+                            .map(|e| e.map(|e| e.file_name().as_bytes().to_vec()))
+                            .collect::<Result<_, _>>()
+                            .map_err(io(upper))?,
+                        // Renamed or removed while the walk ran: per-entry consistency.
+                        Err(e) if vanished(&e) && !rel.is_empty() => return Ok(None),
+                        Err(e) => return Err(io(upper)(e)),
+                    };
+                    names.sort();
+                    (listing, names)
+                }
+            };
+        let mut stamps: Vec<(Vec<u8>, Option<Stamp>)> = Vec::with_capacity(names.len());
         for name in names {
-            let name = name.as_bytes().to_vec();
-            let path = upper.join(std::ffi::OsStr::from_bytes(&name));
-            let child_rel = join(rel, &name);
-            let m = match std::fs::symlink_metadata(&path) {
-                Ok(m) => m,
-                // Removed while the walk ran: per-entry consistency (docs/mount.md).
-                Err(e) if vanished(&e) => continue,
-                Err(e) => return Err(io(&path)(e)),
-            };
-            let x = match xattr::list(&path) {
-                Ok(x) => x,
-                Err(e) if vanished(&e) => continue,
-                Err(e) => return Err(io(&path)(e)),
-            };
-            stamps.insert(name.clone(), Stamp::of(&m));
-            let before = lower.as_ref().and_then(|t| t.get(&name).cloned());
-            if is_whiteout(&m, &x) {
-                if listing.remove(&name).is_some() {
-                    self.stats.removed_paths.push(child_rel);
+            let (stamp, step) = self.entry(upper, rel, key, &name, lower.as_ref())?;
+            stamps.push((name.clone(), stamp));
+            let below = lower.as_ref().and_then(|t| t.get(&name).cloned());
+            match step {
+                // What the lower shows, where the upper has nothing (or nothing storable).
+                Step::Lower => match below {
+                    Some(e) => {
+                        listing.insert(name, e);
+                    }
+                    None => {
+                        listing.remove(&name);
+                    }
+                },
+                Step::Removed => {
+                    listing.remove(&name);
                 }
-                continue;
-            }
-            let ft = m.file_type();
-            let (kind, size) = if ft.is_file() {
-                (EntryKind::File, m.size())
-            } else if ft.is_dir() {
-                (EntryKind::Dir, 0)
-            } else if ft.is_symlink() {
-                (EntryKind::Symlink, 0)
-            } else {
-                (EntryKind::Special, 0)
-            };
-            if let Some(f) = self.filter {
-                if !f.keep(&child_rel, kind, size) {
-                    // Left out: the lower's entry (if any) stays what the tree holds.
-                    self.kept_back.push(rel_join(key, &name));
-                    continue;
+                Step::Entry(e) => {
+                    listing.insert(name, e);
                 }
             }
-            let entry = |content, size, xattrs| TreeEntry {
-                name: name.clone(),
-                content,
-                mode: m.mode() & 0o7777,
-                mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
-                size,
-                xattrs,
-            };
-            let new = if ft.is_dir() {
-                let sub_lower = if ovl_attr(&x, "opaque") == Some(b"y") {
-                    None
-                } else if let Some(r) = ovl_attr(&x, "redirect") {
-                    self.redirected(r, lower.as_ref())?
-                        .and_then(|e| e.tree_id())
-                } else {
-                    before.as_ref().and_then(|e| e.tree_id())
-                };
-                let child_key = rel_join(key, &name);
-                let Some(id) = self.dir_at(&path, &child_rel, &child_key, sub_lower)? else {
-                    continue;
-                };
-                self.stats.dirs_written += 1;
-                entry(EntryContent::Dir(id), 0, user_xattrs(x))
-            } else if ft.is_file() {
-                if ovl_attr(&x, "metacopy").is_some() {
-                    // Metadata changed, data still the lower's (where it came from).
-                    let redirect = ovl_attr(&x, "redirect");
-                    // Straight to a content in an image's data layer, or a path of the lower.
-                    let data = redirect
-                        .and_then(|r| r.strip_prefix(b"/"))
-                        .and_then(parse_data_name);
-                    let from = match (data, redirect) {
-                        (Some(f), _) => Some(TreeEntry {
-                            name: name.clone(),
-                            content: EntryContent::File(f.id),
-                            mode: 0,
-                            mtime_ns: 0,
-                            size: f.size,
-                            xattrs: Vec::new(),
-                        }),
-                        (None, Some(r)) => self.redirected(r, lower.as_ref())?,
-                        (None, None) => before.clone(),
-                    };
-                    let Some(EntryContent::File(id)) = from.as_ref().map(|e| e.content.clone())
-                    else {
-                        return Err(UpperError::Invalid(format!(
-                            "{}: a metacopy file whose lower file is not in the base",
-                            path.display()
-                        )));
-                    };
-                    let size = from.map(|e| e.size).unwrap_or(0);
-                    entry(EntryContent::File(id), size, user_xattrs(x))
-                } else {
-                    let child_key = rel_join(key, &name);
-                    let Some((id, size)) = self.file(&path, &child_rel, &child_key, &m)? else {
-                        continue;
-                    };
-                    entry(EntryContent::File(id), size, user_xattrs(x))
-                }
-            } else if ft.is_symlink() {
-                let target = match std::fs::read_link(&path) {
-                    Ok(t) => t,
-                    Err(e) if vanished(&e) => continue,
-                    Err(e) => return Err(io(&path)(e)),
-                };
-                let t = target.as_os_str().as_bytes().to_vec();
-                let len = t.len() as u64;
-                entry(EntryContent::Symlink(t), len, user_xattrs(x))
-            } else {
-                use std::os::unix::fs::FileTypeExt;
-                let content = if ft.is_fifo() {
-                    EntryContent::Fifo
-                } else if ft.is_char_device() {
-                    EntryContent::CharDevice { rdev: m.rdev() }
-                } else if ft.is_block_device() {
-                    EntryContent::BlockDevice { rdev: m.rdev() }
-                } else {
-                    // A socket cannot be stored.
-                    self.stats.skipped += 1;
-                    continue;
-                };
-                entry(content, 0, user_xattrs(x))
-            };
-            if let Some(f) = self.filter {
-                f.vet(rel, &new).map_err(|e| match e {
-                    FilterError::Refused(why) => UpperError::Refused(format!("{child_rel}: {why}")),
-                    FilterError::Io(e) => io(&path)(e),
-                })?;
-            }
-            if !ft.is_dir() && before.as_ref() != Some(&new) {
-                self.stats.changed_paths.push(child_rel);
-            }
-            listing.insert(name, new);
         }
         let tree = Tree::from_sorted_entries(listing.into_values().collect())
             .map_err(|e| UpperError::Invalid(format!("{}: {e}", upper.display())))?;
@@ -406,8 +345,152 @@ impl UpperCapture<'_> {
         s.record(&put);
         self.add(&s);
         self.trees.insert(key.to_vec(), (lower_id, id));
-        self.listings.insert(key.to_vec(), stamps);
+        if whole {
+            let l = stamps
+                .into_iter()
+                .filter_map(|(n, s)| s.map(|s| (n, s)))
+                .collect();
+            self.listings.insert(key.to_vec(), l);
+        } else {
+            self.partial.insert(key.to_vec(), stamps);
+        }
         Ok(Some(id))
+    }
+
+    /// What the upper's entry `name` of directory `upper` makes of the merged
+    /// directory (whose lower tree is `lower`), and its stamp (none: not in the upper).
+    fn entry(
+        &mut self,
+        upper: &Path,
+        rel: &str,
+        key: &[u8],
+        name: &[u8],
+        lower: Option<&Tree>,
+    ) -> Result<(Option<Stamp>, Step), UpperError> {
+        let name = name.to_vec();
+        let path = upper.join(std::ffi::OsStr::from_bytes(&name));
+        let child_rel = join(rel, &name);
+        let m = match std::fs::symlink_metadata(&path) {
+            Ok(m) => m,
+            // Removed while the walk ran: per-entry consistency (docs/mount.md).
+            Err(e) if vanished(&e) => return Ok((None, Step::Lower)),
+            Err(e) => return Err(io(&path)(e)),
+        };
+        let x = match xattr::list(&path) {
+            Ok(x) => x,
+            Err(e) if vanished(&e) => return Ok((None, Step::Lower)),
+            Err(e) => return Err(io(&path)(e)),
+        };
+        let stamp = Some(Stamp::of(&m));
+        let before = lower.and_then(|t| t.get(&name).cloned());
+        if is_whiteout(&m, &x) {
+            return Ok((stamp, Step::Removed));
+        }
+        let ft = m.file_type();
+        let (kind, size) = if ft.is_file() {
+            (EntryKind::File, m.size())
+        } else if ft.is_dir() {
+            (EntryKind::Dir, 0)
+        } else if ft.is_symlink() {
+            (EntryKind::Symlink, 0)
+        } else {
+            (EntryKind::Special, 0)
+        };
+        if let Some(f) = self.filter {
+            if !f.keep(&child_rel, kind, size) {
+                // Left out: the lower's entry (if any) stays what the tree holds.
+                self.kept_back.push(rel_join(key, &name));
+                return Ok((stamp, Step::Lower));
+            }
+        }
+        let entry = |content, size, xattrs| TreeEntry {
+            name: name.clone(),
+            content,
+            mode: m.mode() & 0o7777,
+            mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+            size,
+            xattrs,
+        };
+        let new = if ft.is_dir() {
+            let sub_lower = if ovl_attr(&x, "opaque") == Some(b"y") {
+                None
+            } else if let Some(r) = ovl_attr(&x, "redirect") {
+                self.redirected(r, lower)?.and_then(|e| e.tree_id())
+            } else {
+                before.as_ref().and_then(|e| e.tree_id())
+            };
+            let child_key = rel_join(key, &name);
+            let Some(id) = self.dir_at(&path, &child_rel, &child_key, sub_lower)? else {
+                return Ok((stamp, Step::Lower));
+            };
+            self.stats.dirs_written += 1;
+            entry(EntryContent::Dir(id), 0, user_xattrs(x))
+        } else if ft.is_file() {
+            if ovl_attr(&x, "metacopy").is_some() {
+                // Metadata changed, data still the lower's (where it came from).
+                let redirect = ovl_attr(&x, "redirect");
+                // Straight to a content in an image's data layer, or a path of the lower.
+                let data = redirect
+                    .and_then(|r| r.strip_prefix(b"/"))
+                    .and_then(parse_data_name);
+                let from = match (data, redirect) {
+                    (Some(f), _) => Some(TreeEntry {
+                        name: name.clone(),
+                        content: EntryContent::File(f.id),
+                        mode: 0,
+                        mtime_ns: 0,
+                        size: f.size,
+                        xattrs: Vec::new(),
+                    }),
+                    (None, Some(r)) => self.redirected(r, lower)?,
+                    (None, None) => before.clone(),
+                };
+                let Some(EntryContent::File(id)) = from.as_ref().map(|e| e.content.clone()) else {
+                    return Err(UpperError::Invalid(format!(
+                        "{}: a metacopy file whose lower file is not in the base",
+                        path.display()
+                    )));
+                };
+                let size = from.map(|e| e.size).unwrap_or(0);
+                entry(EntryContent::File(id), size, user_xattrs(x))
+            } else {
+                let child_key = rel_join(key, &name);
+                let Some((id, size)) = self.file(&path, &child_rel, &child_key, &m)? else {
+                    return Ok((stamp, Step::Lower));
+                };
+                entry(EntryContent::File(id), size, user_xattrs(x))
+            }
+        } else if ft.is_symlink() {
+            let target = match std::fs::read_link(&path) {
+                Ok(t) => t,
+                Err(e) if vanished(&e) => return Ok((None, Step::Lower)),
+                Err(e) => return Err(io(&path)(e)),
+            };
+            let t = target.as_os_str().as_bytes().to_vec();
+            let len = t.len() as u64;
+            entry(EntryContent::Symlink(t), len, user_xattrs(x))
+        } else {
+            use std::os::unix::fs::FileTypeExt;
+            let content = if ft.is_fifo() {
+                EntryContent::Fifo
+            } else if ft.is_char_device() {
+                EntryContent::CharDevice { rdev: m.rdev() }
+            } else if ft.is_block_device() {
+                EntryContent::BlockDevice { rdev: m.rdev() }
+            } else {
+                // A socket cannot be stored.
+                self.stats.skipped += 1;
+                return Ok((stamp, Step::Lower));
+            };
+            entry(content, 0, user_xattrs(x))
+        };
+        if let Some(f) = self.filter {
+            f.vet(rel, &new).map_err(|e| match e {
+                FilterError::Refused(why) => UpperError::Refused(format!("{child_rel}: {why}")),
+                FilterError::Io(e) => io(&path)(e),
+            })?;
+        }
+        Ok((stamp, Step::Entry(new)))
     }
 
     fn add(&mut self, s: &StoreStats) {
@@ -552,31 +635,60 @@ impl UpperChanges {
 pub(super) fn changes_since(
     upper: &Path,
     captured: &Listings,
-    dirs: Option<&HashSet<Rel>>,
+    dirs: Option<&HashMap<Rel, Option<HashSet<Vec<u8>>>>>,
     limit: usize,
 ) -> std::io::Result<UpperChanges> {
     let mut out = UpperChanges::default();
     let mut stack: Vec<Rel> = match dirs {
-        Some(d) => d.iter().cloned().collect(),
+        Some(d) => d
+            .iter()
+            .filter(|(_, names)| names.is_none())
+            .map(|(k, _)| k.clone())
+            .collect(),
         None => vec![Vec::new()],
     };
-    if let Some(d) = dirs {
-        // A changed directory's own stamp, where its parent is not looked at.
-        for rel in d.iter().filter(|r| !r.is_empty()) {
-            let (p, name) = match rel.iter().rposition(|b| *b == b'/') {
-                Some(i) => (&rel[..i], &rel[i + 1..]),
-                None => (&[][..], &rel[..]),
-            };
-            if d.contains(p) {
-                continue;
+    let split = |rel: &[u8]| -> (Vec<u8>, Vec<u8>) {
+        match rel.iter().rposition(|b| *b == b'/') {
+            Some(i) => (rel[..i].to_vec(), rel[i + 1..].to_vec()),
+            None => (Vec::new(), rel.to_vec()),
+        }
+    };
+    // Entries to compare one by one: those named by the watch, and a changed
+    // directory's own stamp where its parent's entries are not looked at.
+    let mut entries: Vec<Rel> = Vec::new();
+    for (rel, names) in dirs.into_iter().flatten() {
+        for n in names.iter().flatten() {
+            entries.push(rel_join(rel, n));
+        }
+        if rel.is_empty() {
+            continue;
+        }
+        let (p, name) = split(rel);
+        let covered = dirs
+            .and_then(|d| d.get(&p))
+            .is_some_and(|n| n.as_ref().is_none_or(|n| n.contains(&name)));
+        if !covered {
+            entries.push(rel.clone());
+        }
+    }
+    entries.sort();
+    entries.dedup();
+    for rel in entries {
+        let (p, name) = split(&rel);
+        let then = captured.get(&p).and_then(|l| l.get(&name));
+        match std::fs::symlink_metadata(rel_path(upper, &rel)) {
+            Ok(m) => {
+                let s = Stamp::of(&m);
+                if differs(&s, then) {
+                    out.changed(&rel, &s);
+                }
             }
-            let Ok(m) = std::fs::symlink_metadata(rel_path(upper, rel)) else {
-                continue;
-            };
-            let s = Stamp::of(&m);
-            if differs(&s, captured.get(p).and_then(|l| l.get(name))) {
-                out.changed(rel, &s);
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
+                if let Some(t) = then {
+                    out.gone(captured, rel, t);
+                }
             }
+            Err(e) => return Err(e),
         }
     }
     while let Some(rel) = stack.pop() {
@@ -616,9 +728,15 @@ pub(super) fn changes_since(
     Ok(out)
 }
 
-/// Applies a capture's `listings` (directories it looked at) to `captured`, dropping
-/// what directories gone from them held; the same for `trees`.
-pub(super) fn merge_listings(captured: &mut Listings, trees: &mut DirTrees, listings: Listings) {
+/// Applies a capture's `listings` (directories it looked at whole) and `partial`
+/// (entries of directories it looked at in part) to `captured`, dropping what
+/// directories gone from them held; the same for `trees`.
+pub(super) fn merge_listings(
+    captured: &mut Listings,
+    trees: &mut DirTrees,
+    listings: Listings,
+    partial: Partial,
+) {
     fn drop_dir(captured: &mut Listings, trees: &mut DirTrees, rel: &[u8]) {
         trees.remove(rel);
         if let Some(old) = captured.remove(rel) {
@@ -636,6 +754,22 @@ pub(super) fn merge_listings(captured: &mut Listings, trees: &mut DirTrees, list
             if is_dir(&s) && !now.is_some_and(is_dir) {
                 drop_dir(captured, trees, &rel_join(&rel, &name));
             }
+        }
+    }
+    for (rel, changes) in partial {
+        let mut gone = Vec::new();
+        let l = captured.entry(rel.clone()).or_default();
+        for (name, now) in changes {
+            let old = match now {
+                Some(s) => l.insert(name.clone(), s),
+                None => l.remove(&name),
+            };
+            if old.is_some_and(|o| is_dir(&o)) && !now.is_some_and(|s| is_dir(&s)) {
+                gone.push(rel_join(&rel, &name));
+            }
+        }
+        for d in gone {
+            drop_dir(captured, trees, &d);
         }
     }
 }

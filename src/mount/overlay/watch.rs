@@ -5,8 +5,9 @@
 //! after an untar or an `npm ci` holds tens of thousands of entries. One inotify
 //! instance per process watches every directory of every upper (an overlay makes its
 //! changes in the upper with the VFS calls that report them: creates, removals,
-//! renames, writes, attribute and xattr changes) and keeps, per upper, the directories
-//! whose entries changed. A checkpoint then visits those and their ancestors only.
+//! renames, writes, attribute and xattr changes) and keeps, per upper, the entries that
+//! changed, by directory. A checkpoint then looks again at those entries only, and at the
+//! child on the way in every directory above them.
 //!
 //! The set is exact for what returned before it is read: inotify queues an event
 //! before the system call that caused it returns, and [`UpperWatch::changed`] reads
@@ -25,7 +26,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
 
-use super::upper::{rel_join, rel_path, Rel};
+use super::upper::{rel_join, rel_path, Rel, Visit};
 
 /// What is watched on every directory of an upper.
 fn mask() -> WatchMask {
@@ -59,14 +60,39 @@ struct Upper {
     root: PathBuf,
     /// The watched directories, by path.
     paths: BTreeMap<Rel, WatchDescriptor>,
-    /// Directories whose entries (or own attributes, for the parent) changed, with the
-    /// number of the last event that said so.
-    dirty: HashMap<Rel, u64>,
+    /// Directories whose entries changed (a directory's own attributes are an entry of
+    /// its parent).
+    dirty: HashMap<Rel, Mark>,
     /// Events were lost at event `n`: every directory counts as changed until a capture
     /// that started after it is settled.
     lost_at: Option<u64>,
     /// A directory could not be watched: the upper is walked whole from now on.
     unwatched: bool,
+}
+
+/// A changed directory.
+struct Mark {
+    /// The last event that marked it.
+    seq: u64,
+    /// The entries that changed; `None`: any of them (it came in whole).
+    names: Option<HashSet<Vec<u8>>>,
+}
+
+impl Upper {
+    fn mark(&mut self, dir: &[u8], name: Option<&[u8]>, seq: u64) {
+        let m = self.dirty.entry(dir.to_vec()).or_insert_with(|| Mark {
+            seq,
+            names: Some(HashSet::new()),
+        });
+        m.seq = seq;
+        match (name, &mut m.names) {
+            (Some(n), Some(names)) => {
+                names.insert(n.to_vec());
+            }
+            (None, names) => *names = None,
+            (Some(_), None) => {}
+        }
+    }
 }
 
 /// The watch of one upper; dropping it removes its watches.
@@ -78,8 +104,9 @@ pub(super) struct UpperWatch {
 pub(super) struct Changed {
     /// Marks up to this event are covered by the capture.
     pub upto: u64,
-    /// The changed directories; `None`: the whole upper must be walked.
-    pub dirs: Option<HashSet<Rel>>,
+    /// The changed directories, with the entries that changed (`None`: any); `None`:
+    /// the whole upper must be walked.
+    pub dirs: Option<HashMap<Rel, Option<HashSet<Vec<u8>>>>>,
 }
 
 fn watcher() -> Option<&'static Watcher> {
@@ -158,20 +185,38 @@ fn parent(rel: &[u8]) -> Option<&[u8]> {
     })
 }
 
-/// `dirs` and every directory above them, the root (empty) included.
-pub(super) fn with_ancestors(dirs: &HashSet<Rel>) -> HashSet<Rel> {
-    let mut out = HashSet::with_capacity(dirs.len() * 2 + 1);
-    out.insert(Vec::new());
-    for d in dirs {
+/// What a capture visits: the changed directories, and every directory above one with
+/// the name of the child on the way.
+pub(super) fn visits(dirs: &HashMap<Rel, Option<HashSet<Vec<u8>>>>) -> HashMap<Rel, Visit> {
+    fn add(out: &mut HashMap<Rel, Visit>, dir: &[u8], names: Option<&HashSet<Vec<u8>>>) {
+        let v = out
+            .entry(dir.to_vec())
+            .or_insert_with(|| Visit::Names(HashSet::new()));
+        match (names, &mut *v) {
+            (None, v) => *v = Visit::All,
+            (Some(n), Visit::Names(have)) => have.extend(n.iter().cloned()),
+            (Some(_), Visit::All) => {}
+        }
+    }
+    let mut out = HashMap::with_capacity(dirs.len() * 2 + 1);
+    add(&mut out, &[], Some(&HashSet::new()));
+    for (d, names) in dirs {
+        add(&mut out, d, names.as_ref());
         let mut cur = d.as_slice();
-        while out.insert(cur.to_vec()) {
-            match parent(cur) {
-                Some(p) => cur = p,
-                None => break,
-            }
+        while let Some(p) = parent(cur) {
+            let name: HashSet<Vec<u8>> = [basename(cur).to_vec()].into();
+            add(&mut out, p, Some(&name));
+            cur = p;
         }
     }
     out
+}
+
+fn basename(rel: &[u8]) -> &[u8] {
+    match rel.iter().rposition(|b| *b == b'/') {
+        Some(i) => &rel[i + 1..],
+        None => rel,
+    }
 }
 
 impl State {
@@ -239,14 +284,14 @@ impl State {
         let Some(u) = self.uppers.get_mut(&id) else {
             return;
         };
-        u.dirty.insert(dir.clone(), seq);
         let Some(name) = name else {
             // The directory itself (its attributes): its entry is in its parent.
             if let Some(p) = parent(&dir) {
-                u.dirty.insert(p.to_vec(), seq);
+                u.mark(p, Some(basename(&dir)), seq);
             }
             return;
         };
+        u.mark(&dir, Some(name), seq);
         if !mask.contains(EventMask::ISDIR) {
             return;
         }
@@ -304,7 +349,7 @@ impl State {
                 return;
             };
             u.paths.insert(d.clone(), wd);
-            u.dirty.insert(d.clone(), seq);
+            u.mark(&d, None, seq);
             let Ok(rd) = std::fs::read_dir(&path) else {
                 continue;
             };
@@ -357,12 +402,17 @@ impl UpperWatch {
             .uppers
             .get(&self.id)
             .filter(|u| u.lost_at.is_none() && !u.unwatched)
-            .map(|u| u.dirty.keys().cloned().collect());
+            .map(|u| {
+                u.dirty
+                    .iter()
+                    .map(|(k, m)| (k.clone(), m.names.clone()))
+                    .collect()
+            });
         Changed { upto, dirs }
     }
 
     /// A capture that started at `upto` is the checkpoint: marks up to then are done.
-    /// `again`: directories to look at next time anyway (entries left uncaptured).
+    /// `again`: entries to look at next time anyway (left uncaptured).
     pub(super) fn settle(&self, upto: u64, again: &[Rel]) {
         let Some(w) = watcher() else { return };
         let mut st = w.lock();
@@ -371,12 +421,15 @@ impl UpperWatch {
         let Some(u) = st.uppers.get_mut(&self.id) else {
             return;
         };
-        u.dirty.retain(|_, s| *s > upto);
+        u.dirty.retain(|_, m| m.seq > upto);
         if u.lost_at.is_some_and(|l| l <= upto) {
             u.lost_at = None;
         }
-        for d in again {
-            u.dirty.insert(d.clone(), seq);
+        for k in again {
+            match parent(k) {
+                Some(p) => u.mark(p, Some(basename(k)), seq),
+                None => u.mark(k, None, seq),
+            }
         }
     }
 }
@@ -403,17 +456,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ancestors_include_the_root_and_every_level() {
-        let dirs: HashSet<Rel> = [&b"a/b/c"[..], b"x", b"a/d"]
-            .iter()
-            .map(|s| s.to_vec())
-            .collect();
-        let mut got: Vec<Rel> = with_ancestors(&dirs).into_iter().collect();
-        got.sort();
-        let want: Vec<&[u8]> = vec![b"", b"a", b"a/b", b"a/b/c", b"a/d", b"x"];
-        assert_eq!(got, want);
+    fn a_change_is_visited_with_every_directory_above_it() {
+        let n = |v: &[&[u8]]| -> HashSet<Vec<u8>> { v.iter().map(|s| s.to_vec()).collect() };
+        let dirs: HashMap<Rel, Option<HashSet<Vec<u8>>>> = [
+            (b"a/b/c".to_vec(), Some(n(&[b"f"]))),
+            (b"x".to_vec(), None),
+            (b"a/d".to_vec(), Some(n(&[b"g", b"h"]))),
+        ]
+        .into();
+        let v = visits(&dirs);
+        assert_eq!(v.len(), 6);
+        assert_eq!(v[&b""[..]], Visit::Names(n(&[b"a", b"x"])));
+        assert_eq!(v[&b"a"[..]], Visit::Names(n(&[b"b", b"d"])));
+        assert_eq!(v[&b"a/b"[..]], Visit::Names(n(&[b"c"])));
+        assert_eq!(v[&b"a/b/c"[..]], Visit::Names(n(&[b"f"])));
+        assert_eq!(v[&b"a/d"[..]], Visit::Names(n(&[b"g", b"h"])));
+        assert_eq!(v[&b"x"[..]], Visit::All);
         assert_eq!(parent(b"a/b"), Some(&b"a"[..]));
         assert_eq!(parent(b"a"), Some(&b""[..]));
         assert_eq!(parent(b""), None);
+        assert_eq!(basename(b"a/b"), b"b");
+        assert_eq!(basename(b"a"), b"a");
     }
 }
