@@ -341,6 +341,57 @@ fn c_project(dir: &Path, n: usize) {
     .unwrap();
 }
 
+/// Makes `n` small files under `dir`, 100 per directory `dNNN`.
+fn make_files(dir: &Path, n: usize) {
+    for i in 0..n {
+        let d = dir.join(format!("d{:03}", i / 100));
+        if i % 100 == 0 {
+            fs::create_dir_all(&d).unwrap();
+        }
+        fs::write(
+            d.join(format!("f{i}.txt")),
+            format!("file {i}\n").repeat(10),
+        )
+        .unwrap();
+    }
+}
+
+/// Notes one round of `op` by `casfs`: the daemon's time under `op`, the command's
+/// under `op (command)`.
+fn note(
+    rows: &mut BTreeMap<(String, String), Vec<f64>>,
+    op: &str,
+    casfs: &str,
+    daemon: f64,
+    whole: f64,
+) {
+    let mut add = |op: String, v| rows.entry((op, casfs.into())).or_default().push(v);
+    add(op.to_string(), daemon);
+    add(format!("{op} (command)"), whole);
+}
+
+/// Changes 10 of the `n` files `make_files` made under mount `mp` (round `r`) and
+/// checkpoints: the checkpoint's answer, the daemon's time and the command's (ms).
+fn ten_changes_and_checkpoint(
+    store: &Path,
+    mp: &Path,
+    n: usize,
+    r: usize,
+) -> (serde_json::Value, f64, f64) {
+    for k in 0..10 {
+        let i = k * (n / 10);
+        let f = mp.join(format!("d{:03}/f{i}.txt", i / 100));
+        let mut s = fs::read_to_string(&f).unwrap_or_default();
+        s.push_str(&format!("change {r}\n"));
+        fs::write(&f, s).unwrap();
+    }
+    let t = std::time::Instant::now();
+    let cp = casfs_json(store, &["checkpoint", mp.to_str().unwrap()]);
+    let whole = ms(t.elapsed());
+    let daemon = cp["duration_us"].as_f64().unwrap() / 1000.0;
+    (cp, daemon, whole)
+}
+
 fn main() {
     let args = parse_bench_args(2);
     let flag = |f: &str| args.flags.iter().any(|a| a == f);
@@ -546,17 +597,7 @@ fn main() {
     if !flag("--no-ckpt") {
         for &n in &args.sizes {
             let tree = root.join(format!("tree-{n}"));
-            for i in 0..n {
-                let d = tree.join(format!("d{:03}", i / 100));
-                if i % 100 == 0 {
-                    fs::create_dir_all(&d).unwrap();
-                }
-                fs::write(
-                    d.join(format!("f{i}.txt")),
-                    format!("file {i}\n").repeat(10),
-                )
-                .unwrap();
-            }
+            make_files(&tree, n);
             for casfs in ["casfs-overlay", "casfs-fuse"] {
                 let mode = casfs.strip_prefix("casfs-").unwrap();
                 let store = root.join(format!("ck-{casfs}-{n}"));
@@ -577,29 +618,9 @@ fn main() {
                     .unwrap()
                     .to_string();
                 for r in 0..args.reps.max(3) {
-                    for k in 0..10 {
-                        let i = k * (n / 10);
-                        let f = mp.join(format!("d{:03}/f{i}.txt", i / 100));
-                        let mut s = fs::read_to_string(&f).unwrap_or_default();
-                        s.push_str(&format!("change {r}\n"));
-                        fs::write(&f, s).unwrap();
-                    }
-                    let t = std::time::Instant::now();
-                    let cp = casfs_json(&store, &["checkpoint", mp.to_str().unwrap()]);
-                    let whole = ms(t.elapsed());
-                    let daemon = cp["duration_us"].as_f64().unwrap() / 1000.0;
-                    ckpt.entry((
-                        format!("checkpoint after 10 changes, {n} files"),
-                        casfs.into(),
-                    ))
-                    .or_default()
-                    .push(daemon);
-                    ckpt.entry((
-                        format!("checkpoint after 10 changes, {n} files (command)"),
-                        casfs.into(),
-                    ))
-                    .or_default()
-                    .push(whole);
+                    let (cp, daemon, whole) = ten_changes_and_checkpoint(&store, &mp, n, r);
+                    let op = format!("checkpoint after 10 changes, {n} files");
+                    note(&mut ckpt, &op, casfs, daemon, whole);
                     let id = cp["checkpoint"].as_str().unwrap().to_string();
                     // Restore of the previous checkpoint (after the kernel saw the tree).
                     let _ = sh(&format!("find {} > /dev/null", q(&mp)), &[]);
@@ -607,12 +628,14 @@ fn main() {
                     let rs =
                         casfs_json(&store, &["restore", mp.to_str().unwrap(), &prev, "--force"]);
                     let whole = ms(t.elapsed());
-                    ckpt.entry((format!("restore, {n} files"), casfs.into()))
-                        .or_default()
-                        .push(rs["duration_us"].as_f64().unwrap() / 1000.0);
-                    ckpt.entry((format!("restore, {n} files (command)"), casfs.into()))
-                        .or_default()
-                        .push(whole);
+                    let daemon = rs["duration_us"].as_f64().unwrap() / 1000.0;
+                    note(
+                        &mut ckpt,
+                        &format!("restore, {n} files"),
+                        casfs,
+                        daemon,
+                        whole,
+                    );
                     // Back to the newest, to change it again.
                     casfs_json(&store, &["restore", mp.to_str().unwrap(), &id, "--force"]);
                     prev = id;
@@ -637,37 +660,12 @@ fn main() {
                     root: mp.clone(),
                     unmount: vec![mp.clone()],
                 };
-                for i in 0..n {
-                    let d = mp.join(format!("d{:03}", i / 100));
-                    if i % 100 == 0 {
-                        fs::create_dir_all(&d).unwrap();
-                    }
-                    fs::write(
-                        d.join(format!("f{i}.txt")),
-                        format!("file {i}\n").repeat(10),
-                    )
-                    .unwrap();
-                }
+                make_files(&mp, n);
                 casfs_json(&store, &["checkpoint", mp.to_str().unwrap()]);
                 for r in 0..args.reps.max(3) {
-                    for k in 0..10 {
-                        let i = k * (n / 10);
-                        let f = mp.join(format!("d{:03}/f{i}.txt", i / 100));
-                        let mut s = fs::read_to_string(&f).unwrap_or_default();
-                        s.push_str(&format!("change {r}\n"));
-                        fs::write(&f, s).unwrap();
-                    }
-                    let t = std::time::Instant::now();
-                    let cp = casfs_json(&store, &["checkpoint", mp.to_str().unwrap()]);
-                    let whole = ms(t.elapsed());
-                    let daemon = cp["duration_us"].as_f64().unwrap() / 1000.0;
+                    let (_, daemon, whole) = ten_changes_and_checkpoint(&store, &mp, n, r);
                     let op = format!("checkpoint after 10 changes, {n} files made in the mount");
-                    ckpt.entry((op.clone(), casfs.into()))
-                        .or_default()
-                        .push(daemon);
-                    ckpt.entry((format!("{op} (command)"), casfs.into()))
-                        .or_default()
-                        .push(whole);
+                    note(&mut ckpt, &op, casfs, daemon, whole);
                 }
             }
         }
