@@ -11,6 +11,19 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// Runs `cmd`, panicking with `what` and its standard error unless it succeeds.
+pub fn run_ok(cmd: &mut Command, what: &str) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot run: {e}"));
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// The casfs binary under test: this build's, or `CASFS_TEST_BIN` (to run the tests
 /// against another build, say the one before a fix).
 pub fn casfs_bin() -> &'static str {

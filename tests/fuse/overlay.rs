@@ -58,17 +58,9 @@ fn base(dir: &Path) {
 }
 
 fn run_workload(dir: &Path) {
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(WORKLOAD)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "workload in {}: {}",
-        dir.display(),
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        Command::new("sh").arg("-c").arg(WORKLOAD).current_dir(dir),
+        &format!("workload in {}", dir.display()),
     );
 }
 
@@ -377,15 +369,11 @@ fn an_overlay_mounted_after_another_at_its_path_is_told_apart() {
             upper.display(),
             work.display()
         );
-        let out = Command::new("mount")
-            .args(["-t", "overlay", "overlay", "-o", &opts])
-            .arg(&mp)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        run_ok(
+            Command::new("mount")
+                .args(["-t", "overlay", "overlay", "-o", &opts])
+                .arg(&mp),
+            "mount -t overlay",
         );
         let id = casfs::fs::mount_identity(&mp);
         assert_ne!(id, (0, 0));
@@ -453,16 +441,9 @@ fn every_checkpoint_of_a_series_is_the_tree_a_full_capture_gives() {
                 ok(&store, &["restore", m, id, "--force"]);
                 continue;
             }
-            let out = Command::new("sh")
-                .arg("-c")
-                .arg(step)
-                .current_dir(&mp)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{mode} step {i} `{step}`: {}",
-                String::from_utf8_lossy(&out.stderr)
+            run_ok(
+                Command::new("sh").arg("-c").arg(step).current_dir(&mp),
+                &format!("{mode} step {i} `{step}`"),
             );
             let st = json(&store, &["status", m]);
             if *step != "true" {
@@ -479,16 +460,12 @@ fn every_checkpoint_of_a_series_is_the_tree_a_full_capture_gives() {
 
             // The oracle: a plain copy of what the mount shows, captured whole.
             let plain = t.path().join(format!("plain-{mode}-{i}"));
-            let out = Command::new("cp")
-                .arg("-a")
-                .arg(format!("{m}/."))
-                .arg(&plain)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
+            run_ok(
+                Command::new("cp")
+                    .arg("-a")
+                    .arg(format!("{m}/."))
+                    .arg(&plain),
+                "cp -a",
             );
             let ps = t.path().join(format!("store-plain-{mode}-{i}"));
             let c = json(&ps, &["capture", plain.to_str().unwrap(), "-t", "p"]);
