@@ -141,14 +141,21 @@ fn an_abandoned_run_is_ended_and_a_slow_reader_is_told_what_it_lost() {
     let root = crate::trust::start_run(&s, "t", "r1");
     for i in 0..4 {
         std::fs::write(root.join(format!("f{i}")), "x").unwrap();
+        // A read keeps the run alive (idle timeout 1 s). CI failed this test once
+        // below, most likely because on a loaded machine the writes took longer than
+        // that and the run ended before its events were read.
+        call(&s, "GET", "/v1/runs/r1/events", None);
     }
     // 4 creates and 4 modifies; the run keeps the last 3.
     let mut ev = serde_json::Value::Null;
-    assert!(wait_for(Duration::from_secs(5), || {
-        ev = call(&s, "GET", "/v1/runs/r1/events", None).1;
-        ev.as_array()
-            .is_some_and(|a| a.last().is_some_and(|e| e["seq"] == 8))
-    }));
+    assert!(
+        wait_for(Duration::from_secs(5), || {
+            ev = call(&s, "GET", "/v1/runs/r1/events", None).1;
+            ev.as_array()
+                .is_some_and(|a| a.last().is_some_and(|e| e["seq"] == 8))
+        }),
+        "{ev}"
+    );
     let ev = ev.as_array().unwrap();
     assert_eq!(ev.len(), 4, "{ev:?}");
     assert_eq!(
