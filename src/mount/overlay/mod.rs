@@ -37,7 +37,7 @@ use crate::fs::{
     MountedTree, ReadMode, SnapshotFilter, SnapshotStats, ViewOptions, WorkspaceStatus,
 };
 use upper::{
-    changes_since, merge_listings, DirTrees, HashCache, Listings, Partial, Rel, Reuse,
+    changes_since, merge_listings, split_rel, DirTrees, HashCache, Listings, Partial, Rel, Reuse,
     UpperCapture, UpperError,
 };
 pub use watch::start as start_upper_watch;
@@ -790,14 +790,6 @@ pub(crate) fn release_to_fuse(store: &Store, mountpoint: &Path) -> CheckpointRes
         Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
         Err(e) => Err(CheckpointError::io(&dir, e)),
-    }
-}
-
-/// `rel`'s directory and name.
-fn split_rel(rel: &[u8]) -> (&[u8], &[u8]) {
-    match rel.iter().rposition(|b| *b == b'/') {
-        Some(i) => (&rel[..i], &rel[i + 1..]),
-        None => (&[], rel),
     }
 }
 

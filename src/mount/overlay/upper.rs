@@ -74,6 +74,14 @@ pub(super) fn rel_join(dir: &[u8], name: &[u8]) -> Rel {
     r
 }
 
+/// `rel`'s directory and name (the root's: both empty).
+pub(super) fn split_rel(rel: &[u8]) -> (&[u8], &[u8]) {
+    match rel.iter().rposition(|b| *b == b'/') {
+        Some(i) => (&rel[..i], &rel[i + 1..]),
+        None => (&[], rel),
+    }
+}
+
 /// The path of `rel` under `upper`.
 pub(super) fn rel_path(upper: &Path, rel: &[u8]) -> std::path::PathBuf {
     if rel.is_empty() {
@@ -93,13 +101,38 @@ pub(super) type Partial = HashMap<Rel, Vec<(Vec<u8>, Option<Stamp>)>>;
 /// was merged with (none: a new or opaque directory).
 pub(super) type DirTrees = HashMap<Rel, (Option<TreeId>, TreeId)>;
 
-/// What of a directory a capture looks at again.
+/// What of a directory changed, and so what a capture looks at again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Visit {
     /// Every entry: it is new, or came in whole (moved in), or events were lost.
     All,
     /// These entries: they changed, or lead to what changed.
     Names(HashSet<Vec<u8>>),
+}
+
+impl Visit {
+    /// Adds entry `name` (`None`: every entry).
+    pub(super) fn add(&mut self, name: Option<&[u8]>) {
+        match (name, &mut *self) {
+            (None, v) => *v = Visit::All,
+            (Some(n), Visit::Names(names)) => {
+                names.insert(n.to_vec());
+            }
+            (Some(_), Visit::All) => {}
+        }
+    }
+
+    /// Adds what `other` names.
+    pub(super) fn merge(&mut self, other: &Visit) {
+        match other {
+            Visit::All => *self = Visit::All,
+            Visit::Names(n) => {
+                for name in n {
+                    self.add(Some(name));
+                }
+            }
+        }
+    }
 }
 
 /// What a capture may take from the last checkpoint: the tree of every directory not in
@@ -319,10 +352,9 @@ impl UpperCapture<'_> {
         for name in names {
             let (stamp, step) = self.entry(upper, rel, key, &name, lower.as_ref())?;
             stamps.push((name.clone(), stamp));
-            let below = lower.as_ref().and_then(|t| t.get(&name).cloned());
             match step {
                 // What the lower shows, where the upper has nothing (or nothing storable).
-                Step::Lower => match below {
+                Step::Lower => match lower.as_ref().and_then(|t| t.get(&name).cloned()) {
                     Some(e) => {
                         listing.insert(name, e);
                     }
@@ -584,8 +616,6 @@ pub(super) struct UpperChanges {
     pub bytes: u64,
     /// The first few paths (sorted).
     pub paths: Vec<String>,
-    /// The stamps of the entries of every directory looked at.
-    pub now: Listings,
 }
 
 fn is_dir(s: &Stamp) -> bool {
@@ -635,38 +665,33 @@ impl UpperChanges {
 pub(super) fn changes_since(
     upper: &Path,
     captured: &Listings,
-    dirs: Option<&HashMap<Rel, Option<HashSet<Vec<u8>>>>>,
+    dirs: Option<&HashMap<Rel, Visit>>,
     limit: usize,
 ) -> std::io::Result<UpperChanges> {
     let mut out = UpperChanges::default();
     let mut stack: Vec<Rel> = match dirs {
         Some(d) => d
             .iter()
-            .filter(|(_, names)| names.is_none())
+            .filter(|(_, v)| **v == Visit::All)
             .map(|(k, _)| k.clone())
             .collect(),
         None => vec![Vec::new()],
     };
-    let split = |rel: &[u8]| -> (Vec<u8>, Vec<u8>) {
-        match rel.iter().rposition(|b| *b == b'/') {
-            Some(i) => (rel[..i].to_vec(), rel[i + 1..].to_vec()),
-            None => (Vec::new(), rel.to_vec()),
-        }
-    };
     // Entries to compare one by one: those named by the watch, and a changed
     // directory's own stamp where its parent's entries are not looked at.
     let mut entries: Vec<Rel> = Vec::new();
-    for (rel, names) in dirs.into_iter().flatten() {
-        for n in names.iter().flatten() {
-            entries.push(rel_join(rel, n));
+    for (rel, v) in dirs.into_iter().flatten() {
+        if let Visit::Names(names) = v {
+            entries.extend(names.iter().map(|n| rel_join(rel, n)));
         }
         if rel.is_empty() {
             continue;
         }
-        let (p, name) = split(rel);
-        let covered = dirs
-            .and_then(|d| d.get(&p))
-            .is_some_and(|n| n.as_ref().is_none_or(|n| n.contains(&name)));
+        let (p, name) = split_rel(rel);
+        let covered = dirs.and_then(|d| d.get(p)).is_some_and(|v| match v {
+            Visit::All => true,
+            Visit::Names(n) => n.contains(name),
+        });
         if !covered {
             entries.push(rel.clone());
         }
@@ -674,8 +699,8 @@ pub(super) fn changes_since(
     entries.sort();
     entries.dedup();
     for rel in entries {
-        let (p, name) = split(&rel);
-        let then = captured.get(&p).and_then(|l| l.get(&name));
+        let (p, name) = split_rel(&rel);
+        let then = captured.get(p).and_then(|l| l.get(name));
         match std::fs::symlink_metadata(rel_path(upper, &rel)) {
             Ok(m) => {
                 let s = Stamp::of(&m);
@@ -700,7 +725,7 @@ pub(super) fn changes_since(
             Err(e) => return Err(e),
         };
         let then = captured.get(&rel);
-        let mut listing = HashMap::new();
+        let mut seen = HashSet::new();
         for e in rd {
             let e = e?;
             let Ok(m) = e.metadata() else { continue };
@@ -713,14 +738,13 @@ pub(super) fn changes_since(
             if m.is_dir() && dirs.is_none() {
                 stack.push(r);
             }
-            listing.insert(name, s);
+            seen.insert(name);
         }
         for (name, s) in then.into_iter().flatten() {
-            if !listing.contains_key(name) {
+            if !seen.contains(name) {
                 out.gone(captured, rel_join(&rel, name), s);
             }
         }
-        out.now.insert(rel, listing);
     }
     out.paths.sort();
     out.paths.dedup();

@@ -26,7 +26,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
 
-use super::upper::{rel_join, rel_path, Rel, Visit};
+use super::upper::{rel_join, rel_path, split_rel, Rel, Visit};
 
 /// What is watched on every directory of an upper.
 fn mask() -> WatchMask {
@@ -74,24 +74,19 @@ struct Upper {
 struct Mark {
     /// The last event that marked it.
     seq: u64,
-    /// The entries that changed; `None`: any of them (it came in whole).
-    names: Option<HashSet<Vec<u8>>>,
+    /// The entries that changed (all of them: it came in whole).
+    changed: Visit,
 }
 
 impl Upper {
+    /// Marks entry `name` of `dir` changed (`None`: every entry).
     fn mark(&mut self, dir: &[u8], name: Option<&[u8]>, seq: u64) {
         let m = self.dirty.entry(dir.to_vec()).or_insert_with(|| Mark {
             seq,
-            names: Some(HashSet::new()),
+            changed: Visit::Names(HashSet::new()),
         });
         m.seq = seq;
-        match (name, &mut m.names) {
-            (Some(n), Some(names)) => {
-                names.insert(n.to_vec());
-            }
-            (None, names) => *names = None,
-            (Some(_), None) => {}
-        }
+        m.changed.add(name);
     }
 }
 
@@ -104,9 +99,9 @@ pub(super) struct UpperWatch {
 pub(super) struct Changed {
     /// Marks up to this event are covered by the capture.
     pub upto: u64,
-    /// The changed directories, with the entries that changed (`None`: any); `None`:
-    /// the whole upper must be walked.
-    pub dirs: Option<HashMap<Rel, Option<HashSet<Vec<u8>>>>>,
+    /// The changed directories, with the entries that changed; `None`: the whole upper
+    /// must be walked.
+    pub dirs: Option<HashMap<Rel, Visit>>,
 }
 
 fn watcher() -> Option<&'static Watcher> {
@@ -175,48 +170,29 @@ impl Watcher {
     }
 }
 
+/// The directory above `rel` (none for the root).
 fn parent(rel: &[u8]) -> Option<&[u8]> {
-    if rel.is_empty() {
-        return None;
-    }
-    Some(match rel.iter().rposition(|b| *b == b'/') {
-        Some(i) => &rel[..i],
-        None => &[],
-    })
+    (!rel.is_empty()).then(|| split_rel(rel).0)
 }
 
 /// What a capture visits: the changed directories, and every directory above one with
 /// the name of the child on the way.
-pub(super) fn visits(dirs: &HashMap<Rel, Option<HashSet<Vec<u8>>>>) -> HashMap<Rel, Visit> {
-    fn add(out: &mut HashMap<Rel, Visit>, dir: &[u8], names: Option<&HashSet<Vec<u8>>>) {
-        let v = out
-            .entry(dir.to_vec())
-            .or_insert_with(|| Visit::Names(HashSet::new()));
-        match (names, &mut *v) {
-            (None, v) => *v = Visit::All,
-            (Some(n), Visit::Names(have)) => have.extend(n.iter().cloned()),
-            (Some(_), Visit::All) => {}
-        }
+pub(super) fn visits(dirs: &HashMap<Rel, Visit>) -> HashMap<Rel, Visit> {
+    fn at<'a>(out: &'a mut HashMap<Rel, Visit>, dir: &[u8]) -> &'a mut Visit {
+        out.entry(dir.to_vec())
+            .or_insert_with(|| Visit::Names(HashSet::new()))
     }
     let mut out = HashMap::with_capacity(dirs.len() * 2 + 1);
-    add(&mut out, &[], Some(&HashSet::new()));
-    for (d, names) in dirs {
-        add(&mut out, d, names.as_ref());
+    at(&mut out, &[]);
+    for (d, changed) in dirs {
+        at(&mut out, d).merge(changed);
         let mut cur = d.as_slice();
         while let Some(p) = parent(cur) {
-            let name: HashSet<Vec<u8>> = [basename(cur).to_vec()].into();
-            add(&mut out, p, Some(&name));
+            at(&mut out, p).add(Some(split_rel(cur).1));
             cur = p;
         }
     }
     out
-}
-
-fn basename(rel: &[u8]) -> &[u8] {
-    match rel.iter().rposition(|b| *b == b'/') {
-        Some(i) => &rel[i + 1..],
-        None => rel,
-    }
 }
 
 impl State {
@@ -287,7 +263,7 @@ impl State {
         let Some(name) = name else {
             // The directory itself (its attributes): its entry is in its parent.
             if let Some(p) = parent(&dir) {
-                u.mark(p, Some(basename(&dir)), seq);
+                u.mark(p, Some(split_rel(&dir).1), seq);
             }
             return;
         };
@@ -405,7 +381,7 @@ impl UpperWatch {
             .map(|u| {
                 u.dirty
                     .iter()
-                    .map(|(k, m)| (k.clone(), m.names.clone()))
+                    .map(|(k, m)| (k.clone(), m.changed.clone()))
                     .collect()
             });
         Changed { upto, dirs }
@@ -427,7 +403,7 @@ impl UpperWatch {
         }
         for k in again {
             match parent(k) {
-                Some(p) => u.mark(p, Some(basename(k)), seq),
+                Some(p) => u.mark(p, Some(split_rel(k).1), seq),
                 None => u.mark(k, None, seq),
             }
         }
@@ -443,10 +419,9 @@ impl Drop for UpperWatch {
         };
         let mut watches = st.inotify.watches();
         for wd in u.paths.into_values() {
-            st.wds.remove(&wd);
             let _ = watches.remove(wd);
         }
-        // Descriptors of directories moved out of the upper (no path any more).
+        // Its descriptors, those of directories moved out of it (no path) included.
         st.wds.retain(|_, (id, _)| *id != self.id);
     }
 }
@@ -458,10 +433,10 @@ mod tests {
     #[test]
     fn a_change_is_visited_with_every_directory_above_it() {
         let n = |v: &[&[u8]]| -> HashSet<Vec<u8>> { v.iter().map(|s| s.to_vec()).collect() };
-        let dirs: HashMap<Rel, Option<HashSet<Vec<u8>>>> = [
-            (b"a/b/c".to_vec(), Some(n(&[b"f"]))),
-            (b"x".to_vec(), None),
-            (b"a/d".to_vec(), Some(n(&[b"g", b"h"]))),
+        let dirs: HashMap<Rel, Visit> = [
+            (b"a/b/c".to_vec(), Visit::Names(n(&[b"f"]))),
+            (b"x".to_vec(), Visit::All),
+            (b"a/d".to_vec(), Visit::Names(n(&[b"g", b"h"]))),
         ]
         .into();
         let v = visits(&dirs);
@@ -475,7 +450,7 @@ mod tests {
         assert_eq!(parent(b"a/b"), Some(&b"a"[..]));
         assert_eq!(parent(b"a"), Some(&b""[..]));
         assert_eq!(parent(b""), None);
-        assert_eq!(basename(b"a/b"), b"b");
-        assert_eq!(basename(b"a"), b"a");
+        assert_eq!(split_rel(b"a/b"), (&b"a"[..], &b"b"[..]));
+        assert_eq!(split_rel(b"a"), (&b""[..], &b"a"[..]));
     }
 }
