@@ -18,8 +18,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 here=$(cd "$(dirname "$0")/.." && pwd)
-cargo build --release --quiet --manifest-path "$here/Cargo.toml"
-B=$here/target/release/casfs
+# CASFS_BIN: a casfs binary to run (another build, to compare); else this tree's, built.
+B=${CASFS_BIN:-$here/target/release/casfs}
+[ -n "${CASFS_BIN:-}" ] || cargo build --release --quiet --manifest-path "$here/Cargo.toml"
 work=$(mktemp -d "$dir/casfs-restore-loop.XXXXXX")
 S=$work/store M=$work/mnt
 mkdir -p "$M"

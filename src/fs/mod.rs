@@ -120,18 +120,27 @@ impl Mounted {
 /// device numbers, and a number freed by an unmount is handed out again at once.
 /// `(0, 0)` when the path cannot be looked up.
 pub fn mount_identity(path: &Path) -> (u64, u64) {
-    const STATX_MNT_ID_UNIQUE: u32 = 0x4000;
     let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
         return (0, 0);
     };
+    identity_at(libc::AT_FDCWD, &c, 0)
+}
+
+/// [`mount_identity`] of what the open descriptor `f` (an `O_PATH` one too) refers to.
+pub fn fd_identity(f: &impl std::os::fd::AsRawFd) -> (u64, u64) {
+    identity_at(f.as_raw_fd(), c"", libc::AT_EMPTY_PATH)
+}
+
+fn identity_at(dirfd: libc::c_int, path: &std::ffi::CStr, flags: libc::c_int) -> (u64, u64) {
+    const STATX_MNT_ID_UNIQUE: u32 = 0x4000;
     // SAFETY: an all-zero statx is a valid value of this plain C struct.
     let mut buf: libc::statx = unsafe { std::mem::zeroed() };
-    // SAFETY: a NUL-terminated path and a statx buffer that outlives the call.
+    // SAFETY: a NUL-terminated path and a statx buffer that outlive the call.
     let r = unsafe {
         libc::statx(
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            0,
+            dirfd,
+            path.as_ptr(),
+            flags,
             libc::STATX_BASIC_STATS | libc::STATX_MNT_ID | STATX_MNT_ID_UNIQUE,
             &mut buf,
         )

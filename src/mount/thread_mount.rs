@@ -449,6 +449,7 @@ impl MountedThread {
     /// Checkpoints the dirty set: under the thread's writer lease, appends a checkpoint
     /// whose parent must be the head this workspace expects.
     pub fn checkpoint(&self, reason: &str) -> CheckpointResult<MountCheckpoint> {
+        let _busy = overlay::Busy::new();
         let tag = self.tag();
         let cps = self.store.checkpoints();
         let lease = cps.acquire_writer(&tag.thread, &holder_name("casfs-mount"), self.lease_ttl)?;
@@ -484,6 +485,8 @@ impl MountedThread {
         before_append: &dyn Fn(&mut NewCheckpoint) -> CheckpointResult<WriterLease>,
     ) -> CheckpointResult<MountCheckpoint> {
         let start = Instant::now();
+        // Replaced generations are not torn down meanwhile.
+        let _busy = overlay::Busy::new();
         // Objects the snapshot puts are named by nothing until the append.
         let _session = crate::cas::write_session(self.store.objects());
         let mut template = template;
@@ -555,6 +558,7 @@ impl MountedThread {
         force: bool,
     ) -> CheckpointResult<(MountTag, u64)> {
         let start = Instant::now();
+        let _busy = overlay::Busy::new();
         // Retention and collection wait until the mount's base is the checkpoint.
         let _session = crate::cas::write_session(self.store.objects());
         let cps = self.store.checkpoints();

@@ -172,7 +172,10 @@ fn an_overlay_restore_leaves_holders_on_the_old_tree() {
     let first = json(&store, &["checkpoint", mp.to_str().unwrap()]);
     fs::write(mp.join("d/f"), "two").unwrap();
     fs::write(mp.join("d/g"), "new").unwrap();
-    json(&store, &["checkpoint", mp.to_str().unwrap()]);
+    let second = json(&store, &["checkpoint", mp.to_str().unwrap()])["checkpoint"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let held = fs::File::open(mp.join("d/f")).unwrap();
     let cwd = fs::File::open(mp.join("d")).unwrap();
     let r = json(
@@ -215,8 +218,17 @@ fn an_overlay_restore_leaves_holders_on_the_old_tree() {
         (st["dirty_files"].as_u64(), st["mode"].as_str()),
         (Some(0), Some("overlay"))
     );
+    // A generation replaced right before the unmount (its teardown still waiting for a
+    // quiet store) is torn down by the unmount, not left behind by the exiting daemon.
+    let held = fs::File::open(mp.join("d/f")).unwrap();
+    ok(&store, &["restore", mp.to_str().unwrap(), &second]);
+    assert_eq!(fs::read_to_string(mp.join("d/g")).unwrap(), "new");
+    drop(held);
     ok(&store, &["unmount", mp.to_str().unwrap()]);
     assert!(!casfs::fs::is_overlay_mount(&mp));
+    assert!(crate::wait_for(std::time::Duration::from_secs(10), || {
+        fs::read_dir(key_dir.join("overlay")).unwrap().count() == 1
+    }));
     // No mount of it is left anywhere (the lower views included).
     assert!(crate::wait_for(std::time::Duration::from_secs(10), || {
         crate::mounts_under(t.path()).is_empty()

@@ -16,6 +16,7 @@
 //! files stored at an earlier checkpoint not read again (by stamp).
 
 mod image;
+mod retire;
 mod upper;
 mod watch;
 
@@ -36,6 +37,8 @@ use crate::fs::{
     is_overlay_mount, mount_identity, mount_key, mount_objects, mount_tree, unmount_retrying,
     MountedTree, ReadMode, SnapshotFilter, SnapshotStats, ViewOptions, WorkspaceStatus,
 };
+pub(crate) use retire::Busy;
+use retire::Retirements;
 use upper::{
     changes_since, merge_listings, split_rel, DirTrees, HashCache, Listings, Partial, Rel, Reuse,
     UpperCapture, UpperError,
@@ -135,6 +138,8 @@ pub struct OverlayMount {
     /// Lock order: `state`, then `memo`; never `state` while `memo` is held.
     memo: Mutex<Memo>,
     cache: HashCache,
+    /// Generations replaced by restores, waiting for a quiet store to be torn down.
+    retiring: Arc<Retirements>,
 }
 
 /// What an overlay mount left in the store for `mountpoint`: its lower's root, tag
@@ -217,6 +222,18 @@ fn detach_quickly(path: &Path, id: (u64, u64)) {
     }
 }
 
+/// A descriptor of the root of the overlay (`identity` `id`) at `path`: it keeps the
+/// overlay alive once detached (none if another mount is there by now).
+fn hold(path: &Path, id: (u64, u64)) -> Option<std::os::fd::OwnedFd> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+        .open(path)
+        .ok()?;
+    (crate::fs::fd_identity(&f) == id).then(|| f.into())
+}
+
 /// An overlayfs mount option's path: `\`, `,` and `:` escaped (the kernel splits
 /// options at `,` and lower layers at `:`).
 fn escape(p: &Path) -> String {
@@ -235,30 +252,6 @@ fn escape(p: &Path) -> String {
 fn detach_lowers(g: &Path) {
     detach(&g.join("meta"));
     detach(&g.join("lower"));
-}
-
-/// Removes a replaced generation once nothing uses it: its lowers' mountpoints are
-/// detached at once (on a thread of its own), and the detached overlay lets the lowers
-/// go when the last process inside it (a working directory, an open file) does; then
-/// the lower's session ends and the generation's files are removed. Until then those processes keep the old
-/// tree, upper files included.
-fn retire(dir: PathBuf, lower: MountedTree) {
-    // Detached on the thread: a lower nothing uses any more is torn down by the detach
-    // itself, every inode the kernel had of it evicted (200 ms after a `find` over
-    // 100k files), which the restore need not wait for.
-    let _ = std::thread::Builder::new()
-        .name("casfs-retire".into())
-        .spawn(move || {
-            crate::fs::low_priority();
-            detach_lowers(&dir);
-            while !lower.is_finished() {
-                std::thread::sleep(std::time::Duration::from_millis(100));
-            }
-            drop(lower);
-            if let Err(e) = std::fs::remove_dir_all(&dir) {
-                tracing::warn!("removing {}: {e}", dir.display());
-            }
-        });
 }
 
 /// Mounts overlayfs at `target` over `lowerdir` (an option value, escaped).
@@ -368,6 +361,7 @@ impl OverlayMount {
                 trees: HashMap::new(),
             }),
             cache: Mutex::new(HashMap::new()),
+            retiring: Arc::default(),
         };
         {
             let mut st = m.layers();
@@ -663,7 +657,10 @@ impl OverlayMount {
             mounted: false,
             id: (0, 0),
         };
+        // Held, the detached overlay stays alive (its teardown waits for a quiet store).
+        let mut held = None;
         if st.mounted && mount_identity(&self.mountpoint) == st.id {
+            held = hold(&self.mountpoint, st.id);
             detach_quickly(&self.mountpoint, st.id);
         }
         st.mounted = false;
@@ -691,7 +688,7 @@ impl OverlayMount {
         // Stamps name inodes of the old upper, whose numbers the new one may reuse.
         self.cache.lock().unwrap_or_else(|p| p.into_inner()).clear();
         if let Some(v) = old_lower {
-            retire(old_dir, v);
+            self.retiring.retire(old_dir, v, held);
         }
         Ok(())
     }
@@ -704,8 +701,10 @@ impl OverlayMount {
             || mount_identity(&self.mountpoint) != st.id
     }
 
-    /// Unmounts the overlay, then its lower. A busy overlay is an error and stays.
+    /// Unmounts the overlay, then its lower, and tears down the generations restores
+    /// replaced. A busy overlay is an error and stays.
     pub fn unmount(&self) -> std::io::Result<()> {
+        self.retiring.flush();
         let mut st = self.layers();
         if st.mounted
             && is_overlay_mount(&self.mountpoint)
@@ -726,6 +725,7 @@ impl OverlayMount {
 
     /// Detaches the overlay (users keep what they hold) and ends the lower.
     pub fn detach(&self) {
+        self.retiring.flush();
         let mut st = self.layers();
         if st.mounted && mount_identity(&self.mountpoint) == st.id {
             detach(&self.mountpoint);
