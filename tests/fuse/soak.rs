@@ -140,7 +140,17 @@ fn an_abandoned_run_is_ended_and_a_slow_reader_is_told_what_it_lost() {
     );
     let root = crate::trust::start_run(&s, "t", "r1");
     for i in 0..4 {
-        std::fs::write(root.join(format!("f{i}")), "x").unwrap();
+        // Written by a process of its own: a file this test process held open would be
+        // inherited, for a moment, by any child another test thread spawns, and its
+        // close at that child's exec is one more flush: one more modify event.
+        let f = root.join(format!("f{i}"));
+        // (Not a shell's `>`: it dups the descriptor and closes the first, a flush too.)
+        let st = std::process::Command::new("python3")
+            .args(["-c", "import sys; open(sys.argv[1], 'w').write('x')"])
+            .arg(&f)
+            .status()
+            .unwrap();
+        assert!(st.success(), "writing {}", f.display());
         // A read keeps the run alive (idle timeout 1 s). CI failed this test once
         // below, most likely because on a loaded machine the writes took longer than
         // that and the run ended before its events were read.
