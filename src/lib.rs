@@ -5,13 +5,15 @@
 //! [`checkpoint`] (checkpoint records, threads, heads, writer leases, plain-directory
 //! capture and restore, maintenance), [`mount`] (a thread's mounted workspace, its
 //! control protocol and daemon), [`middleware`] (agent runs on threads, `casfs serve`),
-//! and the command line in `cli`. A layer never reaches up.
+//! and the command line in `cli`. A layer never reaches up; [`memory`] (giving freed
+//! memory back) serves them all.
 
 pub mod cas;
 pub mod checkpoint;
 pub mod fs;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod memory;
 pub mod middleware;
 pub mod mount;
 

@@ -299,17 +299,29 @@ impl Database {
     }
 }
 
+static DEFAULT_BLOCK_CACHE: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(32 << 20);
+
+/// Sets the block cache size of databases this process opens from now on, unless
+/// `CASFS_BLOCK_CACHE` says otherwise. A mount daemon takes 8 MiB: it decodes the
+/// trees it reads into its inode table and the kernel caches what it serves, so a
+/// larger cache only kept 24 MiB more resident after the kernel forgot a million nodes.
+pub fn set_default_block_cache(bytes: usize) {
+    DEFAULT_BLOCK_CACHE.store(bytes, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The block cache all column families share: data blocks and the index and filter
 /// blocks of every table file count against it, so the memory the database holds for
 /// reading is bounded whatever the number of table files (with one cache per column
 /// family and index blocks outside it, a server's resident memory grew by megabytes
 /// per thousand runs as files accumulated: `cargo bench --bench soak`).
-/// `CASFS_BLOCK_CACHE` (bytes) overrides the 32 MiB.
+/// `CASFS_BLOCK_CACHE` (bytes) overrides the default: 32 MiB, or what
+/// [`set_default_block_cache`] set.
 fn shared_cache() -> CasResult<Cache> {
     let bytes = std::env::var("CASFS_BLOCK_CACHE")
         .ok()
         .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(32 << 20);
+        .unwrap_or(DEFAULT_BLOCK_CACHE.load(std::sync::atomic::Ordering::Relaxed));
     Cache::new_lru_cache(bytes).map_err(|e| CasError::Invalid(format!("block cache: {e}")))
 }
 

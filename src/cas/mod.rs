@@ -20,7 +20,7 @@ pub use error::{CasError, CasResult};
 pub use file::{FileRef, StoreStats, CHUNK_SIZE};
 pub use gc::{write_session, Fence, Marker, Problem, WriteSession};
 pub use hash::{decode_hex, ChunkId, FileId, Hash, ObjectId, ParseIdError, TreeId, HASH_LEN};
-pub use kv::{Batch, Column, Database};
+pub use kv::{set_default_block_cache, Batch, Column, Database};
 pub use rocks_store::RocksObjectStore;
 pub use store::{ObjectStore, PutOutcome, SweepReport};
 pub use tree::{EntryContent, Tree, TreeEntry};

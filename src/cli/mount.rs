@@ -114,6 +114,7 @@ fn mount_writable(
     // A daemon does not wait long for a store another process holds: the command that
     // started it gives up after DAEMON_WAIT, and the holder's pid is the useful answer.
     let timeout = Duration::from_secs_f64(cli.lock_timeout.clamp(0.0, 10.0));
+    casfs::cas::set_default_block_cache(8 << 20);
     let store = Arc::new(Store::open_with(
         &cli.store_root(),
         OpenMode::Create,

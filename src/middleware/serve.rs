@@ -940,8 +940,7 @@ fn give_back_freed_memory() {
         return;
     }
     *last = Some(Instant::now());
-    // SAFETY: malloc_trim only releases free memory; any thread may call it.
-    unsafe { libc::malloc_trim(0) };
+    crate::memory::give_back();
 }
 
 /// Aborts a task when dropped (the server's reaper, when serving ends).

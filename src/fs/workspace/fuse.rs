@@ -50,7 +50,7 @@ impl Filesystem for WorkspaceFs {
             if tx.node(ino)?.kind == Kind::Dir {
                 tx.load_dir(ino)?;
             }
-            tx.node_mut(ino)?.lookups += 1;
+            tx.node_mut(ino)?.looked_up();
             tx.attr(ino).map(Some)
         })();
         match r {
@@ -133,7 +133,7 @@ impl Filesystem for WorkspaceFs {
                 // kernel opens, then truncates without naming the handle) is announced
                 // by the writer's close, with what was written after it: one change,
                 // one event.
-                if tx.watched() && tx.node(ino)?.writers == 0 {
+                if tx.watched() && tx.node(ino)?.extra().writers == 0 {
                     let path = tx.path_of(ino);
                     tx.events.push((FsEventKind::Modify, path, None, false));
                 }
@@ -424,17 +424,17 @@ impl Filesystem for WorkspaceFs {
             if tx.lookup(newparent.0, name)?.is_some() {
                 return Err(Errno::EEXIST);
             }
-            if tx.node(ino.0)?.nlink >= LINK_MAX {
+            if tx.node(ino.0)?.meta.nlink >= LINK_MAX {
                 return Err(Errno::EMLINK);
             }
             // Every link of a linked node is an override, so that all of them follow
             // its content: make it dirty where it is first.
             tx.persist(ino.0)?;
-            tx.node_mut(ino.0)?.nlink += 1;
+            tx.node_mut(ino.0)?.meta.nlink += 1;
             tx.attach(newparent.0, name, ino.0)?;
             tx.event(FsEventKind::Create, newparent.0, name, false);
             tx.changed(ino.0, now_ns())?;
-            tx.node_mut(ino.0)?.lookups += 1;
+            tx.node_mut(ino.0)?.looked_up();
             let a = tx.attr(ino.0)?;
             tx.commit()?;
             Ok(a)
@@ -656,7 +656,7 @@ impl Filesystem for WorkspaceFs {
             }
             if name != b"." && name != b".." {
                 if let Ok(n) = tx.node_mut(child) {
-                    n.lookups += 1;
+                    n.looked_up();
                 }
             }
         }
@@ -722,12 +722,12 @@ impl Filesystem for WorkspaceFs {
             }
             let mut tx = self.ws().tx();
             let n = tx.node_mut(ino.0)?;
-            let pos = n.xattrs.binary_search_by(|(k, _)| k.as_slice().cmp(name));
+            let pos = n.xattrs().binary_search_by(|(k, _)| k.as_slice().cmp(name));
             match (pos, flags) {
                 (Ok(_), f) if f & libc::XATTR_CREATE != 0 => return Err(Errno::EEXIST),
                 (Err(_), f) if f & libc::XATTR_REPLACE != 0 => return Err(Errno::NO_XATTR),
-                (Ok(i), _) => n.xattrs[i].1 = value.to_vec(),
-                (Err(i), _) => n.xattrs.insert(i, (name.to_vec(), value.to_vec())),
+                (Ok(i), _) => n.xattrs_mut()[i].1 = value.to_vec(),
+                (Err(i), _) => n.xattrs_mut().insert(i, (name.to_vec(), value.to_vec())),
             }
             tx.changed(ino.0, now_ns())?;
             tx.commit()
@@ -738,7 +738,7 @@ impl Filesystem for WorkspaceFs {
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let tx = self.ws().tx();
         match tx.node(ino.0) {
-            Ok(n) => reply_getxattr(&n.xattrs, name, size, reply),
+            Ok(n) => reply_getxattr(n.xattrs(), name, size, reply),
             Err(e) => reply.error(e),
         }
     }
@@ -746,7 +746,7 @@ impl Filesystem for WorkspaceFs {
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let tx = self.ws().tx();
         match tx.node(ino.0) {
-            Ok(n) => reply_listxattr(&n.xattrs, size, reply),
+            Ok(n) => reply_listxattr(n.xattrs(), size, reply),
             Err(e) => reply.error(e),
         }
     }
@@ -756,10 +756,11 @@ impl Filesystem for WorkspaceFs {
             let mut tx = self.ws().tx();
             let n = tx.node_mut(ino.0)?;
             let pos = n
-                .xattrs
+                .xattrs()
                 .binary_search_by(|(k, _)| k.as_slice().cmp(name.as_bytes()))
                 .map_err(|_| Errno::NO_XATTR)?;
-            n.xattrs.remove(pos);
+            n.xattrs_mut().remove(pos);
+            n.settle_extra();
             tx.changed(ino.0, now_ns())?;
             tx.commit()
         })();

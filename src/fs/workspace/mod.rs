@@ -41,6 +41,7 @@ use crate::cas::{
 mod events;
 mod fuse;
 mod node;
+mod nodes;
 mod ops;
 mod snapshot;
 mod table;
@@ -53,6 +54,7 @@ pub use upper::upper_rel;
 
 use events::*;
 use node::*;
+use nodes::Nodes;
 use table::*;
 
 /// How long the kernel may trust attributes and entries. Every change passes through
@@ -185,8 +187,10 @@ pub struct Workspace {
 /// How long the reaper lets removals of upper files gather between batches.
 const REAP_PAUSE: Duration = Duration::from_millis(20);
 
-/// Unloaded nodes after which freed memory is given back (`malloc_trim`).
-const TRIM_AFTER_UNLOADED: u64 = 20_000;
+/// Unloaded nodes after which freed memory is given back ([`crate::memory::give_back`]):
+/// about a megabyte, so that what the last forgets of a burst freed is not left behind
+/// (jemalloc's decay runs only when something allocates).
+const TRIM_AFTER_UNLOADED: u64 = 4_096;
 
 /// Most links a file may have (ext4's figure): `link` refuses one more with EMLINK.
 const LINK_MAX: u32 = 65_000;
@@ -257,7 +261,7 @@ impl Workspace {
             upper_fd,
             reaper,
             state: Mutex::new(State {
-                nodes: HashMap::new(),
+                nodes: Nodes::default(),
                 next_ino: 2,
                 base,
                 tag,
@@ -286,33 +290,27 @@ impl Workspace {
 
     fn root_node(&self, base: TreeId) -> Node {
         Node {
+            ino: 0,
             kind: Kind::Dir,
             meta: Meta {
                 mode: 0o755,
                 uid: self.owner.0,
                 gid: self.owner.1,
-                rdev: 0,
+                nlink: 2,
                 atime: self.mounted_at,
                 mtime: self.mounted_at,
                 ctime: self.mounted_at,
                 size: 0,
                 blocks: 0,
             },
-            nlink: 2,
-            links: Vec::new(),
-            xattrs: Vec::new(),
+            links: Links::new(),
             body: Body::Dir {
                 tree: Some(base),
                 children: None,
             },
             dirty: false,
-            open_plain: 0,
-            open_passthrough: 0,
+            extra: None,
             lookups: 0,
-            writers: 0,
-            pass_writers: 0,
-            changed_chunks: None,
-            backing: None,
         }
     }
 
@@ -351,45 +349,42 @@ impl Workspace {
                     Body::File {
                         clean: r.clean.map(|id| FileRef { id, size: r.size }),
                         upper,
-                        chunks: None,
                     }
                 }
                 Kind::Symlink => Body::Symlink(r.target.clone().unwrap_or_default()),
-                _ => Body::Other,
+                _ => Body::Other { rdev: r.rdev },
             };
             let mut node = Node {
+                ino: 0,
                 kind: r.kind,
                 meta: Meta {
                     mode: r.mode,
                     uid: r.uid,
                     gid: r.gid,
-                    rdev: r.rdev,
+                    nlink: r.nlink,
                     atime: r.atime_ns,
                     mtime: r.mtime_ns,
                     ctime: r.ctime_ns,
                     size: r.size,
                     blocks: 0,
                 },
-                nlink: r.nlink,
-                links: Vec::new(),
-                xattrs: r.xattrs,
+                links: Links::new(),
                 body,
                 dirty: true,
-                open_plain: 0,
-                open_passthrough: 0,
+                extra: None,
                 lookups: 0,
-                writers: 0,
-                pass_writers: 0,
-                changed_chunks: None,
-                backing: None,
             };
+            if !r.xattrs.is_empty() {
+                *node.xattrs_mut() = r.xattrs.clone();
+            }
             if let Some(st) = upper_st {
                 node.absorb(&st);
             }
             if ino == ROOT {
                 let root = st.nodes.get_mut(&ROOT).expect("root");
                 root.meta = node.meta;
-                root.xattrs = node.xattrs;
+                *root.xattrs_mut() = node.xattrs().clone();
+                root.settle_extra();
                 root.dirty = true;
                 if let (Body::Dir { tree, .. }, Body::Dir { tree: t, .. }) =
                     (&mut root.body, node.body)
@@ -499,10 +494,10 @@ impl Workspace {
             crtime: to_time(m.ctime),
             kind: file_type(n.kind),
             perm: (m.mode & 0o7777) as u16,
-            nlink: n.nlink,
+            nlink: m.nlink,
             uid: m.uid,
             gid: m.gid,
-            rdev: m.rdev as u32,
+            rdev: n.rdev() as u32,
             blksize: 4096,
             flags: 0,
         }
@@ -602,8 +597,7 @@ impl Workspace {
             .fetch_add(dropped as u64, Ordering::Relaxed);
         if since + dropped as u64 >= TRIM_AFTER_UNLOADED {
             self.unloaded_since_trim.store(0, Ordering::Relaxed);
-            // SAFETY: malloc_trim only releases free memory; any thread may call it.
-            unsafe { libc::malloc_trim(0) };
+            crate::memory::give_back();
         }
     }
 
@@ -616,22 +610,27 @@ impl Workspace {
         let Some(h) = h else { return };
         let mut tx = self.tx();
         if let Some(n) = tx.st.nodes.get_mut(&h.ino) {
+            let u = n.extra_mut();
             if h.write {
-                n.writers = n.writers.saturating_sub(1);
+                u.writers = u.writers.saturating_sub(1);
                 if h.backing.is_some() {
-                    n.pass_writers = n.pass_writers.saturating_sub(1);
+                    u.pass_writers = u.pass_writers.saturating_sub(1);
                 }
             }
             if h.backing.is_some() {
-                n.open_passthrough = n.open_passthrough.saturating_sub(1);
-                if n.open_passthrough == 0 {
-                    n.backing = None;
+                u.open_passthrough = u.open_passthrough.saturating_sub(1);
+                if u.open_passthrough == 0 {
+                    u.backing = None;
                 }
             } else {
-                n.open_plain = n.open_plain.saturating_sub(1);
+                u.open_plain = u.open_plain.saturating_sub(1);
             }
-            if n.open_plain + n.open_passthrough == 0 {
+            let closed = !n.is_open();
+            if closed {
                 n.close_upper();
+            }
+            n.settle_extra();
+            if closed {
                 tx.st.open.remove(&h.ino);
             }
         }

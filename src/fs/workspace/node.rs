@@ -9,7 +9,8 @@ pub(super) struct Meta {
     pub(super) mode: u32,
     pub(super) uid: u32,
     pub(super) gid: u32,
-    pub(super) rdev: u64,
+    /// Its link count (a directory: 2 + its subdirectories).
+    pub(super) nlink: u32,
     pub(super) atime: i64,
     pub(super) mtime: i64,
     pub(super) ctime: i64,
@@ -34,20 +35,130 @@ impl Meta {
     }
 }
 
+/// A name in the inode table: up to 16 bytes inline (most file names), longer ones on
+/// the heap. A node's link and its directory's map each hold one, so that a million
+/// nodes the kernel knows are not two million small allocations.
+pub(super) type Name = smallvec::SmallVec<[u8; 16]>;
+
+/// A node's extended attributes, sorted by name.
+pub(super) type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// Where a node is linked, (directory, name): one link inline (all but hard links).
+pub(super) type Links = smallvec::SmallVec<[(u64, Name); 1]>;
+
+/// A loaded directory's children by name. A sorted vector while small: 32 bytes an
+/// entry, where a B-tree's nodes cost about 60 for a 20-entry directory (its
+/// half-empty leaves and their parent); a B-tree beyond [`SORTED_MAX`], so that adding
+/// to a huge directory stays O(log n).
+pub(super) enum Children {
+    Sorted(Vec<(Name, u64)>),
+    /// Boxed so that `Option<Children>` stays 24 bytes (the vector's capacity holds the
+    /// tags); a B-tree is rare and large.
+    #[allow(clippy::box_collection)]
+    Tree(Box<BTreeMap<Name, u64>>),
+}
+
+/// Most children kept in a sorted vector: inserting moves at most 16 KiB.
+const SORTED_MAX: usize = 512;
+
+impl Default for Children {
+    fn default() -> Children {
+        Children::Sorted(Vec::new())
+    }
+}
+
+impl Children {
+    /// From entries sorted by name, each name once (a tree's entries are).
+    pub(super) fn from_sorted(v: Vec<(Name, u64)>) -> Children {
+        debug_assert!(v.windows(2).all(|w| w[0].0 < w[1].0), "children not sorted");
+        if v.len() > SORTED_MAX {
+            Children::Tree(Box::new(v.into_iter().collect()))
+        } else {
+            Children::Sorted(v)
+        }
+    }
+
+    pub(super) fn get(&self, name: &[u8]) -> Option<&u64> {
+        match self {
+            Children::Sorted(v) => v
+                .binary_search_by(|(k, _)| k[..].cmp(name))
+                .ok()
+                .map(|i| &v[i].1),
+            Children::Tree(t) => t.get(name),
+        }
+    }
+
+    /// Adds or replaces `name`, returning the inode it named before.
+    pub(super) fn insert(&mut self, name: Name, ino: u64) -> Option<u64> {
+        match self {
+            Children::Sorted(v) => match v.binary_search_by(|(k, _)| k[..].cmp(&name[..])) {
+                Ok(i) => Some(std::mem::replace(&mut v[i].1, ino)),
+                Err(i) => {
+                    v.insert(i, (name, ino));
+                    if v.len() > SORTED_MAX {
+                        *self = Children::Tree(Box::new(std::mem::take(v).into_iter().collect()));
+                    }
+                    None
+                }
+            },
+            Children::Tree(t) => t.insert(name, ino),
+        }
+    }
+
+    pub(super) fn remove(&mut self, name: &[u8]) -> Option<u64> {
+        match self {
+            Children::Sorted(v) => v
+                .binary_search_by(|(k, _)| k[..].cmp(name))
+                .ok()
+                .map(|i| v.remove(i).1),
+            Children::Tree(t) => t.remove(name),
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        match self {
+            Children::Sorted(v) => v.len(),
+            Children::Tree(t) => t.len(),
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// (name, inode) in name order.
+    pub(super) fn iter(&self) -> Box<dyn Iterator<Item = (&Name, &u64)> + '_> {
+        match self {
+            Children::Sorted(v) => Box::new(v.iter().map(|(k, i)| (k, i))),
+            Children::Tree(t) => Box::new(t.iter()),
+        }
+    }
+
+    pub(super) fn keys(&self) -> impl Iterator<Item = &Name> + '_ {
+        self.iter().map(|(k, _)| k)
+    }
+
+    pub(super) fn values(&self) -> impl Iterator<Item = &u64> + '_ {
+        self.iter().map(|(_, i)| i)
+    }
+}
+
 pub(super) enum Body {
     Dir {
         tree: Option<TreeId>,
-        children: Option<BTreeMap<Vec<u8>, u64>>,
+        children: Option<Children>,
     },
     File {
         clean: Option<FileRef>,
         /// The local copy; kept open only while handles are, so that a tree of many
         /// dirty files does not hold a descriptor each.
         upper: Option<Upper>,
-        chunks: Option<Arc<ChunkList>>,
     },
     Symlink(Vec<u8>),
-    Other,
+    /// A fifo, socket or device, with its device number (0 but for devices).
+    Other {
+        rdev: u64,
+    },
 }
 
 #[derive(Clone)]
@@ -57,15 +168,33 @@ pub(super) enum Upper {
 }
 
 pub(super) struct Node {
+    /// Its inode number (set by [`super::nodes::Nodes::insert`]).
+    pub(super) ino: u64,
     pub(super) kind: Kind,
     pub(super) meta: Meta,
-    pub(super) nlink: u32,
     /// Where it is linked: (directory, name). A directory has exactly one.
-    pub(super) links: Vec<(u64, Vec<u8>)>,
-    pub(super) xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    pub(super) links: Links,
     pub(super) body: Body,
     /// In the dirty set: it (or something below it) differs from the base.
     pub(super) dirty: bool,
+    /// Its xattrs, handles and what its writers changed; `None` (no box) for the many
+    /// nodes that have none of these (see [`Extra`]).
+    pub(super) extra: Option<Box<Extra>>,
+    /// The kernel's lookup count (FUSE `nlookup`): entries handed to it by lookup,
+    /// create, mkdir, mknod, symlink, link and readdirplus, less what it forgot. A
+    /// clean node the kernel no longer knows may be unloaded (see `Tx::unload`).
+    /// 32 bits, so that a node fits 192 bytes: a count that reaches `u32::MAX` stays
+    /// there (the node is then never unloaded) instead of wrapping.
+    pub(super) lookups: u32,
+}
+
+/// What most nodes lack: xattrs, open handles and what writes noted. Boxed in the node
+/// and only there when needed, so that the million nodes a `find` makes the kernel
+/// know cost nothing for it.
+#[derive(Default)]
+pub(super) struct Extra {
+    /// Sorted by name.
+    pub(super) xattrs: Xattrs,
     /// Open handles served by the daemon, and by passthrough.
     pub(super) open_plain: u32,
     pub(super) open_passthrough: u32,
@@ -81,13 +210,95 @@ pub(super) struct Node {
     /// `clean` (chunks the snapshot reads anyway): writes note only what they write.
     pub(super) changed_chunks: Option<BTreeSet<u64>>,
     pub(super) backing: Option<Arc<BackingId>>,
-    /// The kernel's lookup count (FUSE `nlookup`): entries handed to it by lookup,
-    /// create, mkdir, mknod, symlink, link and readdirplus, less what it forgot. A
-    /// clean node the kernel no longer knows may be unloaded (see `Tx::unload`).
-    pub(super) lookups: u64,
+    /// A large clean file's chunk list, loaded by its first read (a cache: it goes
+    /// when the last handle does).
+    pub(super) chunks: Option<Arc<ChunkList>>,
+}
+
+/// The extra of a node without any.
+static NONE: Extra = Extra {
+    xattrs: Vec::new(),
+    open_plain: 0,
+    open_passthrough: 0,
+    writers: 0,
+    pass_writers: 0,
+    changed_chunks: None,
+    backing: None,
+    chunks: None,
+};
+
+impl Extra {
+    /// Nothing but a cache in it: the box may go.
+    fn is_idle(&self) -> bool {
+        self.xattrs.is_empty()
+            && self.open_plain + self.open_passthrough + self.writers + self.pass_writers == 0
+            && self.changed_chunks.is_none()
+            && self.backing.is_none()
+    }
 }
 
 impl Node {
+    /// Its xattrs, handles and noted writes (none: the empty default).
+    pub(super) fn extra(&self) -> &Extra {
+        self.extra.as_deref().unwrap_or(&NONE)
+    }
+
+    pub(super) fn extra_mut(&mut self) -> &mut Extra {
+        self.extra.get_or_insert_with(Box::default)
+    }
+
+    pub(super) fn xattrs(&self) -> &Xattrs {
+        &self.extra().xattrs
+    }
+
+    /// Its xattrs to change (call [`Node::settle_extra`] after removing the last).
+    pub(super) fn xattrs_mut(&mut self) -> &mut Xattrs {
+        &mut self.extra_mut().xattrs
+    }
+
+    /// Open by a handle (the daemon's or passthrough).
+    pub(super) fn is_open(&self) -> bool {
+        let u = self.extra();
+        u.open_plain + u.open_passthrough > 0
+    }
+
+    /// Gives back the extra's box once nothing but a cache is in it.
+    pub(super) fn settle_extra(&mut self) {
+        if self.extra.as_ref().is_some_and(|u| u.is_idle()) {
+            self.extra = None;
+        }
+    }
+
+    /// Sets what is known of the chunks its writers changed (see [`Extra`]).
+    pub(super) fn set_changed_chunks(&mut self, c: Option<BTreeSet<u64>>) {
+        if c.is_some() || self.extra.is_some() {
+            self.extra_mut().changed_chunks = c;
+        }
+    }
+
+    /// Its device number (0 but for devices).
+    pub(super) fn rdev(&self) -> u64 {
+        match self.body {
+            Body::Other { rdev } => rdev,
+            _ => 0,
+        }
+    }
+
+    /// The kernel was handed one more entry of it.
+    pub(super) fn looked_up(&mut self) {
+        self.lookups = self.lookups.saturating_add(1);
+    }
+
+    /// The kernel forgot `count` of its entries. A saturated count is kept: what the
+    /// kernel holds is not known any more.
+    pub(super) fn forgot(&mut self, count: u64) {
+        if self.lookups != u32::MAX {
+            self.lookups = self
+                .lookups
+                .saturating_sub(count.min(u32::MAX as u64) as u32);
+        }
+    }
+
     pub(super) fn parent(&self) -> u64 {
         self.links.first().map(|l| l.0).unwrap_or(ROOT)
     }
@@ -102,12 +313,15 @@ impl Node {
     /// would not reach the daemon that clears them.
     pub(super) fn has_privs(&self) -> bool {
         self.meta.mode & (libc::S_ISUID | libc::S_ISGID) != 0
-            || self.xattrs.iter().any(|(k, _)| k == FILE_CAPS)
+            || self.xattrs().iter().any(|(k, _)| k == FILE_CAPS)
     }
 
     /// Notes that bytes `from..to` of its upper file may have changed.
     pub(super) fn note_changed(&mut self, from: u64, to: u64) {
-        let Some(set) = &mut self.changed_chunks else {
+        let Some(uses) = self.extra.as_deref_mut() else {
+            return;
+        };
+        let Some(set) = &mut uses.changed_chunks else {
             return;
         };
         if from >= to {
@@ -117,7 +331,7 @@ impl Node {
         let (first, end) = (from / c, to.div_ceil(c));
         if end - first > MAX_CHANGED_CHUNKS || set.len() as u64 > MAX_CHANGED_CHUNKS {
             // Mostly changed anyway: the snapshot reads it whole.
-            self.changed_chunks = None;
+            uses.changed_chunks = None;
             return;
         }
         set.extend(first..end);
@@ -262,15 +476,13 @@ pub(super) fn check_name(name: &[u8]) -> Result<(), Errno> {
 }
 
 pub(super) fn node_from_entry(e: &TreeEntry, dir: u64, owner: (u32, u32)) -> Node {
-    let (kind, body, rdev) = match &e.content {
+    let (kind, body) = match &e.content {
         EntryContent::File(_) => (
             Kind::File,
             Body::File {
                 clean: e.file_ref(),
                 upper: None,
-                chunks: None,
             },
-            0,
         ),
         EntryContent::Dir(t) => (
             Kind::Dir,
@@ -278,39 +490,36 @@ pub(super) fn node_from_entry(e: &TreeEntry, dir: u64, owner: (u32, u32)) -> Nod
                 tree: Some(*t),
                 children: None,
             },
-            0,
         ),
-        EntryContent::Symlink(t) => (Kind::Symlink, Body::Symlink(t.clone()), 0),
-        EntryContent::Fifo => (Kind::Fifo, Body::Other, 0),
-        EntryContent::CharDevice { rdev } => (Kind::CharDev, Body::Other, *rdev),
-        EntryContent::BlockDevice { rdev } => (Kind::BlockDev, Body::Other, *rdev),
+        EntryContent::Symlink(t) => (Kind::Symlink, Body::Symlink(t.clone())),
+        EntryContent::Fifo => (Kind::Fifo, Body::Other { rdev: 0 }),
+        EntryContent::CharDevice { rdev } => (Kind::CharDev, Body::Other { rdev: *rdev }),
+        EntryContent::BlockDevice { rdev } => (Kind::BlockDev, Body::Other { rdev: *rdev }),
     };
-    Node {
+    let mut node = Node {
+        ino: 0,
         kind,
         meta: Meta {
             mode: e.mode,
             uid: owner.0,
             gid: owner.1,
-            rdev,
+            nlink: if kind == Kind::Dir { 2 } else { 1 },
             atime: e.mtime_ns,
             mtime: e.mtime_ns,
             ctime: e.mtime_ns,
             size: e.size,
             blocks: 0,
         },
-        nlink: if kind == Kind::Dir { 2 } else { 1 },
-        links: vec![(dir, e.name.clone())],
-        xattrs: e.xattrs.clone(),
+        links: smallvec::smallvec![(dir, Name::from_slice(&e.name))],
         body,
         dirty: false,
-        open_plain: 0,
-        open_passthrough: 0,
+        extra: None,
         lookups: 0,
-        writers: 0,
-        pass_writers: 0,
-        changed_chunks: None,
-        backing: None,
+    };
+    if !e.xattrs.is_empty() {
+        *node.xattrs_mut() = e.xattrs.clone();
     }
+    node
 }
 
 pub(super) fn record_of(n: &Node) -> NodeRecord {
@@ -327,23 +536,73 @@ pub(super) fn record_of(n: &Node) -> NodeRecord {
             None,
         ),
         Body::Symlink(t) => (None, None, false, Some(t.clone())),
-        Body::Other => (None, None, false, None),
+        Body::Other { .. } => (None, None, false, None),
     };
     NodeRecord {
         kind: n.kind,
         mode: n.meta.mode,
         uid: n.meta.uid,
         gid: n.meta.gid,
-        rdev: n.meta.rdev,
+        rdev: n.rdev(),
         atime_ns: n.meta.atime,
         mtime_ns: n.meta.mtime,
         ctime_ns: n.meta.ctime,
         size: n.meta.size,
-        nlink: n.nlink,
-        xattrs: n.xattrs.clone(),
+        nlink: n.meta.nlink,
+        xattrs: n.xattrs().clone(),
         tree,
         clean,
         upper,
         target,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A million nodes the kernel knows must fit the 300 MB: a node is one
+    /// 192-byte allocation (jemalloc's size class), a name of up to 16 bytes is inline.
+    #[test]
+    fn a_node_fits_its_size_class() {
+        assert!(
+            std::mem::size_of::<Node>() <= 192,
+            "{}",
+            std::mem::size_of::<Node>()
+        );
+        assert_eq!(std::mem::size_of::<Name>(), 24);
+        assert_eq!(std::mem::size_of::<Option<Children>>(), 24);
+        assert!(!Name::from_slice(b"file123456.rs").spilled());
+    }
+
+    #[test]
+    fn children_stay_sorted_across_the_change_of_form() {
+        let mut c = Children::default();
+        // Inserted in a scrambled order, past the vector's limit and back.
+        let names: Vec<Vec<u8>> = (0..SORTED_MAX as u64 * 2)
+            .map(|i| format!("n{:05}", (i * 7919) % (SORTED_MAX as u64 * 2)).into_bytes())
+            .collect();
+        for (i, n) in names.iter().enumerate() {
+            assert_eq!(c.insert(Name::from_slice(n), i as u64), None);
+            if i == SORTED_MAX - 1 {
+                assert!(matches!(c, Children::Sorted(_)));
+            }
+        }
+        assert!(matches!(c, Children::Tree(_)));
+        assert_eq!(c.len(), names.len());
+        let keys: Vec<&Name> = c.keys().collect();
+        assert!(keys.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(c.get(&names[3]), Some(&3));
+        assert_eq!(c.insert(Name::from_slice(&names[3]), 99), Some(3));
+        assert_eq!(c.remove(&names[3]), Some(99));
+        assert_eq!(c.get(&names[3]), None);
+        let mut small = Children::from_sorted(vec![
+            (Name::from_slice(b"a"), 1),
+            (Name::from_slice(b"c"), 3),
+        ]);
+        assert_eq!(small.insert(Name::from_slice(b"b"), 2), None);
+        assert_eq!(small.values().copied().collect::<Vec<_>>(), vec![1, 2, 3]);
+        assert_eq!(small.remove(b"zz"), None);
+        assert!(!small.is_empty());
     }
 }

@@ -41,19 +41,17 @@ impl WorkspaceFs {
         if tx.lookup(parent, name)?.is_some() {
             return Err(Errno::EEXIST);
         }
-        let mut node = tx.make_node(kind, mode, req, parent, Body::Other);
-        node.meta.rdev = rdev;
+        let node = tx.make_node(kind, mode, req, parent, Body::Other { rdev });
         let ino = tx.alloc(node);
         let body = match kind {
             Kind::Dir => Body::Dir {
                 tree: None,
-                children: Some(BTreeMap::new()),
+                children: Some(Children::default()),
             },
             Kind::File => match self.ws().create_upper(ino) {
                 Ok(f) => Body::File {
                     clean: None,
                     upper: Some(Upper::Open(Arc::new(f))),
-                    chunks: None,
                 },
                 Err(e) => {
                     tx.st.nodes.remove(&ino);
@@ -65,7 +63,7 @@ impl WorkspaceFs {
                 tx.node_mut(ino)?.meta.size = t.len() as u64;
                 Body::Symlink(t)
             }
-            _ => Body::Other,
+            _ => Body::Other { rdev },
         };
         tx.node_mut(ino)?.body = body;
         tx.attach(parent, name, ino)?;
@@ -74,7 +72,7 @@ impl WorkspaceFs {
         if kind != Kind::File || !keep_open {
             tx.close_if_idle(ino);
         }
-        tx.node_mut(ino)?.lookups += 1;
+        tx.node_mut(ino)?.looked_up();
         let attr = tx.attr(ino)?;
         tx.commit()?;
         Ok((ino, attr))
@@ -109,7 +107,7 @@ impl WorkspaceFs {
                 } if !(write && trunc)
                     && (write
                         || (ws.passthrough.load(Ordering::Relaxed)
-                            && n.open_plain == 0
+                            && n.extra().open_plain == 0
                             && c.size >= MATERIALIZE_MIN
                             // A local copy is an optimisation: not when space is short.
                             && ws.dirty.database().has_room(c.size + PASSTHROUGH_WRITE_ROOM))) =>
@@ -138,7 +136,7 @@ impl WorkspaceFs {
             if still {
                 ws.install_upper(&tmp, ino).map_err(io_errno)?;
                 let n = tx.node_mut(ino)?;
-                n.changed_chunks = Some(BTreeSet::new());
+                n.set_changed_chunks(Some(BTreeSet::new()));
                 if let Body::File { upper, .. } = &mut n.body {
                     *upper = Some(Upper::Open(Arc::new(f)));
                 }
@@ -173,7 +171,7 @@ impl WorkspaceFs {
             None => None,
         };
         let n = tx.node(ino)?;
-        let mut backing = n.backing.clone();
+        let mut backing = n.extra().backing.clone();
         // Writes through passthrough never reach the daemon, so nothing keeps them
         // from using the space the store's database needs: a handle that may write
         // gets passthrough only while the filesystem has ample room. Nor does the
@@ -186,7 +184,7 @@ impl WorkspaceFs {
         if let (None, true, 0, Some(u), true) = (
             &backing,
             ws.passthrough.load(Ordering::Relaxed),
-            n.open_plain,
+            n.extra().open_plain,
             &upper,
             may_pass,
         ) {
@@ -195,19 +193,19 @@ impl WorkspaceFs {
                 Err(e) => tracing::debug!("passthrough unavailable for inode {ino}: {e}"),
             }
         }
-        let n = tx.node_mut(ino)?;
+        let u = tx.node_mut(ino)?.extra_mut();
         if write {
-            n.writers += 1;
+            u.writers += 1;
             if backing.is_some() {
-                n.pass_writers += 1;
-                n.changed_chunks = None;
+                u.pass_writers += 1;
+                u.changed_chunks = None;
             }
         }
         if backing.is_some() {
-            n.open_passthrough += 1;
-            n.backing = backing.clone();
+            u.open_passthrough += 1;
+            u.backing = backing.clone();
         } else {
-            n.open_plain += 1;
+            u.open_plain += 1;
         }
         tx.st.open.insert(ino);
         let src = match (upper, clean) {
@@ -238,7 +236,7 @@ impl WorkspaceFs {
     ) -> Result<Vec<(u64, FileType, Vec<u8>)>, Errno> {
         let mut tx = self.ws().tx();
         let parent = tx.node(ino)?.parent();
-        let children: Vec<(Vec<u8>, u64)> = tx
+        let children: Vec<(Name, u64)> = tx
             .children(ino)?
             .iter()
             .skip((offset as usize).saturating_sub(2))
@@ -254,7 +252,7 @@ impl WorkspaceFs {
         }
         for (name, c) in children {
             let k = tx.node(c).map(|n| file_type(n.kind))?;
-            out.push((c, k, name));
+            out.push((c, k, name.to_vec()));
         }
         Ok(out)
     }

@@ -105,7 +105,7 @@ impl<'a> Tx<'a> {
     ) -> Result<TreeId, WorkspaceError> {
         self.load_dir(ino)
             .map_err(|e| WorkspaceError::Io(format!("loading {}: {e:?}", self.path_of(ino))))?;
-        let (children, base_tree): (Vec<(Vec<u8>, u64)>, Option<TreeId>) =
+        let (children, base_tree): (Vec<(Name, u64)>, Option<TreeId>) =
             match &self.st.nodes[&ino].body {
                 Body::Dir {
                     children: Some(c),
@@ -140,7 +140,7 @@ impl<'a> Tx<'a> {
                 continue;
             }
             let meta = n.meta;
-            let xattrs = n.xattrs.clone();
+            let xattrs = n.xattrs().clone();
             if let Some(f) = cx.filter {
                 let kind = match n.kind {
                     Kind::Dir => EntryKind::Dir,
@@ -173,7 +173,7 @@ impl<'a> Tx<'a> {
                         Body::File { clean, upper, .. } => (*clean, upper.clone()),
                         _ => unreachable!(),
                     };
-                    let changed = n.changed_chunks.clone();
+                    let changed = n.extra().changed_chunks.clone();
                     let (fref, mtime) = match (upper, clean) {
                         (Some(_), _) => {
                             let path = self.ws.upper_path(child);
@@ -262,13 +262,13 @@ impl<'a> Tx<'a> {
                 }
                 Kind::Fifo => (EntryContent::Fifo, 0, meta.mtime, meta.mode),
                 Kind::CharDev => (
-                    EntryContent::CharDevice { rdev: meta.rdev },
+                    EntryContent::CharDevice { rdev: n.rdev() },
                     0,
                     meta.mtime,
                     meta.mode,
                 ),
                 Kind::BlockDev => (
-                    EntryContent::BlockDevice { rdev: meta.rdev },
+                    EntryContent::BlockDevice { rdev: n.rdev() },
                     0,
                     meta.mtime,
                     meta.mode,
@@ -279,7 +279,7 @@ impl<'a> Tx<'a> {
                 }
             };
             let e = TreeEntry {
-                name,
+                name: name.to_vec(),
                 content,
                 mode,
                 mtime_ns: mtime,
@@ -423,7 +423,7 @@ impl Workspace {
         let mut old_names: Vec<Vec<u8>> = match &tx.st.nodes[&ROOT].body {
             Body::Dir {
                 children: Some(c), ..
-            } => c.keys().cloned().collect(),
+            } => c.keys().map(|k| k.to_vec()).collect(),
             _ => Vec::new(),
         };
         if let Ok(t) = load_tree(self.objects.as_ref(), &root) {
@@ -437,7 +437,7 @@ impl Workspace {
         for ino in open {
             if let Some(mut n) = old.remove(&ino) {
                 n.links.clear();
-                n.nlink = 0;
+                n.meta.nlink = 0;
                 n.dirty = false;
                 tx.st.nodes.insert(ino, n);
             }
@@ -448,9 +448,9 @@ impl Workspace {
             .spawn(move || {
                 // A million nodes take a core for a while.
                 crate::fs::low_priority();
-                for (ino, n) in old {
+                for n in old.into_nodes() {
                     if let Body::File { upper: Some(_), .. } = n.body {
-                        let _ = reaper.send(ino);
+                        let _ = reaper.send(n.ino);
                     }
                 }
             });
@@ -515,17 +515,19 @@ impl Snapshot<'_> {
         for (ino, entry) in done {
             let n = tx.st.nodes.get_mut(&ino).expect("built");
             if let EntryContent::File(id) = entry.content {
-                if let Body::File { clean, chunks, .. } = &mut n.body {
+                if let Body::File { clean, .. } = &mut n.body {
                     *clean = Some(FileRef {
                         id,
                         size: entry.size,
                     });
-                    *chunks = None;
+                }
+                if let Some(u) = n.extra.as_deref_mut() {
+                    u.chunks = None;
                 }
                 // Its upper file now holds `clean` exactly, unless it was stored in
                 // another form or a passthrough writer may have changed it since.
-                n.changed_chunks =
-                    (n.pass_writers == 0 && !other_form.contains(&ino)).then(BTreeSet::new);
+                let exact = n.extra().pass_writers == 0 && !other_form.contains(&ino);
+                n.set_changed_chunks(exact.then(BTreeSet::new));
             }
             if let EntryContent::Dir(id) = entry.content {
                 if let Body::Dir { tree, .. } = &mut n.body {
@@ -533,7 +535,7 @@ impl Snapshot<'_> {
                 }
             }
             n.dirty = false;
-            if n.writers > 0 {
+            if n.extra().writers > 0 {
                 still.push(ino);
             }
         }

@@ -5,9 +5,10 @@
 use super::*;
 
 pub(super) struct State {
-    /// Boxed: a bucket of the map is then 16 bytes, not a whole node (272), and the map's
-    /// spare capacity (up to half its buckets after a growth) costs little.
-    pub(super) nodes: HashMap<u64, Box<Node>>,
+    /// Boxed, each with its number: a bucket is one pointer, not a whole node (192
+    /// bytes), and the table's spare capacity (up to half its buckets after a growth)
+    /// costs little.
+    pub(super) nodes: Nodes,
     pub(super) next_ino: u64,
     pub(super) base: TreeId,
     pub(super) tag: Tag,
@@ -90,15 +91,11 @@ pub(super) struct Tx<'a> {
 
 impl<'a> Tx<'a> {
     pub(super) fn node(&self, ino: u64) -> Result<&Node, Errno> {
-        self.st.nodes.get(&ino).map(|n| &**n).ok_or(Errno::ESTALE)
+        self.st.nodes.get(&ino).ok_or(Errno::ESTALE)
     }
 
     pub(super) fn node_mut(&mut self, ino: u64) -> Result<&mut Node, Errno> {
-        self.st
-            .nodes
-            .get_mut(&ino)
-            .map(|n| &mut **n)
-            .ok_or(Errno::ESTALE)
+        self.st.nodes.get_mut(&ino).ok_or(Errno::ESTALE)
     }
 
     pub(super) fn alloc(&mut self, node: Node) -> u64 {
@@ -109,7 +106,7 @@ impl<'a> Tx<'a> {
     }
 
     /// The children of directory `ino`, loaded from its tree and overrides on first use.
-    pub(super) fn children(&mut self, ino: u64) -> Result<&BTreeMap<Vec<u8>, u64>, Errno> {
+    pub(super) fn children(&mut self, ino: u64) -> Result<&Children, Errno> {
         self.load_dir(ino)?;
         match &self.node(ino)?.body {
             Body::Dir {
@@ -128,7 +125,7 @@ impl<'a> Tx<'a> {
             Body::Dir { tree, .. } => (*tree, n.dirty),
             _ => return Err(Errno::ENOTDIR),
         };
-        let mut children = BTreeMap::new();
+        let mut children = Children::default();
         let remembered = self.st.unloaded.remove(&ino);
         if let Some(t) = tree {
             let tree = load_tree(self.ws.objects.as_ref(), &t).map_err(eio)?;
@@ -137,6 +134,7 @@ impl<'a> Tx<'a> {
             let entries = tree.into_entries();
             let reuse =
                 remembered.and_then(|(rt, v)| (rt == t && v.len() == entries.len()).then_some(v));
+            let mut sorted = Vec::with_capacity(entries.len());
             for (k, e) in entries.into_iter().enumerate() {
                 let node = node_from_entry(&e, ino, self.ws.owner);
                 let child = match reuse.as_ref().map(|v| v.get(k)) {
@@ -146,21 +144,26 @@ impl<'a> Tx<'a> {
                     }
                     _ => self.alloc(node),
                 };
-                children.insert(e.name, child);
+                sorted.push((Name::from_slice(&e.name), child));
             }
+            children = Children::from_sorted(sorted);
         }
         if dirty {
             for (name, o) in self.ws.dirty.entries(ino).map_err(eio)? {
-                if let Some(old) = children.remove(&name) {
+                if let Some(old) = children.remove(name.as_slice()) {
                     self.st.nodes.remove(&old);
                 }
                 if let Override::Node(c) = o {
                     match self.st.nodes.get_mut(&c) {
                         Some(child) => {
-                            if !child.links.iter().any(|l| l.0 == ino && l.1 == name) {
-                                child.links.push((ino, name.clone()));
+                            if !child
+                                .links
+                                .iter()
+                                .any(|l| l.0 == ino && l.1[..] == name[..])
+                            {
+                                child.links.push((ino, Name::from_slice(&name)));
                             }
-                            children.insert(name, c);
+                            children.insert(Name::from_slice(&name), c);
                         }
                         None => tracing::error!(
                             "dirty set: entry {:?} of directory {ino} names missing node {c}",
@@ -175,7 +178,7 @@ impl<'a> Tx<'a> {
             .filter(|c| self.st.nodes.get(c).is_some_and(|n| n.kind == Kind::Dir))
             .count() as u32;
         let n = self.node_mut(ino)?;
-        n.nlink = 2 + subdirs;
+        n.meta.nlink = 2 + subdirs;
         if let Body::Dir { children: c, .. } = &mut n.body {
             *c = Some(children);
         }
@@ -189,7 +192,7 @@ impl<'a> Tx<'a> {
             // A node of a tree a root swap replaced, or already unloaded.
             return;
         };
-        n.lookups = n.lookups.saturating_sub(count);
+        n.forgot(count);
         if n.lookups == 0 && ino != ROOT && !n.dirty && n.links.len() == 1 {
             queue.push(n.links[0].0);
         }
@@ -249,7 +252,8 @@ impl<'a> Tx<'a> {
             let c_node = self.st.nodes.get(&c)?;
             let unused = c_node.lookups == 0
                 && !c_node.dirty
-                && c_node.open_plain + c_node.open_passthrough + c_node.writers == 0
+                && !c_node.is_open()
+                && c_node.extra().writers == 0
                 && c_node.links.len() == 1
                 && match &c_node.body {
                     Body::Dir { children, .. } => children.is_none(),
@@ -319,16 +323,16 @@ impl<'a> Tx<'a> {
         let is_dir = self.node(child)?.kind == Kind::Dir;
         {
             let c = self.node_mut(child)?;
-            c.links.push((dir, name.to_vec()));
+            c.links.push((dir, Name::from_slice(name)));
         }
         let d = self.node_mut(dir)?;
         if let Body::Dir {
             children: Some(ch), ..
         } = &mut d.body
         {
-            ch.insert(name.to_vec(), child);
+            ch.insert(Name::from_slice(name), child);
             if is_dir {
-                d.nlink += 1;
+                d.meta.nlink += 1;
             }
         }
         if self.node(child)?.dirty {
@@ -351,11 +355,11 @@ impl<'a> Tx<'a> {
         {
             ch.remove(name);
             if is_dir {
-                d.nlink -= 1;
+                d.meta.nlink -= 1;
             }
         }
         let c = self.node_mut(child)?;
-        c.links.retain(|l| !(l.0 == dir && l.1 == name));
+        c.links.retain(|l| !(l.0 == dir && l.1[..] == *name));
         self.ws
             .dirty
             .put_entry(&mut self.batch, dir, name, Override::Whiteout);
@@ -381,15 +385,18 @@ impl<'a> Tx<'a> {
         if n.kind != Kind::File {
             return Ok(());
         }
-        let before = (n.meta.mode, n.xattrs.len());
+        let before = (n.meta.mode, n.xattrs().len());
         if by.is_some() {
             n.meta.mode &= !libc::S_ISUID;
             if sgid_goes(n.meta.mode, n.meta.gid, by) {
                 n.meta.mode &= !libc::S_ISGID;
             }
         }
-        n.xattrs.retain(|(k, _)| k != FILE_CAPS);
-        if (n.meta.mode, n.xattrs.len()) != before {
+        if n.xattrs().iter().any(|(k, _)| k == FILE_CAPS) {
+            n.xattrs_mut().retain(|(k, _)| k != FILE_CAPS);
+            n.settle_extra();
+        }
+        if (n.meta.mode, n.xattrs().len()) != before {
             self.changed(ino, now_ns())?;
         }
         Ok(())
@@ -399,14 +406,14 @@ impl<'a> Tx<'a> {
     /// with its last one (once closed).
     pub(super) fn drop_link(&mut self, ino: u64) -> Result<(), Errno> {
         let n = self.node_mut(ino)?;
-        n.nlink = if n.kind == Kind::Dir {
+        n.meta.nlink = if n.kind == Kind::Dir {
             0
         } else {
-            n.nlink.saturating_sub(1)
+            n.meta.nlink.saturating_sub(1)
         };
         let t = now_ns();
         n.meta.ctime = t;
-        if n.nlink > 0 {
+        if n.meta.nlink > 0 {
             self.changed(ino, t)?;
         }
         self.maybe_free(ino);
@@ -416,7 +423,7 @@ impl<'a> Tx<'a> {
     /// Closes the upper file of `ino` if no handle needs it open.
     pub(super) fn close_if_idle(&mut self, ino: u64) {
         if let Some(n) = self.st.nodes.get_mut(&ino) {
-            if n.open_plain + n.open_passthrough == 0 {
+            if !n.is_open() {
                 n.close_upper();
             }
         }
@@ -473,30 +480,24 @@ impl<'a> Tx<'a> {
             req.gid()
         };
         Node {
+            ino: 0,
             kind,
             meta: Meta {
                 mode,
                 uid: req.uid(),
                 gid,
-                rdev: 0,
+                nlink: if kind == Kind::Dir { 2 } else { 1 },
                 atime: t,
                 mtime: t,
                 ctime: t,
                 size: 0,
                 blocks: 0,
             },
-            nlink: if kind == Kind::Dir { 2 } else { 1 },
-            links: Vec::new(),
-            xattrs: Vec::new(),
+            links: Links::new(),
             body,
             dirty: false,
-            open_plain: 0,
-            open_passthrough: 0,
+            extra: None,
             lookups: 0,
-            writers: 0,
-            pass_writers: 0,
-            changed_chunks: None,
-            backing: None,
         }
     }
 

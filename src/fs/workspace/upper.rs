@@ -17,7 +17,7 @@ impl<'a> Tx<'a> {
                 clean: Some(c),
                 upper: Some(_),
                 ..
-            } if !n.dirty && n.open_plain + n.open_passthrough == 0 => c.size,
+            } if !n.dirty && !n.is_open() => c.size,
             _ => return,
         };
         let copies = &mut self.st.copies;
@@ -41,7 +41,7 @@ impl<'a> Tx<'a> {
             let Some(n) = self.st.nodes.get_mut(&old) else {
                 continue;
             };
-            let idle = !n.dirty && n.open_plain + n.open_passthrough == 0;
+            let idle = !n.dirty && !n.is_open();
             if let Body::File {
                 clean: Some(_),
                 upper,
@@ -53,6 +53,9 @@ impl<'a> Tx<'a> {
                     // Now, not through the reaper: the node lives on, and a copy-up of it
                     // before the reaper came by would lose its new upper file.
                     self.ws.remove_upper_now(old);
+                    // No copy, so nothing of one to note.
+                    n.set_changed_chunks(None);
+                    n.settle_extra();
                 }
             }
         }
@@ -76,7 +79,7 @@ impl<'a> Tx<'a> {
         let Some(n) = self.st.nodes.get(&ino) else {
             return;
         };
-        if !n.links.is_empty() || n.open_plain + n.open_passthrough > 0 {
+        if !n.links.is_empty() || n.is_open() {
             return;
         }
         self.forget_copy(ino);
@@ -147,7 +150,7 @@ impl<'a> Tx<'a> {
         }
         let n = self.node_mut(ino)?;
         // Equal to `clean` until something writes it; emptied, it differs everywhere.
-        n.changed_chunks = Some(BTreeSet::new());
+        n.set_changed_chunks(Some(BTreeSet::new()));
         if let (Some(c), true) = (clean, truncate) {
             n.note_changed(0, c.size);
         }
@@ -314,26 +317,28 @@ impl Workspace {
     ) -> Result<Vec<u8>, Errno> {
         // A large file's chunk list is loaded once and kept with its node.
         let list = || {
-            let cached = match self.lock().nodes.get(&ino).map(|n| &n.body) {
-                Some(Body::File {
-                    chunks: Some(c),
-                    clean: Some(cl),
-                    ..
-                }) if cl.id == fref.id => Some(c.clone()),
-                _ => None,
+            let cached = match self.lock().nodes.get(&ino) {
+                Some(n) => match (&n.body, &n.extra().chunks) {
+                    (
+                        Body::File {
+                            clean: Some(cl), ..
+                        },
+                        Some(c),
+                    ) if cl.id == fref.id => Some(c.clone()),
+                    _ => None,
+                },
+                None => None,
             };
             if let Some(l) = cached {
                 return Ok(l);
             }
             let l = Arc::new(load_chunk_list(self.objects.as_ref(), fref)?);
-            if let Some(Body::File {
-                chunks,
-                clean: Some(cl),
-                ..
-            }) = self.lock().nodes.get_mut(&ino).map(|n| &mut n.body)
-            {
-                if cl.id == fref.id {
-                    *chunks = Some(l.clone());
+            if let Some(n) = self.lock().nodes.get_mut(&ino) {
+                let same =
+                    matches!(&n.body, Body::File { clean: Some(cl), .. } if cl.id == fref.id);
+                // Kept while a handle is open (its uses are boxed then).
+                if let (true, Some(u)) = (same, n.extra.as_deref_mut()) {
+                    u.chunks = Some(l.clone());
                 }
             }
             Ok(l)
