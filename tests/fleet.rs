@@ -305,38 +305,333 @@ fn two_hosts_share_postgresql_and_s3() {
     assert_eq!(cps_a.head(&th).unwrap(), Some(cp_b.id));
 }
 
-/// A damaged object in S3 is an integrity error on the host that fetches it, naming
-/// the hash, and nothing wrong is kept in its cache.
+/// The bucket itself, for tests that look at or damage what casfs wrote, and the
+/// prefix of the store in it.
+fn bucket(b: &Backends) -> (object_store::aws::AmazonS3, String) {
+    let url = b.objects.as_ref().unwrap();
+    let s3 = object_store::aws::AmazonS3Builder::from_env()
+        .with_url(url)
+        .build()
+        .unwrap();
+    let prefix = url::Url::parse(url)
+        .unwrap()
+        .path()
+        .trim_matches('/')
+        .to_string();
+    (s3, prefix)
+}
+
+fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+/// The keys under `<prefix>/<dir>/`.
+fn keys(b: &Backends, dir: &str) -> Vec<object_store::path::Path> {
+    use futures::TryStreamExt;
+    use object_store::ObjectStore as _;
+    let (s3, prefix) = bucket(b);
+    let at = object_store::path::Path::from(format!("{prefix}/{dir}"));
+    block_on(async {
+        s3.list(Some(&at))
+            .map_ok(|m| m.location)
+            .try_collect::<Vec<_>>()
+            .await
+            .unwrap()
+    })
+}
+
+/// A damaged pack in S3 is an integrity error on the host that reads from it, naming
+/// the object and the pack, and nothing wrong is kept in its cache; the objects of the
+/// pack that are intact still read.
 #[test]
-fn a_damaged_remote_object_is_refused() {
+fn a_damaged_pack_is_refused_by_name() {
     let t = tempfile::tempdir().unwrap();
     let b = fleet();
     let a = open(&t.path().join("a"), &b);
-    let data = pattern(50_000, 3);
-    let id = a.objects().put(&data).unwrap().id;
+    let first = pattern(50_000, 3);
+    let second = pattern(70_000, 4);
+    let id1 = a.objects().put(&first).unwrap().id;
+    let id2 = a.objects().put(&second).unwrap().id;
     a.objects().sync().unwrap();
-    // Overwrite the remote copy with another object's stored bytes.
-    let other = casfs::cas::object::encode_stored(&pattern(50_000, 4));
-    let s3 = object_store::aws::AmazonS3Builder::from_env()
-        .with_url(b.objects.as_ref().unwrap())
-        .build()
-        .unwrap();
-    let key = object_store::path::Path::from(format!(
-        "{}/{}/{}",
-        url::Url::parse(b.objects.as_ref().unwrap())
-            .unwrap()
-            .path()
-            .trim_matches('/'),
-        &id.to_hex()[..2],
-        id.to_hex()
-    ));
-    tokio::runtime::Runtime::new().unwrap().block_on(async {
+    let packs = keys(&b, "packs");
+    assert_eq!(packs.len(), 1, "both objects in one pack: {packs:?}");
+    assert_eq!(keys(&b, "index").len(), 1);
+    // Flip one byte of the first object (it was put first: it starts the pack).
+    let (s3, _) = bucket(&b);
+    block_on(async {
         use object_store::ObjectStore as _;
-        s3.put(&key, other.into()).await.unwrap();
+        let mut bytes = s3
+            .get(&packs[0])
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap()
+            .to_vec();
+        bytes[100] ^= 0x40;
+        s3.put(&packs[0], bytes.into()).await.unwrap();
     });
     let host_b = open(&t.path().join("b"), &b);
-    let err = host_b.objects().get(&id, "blob").unwrap_err();
+    let err = host_b.objects().get(&id1, "blob").unwrap_err();
     assert!(err.is_integrity(), "{err}");
-    assert!(err.to_string().contains(&id.to_hex()), "{err}");
-    assert!(!host_b.rocks_objects().contains(&id).unwrap());
+    let msg = err.to_string();
+    assert!(msg.contains(&id1.to_hex()), "names the object: {msg}");
+    let pack_name = packs[0].filename().unwrap();
+    assert!(msg.contains(pack_name), "names the pack: {msg}");
+    assert!(!host_b.rocks_objects().contains(&id1).unwrap());
+    // A prefetch keeps nothing damaged either, and the intact neighbour reads.
+    host_b.objects().prefetch(&[id1, id2]);
+    assert!(!host_b.rocks_objects().contains(&id1).unwrap());
+    assert_eq!(host_b.objects().get(&id2, "blob").unwrap(), second);
+    // A damaged index is refused by name too.
+    let idx = keys(&b, "index");
+    block_on(async {
+        use object_store::ObjectStore as _;
+        s3.put(&idx[0], b"casfsidx\x01garbage".to_vec().into())
+            .await
+            .unwrap();
+    });
+    let host_c = open(&t.path().join("c"), &b);
+    let err = host_c.objects().get(&id2, "blob").unwrap_err().to_string();
+    assert!(err.contains(idx[0].filename().unwrap()), "{err}");
+}
+
+/// A first upload makes one request per pack plus a constant; a host that never saw
+/// the store learns where everything is from one listing and one index.
+#[test]
+fn uploads_and_reads_go_by_the_pack() {
+    let t = tempfile::tempdir().unwrap();
+    let b = fleet();
+    let a = open(&t.path().join("a"), &b);
+    a.remote().unwrap().set_pack_size(1 << 20).unwrap();
+    let mut ids = Vec::new();
+    // 600 objects of 5-15 KB (about 3.6 MB stored): packs of 1 MiB.
+    for i in 0..600u64 {
+        let data = pattern(5_000 + (i as usize % 11) * 1_000, 9_000 + i);
+        ids.push((a.objects().put(&data).unwrap().id, data));
+    }
+    let before = a.remote().unwrap().stats();
+    a.objects().sync().unwrap();
+    let up = a.remote().unwrap().stats().since(&before);
+    assert_eq!(up.uploaded_objects, 600, "{up:?}");
+    // Each pack but the last holds at least 1 MiB.
+    assert!(up.uploaded_packs >= 3, "{up:?}");
+    assert!(
+        up.uploaded_packs <= up.uploaded_bytes.div_ceil(1 << 20),
+        "{up:?}"
+    );
+    // One listing, the packs, one index.
+    assert_eq!(up.requests.list, 1, "{up:?}");
+    assert_eq!(up.requests.put, up.uploaded_packs + 1, "{up:?}");
+    assert_eq!(up.requests.head + up.requests.get, 0, "{up:?}");
+    // Nothing new: the sync lists the indexes (gc may have marked a pack since) and
+    // uploads nothing.
+    let before = a.remote().unwrap().stats();
+    a.objects().put(&ids[0].1).unwrap();
+    a.objects().sync().unwrap();
+    let again = a.remote().unwrap().stats().since(&before).requests;
+    assert_eq!((again.list, again.total()), (1, 1), "{again:?}");
+
+    // A fresh host: a prefetch of everything is one listing, one index and a few
+    // ranged reads, and every object verifies.
+    let c = open(&t.path().join("c"), &b);
+    let all: Vec<casfs::cas::ObjectId> = ids.iter().map(|(id, _)| *id).collect();
+    c.objects().prefetch(&all);
+    let r = c.remote().unwrap().stats();
+    assert_eq!(r.fetched_objects, 600, "{r:?}");
+    assert_eq!((r.requests.list, r.requests.get), (1, 1), "{r:?}");
+    assert!(r.requests.ranged_get <= 12, "{r:?}");
+    for (id, data) in &ids {
+        assert_eq!(&c.rocks_objects().get(id, "blob").unwrap(), data);
+    }
+    // One lazy read on another fresh host: one listing, one index, one ranged GET.
+    let d = open(&t.path().join("d"), &b);
+    assert_eq!(d.objects().get(&ids[321].0, "blob").unwrap(), ids[321].1);
+    let r = d.remote().unwrap().stats().requests;
+    assert_eq!((r.list, r.get, r.ranged_get), (1, 1, 1), "{r:?}");
+    // Its indexes are kept: a restart lists again but reads no index.
+    drop(d);
+    let d = open(&t.path().join("d"), &b);
+    assert_eq!(d.objects().get(&ids[17].0, "blob").unwrap(), ids[17].1);
+    let r = d.remote().unwrap().stats().requests;
+    assert_eq!((r.list, r.get, r.ranged_get), (1, 0, 1), "{r:?}");
+}
+
+fn gc(store: &Store, grace: Duration) -> casfs::cas::remote_store::RemoteGcReport {
+    let o = casfs::cas::remote_store::RemoteGcOptions {
+        grace,
+        max_unused: 0.1,
+        dry_run: false,
+    };
+    casfs::checkpoint::maintenance::gc_with(store, &o)
+        .unwrap()
+        .remote
+        .unwrap()
+}
+
+/// Packs only garbage is in are marked and, a grace period later, deleted; a pack with
+/// mostly garbage has its live objects copied out first; young packs are left alone;
+/// what every checkpoint needs still restores on a fresh host, and the garbage is gone.
+#[test]
+fn gc_deletes_dead_packs_and_copies_live_objects_out_of_wasteful_ones() {
+    let t = tempfile::tempdir().unwrap();
+    let b = fleet();
+    let a = open(&t.path().join("a"), &b);
+    let th = thread("gc");
+    // Garbage on its own (one pack), then garbage in the same pack as a checkpoint's
+    // files (the capture's sync uploads both).
+    let mut garbage = Vec::new();
+    for i in 0..30u64 {
+        garbage.push(a.objects().put(&pattern(20_000, 50_000 + i)).unwrap().id);
+    }
+    a.objects().sync().unwrap();
+    for i in 30..60u64 {
+        garbage.push(a.objects().put(&pattern(20_000, 50_000 + i)).unwrap().id);
+    }
+    let work = t.path().join("work");
+    write_tree(&work, 7);
+    let (cp, _) = capture_to_thread(
+        &a,
+        &work,
+        &CaptureOptions::default(),
+        &append_opts(&th, ExpectedHead::Current),
+    )
+    .unwrap();
+    let packs_before = keys(&b, "packs");
+    assert_eq!(packs_before.len(), 2, "{packs_before:?}");
+
+    // Within the grace period nothing is touched.
+    let r = gc(&a, Duration::from_secs(3600));
+    assert_eq!(
+        (r.packs, r.packs_marked, r.packs_deleted, r.objects_copied),
+        (2, 0, 0, 0),
+        "{r:?}"
+    );
+    assert_eq!(keys(&b, "packs").len(), 2);
+
+    // Grace over: both packs are marked; the mixed one's live objects are copied out.
+    let r = gc(&a, Duration::ZERO);
+    assert_eq!((r.packs_marked, r.packs_deleted), (2, 0), "{r:?}");
+    assert!(r.objects_copied > 40, "{r:?}");
+    assert_eq!(r.packs_written, 1, "{r:?}");
+    assert_eq!(keys(&b, "packs").len(), 3);
+    assert_eq!(keys(&b, "index").len(), 1, "one index replaces the two");
+    // The next run deletes the marked packs.
+    let r = gc(&a, Duration::ZERO);
+    assert_eq!((r.packs_deleted, r.packs_kept), (2, 1), "{r:?}");
+    assert_eq!(keys(&b, "packs").len(), 1);
+    // Nothing left to do.
+    let r = gc(&a, Duration::ZERO);
+    assert_eq!(
+        (
+            r.packs_marked,
+            r.packs_deleted,
+            r.objects_copied,
+            r.bytes_unused
+        ),
+        (0, 0, 0, 0),
+        "{r:?}"
+    );
+
+    // A fresh host restores the checkpoint exactly; the garbage is gone for good.
+    let c = open(&t.path().join("c"), &b);
+    let out = t.path().join("restored");
+    restore_tree(&c, cp.body.root, &out, &RestoreOptions::default()).unwrap();
+    assert_eq!(snapshot(&out), snapshot(&work));
+    for g in &garbage {
+        assert!(matches!(
+            c.objects().get(g, "blob"),
+            Err(casfs::cas::CasError::NotFound { .. })
+        ));
+    }
+    // Uploading the garbage again brings it back (the marks made no upload skip it).
+    for i in 0..60u64 {
+        a.objects().put(&pattern(20_000, 50_000 + i)).unwrap();
+    }
+    a.objects().sync().unwrap();
+    let d = open(&t.path().join("d"), &b);
+    assert_eq!(
+        d.objects().get(&garbage[5], "blob").unwrap(),
+        pattern(20_000, 50_005)
+    );
+}
+
+/// Host A collects garbage over and over while host B uploads checkpoints whose files
+/// are partly content that B uploaded before as garbage (so B's uploads leave out
+/// objects in packs A is about to mark): every checkpoint restores exactly afterwards.
+#[test]
+fn gc_on_one_host_while_another_uploads_loses_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let b = fleet();
+    let host_a = Arc::new(open(&t.path().join("a"), &b));
+    let host_b = open(&t.path().join("b"), &b);
+    let th = thread("busy");
+    let grace = Duration::from_millis(1500);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let collector = {
+        let (a, stop) = (host_a.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut total = casfs::cas::remote_store::RemoteGcReport::default();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let r = gc(&a, grace);
+                total.packs_marked += r.packs_marked;
+                total.packs_deleted += r.packs_deleted;
+                total.objects_copied += r.objects_copied;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            total
+        })
+    };
+    let mut expected = Vec::new();
+    for round in 0..12u64 {
+        // Garbage: uploaded, never in a checkpoint (until the next round's tree uses it).
+        for i in 0..20u64 {
+            host_b
+                .objects()
+                .put(&pattern(8_000, round * 100 + i))
+                .unwrap();
+        }
+        host_b.objects().sync().unwrap();
+        let dir = t.path().join(format!("w{round}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for i in 0..20u64 {
+            // Half this round's files are last round's garbage.
+            let seed = if i % 2 == 0 && round > 0 {
+                (round - 1) * 100 + i
+            } else {
+                10_000 + round * 100 + i
+            };
+            std::fs::write(dir.join(format!("f{i}")), pattern(8_000, seed)).unwrap();
+        }
+        let (cp, _) = capture_to_thread(
+            &host_b,
+            &dir,
+            &CaptureOptions::default(),
+            &append_opts(&th, ExpectedHead::Current),
+        )
+        .unwrap();
+        expected.push((cp, dir));
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    // Long enough for marks to ripen, then stop.
+    std::thread::sleep(grace * 2);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let total = collector.join().unwrap();
+    assert!(total.packs_deleted > 0, "gc deleted nothing: {total:?}");
+    let last = gc(&host_a, grace);
+    assert_eq!(
+        last.packs_waiting + last.packs_marked,
+        last.packs_marked + last.packs_waiting
+    );
+    for (i, (cp, dir)) in expected.iter().enumerate() {
+        let fresh = open(&t.path().join(format!("fresh{i}")), &b);
+        let out = t.path().join(format!("out{i}"));
+        restore_tree(&fresh, cp.body.root, &out, &RestoreOptions::default())
+            .unwrap_or_else(|e| panic!("checkpoint {i} after gc ({total:?}): {e}"));
+        assert_eq!(snapshot(&out), snapshot(dir), "checkpoint {i}");
+    }
 }

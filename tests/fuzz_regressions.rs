@@ -126,6 +126,11 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
             gc: true,
         }),
         Request::Maintain(MaintainOp::Fsck { repair: false }),
+        Request::Maintain(MaintainOp::Gc {
+            dry_run: false,
+            grace_secs: Some(60),
+            max_unused: Some(0.25),
+        }),
     ];
     let mut out = vec![
         ("tree", tree.encode()),
@@ -140,11 +145,28 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
         ("dirty_set", serde_json::to_vec(&meta).unwrap()),
         ("dirty_set", vec![1, 0, 0, 0, 0, 0, 0, 0, 7]),
         ("dircache", dircache.encode()),
+        ("pack_index", pack_index_body()),
     ];
     for r in &requests {
         out.push(("control_request", serde_json::to_vec(r).unwrap()));
     }
     out
+}
+
+/// The zstd-framed body of a small pack index (the fuzz check frames its input).
+fn pack_index_body() -> Vec<u8> {
+    use casfs::cas::pack::{PackEntry, PackIndex};
+    let e = |n: u8, offset, len| PackEntry {
+        id: Hash::of(&[n]),
+        offset,
+        len,
+    };
+    let idx = PackIndex::build(&[
+        (Hash::of(b"p1"), None, vec![e(1, 0, 10), e(2, 10, 5)]),
+        (Hash::of(b"p2"), Some(1_700_000_000_000), vec![e(3, 0, 7)]),
+    ])
+    .unwrap();
+    zstd::decode_all(&idx.encode()[9..]).unwrap()
 }
 
 #[test]

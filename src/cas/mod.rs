@@ -11,6 +11,8 @@ pub mod gc;
 mod hash;
 pub mod kv;
 pub mod object;
+pub mod pack;
+pub mod remote_index;
 pub mod remote_store;
 mod rocks_store;
 mod store;

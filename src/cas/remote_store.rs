@@ -1,53 +1,98 @@
 //! An [`ObjectStore`] on S3-compatible object storage (or GCS, Azure, a local
 //! directory: anything the `object_store` crate reaches), with the store's own RocksDB
-//! as a read-through cache.
+//! as a read-through cache. Objects travel in packs ([`super::pack`]).
 //!
 //! - `put` stores locally and remembers the object; `sync` (which every capture runs
-//!   before it appends) uploads what the remote lacks: existence checks and uploads run
-//!   in parallel, and objects known to be remote (a marker in the `remote` column family)
-//!   are not checked again. So a checkpoint uploads only what changed.
-//! - `get` reads locally; a miss fetches the object, verifies it against its hash, keeps
-//!   it locally and returns it. A restore on another host therefore mounts at once and
-//!   fetches chunks as they are read.
-//! - Remote keys are `<prefix>/<first two hex digits>/<hex>`; the value is the stored
-//!   encoding (header byte, raw or zstd), the same bytes as locally.
+//!   before it appends) uploads what the remote lacks: it lists the remote's indexes
+//!   (reading only those it has not read before), leaves out every object an index
+//!   names in a pack not marked for deletion, appends the rest into packs of
+//!   `CASFS_PACK_SIZE` bytes (16 MiB), uploads them in parallel, and then one index
+//!   naming them all. So the first upload of a tree costs one request per pack plus
+//!   two, and a checkpoint after a few changes three or four.
+//! - `get` reads locally; a miss fetches the one object with a ranged GET of its pack,
+//!   verifies it against its hash, keeps it locally and returns it. `prefetch` (a plain
+//!   restore's, a mount's read-first) groups the objects it lacks by pack and reads
+//!   neighbours with one ranged GET, many at a time. An object no index names is read
+//!   from its own key, `<prefix>/<first two hex digits>/<hex>` (the layout before
+//!   packs), so stores written before keep working.
+//! - Every object read is verified; a damaged one is an integrity error naming the
+//!   object, the pack and the offset, and nothing of it is kept.
+//! - Garbage collection of packs: [`RemoteObjectStore::collect`] (`gc` below).
 //!
 //! Credentials come from the environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
 //! `AWS_REGION`, `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`, ...), never from the URL.
 
-use std::collections::HashSet;
+mod gc;
+
+pub use gc::{RemoteGcOptions, RemoteGcReport};
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use futures::stream::{self, StreamExt, TryStreamExt};
 use object_store::path::Path as RemotePath;
 use object_store::{ObjectStore as Remote, PutPayload};
 
 use super::gc::Fence;
-use super::kv::Database;
 use super::object::decode_stored;
+use super::pack::{coalesce, Location, PackEntry, PackIndex, PackWriter};
+use super::remote_index::{Counters, Indexes, RemoteRequests};
 use super::rocks_store::RocksObjectStore;
 use super::store::{ObjectStore, PutOutcome};
 use super::{CasError, CasResult, Hash, ObjectId};
 
-/// The column family marking objects known to be in the remote store.
+/// The column family that marked objects known to be in the remote store (before
+/// packs); kept so that stores which have it open, no longer read or written.
 pub const REMOTE_CF: &str = "remote";
 
-/// An object checked (and uploaded: its stored length) or found present.
-type Uploaded = (Hash, Option<u64>);
-
-/// Parallel requests to the remote store.
+/// Parallel requests to the remote store (object reads, index reads).
 const PARALLEL: usize = 32;
+/// Packs uploaded at once (each is held in memory while it goes).
+const PARALLEL_PACKS: usize = 4;
+/// The default pack size (`CASFS_PACK_SIZE` overrides it), as restic's.
+const PACK_SIZE: usize = 16 << 20;
+/// Neighbouring objects of a pack at most this far apart share one ranged GET...
+const MAX_GAP: u64 = 256 << 10;
+/// ...of at most this many bytes.
+const MAX_SPAN: u64 = 8 << 20;
 
 /// Counters of what crossed the network.
 #[derive(Debug, Default, Clone, Copy, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
 pub struct RemoteStats {
     pub uploaded_objects: u64,
     pub uploaded_bytes: u64,
-    /// Existence checks made (objects not known to be remote).
+    pub uploaded_packs: u64,
+    /// Objects looked up in the remote's indexes (not known locally to be remote).
     pub checked_objects: u64,
     pub fetched_objects: u64,
     pub fetched_bytes: u64,
+    pub requests: RemoteRequests,
+}
+
+impl RemoteStats {
+    /// What happened between `before` and `self`.
+    pub fn since(&self, before: &RemoteStats) -> RemoteStats {
+        RemoteStats {
+            uploaded_objects: self.uploaded_objects - before.uploaded_objects,
+            uploaded_bytes: self.uploaded_bytes - before.uploaded_bytes,
+            uploaded_packs: self.uploaded_packs - before.uploaded_packs,
+            checked_objects: self.checked_objects - before.checked_objects,
+            fetched_objects: self.fetched_objects - before.fetched_objects,
+            fetched_bytes: self.fetched_bytes - before.fetched_bytes,
+            requests: self.requests.since(&before.requests),
+        }
+    }
+}
+
+/// Objects put and not uploaded yet, in the order they were put (a pack then holds a
+/// directory's files and trees near each other).
+#[derive(Default)]
+struct Pending {
+    order: Vec<Hash>,
+    set: HashSet<Hash>,
 }
 
 pub struct RemoteObjectStore {
@@ -57,9 +102,17 @@ pub struct RemoteObjectStore {
     /// A URL naming the remote without credentials, for messages.
     name: String,
     rt: tokio::runtime::Runtime,
-    pending: Mutex<HashSet<Hash>>,
+    pending: Mutex<Pending>,
+    /// One upload at a time.
+    uploading: Mutex<()>,
+    indexes: Indexes,
+    /// When the indexes were last listed; one listing at a time.
+    listed: Mutex<Option<Instant>>,
+    pack_size: std::sync::atomic::AtomicUsize,
+    requests: Counters,
     uploaded_objects: AtomicU64,
     uploaded_bytes: AtomicU64,
+    uploaded_packs: AtomicU64,
     checked_objects: AtomicU64,
     fetched_objects: AtomicU64,
     fetched_bytes: AtomicU64,
@@ -78,10 +131,19 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
+fn is_not_found(e: &object_store::Error) -> bool {
+    matches!(e, object_store::Error::NotFound { .. })
+}
+
 impl RemoteObjectStore {
     /// Opens the remote store at `url` (`s3://bucket/prefix`, `gs://...`,
-    /// `az://...`, `file:///dir`, `memory://`) over the local store `local`.
-    pub fn open(local: Arc<RocksObjectStore>, url: &str) -> CasResult<RemoteObjectStore> {
+    /// `az://...`, `file:///dir`, `memory://`) over the local store `local`; indexes
+    /// read are kept in `index_dir` (none kept without one).
+    pub fn open(
+        local: Arc<RocksObjectStore>,
+        url: &str,
+        index_dir: Option<PathBuf>,
+    ) -> CasResult<RemoteObjectStore> {
         let name = redact_url(url);
         let bad = |detail: String| CasError::Invalid(format!("object store {name}: {detail}"));
         let parsed = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
@@ -104,6 +166,19 @@ impl RemoteObjectStore {
                 .map_err(|e| bad(e.to_string()))?;
             (Arc::from(store), prefix)
         };
+        let pack_size = match std::env::var("CASFS_PACK_SIZE") {
+            Ok(v) => v
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (64 << 10..=1 << 30).contains(n))
+                .ok_or_else(|| {
+                    bad(format!(
+                        "CASFS_PACK_SIZE={v:?}: want a size in bytes from 65536 to 1073741824"
+                    ))
+                })?,
+            Err(_) => PACK_SIZE,
+        };
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("casfs-remote")
@@ -116,13 +191,34 @@ impl RemoteObjectStore {
             prefix,
             name,
             rt,
-            pending: Mutex::new(HashSet::new()),
+            pending: Mutex::new(Pending::default()),
+            uploading: Mutex::new(()),
+            indexes: Indexes::new(index_dir),
+            listed: Mutex::new(None),
+            pack_size: std::sync::atomic::AtomicUsize::new(pack_size),
+            requests: Counters::default(),
             uploaded_objects: AtomicU64::new(0),
             uploaded_bytes: AtomicU64::new(0),
+            uploaded_packs: AtomicU64::new(0),
             checked_objects: AtomicU64::new(0),
             fetched_objects: AtomicU64::new(0),
             fetched_bytes: AtomicU64::new(0),
         })
+    }
+
+    /// Sets the size packs are filled to from now on (64 KiB to 1 GiB).
+    pub fn set_pack_size(&self, bytes: usize) -> CasResult<()> {
+        if !(64 << 10..=1 << 30).contains(&bytes) {
+            return Err(CasError::Invalid(format!(
+                "pack size {bytes}: want 65536 to 1073741824 bytes"
+            )));
+        }
+        self.pack_size.store(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn pack_size(&self) -> usize {
+        self.pack_size.load(Ordering::Relaxed)
     }
 
     pub fn local(&self) -> &Arc<RocksObjectStore> {
@@ -137,19 +233,32 @@ impl RemoteObjectStore {
         RemoteStats {
             uploaded_objects: self.uploaded_objects.load(Ordering::Relaxed),
             uploaded_bytes: self.uploaded_bytes.load(Ordering::Relaxed),
+            uploaded_packs: self.uploaded_packs.load(Ordering::Relaxed),
             checked_objects: self.checked_objects.load(Ordering::Relaxed),
             fetched_objects: self.fetched_objects.load(Ordering::Relaxed),
             fetched_bytes: self.fetched_bytes.load(Ordering::Relaxed),
+            requests: self.requests.snapshot(),
         }
     }
 
-    fn db(&self) -> &Database {
-        self.local.database()
+    /// Where the remote object `rel` (`packs/<hex>`, `index/<hex>`) is.
+    pub fn key_of(&self, rel: &str) -> RemotePath {
+        rel.split('/')
+            .fold(self.prefix.clone(), |p, part| p.child(part))
     }
 
+    /// The key of an object stored on its own (the layout before packs).
     fn key(&self, id: &Hash) -> RemotePath {
         let hex = id.to_hex();
         self.prefix.child(&hex[..2]).child(hex.as_str())
+    }
+
+    fn pack_key(&self, id: &Hash) -> RemotePath {
+        self.prefix.child("packs").child(id.to_hex().as_str())
+    }
+
+    fn index_key(&self, id: &Hash) -> RemotePath {
+        self.prefix.child("index").child(id.to_hex().as_str())
     }
 
     fn err(&self, what: &str, id: Option<&Hash>, e: impl std::fmt::Display) -> CasError {
@@ -172,131 +281,323 @@ impl RemoteObjectStore {
         rx.recv().expect("the remote store's runtime is running")
     }
 
-    fn known_remote(&self, id: &Hash) -> CasResult<bool> {
-        let cf = self.db().cf(REMOTE_CF);
-        Ok(self
-            .db()
-            .raw()
-            .get_pinned_cf(cf, id.as_bytes())
-            .map_err(|e| self.db().err(e))?
-            .is_some())
-    }
-
-    fn mark_remote(&self, ids: &[Hash]) -> CasResult<()> {
-        let cf = self.db().cf(REMOTE_CF);
-        let mut b = rocksdb::WriteBatch::default();
-        for id in ids {
-            b.put_cf(cf, id.as_bytes(), []);
-        }
-        self.db().raw().write(b).map_err(|e| self.db().err(e))
-    }
-
-    /// Uploads every object put since the last sync that the remote lacks.
-    fn upload_pending(&self) -> CasResult<()> {
-        let ids: Vec<Hash> = self
-            .pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .copied()
-            .collect();
-        if ids.is_empty() {
-            return Ok(());
-        }
-        let mut unknown = Vec::new();
-        for id in &ids {
-            if !self.known_remote(id)? {
-                unknown.push(*id);
+    /// Lists the remote's indexes and reads the ones not read before (from the copy
+    /// kept under the store, else with a GET, verified against its name); forgets
+    /// those gc replaced. One listing at a time.
+    fn list_indexes(&self) -> CasResult<()> {
+        let mut listed = self.listed.lock().unwrap_or_else(|p| p.into_inner());
+        let names = self.list_names("index")?;
+        self.indexes
+            .retain(&names.iter().map(|(h, _)| *h).collect());
+        let known: HashSet<Hash> = self.indexes.names().into_iter().collect();
+        let mut want = Vec::new();
+        for (name, _) in names {
+            if known.contains(&name) {
+                continue;
+            }
+            match self.indexes.kept(&name) {
+                Some(b) => self.load_index(name, &b)?,
+                None => want.push((name, self.index_key(&name))),
             }
         }
-        self.checked_objects
-            .fetch_add(unknown.len() as u64, Ordering::Relaxed);
-        let (remote, local) = (self.remote.clone(), self.local.clone());
-        let work: Vec<(Hash, RemotePath)> = unknown.iter().map(|id| (*id, self.key(id))).collect();
-        // Each object's stored bytes are read only when the remote lacks it, and only
-        // PARALLEL at a time are in memory.
-        let results: Result<Vec<Uploaded>, (Hash, String)> = self.run(async move {
-            stream::iter(work.into_iter().map(|(id, key)| {
-                let (remote, local) = (remote.clone(), local.clone());
+        Counters::add(&self.requests.get, want.len() as u64);
+        let remote = self.remote.clone();
+        let got: Result<Vec<(Hash, bytes::Bytes)>, (Hash, String)> = self.run(async move {
+            stream::iter(want.into_iter().map(|(name, key)| {
+                let remote = remote.clone();
                 async move {
-                    match remote.head(&key).await {
-                        Ok(_) => return Ok((id, None)),
-                        Err(object_store::Error::NotFound { .. }) => {}
-                        Err(e) => return Err((id, format!("checking: {e}"))),
-                    }
-                    let stored = match local.get_stored(&id) {
-                        Ok(Some(s)) => s,
-                        Ok(None) => return Err((id, "not in the local store".into())),
-                        Err(e) => return Err((id, e.to_string())),
-                    };
-                    let len = stored.len() as u64;
-                    remote
-                        .put(&key, PutPayload::from(stored))
-                        .await
-                        .map_err(|e| (id, format!("uploading: {e}")))?;
-                    Ok((id, Some(len)))
+                    let r = remote.get(&key).await.map_err(|e| (name, e.to_string()))?;
+                    let b = r.bytes().await.map_err(|e| (name, e.to_string()))?;
+                    Ok((name, b))
                 }
             }))
             .buffer_unordered(PARALLEL)
             .try_collect()
             .await
         });
-        let done = results.map_err(|(id, e)| self.err("object", Some(&id), e))?;
-        for (_, up) in &done {
-            if let Some(len) = up {
-                self.uploaded_objects.fetch_add(1, Ordering::Relaxed);
-                self.uploaded_bytes.fetch_add(*len, Ordering::Relaxed);
+        for (name, bytes) in got.map_err(|(n, e)| self.err("reading pack index", Some(&n), e))? {
+            if Hash::of(&bytes) != name {
+                return Err(CasError::Corrupt {
+                    id: name,
+                    detail: format!(
+                        "pack index index/{name} of {} does not hash to its name",
+                        self.name
+                    ),
+                });
             }
+            self.load_index(name, &bytes)?;
+            self.indexes.keep(&name, &bytes);
         }
-        self.mark_remote(&ids)?;
-        let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        for id in &ids {
-            p.remove(id);
-        }
+        *listed = Some(Instant::now());
         Ok(())
     }
 
-    /// Fetches one object from the remote store, verifies it and keeps it locally.
-    fn fetch(&self, id: &ObjectId, what: &'static str) -> CasResult<Vec<u8>> {
-        let key = self.key(&id.0);
+    fn load_index(&self, name: Hash, bytes: &[u8]) -> CasResult<()> {
+        let idx = PackIndex::decode(&format!("index/{name} of {}", self.name), bytes)?;
+        self.indexes.insert(name, Arc::new(idx));
+        Ok(())
+    }
+
+    /// The objects under `<prefix>/<dir>/` whose names are hashes, with their sizes and
+    /// times. One LIST request a thousand.
+    fn list_names(&self, dir: &str) -> CasResult<Vec<(Hash, object_store::ObjectMeta)>> {
         let remote = self.remote.clone();
-        let got = self.run(async move {
-            match remote.get(&key).await {
-                Ok(r) => r.bytes().await.map(Some),
-                Err(object_store::Error::NotFound { .. }) => Ok(None),
-                Err(e) => Err(e),
-            }
+        let at = self.prefix.child(dir);
+        let metas: Result<Vec<object_store::ObjectMeta>, object_store::Error> =
+            self.run(async move { remote.list(Some(&at)).try_collect().await });
+        let metas = metas.map_err(|e| self.err(&format!("listing {dir}/"), None, e))?;
+        Counters::add(&self.requests.list, 1 + metas.len() as u64 / 1000);
+        Ok(metas
+            .into_iter()
+            .filter_map(|m| {
+                let h = Hash::from_hex(m.location.filename()?)?;
+                Some((h, m))
+            })
+            .collect())
+    }
+
+    /// Uploads packs (name, bytes) in parallel.
+    fn put_packs(&self, packs: Vec<(Hash, Vec<u8>)>) -> CasResult<()> {
+        let n = packs.len() as u64;
+        let bytes: u64 = packs.iter().map(|(_, b)| b.len() as u64).sum();
+        let remote = self.remote.clone();
+        let work: Vec<(Hash, RemotePath, Vec<u8>)> = packs
+            .into_iter()
+            .map(|(id, b)| (id, self.pack_key(&id), b))
+            .collect();
+        let done: Result<Vec<()>, (Hash, String)> = self.run(async move {
+            stream::iter(work.into_iter().map(|(id, key, b)| {
+                let remote = remote.clone();
+                async move {
+                    remote
+                        .put(&key, PutPayload::from(b))
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| (id, e.to_string()))
+                }
+            }))
+            .buffer_unordered(PARALLEL_PACKS)
+            .try_collect()
+            .await
         });
-        let stored = match got {
-            Ok(Some(b)) => b,
-            Ok(None) => return Err(CasError::NotFound { what, id: id.0 }),
-            Err(e) => return Err(self.err("fetching", Some(&id.0), e)),
-        };
-        // Verified before anything is kept or returned.
-        let data = decode_stored(&id.0, &stored)?;
+        Counters::add(&self.requests.put, n);
+        done.map_err(|(id, e)| self.err("uploading pack", Some(&id), e))?;
+        self.uploaded_packs.fetch_add(n, Ordering::Relaxed);
+        self.uploaded_bytes.fetch_add(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Uploads index `idx` (after the packs it names) and makes it known here.
+    fn put_index(&self, idx: PackIndex) -> CasResult<Hash> {
+        let bytes = idx.encode();
+        let name = Hash::of(&bytes);
+        let (remote, key) = (self.remote.clone(), self.index_key(&name));
+        let payload = PutPayload::from(bytes.clone());
+        let r = self.run(async move { remote.put(&key, payload).await });
+        Counters::add(&self.requests.put, 1);
+        r.map_err(|e| self.err("uploading pack index", Some(&name), e))?;
+        self.indexes.keep(&name, &bytes);
+        self.indexes.insert(name, Arc::new(idx));
+        Ok(name)
+    }
+
+    /// Uploads every object put since the last sync that the remote lacks: packs
+    /// first, then the index naming them (so an index never names a pack that is not
+    /// there, and `sync`, which returns after both, comes before any checkpoint that
+    /// needs them).
+    fn upload_pending(&self) -> CasResult<()> {
+        let _one = self.uploading.lock().unwrap_or_else(|p| p.into_inner());
+        let ids: Vec<Hash> = self
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .order
+            .clone();
+        if ids.is_empty() {
+            return Ok(());
+        }
+        // What the remote has is read now, at the start of the sync: an object is left
+        // out only if an index names it in a pack no gc has marked (a host's own memory
+        // of having uploaded it is no proof: gc may have deleted it since).
+        self.list_indexes()?;
+        self.checked_objects
+            .fetch_add(ids.len() as u64, Ordering::Relaxed);
+        let mut packs: Vec<(Hash, Option<u64>, Vec<PackEntry>)> = Vec::new();
+        let mut ready: Vec<(Hash, Vec<u8>)> = Vec::new();
+        let mut w = PackWriter::default();
+        let mut objects = 0u64;
+        let mut seen = HashSet::new();
+        for id in ids.iter().copied() {
+            if self.indexes.has_live(&id) || !seen.insert(id) {
+                continue;
+            }
+            let stored = self
+                .local
+                .get_stored(&id)?
+                .ok_or_else(|| self.err("object", Some(&id), "not in the local store"))?;
+            w.push(id, &stored);
+            objects += 1;
+            if w.size() >= self.pack_size() {
+                let (pid, bytes, entries) = std::mem::take(&mut w).finish();
+                packs.push((pid, None, entries));
+                ready.push((pid, bytes));
+                if ready.len() >= PARALLEL_PACKS {
+                    self.put_packs(std::mem::take(&mut ready))?;
+                }
+            }
+        }
+        if !w.is_empty() {
+            let (pid, bytes, entries) = w.finish();
+            packs.push((pid, None, entries));
+            ready.push((pid, bytes));
+        }
+        if !ready.is_empty() {
+            self.put_packs(ready)?;
+        }
+        if !packs.is_empty() {
+            self.put_index(PackIndex::build(&packs)?)?;
+            self.uploaded_objects.fetch_add(objects, Ordering::Relaxed);
+        }
+        let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let done: HashSet<Hash> = ids.into_iter().collect();
+        p.order.retain(|h| !done.contains(h));
+        p.set.retain(|h| !done.contains(h));
+        Ok(())
+    }
+
+    /// Verifies what was read for `id` (out of pack `from`, or its own key) and keeps
+    /// it locally. A damaged object is an integrity error naming where it was read.
+    fn accept(&self, id: &Hash, stored: &[u8], from: Option<&Location>) -> CasResult<Vec<u8>> {
+        let data = decode_stored(id, stored).map_err(|e| match (e, from) {
+            (CasError::Corrupt { id, detail }, Some(l)) => CasError::Corrupt {
+                id,
+                detail: format!(
+                    "as read from pack packs/{} at offset {} ({} bytes) of {}: {detail}",
+                    l.pack, l.offset, l.len, self.name
+                ),
+            },
+            (e, _) => e,
+        })?;
         // Keeping it is an optimisation (a read-only open cannot).
-        if let Err(e) = self
-            .local
-            .put_stored(&id.0, &stored)
-            .and_then(|()| self.mark_remote(&[id.0]))
-        {
-            tracing::debug!("not caching object {}: {e}", id.0);
+        if let Err(e) = self.local.put_stored(id, stored) {
+            tracing::debug!("not caching object {id}: {e}");
         }
         self.fetched_objects.fetch_add(1, Ordering::Relaxed);
         self.fetched_bytes
             .fetch_add(stored.len() as u64, Ordering::Relaxed);
         Ok(data)
     }
+
+    /// The bytes `start..end` of pack `pack` (`Ok(None)`: the pack is gone).
+    fn read_range(&self, pack: &Hash, start: u64, end: u64) -> CasResult<Option<bytes::Bytes>> {
+        let (remote, key) = (self.remote.clone(), self.pack_key(pack));
+        let got = self.run(async move { remote.get_range(&key, start..end).await });
+        Counters::add(&self.requests.ranged_get, 1);
+        match got {
+            Ok(b) if b.len() as u64 == end - start => Ok(Some(b)),
+            Ok(b) => Err(CasError::Corrupt {
+                id: *pack,
+                detail: format!(
+                    "pack packs/{pack} of {} gave {} bytes for the range {start}..{end}",
+                    self.name,
+                    b.len()
+                ),
+            }),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(self.err("reading pack", Some(pack), e)),
+        }
+    }
+
+    /// Where `id` is in a pack, listing the indexes again if none names it (an
+    /// object another host uploaded since the last listing).
+    fn locate(&self, id: &Hash) -> CasResult<Option<Location>> {
+        if let Some(l) = self.indexes.find(id) {
+            return Ok(Some(l));
+        }
+        self.list_indexes()?;
+        Ok(self.indexes.find(id))
+    }
+
+    /// Fetches one object from the remote store, verifies it and keeps it locally.
+    fn fetch(&self, id: &ObjectId, what: &'static str) -> CasResult<Vec<u8>> {
+        for attempt in 0..2 {
+            let Some(l) = self.locate(&id.0)? else { break };
+            match self.read_range(&l.pack, l.offset, l.offset + l.len)? {
+                Some(b) => return self.accept(&id.0, &b, Some(&l)),
+                // The pack went (gc rewrote it): its objects are named by a newer index.
+                None if attempt == 0 => self.list_indexes()?,
+                None => break,
+            }
+        }
+        let key = self.key(&id.0);
+        let remote = self.remote.clone();
+        let got = self.run(async move {
+            match remote.get(&key).await {
+                Ok(r) => r.bytes().await.map(Some),
+                Err(e) if is_not_found(&e) => Ok(None),
+                Err(e) => Err(e),
+            }
+        });
+        Counters::add(&self.requests.get, 1);
+        match got {
+            Ok(Some(b)) => self.accept(&id.0, &b, None),
+            Ok(None) => Err(CasError::NotFound { what, id: id.0 }),
+            Err(e) => Err(self.err("fetching", Some(&id.0), e)),
+        }
+    }
+
+    /// Reads objects of packs with coalesced ranged GETs, many at a time; keeps each
+    /// that verifies. Best effort (a read reports what failed).
+    fn fetch_ranges(&self, by_pack: HashMap<Hash, Vec<(Hash, u64, u64)>>) {
+        let mut work = Vec::new();
+        for (pack, objs) in by_pack {
+            for span in coalesce(objs, MAX_GAP, MAX_SPAN) {
+                work.push((pack, self.pack_key(&pack), span));
+            }
+        }
+        Counters::add(&self.requests.ranged_get, work.len() as u64);
+        let remote = self.remote.clone();
+        let got: Vec<(Hash, super::pack::Span, bytes::Bytes)> = self.run(async move {
+            stream::iter(work.into_iter().map(|(pack, key, span)| {
+                let remote = remote.clone();
+                async move {
+                    let b = remote.get_range(&key, span.start..span.end).await.ok()?;
+                    Some((pack, span, b))
+                }
+            }))
+            .buffer_unordered(PARALLEL)
+            .filter_map(|x| async move { x })
+            .collect()
+            .await
+        });
+        for (pack, span, b) in got {
+            for (id, off, len) in &span.objects {
+                let (from, to) = (
+                    (off - span.start) as usize,
+                    (off - span.start + len) as usize,
+                );
+                let Some(stored) = b.get(from..to) else {
+                    continue;
+                };
+                let l = Location {
+                    pack,
+                    offset: *off,
+                    len: *len,
+                    pending_since_ms: None,
+                };
+                let _ = self.accept(id, stored, Some(&l));
+            }
+        }
+    }
 }
 
 impl ObjectStore for RemoteObjectStore {
     fn put(&self, data: &[u8]) -> CasResult<PutOutcome> {
         let out = self.local.put(data)?;
-        if out.new || !self.known_remote(&out.id.0)? {
-            self.pending
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(out.id.0);
+        // Every object put is looked up at the next sync, new here or not.
+        let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        if p.set.insert(out.id.0) {
+            p.order.push(out.id.0);
         }
         Ok(out)
     }
@@ -309,14 +610,16 @@ impl ObjectStore for RemoteObjectStore {
     }
 
     fn contains(&self, id: &ObjectId) -> CasResult<bool> {
-        if self.local.contains(id)? {
+        if self.local.contains(id)? || self.locate(&id.0)?.is_some() {
             return Ok(true);
         }
         let key = self.key(&id.0);
         let remote = self.remote.clone();
-        match self.run(async move { remote.head(&key).await }) {
+        let r = self.run(async move { remote.head(&key).await });
+        Counters::add(&self.requests.head, 1);
+        match r {
             Ok(_) => Ok(true),
-            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) if is_not_found(&e) => Ok(false),
             Err(e) => Err(self.err("checking", Some(&id.0), e)),
         }
     }
@@ -334,15 +637,37 @@ impl ObjectStore for RemoteObjectStore {
         let mut want = Vec::new();
         for id in ids {
             if !self.local.contains(id).unwrap_or(true) {
-                want.push((id.0, self.key(&id.0)));
+                want.push(id.0);
             }
         }
         if want.is_empty() {
             return;
         }
+        if want.iter().any(|id| self.indexes.find(id).is_none()) {
+            let _ = self.list_indexes();
+        }
+        let mut by_pack: HashMap<Hash, Vec<(Hash, u64, u64)>> = HashMap::new();
+        let mut loose = Vec::new();
+        for id in want {
+            match self.indexes.find(&id) {
+                Some(l) => by_pack
+                    .entry(l.pack)
+                    .or_default()
+                    .push((id, l.offset, l.len)),
+                None => loose.push((id, self.key(&id))),
+            }
+        }
+        if !by_pack.is_empty() {
+            self.fetch_ranges(by_pack);
+        }
+        if loose.is_empty() {
+            return;
+        }
+        // Objects stored before packs, one GET each.
+        Counters::add(&self.requests.get, loose.len() as u64);
         let remote = self.remote.clone();
         let got: Vec<(Hash, bytes::Bytes)> = self.run(async move {
-            stream::iter(want.into_iter().map(|(id, key)| {
+            stream::iter(loose.into_iter().map(|(id, key)| {
                 let remote = remote.clone();
                 async move {
                     let r = remote.get(&key).await.ok()?;
@@ -354,16 +679,9 @@ impl ObjectStore for RemoteObjectStore {
             .collect()
             .await
         });
-        let mut marked = Vec::with_capacity(got.len());
         for (id, stored) in got {
             // Kept only when it is what it claims to be (a read reports the rest).
-            if decode_stored(&id, &stored).is_ok() && self.local.put_stored(&id, &stored).is_ok() {
-                self.fetched_objects.fetch_add(1, Ordering::Relaxed);
-                self.fetched_bytes
-                    .fetch_add(stored.len() as u64, Ordering::Relaxed);
-                marked.push(id);
-            }
+            let _ = self.accept(&id, &stored, None);
         }
-        let _ = self.mark_remote(&marked);
     }
 }

@@ -24,6 +24,7 @@ use super::{
     ThreadId, WriterLease,
 };
 use crate::cas::gc::Collecting;
+use crate::cas::remote_store::{RemoteGcOptions, RemoteGcReport, RemoteObjectStore};
 use crate::cas::{Batch, Hash, Marker, Problem, SweepReport};
 use crate::fs::dirty::{mount_keys, DirtyStore, Override};
 use crate::fs::upper_rel;
@@ -199,7 +200,7 @@ fn walk(store: &Store, verify: bool) -> CheckpointResult<Walk<'_>> {
     let mut problems = Vec::new();
     let mut checkpoints = 0;
     let take = |m: &mut Marker, into: &mut Vec<Problem>| into.append(&mut m.problems);
-    for (id, rec) in store.rocks_checkpoints().all_records()? {
+    for (id, rec) in store.all_records()? {
         let Ok(cp) = rec else { continue };
         checkpoints += 1;
         let at = format!("checkpoint {}:/", id.short());
@@ -273,6 +274,9 @@ fn walk(store: &Store, verify: bool) -> CheckpointResult<Walk<'_>> {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct GcReport {
     pub dry_run: bool,
+    /// With fleet objects: what the collection of the remote's packs did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<RemoteGcReport>,
     pub checkpoints: usize,
     pub mounts: usize,
     pub dircache_dirs: usize,
@@ -307,6 +311,29 @@ pub fn dir_bytes(dir: &Path) -> u64 {
 /// sweep when a live tree or chunk list cannot be read: what it names is unknown, and
 /// `casfs fsck` should look first.
 pub fn gc(store: &Store, dry_run: bool) -> CheckpointResult<GcReport> {
+    gc_with(
+        store,
+        &RemoteGcOptions {
+            dry_run,
+            ..RemoteGcOptions::default()
+        },
+    )
+}
+
+/// The thread whose writer lease a collection of fleet objects holds: one collection
+/// at a time across every host.
+pub const GC_THREAD: &str = "casfs-gc";
+
+/// [`gc`], with how packs of fleet objects are collected (`o.dry_run` is the run's).
+/// With fleet objects the remote's packs are collected ([`RemoteObjectStore::collect`])
+/// from the live set of every checkpoint record (PostgreSQL's with fleet checkpoints)
+/// and every local mount, under the [`GC_THREAD`] lease; the local cache of objects is
+/// left as it is.
+pub fn gc_with(store: &Store, o: &RemoteGcOptions) -> CheckpointResult<GcReport> {
+    let dry_run = o.dry_run;
+    if let Some(remote) = store.remote() {
+        return gc_remote(store, remote, o);
+    }
     let start = Instant::now();
     let db_dir = store.root().join("db");
     let before = dir_bytes(&db_dir);
@@ -333,6 +360,7 @@ pub fn gc(store: &Store, dry_run: bool) -> CheckpointResult<GcReport> {
     }
     Ok(GcReport {
         dry_run,
+        remote: None,
         checkpoints: w.checkpoints,
         mounts: w.mounts,
         dircache_dirs,
@@ -344,6 +372,55 @@ pub fn gc(store: &Store, dry_run: bool) -> CheckpointResult<GcReport> {
         duration_ms: start.elapsed().as_millis() as u64,
         fenced_ms,
     })
+}
+
+fn gc_remote(
+    store: &Store,
+    remote: &RemoteObjectStore,
+    o: &RemoteGcOptions,
+) -> CheckpointResult<GcReport> {
+    let start = Instant::now();
+    let thread = ThreadId::new(GC_THREAD)?;
+    let lease = store.checkpoints().acquire_writer(
+        &thread,
+        &super::holder_name("gc"),
+        Duration::from_secs(600),
+    )?;
+    let out = (|| {
+        let collecting = store.rocks_objects().fence_ref().collect()?;
+        let fenced = Instant::now();
+        let w = walk(store, false)?;
+        crate::crashpoint("gc.marked");
+        if let Some(p) = w.problems.first() {
+            return Err(CheckpointError::Invalid(format!(
+                "gc stopped before sweeping: {} live object(s) cannot be read, first: {p}; \
+                 nothing was deleted",
+                w.problems.len()
+            )));
+        }
+        let (checkpoints, mounts) = (w.checkpoints, w.mounts);
+        let marked = w.marker.into_marked();
+        let rep = remote.collect(&marked, o)?;
+        drop(collecting);
+        Ok(GcReport {
+            dry_run: o.dry_run,
+            checkpoints,
+            mounts,
+            dircache_dirs: 0,
+            reachable: marked.len() as u64,
+            sweep: SweepReport::default(),
+            dircache_dropped: 0,
+            disk_bytes_before: 0,
+            disk_bytes_after: 0,
+            duration_ms: start.elapsed().as_millis() as u64,
+            fenced_ms: fenced.elapsed().as_millis() as u64,
+            remote: Some(rep),
+        })
+    })();
+    if let Err(e) = store.checkpoints().release(&lease) {
+        tracing::warn!("releasing the gc lease: {e}");
+    }
+    out
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -698,6 +775,13 @@ pub enum MaintainOp {
     Gc {
         #[serde(default)]
         dry_run: bool,
+        /// Fleet objects: the grace period of packs (seconds; default an hour).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        grace_secs: Option<u64>,
+        /// Fleet objects: the dead fraction of a pack above which it is rewritten
+        /// (default 0.1).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_unused: Option<f64>,
     },
     Prune {
         #[serde(default)]
@@ -738,7 +822,27 @@ impl MaintainOp {
         live: &std::collections::HashSet<[u8; 8]>,
     ) -> CheckpointResult<MaintainReport> {
         Ok(match self {
-            MaintainOp::Gc { dry_run } => MaintainReport::Gc(gc(store, *dry_run)?),
+            MaintainOp::Gc {
+                dry_run,
+                grace_secs,
+                max_unused,
+            } => {
+                let d = RemoteGcOptions::default();
+                let o = RemoteGcOptions {
+                    dry_run: *dry_run,
+                    grace: grace_secs.map(Duration::from_secs).unwrap_or(d.grace),
+                    max_unused: match max_unused {
+                        Some(m) if (0.0..=1.0).contains(m) => *m,
+                        Some(m) => {
+                            return Err(CheckpointError::Invalid(format!(
+                                "gc: max_unused {m} is not a fraction from 0 to 1"
+                            )))
+                        }
+                        None => d.max_unused,
+                    },
+                };
+                MaintainReport::Gc(gc_with(store, &o)?)
+            }
             MaintainOp::Prune {
                 keep_last,
                 keep_within_ms,

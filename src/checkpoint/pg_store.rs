@@ -124,6 +124,38 @@ impl PgCheckpointStore {
         })
     }
 
+    /// Every checkpoint record, decoded (one that does not decode is an error of its
+    /// own, named by its key): what a collection marks from.
+    pub fn all_records(
+        &self,
+    ) -> CheckpointResult<Vec<(CheckpointId, CheckpointResult<Checkpoint>)>> {
+        self.tx(|t| {
+            let rows = t
+                .query("SELECT id, body FROM casfs_checkpoints", &[])
+                .map_err(|e| self.db_err(e))?;
+            Ok(rows
+                .into_iter()
+                .map(|r| {
+                    let id: Vec<u8> = r.get(0);
+                    let body: Vec<u8> = r.get(1);
+                    match Hash::from_slice(&id) {
+                        Some(h) => {
+                            let id = CheckpointId(h);
+                            (id, Checkpoint::decode(&id, &body))
+                        }
+                        None => (
+                            CheckpointId(Hash::of(&id)),
+                            Err(CheckpointError::Corrupt {
+                                id: format!("key of {} bytes", id.len()),
+                                detail: "not a checkpoint id".into(),
+                            }),
+                        ),
+                    }
+                })
+                .collect())
+        })
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }

@@ -157,6 +157,7 @@ impl Store {
             Some(url) => Some(Arc::new(crate::cas::remote_store::RemoteObjectStore::open(
                 objects.clone(),
                 url,
+                Some(root.join("remote-index")),
             )?)),
             None => None,
         };
@@ -274,6 +275,17 @@ impl Store {
     /// trait gives).
     pub fn rocks_checkpoints(&self) -> &RocksCheckpointStore {
         &self.checkpoints
+    }
+
+    /// Every checkpoint record of the store in use (PostgreSQL's with fleet
+    /// checkpoints), each decoded or the reason it is not.
+    pub fn all_records(
+        &self,
+    ) -> CheckpointResult<Vec<(super::CheckpointId, CheckpointResult<super::Checkpoint>)>> {
+        match &self.fleet_checkpoints {
+            Some(pg) => pg.all_records(),
+            None => self.checkpoints.all_records(),
+        }
     }
 
     /// The embedded object store itself (garbage collection sweeps it).

@@ -22,7 +22,11 @@ use super::{resolve, thread_or_at, Cli, Command};
 
 pub fn run(cli: &Cli) -> anyhow::Result<()> {
     match &cli.command {
-        Command::Gc { dry_run } => super::maintain::gc(cli, *dry_run),
+        Command::Gc {
+            dry_run,
+            grace,
+            max_unused,
+        } => super::maintain::gc(cli, *dry_run, *grace, *max_unused),
         Command::Prune {
             keep_last,
             keep_within,
@@ -161,6 +165,7 @@ fn capture(
         Some("none") => ExpectedHead::Exactly(None),
         Some(r) => ExpectedHead::Exactly(Some(resolve(&store, r)?)),
     };
+    let remote_before = store.remote().map(|r| r.stats());
     let progress = CaptureProgress::default();
     let opts = CaptureOptions {
         no_stat_cache,
@@ -186,9 +191,12 @@ fn capture(
         || capture_to_thread(&store, dir, &opts, &append),
     )
     .with_context(|| format!("capture of {} on thread {thread:?}", dir.display()))?;
+    // What crossed the network (fleet objects): objects, packs, requests by kind.
+    let remote = remote_delta(&store, remote_before);
     if cli.json {
-        return json(&json!({ "checkpoint": cp, "warnings": warnings }));
+        return json(&json!({ "checkpoint": cp, "warnings": warnings, "remote": remote }));
     }
+    print_remote(&remote);
     let s = &cp.body.stats;
     println!("checkpoint {}", cp.id);
     println!(
@@ -270,6 +278,7 @@ fn restore(
             );
         }
     }
+    let remote_before = store.remote().map(|r| r.stats());
     let progress = RestoreProgress::default();
     let opts = RestoreOptions {
         no_stat_cache,
@@ -288,9 +297,11 @@ fn restore(
         || restore_tree(&store, cp.body.root, dir, &opts),
     )
     .with_context(|| format!("restore of {} into {}", id.short(), dir.display()))?;
+    let remote = remote_delta(&store, remote_before);
     if cli.json {
-        return json(&json!({ "checkpoint": id, "dir": dir, "stats": stats }));
+        return json(&json!({ "checkpoint": id, "dir": dir, "stats": stats, "remote": remote }));
     }
+    print_remote(&remote);
     println!("restored {} into {}", id, dir.display());
     println!(
         "  {} files written ({}), {} unchanged, {} dirs, {} symlinks, {} removed",
@@ -595,4 +606,31 @@ fn fork(cli: &Cli, new_thread: &str, from: &str) -> anyhow::Result<()> {
         from.short()
     );
     Ok(())
+}
+
+/// What the remote object store did since `before` (`None` without fleet objects).
+fn remote_delta(
+    store: &Store,
+    before: Option<casfs::cas::remote_store::RemoteStats>,
+) -> Option<casfs::cas::remote_store::RemoteStats> {
+    Some(store.remote()?.stats().since(&before?))
+}
+
+fn print_remote(r: &Option<casfs::cas::remote_store::RemoteStats>) {
+    let Some(r) = r else { return };
+    let q = &r.requests;
+    eprintln!(
+        "remote: {} object(s) in {} pack(s) up ({}), {} down ({}); requests: {} PUT, {} GET, \
+         {} ranged GET, {} LIST, {} HEAD",
+        r.uploaded_objects,
+        r.uploaded_packs,
+        bytes(r.uploaded_bytes),
+        r.fetched_objects,
+        bytes(r.fetched_bytes),
+        q.put,
+        q.get,
+        q.ranged_get,
+        q.list,
+        q.head
+    );
 }

@@ -94,6 +94,32 @@ fn via_serve(
 
 fn print_gc(g: &GcReport) {
     let verb = if g.dry_run { "would free" } else { "freed" };
+    if let Some(r) = &g.remote {
+        let verb = if g.dry_run { "would delete" } else { "deleted" };
+        println!(
+            "gc: remote packs: {} kept, {} marked for deletion, {} waiting out their grace period, \
+             {verb} {} and {} orphan(s) ({}); {} live object(s) copied into {} new pack(s); \
+             {} unused in kept packs",
+            r.packs_kept,
+            r.packs_marked,
+            r.packs_waiting,
+            r.packs_deleted,
+            r.orphan_packs_deleted,
+            bytes(r.bytes_deleted),
+            r.objects_copied,
+            r.packs_written,
+            bytes(r.bytes_unused)
+        );
+        println!(
+            "    live: {} objects from {} checkpoint(s), {} mount(s); {} requests; {}",
+            g.reachable,
+            g.checkpoints,
+            g.mounts,
+            r.requests.total(),
+            millis(g.duration_ms)
+        );
+        return;
+    }
     println!(
         "gc: {} of {} objects unreachable, {verb} {} (stored){}",
         g.sweep.objects_freed,
@@ -129,8 +155,18 @@ fn print_gc(g: &GcReport) {
     );
 }
 
-pub fn gc(cli: &Cli, dry_run: bool) -> anyhow::Result<()> {
-    let r = run_op(cli, MaintainOp::Gc { dry_run }, "collecting")?;
+pub fn gc(
+    cli: &Cli,
+    dry_run: bool,
+    grace: Option<Duration>,
+    max_unused: f64,
+) -> anyhow::Result<()> {
+    let op = MaintainOp::Gc {
+        dry_run,
+        grace_secs: grace.map(|g| g.as_secs()),
+        max_unused: Some(max_unused),
+    };
+    let r = run_op(cli, op, "collecting")?;
     if cli.json {
         return json(&r);
     }

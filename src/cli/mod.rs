@@ -339,11 +339,19 @@ pub enum Command {
 
     /// Delete objects nothing live needs: live is every checkpoint record (see
     /// `prune`), every mount's uncaptured changes and the directory cache. Safe while
-    /// a mount captures and restores (it runs in the mount's daemon then)
+    /// a mount captures and restores (it runs in the mount's daemon then). With fleet
+    /// objects it collects the remote's packs (one gc at a time across hosts)
     Gc {
         /// Report what would be freed, delete nothing
         #[arg(long)]
         dry_run: bool,
+        /// Fleet objects: packs younger than this are left alone, and a pack marked
+        /// for deletion goes this long after (default 1h; longer than any upload)
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        grace: Option<std::time::Duration>,
+        /// Fleet objects: rewrite a pack when more than this fraction of it is dead
+        #[arg(long, value_name = "FRACTION", default_value_t = 0.1)]
+        max_unused: f64,
     },
 
     /// Remove old checkpoint records; heads, and checkpoints a mount is based on, are

@@ -235,18 +235,39 @@ fn a_secret_reaches_neither_the_bucket_nor_postgresql() {
         }
         out
     });
-    assert!(
-        objects.len() > 3,
-        "the run's objects are in the bucket: {objects:?}"
-    );
+    // Every key raw; every object, out of its pack by the indexes, decoded.
+    let mut decoded = 0;
+    let packs: std::collections::HashMap<String, &Vec<u8>> = objects
+        .iter()
+        .filter(|(k, _)| k.contains("/packs/"))
+        .map(|(k, v)| (k.rsplit('/').next().unwrap().to_string(), v))
+        .collect();
     for (key, raw) in &objects {
         assert!(!holds(raw), "{key} holds the secret");
         let hex = key.rsplit('/').next().unwrap();
-        if let Some(h) = Hash::from_hex(hex) {
+        if key.contains("/index/") {
+            let idx = casfs::cas::pack::PackIndex::decode(key, raw).unwrap();
+            for (h, l) in idx.iter() {
+                let pack = packs[&l.pack.to_hex()];
+                let stored = &pack[l.offset as usize..(l.offset + l.len) as usize];
+                let data = casfs::cas::object::decode_stored(&h, stored).unwrap();
+                assert!(
+                    !holds(&data),
+                    "object {h} of {key} decoded holds the secret"
+                );
+                decoded += 1;
+            }
+        } else if let (false, Some(h)) = (key.contains("/packs/"), Hash::from_hex(hex)) {
             let data = casfs::cas::object::decode_stored(&h, raw).unwrap();
             assert!(!holds(&data), "{key} decoded holds the secret");
+            decoded += 1;
         }
     }
+    assert!(
+        decoded > 3,
+        "the run's objects are in the bucket: {:?}",
+        objects.iter().map(|o| &o.0).collect::<Vec<_>>()
+    );
     // PostgreSQL: every row of every table of the store's schema, as text.
     let mut pg = postgres::Client::connect(
         &format!(

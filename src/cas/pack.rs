@@ -1,0 +1,445 @@
+//! Pack files and their indexes, the remote store's layout for many small objects (as
+//! restic, borg and git pack theirs): objects written by one upload are appended to
+//! packs of a target size, and an index names, for every object, its pack, offset and
+//! length. Pure encoding and decoding here; the requests are in `remote_store`.
+//!
+//! - A **pack** is the objects' stored encodings (header byte, raw or zstd: the same
+//!   bytes as the local store keeps), back to back, nothing else. Its name is the blake3
+//!   hash of its bytes. Every object read out of it is verified against its own hash.
+//! - An **index** lists packs and the objects in them. Its name is the hash of its
+//!   bytes, so an index is never changed, only replaced: garbage collection writes a
+//!   new index and then deletes the ones it covers. Encoding: the magic `casfsidx`, a
+//!   version byte, then one zstd frame of: pack count (u32), per pack its hash, the time
+//!   gc marked it for deletion (u64 milliseconds, 0 when it is not) and its object
+//!   count (u32); entry count (u32), then per object, in strictly increasing hash
+//!   order, its hash, pack number (u32), offset and length (u32 each), all little
+//!   endian. Decoding checks every count, order and range and names the index in every
+//!   error; a lookup is a binary search over the decoded entries.
+
+use std::io::Read;
+
+use super::{CasError, CasResult, Hash};
+
+const MAGIC: &[u8; 8] = b"casfsidx";
+const VERSION: u8 = 1;
+/// Bytes of one entry: hash, pack number, offset, length.
+const ENTRY: usize = 32 + 4 + 4 + 4;
+/// Bytes of one pack's record: hash, marked time, object count.
+const PACK: usize = 32 + 8 + 4;
+/// The most bytes an index may decode to (46 million objects): a damaged or hostile
+/// index cannot make a reader allocate more.
+const MAX_DECODED: u64 = 2 << 30;
+
+/// Where an object lives in a pack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Location {
+    pub pack: Hash,
+    pub offset: u64,
+    pub len: u64,
+    /// When garbage collection marked the pack for deletion (ms since the epoch).
+    pub pending_since_ms: Option<u64>,
+}
+
+/// A pack named by an index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackInfo {
+    pub id: Hash,
+    pub pending_since_ms: Option<u64>,
+    pub objects: u32,
+}
+
+/// A decoded index: its packs, and its entries as fixed-size records sorted by hash.
+#[derive(Debug, Clone)]
+pub struct PackIndex {
+    packs: Vec<PackInfo>,
+    entries: Vec<u8>,
+}
+
+/// One object of a pack being written or described.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackEntry {
+    pub id: Hash,
+    pub offset: u64,
+    pub len: u64,
+}
+
+impl PackIndex {
+    /// Builds an index of `packs`, each with its entries and deletion mark. An object
+    /// in more than one pack keeps the location in the first pack (of those not marked
+    /// for deletion, if any is not).
+    pub fn build(packs: &[(Hash, Option<u64>, Vec<PackEntry>)]) -> CasResult<PackIndex> {
+        let mut all: Vec<(Hash, u32, u32, u32)> = Vec::new();
+        let mut infos = Vec::with_capacity(packs.len());
+        for (n, (id, pending, entries)) in packs.iter().enumerate() {
+            infos.push(PackInfo {
+                id: *id,
+                pending_since_ms: *pending,
+                objects: 0,
+            });
+            for e in entries {
+                let (Ok(off), Ok(len)) = (u32::try_from(e.offset), u32::try_from(e.len)) else {
+                    return Err(CasError::Invalid(format!(
+                        "pack {id}: object {} at {} (+{}) is beyond 4 GiB",
+                        e.id, e.offset, e.len
+                    )));
+                };
+                all.push((e.id, n as u32, off, len));
+            }
+        }
+        // Sorted by hash, then live packs first, then pack order: the first of a hash wins.
+        all.sort_by_key(|&(h, p, _, _)| (h, packs[p as usize].1.is_some(), p));
+        all.dedup_by_key(|e| e.0);
+        let mut entries = Vec::with_capacity(all.len() * ENTRY);
+        for (h, p, off, len) in &all {
+            infos[*p as usize].objects += 1;
+            entries.extend_from_slice(h.as_bytes());
+            entries.extend_from_slice(&p.to_le_bytes());
+            entries.extend_from_slice(&off.to_le_bytes());
+            entries.extend_from_slice(&len.to_le_bytes());
+        }
+        Ok(PackIndex {
+            packs: infos,
+            entries,
+        })
+    }
+
+    pub fn packs(&self) -> &[PackInfo] {
+        &self.packs
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len() / ENTRY
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    fn entry(&self, i: usize) -> (Hash, Location) {
+        let r = &self.entries[i * ENTRY..(i + 1) * ENTRY];
+        let h = Hash(r[..32].try_into().expect("32 bytes"));
+        let u = |a: usize| u32::from_le_bytes(r[a..a + 4].try_into().expect("4 bytes"));
+        let p = &self.packs[u(32) as usize];
+        (
+            h,
+            Location {
+                pack: p.id,
+                offset: u(36) as u64,
+                len: u(40) as u64,
+                pending_since_ms: p.pending_since_ms,
+            },
+        )
+    }
+
+    /// Where object `id` is, if this index names it.
+    pub fn find(&self, id: &Hash) -> Option<Location> {
+        let (mut lo, mut hi) = (0, self.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            let r = &self.entries[mid * ENTRY..mid * ENTRY + 32];
+            match r.cmp(id.as_bytes().as_slice()) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+                std::cmp::Ordering::Equal => return Some(self.entry(mid).1),
+            }
+        }
+        None
+    }
+
+    /// Every object with its location, in hash order.
+    pub fn iter(&self) -> impl Iterator<Item = (Hash, Location)> + '_ {
+        (0..self.len()).map(|i| self.entry(i))
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut body = Vec::with_capacity(8 + self.packs.len() * PACK + self.entries.len());
+        body.extend_from_slice(&(self.packs.len() as u32).to_le_bytes());
+        for p in &self.packs {
+            body.extend_from_slice(p.id.as_bytes());
+            body.extend_from_slice(&p.pending_since_ms.unwrap_or(0).to_le_bytes());
+            body.extend_from_slice(&p.objects.to_le_bytes());
+        }
+        body.extend_from_slice(&(self.len() as u32).to_le_bytes());
+        body.extend_from_slice(&self.entries);
+        let mut out = Vec::with_capacity(body.len() / 2 + 16);
+        out.extend_from_slice(MAGIC);
+        out.push(VERSION);
+        out.extend_from_slice(&zstd::bulk::compress(&body, 3).expect("zstd compresses memory"));
+        out
+    }
+
+    /// Decodes an index fetched as `name` (named in every error): checks the magic,
+    /// version, counts, order and ranges.
+    pub fn decode(name: &str, bytes: &[u8]) -> CasResult<PackIndex> {
+        let bad = |why: String| CasError::Invalid(format!("pack index {name}: {why}"));
+        if bytes.len() < 9 || &bytes[..8] != MAGIC {
+            return Err(bad("not a casfs pack index (bad magic)".into()));
+        }
+        if bytes[8] != VERSION {
+            return Err(bad(format!(
+                "version {} (this casfs reads {VERSION})",
+                bytes[8]
+            )));
+        }
+        let mut body = Vec::new();
+        zstd::stream::Decoder::new(&bytes[9..])
+            .map_err(|e| bad(format!("zstd: {e}")))?
+            .take(MAX_DECODED + 1)
+            .read_to_end(&mut body)
+            .map_err(|e| bad(format!("zstd: {e}")))?;
+        if body.len() as u64 > MAX_DECODED {
+            return Err(bad(format!("decodes to over {MAX_DECODED} bytes")));
+        }
+        let mut at = 0usize;
+        let u32_at = |at: &mut usize| -> CasResult<u32> {
+            let r = body
+                .get(*at..*at + 4)
+                .ok_or_else(|| bad("ends early".into()))?;
+            *at += 4;
+            Ok(u32::from_le_bytes(r.try_into().expect("4 bytes")))
+        };
+        let npacks = u32_at(&mut at)? as usize;
+        if npacks.saturating_mul(PACK) > body.len() - at {
+            return Err(bad(format!("{npacks} packs do not fit")));
+        }
+        let mut packs = Vec::with_capacity(npacks);
+        for _ in 0..npacks {
+            let r = &body[at..at + PACK];
+            let id = Hash(r[..32].try_into().expect("32 bytes"));
+            let marked = u64::from_le_bytes(r[32..40].try_into().expect("8 bytes"));
+            let objects = u32::from_le_bytes(r[40..44].try_into().expect("4 bytes"));
+            packs.push(PackInfo {
+                id,
+                pending_since_ms: (marked != 0).then_some(marked),
+                objects,
+            });
+            at += PACK;
+        }
+        let n = u32_at(&mut at)? as usize;
+        let rest = body.len() - at;
+        if n.checked_mul(ENTRY) != Some(rest) {
+            return Err(bad(format!(
+                "{n} entries, but {rest} bytes of entries (want {ENTRY} each)"
+            )));
+        }
+        let entries = body[at..].to_vec();
+        let mut counts = vec![0u32; npacks];
+        let mut last: Option<&[u8]> = None;
+        for i in 0..n {
+            let r = &entries[i * ENTRY..(i + 1) * ENTRY];
+            if last.is_some_and(|l| l >= &r[..32]) {
+                return Err(bad(format!("entry {i} is out of hash order")));
+            }
+            last = Some(&r[..32]);
+            let p = u32::from_le_bytes(r[32..36].try_into().expect("4 bytes")) as usize;
+            let len = u32::from_le_bytes(r[40..44].try_into().expect("4 bytes"));
+            if p >= npacks {
+                return Err(bad(format!("entry {i} names pack {p} of {npacks}")));
+            }
+            if len == 0 {
+                return Err(bad(format!("entry {i} is empty")));
+            }
+            counts[p] += 1;
+        }
+        for (p, c) in packs.iter().zip(&counts) {
+            if p.objects != *c {
+                return Err(bad(format!(
+                    "pack {} claims {} objects, the entries name {c}",
+                    p.id, p.objects
+                )));
+            }
+        }
+        Ok(PackIndex { packs, entries })
+    }
+}
+
+/// Objects appended into one pack until it reaches its target size.
+#[derive(Default)]
+pub struct PackWriter {
+    bytes: Vec<u8>,
+    entries: Vec<PackEntry>,
+}
+
+impl PackWriter {
+    pub fn push(&mut self, id: Hash, stored: &[u8]) {
+        self.entries.push(PackEntry {
+            id,
+            offset: self.bytes.len() as u64,
+            len: stored.len() as u64,
+        });
+        self.bytes.extend_from_slice(stored);
+    }
+
+    pub fn size(&self) -> usize {
+        self.bytes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The pack's name, bytes and entries.
+    pub fn finish(self) -> (Hash, Vec<u8>, Vec<PackEntry>) {
+        (Hash::of(&self.bytes), self.bytes, self.entries)
+    }
+}
+
+/// A ranged read that serves several objects of one pack.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Span {
+    pub start: u64,
+    pub end: u64,
+    /// (object, offset, length), offsets within the pack.
+    pub objects: Vec<(Hash, u64, u64)>,
+}
+
+/// Groups objects of one pack into ranged reads: neighbours whose gap is at most
+/// `max_gap` share one, up to `max_span` bytes a read (a single larger object gets one
+/// of its own).
+pub fn coalesce(mut objects: Vec<(Hash, u64, u64)>, max_gap: u64, max_span: u64) -> Vec<Span> {
+    objects.sort_by_key(|o| (o.1, o.0));
+    objects.dedup_by_key(|o| o.0);
+    let mut out: Vec<Span> = Vec::new();
+    for (id, off, len) in objects {
+        let end = off + len;
+        match out.last_mut() {
+            Some(s)
+                if off >= s.end
+                    && off - s.end <= max_gap
+                    && end.saturating_sub(s.start) <= max_span =>
+            {
+                s.end = end;
+                s.objects.push((id, off, len));
+            }
+            Some(s) if off < s.end && end <= s.end => s.objects.push((id, off, len)),
+            _ => out.push(Span {
+                start: off,
+                end,
+                objects: vec![(id, off, len)],
+            }),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(n: u32) -> Hash {
+        Hash::of(&n.to_le_bytes())
+    }
+
+    #[test]
+    fn an_index_round_trips_and_finds_every_object() {
+        let mut a = PackWriter::default();
+        for n in 0..100 {
+            a.push(h(n), &vec![n as u8; 10 + n as usize]);
+        }
+        let (aid, abytes, aentries) = a.finish();
+        assert_eq!(aid, Hash::of(&abytes));
+        let mut b = PackWriter::default();
+        b.push(h(5), b"again");
+        b.push(h(1000), b"other");
+        let (bid, _, bentries) = b.finish();
+        // h(5) is in both: the live pack wins over the one marked for deletion.
+        let idx = PackIndex::build(&[(aid, Some(7), aentries), (bid, None, bentries)]).unwrap();
+        let back = PackIndex::decode("test", &idx.encode()).unwrap();
+        assert_eq!(back.len(), 101);
+        let five = back.find(&h(5)).unwrap();
+        assert_eq!((five.pack, five.offset, five.len), (bid, 0, 5));
+        let nine = back.find(&h(9)).unwrap();
+        assert_eq!(nine.pack, aid);
+        assert_eq!(nine.pending_since_ms, Some(7));
+        assert_eq!(
+            &abytes[nine.offset as usize..(nine.offset + nine.len) as usize],
+            &[9u8; 19][..]
+        );
+        assert!(back.find(&h(5000)).is_none());
+        assert_eq!(back.packs()[0].objects + back.packs()[1].objects, 101);
+        let hashes: Vec<Hash> = back.iter().map(|(h, _)| h).collect();
+        assert!(hashes.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn a_damaged_index_is_an_error_naming_it() {
+        let mut w = PackWriter::default();
+        w.push(h(1), b"x");
+        w.push(h(2), b"y");
+        let (id, _, e) = w.finish();
+        let good = PackIndex::build(&[(id, None, e)]).unwrap().encode();
+        let mut bad_magic = good.clone();
+        bad_magic[0] ^= 1;
+        let mut bad_version = good.clone();
+        bad_version[8] = 9;
+        let truncated = good[..good.len() - 3].to_vec();
+        let mut flipped = good.clone();
+        let last = flipped.len() - 1;
+        flipped[last] ^= 0x55;
+        for (what, b) in [
+            ("magic", bad_magic),
+            ("version", bad_version),
+            ("truncated", truncated),
+            ("flipped", flipped),
+            ("empty", Vec::new()),
+        ] {
+            let err = PackIndex::decode("index/abc", &b).unwrap_err().to_string();
+            assert!(err.contains("index/abc"), "{what}: {err}");
+        }
+        // Entries out of order, a pack number out of range, counts that disagree.
+        let body = |entries: &[(Hash, u32, u32, u32)], claim: u32| {
+            let mut b = Vec::new();
+            b.extend_from_slice(&1u32.to_le_bytes());
+            b.extend_from_slice(id.as_bytes());
+            b.extend_from_slice(&0u64.to_le_bytes());
+            b.extend_from_slice(&claim.to_le_bytes());
+            b.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+            for (hh, p, o, l) in entries {
+                b.extend_from_slice(hh.as_bytes());
+                b.extend_from_slice(&p.to_le_bytes());
+                b.extend_from_slice(&o.to_le_bytes());
+                b.extend_from_slice(&l.to_le_bytes());
+            }
+            let mut out = MAGIC.to_vec();
+            out.push(VERSION);
+            out.extend_from_slice(&zstd::bulk::compress(&b, 1).unwrap());
+            out
+        };
+        let (lo, hi) = if h(1) < h(2) {
+            (h(1), h(2))
+        } else {
+            (h(2), h(1))
+        };
+        assert!(PackIndex::decode("i", &body(&[(lo, 0, 0, 1), (hi, 0, 1, 1)], 2)).is_ok());
+        for (why, b) in [
+            ("order", body(&[(hi, 0, 0, 1), (lo, 0, 1, 1)], 2)),
+            ("pack", body(&[(lo, 1, 0, 1)], 1)),
+            ("count", body(&[(lo, 0, 0, 1)], 3)),
+            ("empty", body(&[(lo, 0, 0, 0)], 1)),
+        ] {
+            assert!(PackIndex::decode("i", &b).is_err(), "{why}");
+        }
+    }
+
+    #[test]
+    fn neighbours_share_a_ranged_read() {
+        let objs = vec![
+            (h(3), 1000, 10),
+            (h(1), 0, 100),
+            (h(2), 150, 50),
+            (h(4), 5000, 10),
+            (h(5), 5010, 4000),
+        ];
+        let spans = coalesce(objs, 64, 1 << 20);
+        assert_eq!(spans.len(), 3);
+        assert_eq!((spans[0].start, spans[0].end), (0, 200));
+        assert_eq!(spans[0].objects.len(), 2);
+        assert_eq!((spans[1].start, spans[1].end), (1000, 1010));
+        assert_eq!((spans[2].start, spans[2].end), (5000, 9010));
+        // A span stops growing at max_span.
+        let many: Vec<_> = (0..10).map(|i| (h(i), i as u64 * 100, 100)).collect();
+        let spans = coalesce(many, 0, 300);
+        assert_eq!(spans.len(), 4);
+        assert!(spans.iter().all(|s| s.end - s.start <= 300));
+    }
+}
