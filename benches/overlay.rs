@@ -11,7 +11,10 @@
 //!   lower an EROFS image of the base over casfs's object view, the default);
 //! - `casfs-overlay-view`: the same with `CASFS_OVERLAY_LOWER=view` (the lower is
 //!   casfs's FUSE view of the tree);
-//! - `casfs-fuse`: `casfs mount --mode fuse` of the same checkpoint;
+//! - `casfs-fuse`: `casfs mount --mode fuse` of the same checkpoint, the classic FUSE
+//!   transport (`read`/`writev` on /dev/fuse);
+//! - `casfs-fuse-uring`: the same over FUSE's io_uring queues (only when
+//!   /sys/module/fuse/parameters/enable_uring is Y: the bench does not turn it on);
 //! - `fuse-overlayfs` (when installed): the userspace overlay over a plain copy.
 //!
 //! Operations (medians of `--reps` rounds, each round on a fresh workspace):
@@ -20,7 +23,10 @@
 //! small tree; `git clone --no-hardlinks` of a local repository and the first
 //! `git status` after it; a small C build (`make -j2` of 120 generated files); `npm ci`
 //! from a warm cache (offline) and `rm -rf node_modules`; a 1 GiB
-//! sequential write with fsync and its cold read.
+//! sequential write with fsync and its cold read; and the FUSE round trip: 20,000
+//! `getxattr` calls on a file of the base, free and with the caller pinned to CPU 0
+//! (microseconds per call; the kernel answers it itself on native and overlays of ext4).
+//! `--only a,b` runs only those backends.
 //!
 //! Then, per casfs backend: `casfs checkpoint` after 10 changed files on trees of
 //! 1k/10k/100k files, and `casfs restore` of the previous checkpoint (the daemon's own
@@ -187,6 +193,8 @@ impl Bench {
             casfs => {
                 let (mode, env): (&str, &[(&str, &str)]) = match casfs {
                     "casfs-overlay-view" => ("overlay", &[("CASFS_OVERLAY_LOWER", "view")]),
+                    "casfs-fuse" => ("fuse", &[("CASFS_FUSE_TRANSPORT", "classic")]),
+                    "casfs-fuse-uring" => ("fuse", &[("CASFS_FUSE_TRANSPORT", "io_uring")]),
                     other => (other.strip_prefix("casfs-").unwrap(), &[]),
                 };
                 let store = self.stores[casfs].clone();
@@ -236,6 +244,52 @@ impl Bench {
             eprintln!("{op} on {backend} failed: {why}");
             self.failed.push(format!("{op} on {backend}: {why}"));
         }
+    }
+}
+
+/// Microseconds per `getxattr` of `path` (20,000 calls after 1,000 to warm up), the
+/// calling thread pinned to `cpu` if given.
+fn round_trip_us(path: &Path, cpu: Option<usize>) -> f64 {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    let name = c"user.casfs.bench";
+    let run = || {
+        let call = || {
+            let mut buf = [0u8; 64];
+            // SAFETY: NUL-terminated strings and a buffer of the length given.
+            unsafe {
+                libc::getxattr(
+                    c.as_ptr(),
+                    name.as_ptr(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                )
+            };
+        };
+        for _ in 0..1_000 {
+            call();
+        }
+        let t = std::time::Instant::now();
+        for _ in 0..20_000 {
+            call();
+        }
+        t.elapsed().as_secs_f64() * 1e6 / 20_000.0
+    };
+    match cpu {
+        None => run(),
+        Some(cpu) => std::thread::scope(|s| {
+            s.spawn(|| {
+                // SAFETY: a zeroed cpu_set_t with one bit set, for this thread.
+                unsafe {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(cpu, &mut set);
+                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+                }
+                run()
+            })
+            .join()
+            .unwrap()
+        }),
     }
 }
 
@@ -450,8 +504,20 @@ fn main() {
         "casfs-overlay-view",
         "casfs-fuse",
     ];
+    if casfs::fs::fuse_uring_enabled() {
+        backends.push("casfs-fuse-uring");
+    } else {
+        eprintln!(
+            "FUSE over io_uring is off (/sys/module/fuse/parameters/enable_uring): \
+             no casfs-fuse-uring column"
+        );
+    }
     if have("fuse-overlayfs") {
         backends.push("fuse-overlayfs");
+    }
+    if let Some(i) = args.flags.iter().position(|f| f == "--only") {
+        let only: Vec<String> = args.flags[i + 1].split(',').map(String::from).collect();
+        backends.retain(|b| only.iter().any(|o| o == b));
     }
     let mut b = Bench {
         fs: root.clone(),
@@ -462,12 +528,27 @@ fn main() {
         round: 0,
         mounted: Vec::new(),
     };
-    for casfs in ["casfs-overlay", "casfs-overlay-view", "casfs-fuse"] {
+    for casfs in backends.iter().filter(|b| b.starts_with("casfs-")) {
         let store = root.join(format!("store-{casfs}"));
         casfs_json(&store, &["capture", base.to_str().unwrap(), "-t", "base"]);
-        b.stores.insert(casfs.into(), store);
+        b.stores.insert(casfs.to_string(), store);
     }
     eprintln!("base: {} entries", count.trim());
+    // A file of the base, for the round trip.
+    let probe_rel = PathBuf::from(
+        String::from_utf8(
+            Command::new("sh")
+                .args([
+                    "-c",
+                    &format!("cd {} && find . -type f | head -1", q(&base)),
+                ])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap()
+        .trim(),
+    );
 
     if !flag("--no-io") {
         for r in 0..args.reps {
@@ -482,6 +563,15 @@ fn main() {
                     &format!("find {} | wc -l", q(&w)),
                     &[],
                 );
+                let probe = w.join(&probe_rel);
+                for (op, cpu) in [
+                    ("round trip, us (getxattr)", None),
+                    ("round trip, us (getxattr, caller on CPU 0)", Some(0)),
+                ] {
+                    let mut us: Vec<f64> = (0..3).map(|_| round_trip_us(&probe, cpu)).collect();
+                    us.sort_by(f64::total_cmp);
+                    b.add(op, be, us[1]);
+                }
                 b.timed(
                     "warm find (base)",
                     be,

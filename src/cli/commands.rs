@@ -112,6 +112,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
             read_only,
             no_passthrough,
             mode,
+            fuse_transport,
             foreground,
             allow_other,
             max_local_copies,
@@ -129,6 +130,9 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
                 passthrough: !*no_passthrough,
                 local_copies_bytes: max_local_copies.saturating_mul(1 << 20),
                 chunk_cache_bytes: (chunk_cache.saturating_mul(1 << 20)) as usize,
+                fuse_uring: fuse_transport
+                    .wants_uring()
+                    .map_err(|e| anyhow::anyhow!("--fuse-transport: {e}"))?,
                 ..casfs::fs::WorkspaceOptions::default()
             },
         ),

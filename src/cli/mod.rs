@@ -159,6 +159,11 @@ pub enum Command {
         /// the host allows it)
         #[arg(long, env = "CASFS_MOUNT_MODE", default_value = "auto", value_parser = parse_mode)]
         mode: casfs::mount::MountMode,
+        /// How the kernel talks to the daemon: `io_uring` (per-CPU ring queues; needs
+        /// /sys/module/fuse/parameters/enable_uring = Y, which casfs never sets itself),
+        /// `classic` (read/write on /dev/fuse) or `auto` (io_uring where enabled)
+        #[arg(long, env = "CASFS_FUSE_TRANSPORT", default_value = "auto", value_parser = casfs::fs::FuseTransport::parse)]
+        fuse_transport: casfs::fs::FuseTransport,
         /// Stay in the foreground (otherwise return once the mount answers)
         #[arg(long)]
         foreground: bool,

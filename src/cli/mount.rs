@@ -66,6 +66,7 @@ pub fn mount(
     }
     let opts = ViewOptions {
         allow_other,
+        fuse_uring: ws_opts.fuse_uring,
         ..ViewOptions::default()
     };
     Ok(daemon::serve_read_only(
@@ -185,6 +186,7 @@ pub fn status(cli: &Cli, mountpoint: &Path) -> anyhow::Result<()> {
         bytes(st.dirty_bytes)
     );
     println!("  mode:       {}", st.mode.as_str());
+    println!("  transport:  {}", st.fuse_transport);
     println!(
         "  reads:      {}",
         serde_json::to_value(st.read_mode)?.as_str().unwrap_or("?")

@@ -113,9 +113,19 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         Arc::new(DirProvider::new(store.clone(), &sandboxes).with_max_sandboxes(*max_sandboxes))
     } else {
         Arc::new(
-            CasfsProvider::new(store.clone(), &sandboxes, WorkspaceOptions::default())
-                .with_mode(*mode)
-                .with_max_sandboxes(*max_sandboxes),
+            CasfsProvider::new(
+                store.clone(),
+                &sandboxes,
+                WorkspaceOptions {
+                    // CASFS_FUSE_TRANSPORT, as `casfs mount --fuse-transport`.
+                    fuse_uring: casfs::fs::FuseTransport::from_env()
+                        .and_then(|t| t.wants_uring())
+                        .map_err(|e| anyhow!(e))?,
+                    ..WorkspaceOptions::default()
+                },
+            )
+            .with_mode(*mode)
+            .with_max_sandboxes(*max_sandboxes),
         )
     };
     if *max_body < 1024 {

@@ -15,11 +15,13 @@ use std::path::{Path, PathBuf};
 mod chunk_cache;
 pub mod dirty;
 pub mod erofs;
+mod transport;
 mod view;
 mod workspace;
 
 pub use chunk_cache::{ChunkCache, ChunkReader};
 pub use dirty::{null_tag, Tag, MOUNTS_CF};
+pub use transport::{kernel_enabled as fuse_uring_enabled, FuseTransport};
 pub use view::{mount_objects, mount_tree, MountedTree, TreeView, ViewOptions};
 pub use workspace::{
     mount_key, mount_workspace, upper_rel, EntryKind, FilterError, FsEvent, FsEventKind,
@@ -53,6 +55,16 @@ const UNMOUNT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 impl Mounted {
     fn new(session: fuser::BackgroundSession, mountpoint: &Path) -> Mounted {
         let id = mount_identity(mountpoint);
+        // When io_uring was agreed at INIT, the ring threads register their queues
+        // right after: wait a moment, so that what the mount reports is what serves it.
+        let start = std::time::Instant::now();
+        while session.io_uring_negotiated()
+            && !session.io_uring_active()
+            && !session.guard.is_finished()
+            && start.elapsed() < std::time::Duration::from_secs(2)
+        {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         Mounted {
             session: Some(session),
             mountpoint: mountpoint.to_path_buf(),
@@ -70,6 +82,11 @@ impl Mounted {
     /// be tried again.
     pub fn try_unmount(&mut self) -> std::io::Result<()> {
         self.finish()
+    }
+
+    /// The FUSE transport serving the mount: `io_uring` or `classic`.
+    pub fn transport(&self) -> &'static str {
+        self.session.as_ref().map_or("classic", transport::describe)
     }
 
     /// Whether the kernel side is gone (someone unmounted it).

@@ -35,6 +35,8 @@ pub struct ViewOptions {
     /// (0: none): a first listing then finds its tree decoded and verified already
     /// instead of reading it from the store (the overlay's lower).
     pub read_ahead_dirs: usize,
+    /// Ask the kernel for FUSE over io_uring (see [`crate::fs::FuseTransport`]).
+    pub fuse_uring: bool,
 }
 
 impl Default for ViewOptions {
@@ -44,6 +46,7 @@ impl Default for ViewOptions {
             threads: 4,
             allow_other: false,
             read_ahead_dirs: 0,
+            fuse_uring: super::transport::default_uring(),
         }
     }
 }
@@ -84,6 +87,7 @@ pub struct TreeView {
     /// The root is the object directory of [`mount_objects`]: its names are file
     /// contents (`<id>-<size>`), found by lookup only.
     objects_root: bool,
+    want_uring: bool,
 }
 
 fn eio(e: CasError) -> Errno {
@@ -134,6 +138,7 @@ impl TreeView {
             // SAFETY: as above.
             gid: unsafe { libc::getgid() },
             objects_root: false,
+            want_uring: opts.fuse_uring,
         }
     }
 
@@ -317,6 +322,13 @@ impl Filesystem for TreeView {
         // Every listing with its attributes (not adaptively: whoever lists a view, `find`
         // or overlayfs, looks the names up next).
         let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS);
+        if self.want_uring
+            && config
+                .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
+                .is_err()
+        {
+            tracing::warn!("FUSE over io_uring asked for, not offered by the kernel: classic");
+        }
         Ok(())
     }
 

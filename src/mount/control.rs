@@ -58,6 +58,10 @@ pub struct MountStatus {
     pub read_mode: ReadMode,
     /// The backend serving the mount.
     pub mode: MountMode,
+    /// How the kernel reaches the daemon: `io_uring` or `classic` (`/dev/fuse`); for an
+    /// overlay, the FUSE view under it.
+    #[serde(default)]
+    pub fuse_transport: String,
     /// The base tree.
     pub root: TreeId,
 }
@@ -230,6 +234,7 @@ fn answer(mount: &MountedThread, req: Request) -> Vec<u8> {
                 nodes_loaded: st.nodes_loaded,
                 read_mode: st.read_mode,
                 mode: mount.mode(),
+                fuse_transport: mount.fuse_transport().to_string(),
                 root: st.base,
             }))
         }

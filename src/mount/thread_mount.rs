@@ -300,6 +300,7 @@ impl MountedThread {
             // The lower's listings start warm: up to 256k entries (about 100 B each)
             // read ahead.
             read_ahead_dirs: 1 << 18,
+            fuse_uring: opts.fuse_uring,
         };
         let found = overlay::found_state(&store, mountpoint)?;
         let mount = |lower, tag, generation| {
@@ -360,6 +361,18 @@ impl MountedThread {
     }
 
     /// The backend serving the mount.
+    /// The FUSE transport of the mount (overlay: of its lower's view).
+    pub fn fuse_transport(&self) -> &'static str {
+        match &self.backend {
+            Backend::Fuse { mounted, .. } => mounted
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .map_or("classic", |m| m.transport()),
+            Backend::Overlay(o) => o.fuse_transport(),
+        }
+    }
+
     pub fn mode(&self) -> MountMode {
         match &self.backend {
             Backend::Fuse { .. } => MountMode::Fuse,

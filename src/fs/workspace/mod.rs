@@ -97,6 +97,8 @@ pub struct WorkspaceOptions {
     /// At most this many bytes of local copies of clean files are kept (oldest unused
     /// evicted).
     pub local_copies_bytes: u64,
+    /// Ask the kernel for FUSE over io_uring (see [`crate::fs::FuseTransport`]).
+    pub fuse_uring: bool,
 }
 
 impl Default for WorkspaceOptions {
@@ -107,6 +109,7 @@ impl Default for WorkspaceOptions {
             threads: 4,
             allow_other: false,
             passthrough: true,
+            fuse_uring: super::transport::default_uring(),
         }
     }
 }
@@ -172,6 +175,7 @@ pub struct Workspace {
     next_fh: AtomicU64,
     next_tmp: AtomicU64,
     want_passthrough: bool,
+    want_uring: bool,
     passthrough: AtomicBool,
     notifier: OnceLock<Notifier>,
     owner: (u32, u32),
@@ -279,6 +283,7 @@ impl Workspace {
             next_fh: AtomicU64::new(1),
             next_tmp: AtomicU64::new(1),
             want_passthrough: opts.passthrough,
+            want_uring: opts.fuse_uring,
             passthrough: AtomicBool::new(false),
             notifier: OnceLock::new(),
             owner,
@@ -647,6 +652,11 @@ pub struct MountedWorkspace {
 }
 
 impl MountedWorkspace {
+    /// The FUSE transport serving it: `io_uring` or `classic`.
+    pub fn transport(&self) -> &'static str {
+        self.mounted.transport()
+    }
+
     /// Unmounts; a busy mount stays mounted and served, and this may be tried again.
     pub fn try_unmount(&mut self) -> std::io::Result<()> {
         self.mounted.try_unmount()

@@ -387,6 +387,14 @@ impl OverlayMount {
         })
     }
 
+    /// The FUSE transport of the lower's view: `io_uring` or `classic`.
+    pub(crate) fn fuse_transport(&self) -> &'static str {
+        self.layers()
+            .lower
+            .as_ref()
+            .map_or("classic", |m| m.transport())
+    }
+
     fn layers(&self) -> MutexGuard<'_, Layers> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -83,6 +83,12 @@ impl Channel {
 pub(crate) struct ChannelSender(Arc<DevFuse>);
 
 impl ChannelSender {
+    // casfs patch 0005: the io_uring transport submits commands on this descriptor.
+    pub(crate) fn raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.0.as_raw_fd()
+    }
+
     pub(crate) fn send(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<()> {
         let rc = nix::sys::uio::writev(&self.0, bufs)?;
         // writev is atomic, so do not need to check how many bytes are written.

@@ -102,6 +102,9 @@ mod request;
 mod request_param;
 mod session;
 mod time;
+// casfs patch 0005: FUSE over io_uring.
+#[cfg(target_os = "linux")]
+mod uring;
 
 /// We generally support async reads
 #[cfg(not(target_os = "macos"))]
@@ -384,6 +387,17 @@ impl KernelConfig {
             None => (u32::from(self.max_background) * 3 / 4) as u16,
             Some(value) => min(value, self.max_background),
         }
+    }
+
+    /// casfs patch 0005: the largest payload the kernel may hand an io_uring entry
+    /// (`max(FUSE_MIN_READ_BUFFER, max_write, max_pages * PAGE_SIZE)`).
+    #[cfg(target_os = "linux")]
+    pub(crate) fn uring_max_payload(&self) -> usize {
+        let page = page_size::get();
+        max(
+            max(8192, self.max_write as usize),
+            self.max_pages() as usize * page,
+        )
     }
 
     fn max_pages(&self) -> u16 {

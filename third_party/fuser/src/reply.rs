@@ -38,6 +38,9 @@ use crate::passthrough::BackingId;
 #[derive(Debug)]
 pub(crate) enum ReplySender {
     Channel(ChannelSender),
+    // casfs patch 0005: a reply through the request's io_uring entry.
+    #[cfg(target_os = "linux")]
+    Uring(crate::uring::UringSender),
     #[cfg(test)]
     Assert(AssertSender),
     #[cfg(test)]
@@ -49,6 +52,8 @@ impl ReplySender {
     pub(crate) fn send(&self, data: &[IoSlice<'_>]) -> std::io::Result<()> {
         match self {
             ReplySender::Channel(sender) => sender.send(data),
+            #[cfg(target_os = "linux")]
+            ReplySender::Uring(sender) => sender.send(data),
             #[cfg(test)]
             ReplySender::Assert(sender) => sender.send(data),
             #[cfg(test)]
@@ -63,6 +68,8 @@ impl ReplySender {
     pub(crate) fn open_backing(&self, fd: BorrowedFd<'_>) -> std::io::Result<BackingId> {
         match self {
             ReplySender::Channel(sender) => sender.open_backing(fd),
+            #[cfg(target_os = "linux")]
+            ReplySender::Uring(sender) => sender.channel.open_backing(fd),
             #[cfg(test)]
             ReplySender::Assert(_) => unreachable!(),
             #[cfg(test)]
@@ -74,6 +81,8 @@ impl ReplySender {
     pub(crate) unsafe fn wrap_backing(&self, id: u32) -> BackingId {
         match self {
             ReplySender::Channel(sender) => unsafe { sender.wrap_backing(id) },
+            #[cfg(target_os = "linux")]
+            ReplySender::Uring(sender) => unsafe { sender.channel.wrap_backing(id) },
             #[cfg(test)]
             ReplySender::Assert(_) => unreachable!(),
             #[cfg(test)]

@@ -34,6 +34,10 @@ use crate::session::SessionEventLoop;
 pub(crate) struct RequestWithSender<'a> {
     /// Channel sender for sending the reply
     ch: ChannelSender,
+    /// casfs patch 0005: the io_uring entry the request came in, which the reply
+    /// goes back through.
+    #[cfg(target_os = "linux")]
+    uring: Option<crate::uring::UringSender>,
     /// Parsed request
     pub(crate) request: ll::AnyRequest<'a>,
 }
@@ -49,7 +53,32 @@ impl<'a> RequestWithSender<'a> {
             }
         };
 
-        Some(Self { ch, request })
+        Some(Self {
+            ch,
+            #[cfg(target_os = "linux")]
+            uring: None,
+            request,
+        })
+    }
+
+    /// casfs patch 0005: a request that came through an io_uring entry.
+    #[cfg(target_os = "linux")]
+    pub(crate) fn new_uring(
+        sender: crate::uring::UringSender,
+        data: &'a [u8],
+    ) -> Option<RequestWithSender<'a>> {
+        let mut r = Self::new(sender.channel.clone(), data)?;
+        r.uring = Some(sender);
+        Some(r)
+    }
+
+    /// Where this request's reply goes.
+    fn sender(&self) -> ReplySender {
+        #[cfg(target_os = "linux")]
+        if let Some(u) = &self.uring {
+            return ReplySender::Uring(u.clone());
+        }
+        ReplySender::Channel(self.ch.clone())
     }
 
     /// Dispatch request to the given filesystem.
@@ -304,7 +333,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectory::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.sender(),
                         x.size() as usize,
                     ),
                 );
@@ -479,7 +508,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectoryPlus::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.sender(),
                         x.size() as usize,
                     ),
                 );
@@ -552,7 +581,7 @@ impl<'a> RequestWithSender<'a> {
     /// Create a reply object for this request that can be passed to the filesystem
     /// implementation and makes sure that a request is replied exactly once
     pub(crate) fn reply<T: Reply>(&self) -> T {
-        Reply::new(self.request.unique(), ReplySender::Channel(self.ch.clone()))
+        Reply::new(self.request.unique(), self.sender())
     }
 
     /// Returns a Request reference for this request

@@ -139,7 +139,20 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
+    /// casfs patch 0005: the io_uring transport, when the filesystem asked for it in
+    /// `init` and the kernel offered it.
+    #[cfg(target_os = "linux")]
+    pub(crate) uring: Option<crate::uring::UringParams>,
+    pub(crate) uring_state: Arc<UringStateCell>,
 }
+
+/// casfs patch 0005: which transport serves a session (shared with its background
+/// handle).
+#[cfg(target_os = "linux")]
+pub(crate) type UringStateCell = crate::uring::UringState;
+#[cfg(not(target_os = "linux"))]
+#[derive(Debug, Default)]
+pub(crate) struct UringStateCell;
 
 impl<FS: Filesystem> AsFd for Session<FS> {
     fn as_fd(&self) -> BorrowedFd<'_> {
@@ -186,6 +199,9 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
+            #[cfg(target_os = "linux")]
+            uring: None,
+            uring_state: Arc::default(),
         };
 
         session.handshake()?;
@@ -214,6 +230,9 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
+            #[cfg(target_os = "linux")]
+            uring: None,
+            uring_state: Arc::default(),
         };
 
         session.handshake()?;
@@ -225,6 +244,7 @@ impl<FS: Filesystem> Session<FS> {
     /// the filesystem is unmounted and the given session ends.
     pub fn spawn(self) -> io::Result<BackgroundSession> {
         let sender = self.ch.sender();
+        let uring_state = self.uring_state.clone();
         // Take the fuse_session, so that we can unmount it
         let mount = std::mem::take(&mut *self.mount.mount.lock());
         let guard = thread::Builder::new()
@@ -234,6 +254,7 @@ impl<FS: Filesystem> Session<FS> {
             guard,
             sender,
             mount,
+            uring_state,
         })
     }
 
@@ -252,6 +273,9 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
+            #[cfg(target_os = "linux")]
+            uring,
+            uring_state,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -286,6 +310,8 @@ impl<FS: Filesystem> Session<FS> {
                 channels.push(ch.clone());
             }
         }
+        #[cfg(target_os = "linux")]
+        let main_ch = ch.clone();
         channels.push(ch);
 
         let mut threads = Vec::with_capacity(n_threads);
@@ -305,6 +331,30 @@ impl<FS: Filesystem> Session<FS> {
                     .spawn(move || event_loop.event_loop())?,
             );
         }
+
+        // casfs patch 0005: a ring thread per possible CPU beside the classic loops
+        // (forgets, interrupts and requests before the rings are ready come there).
+        #[cfg(target_os = "linux")]
+        if let Some(params) = uring {
+            let queues = uring_state.queues.load(std::sync::atomic::Ordering::Relaxed);
+            for qid in 0..queues {
+                let thread_name = format!("fuser-ring-{qid}");
+                let event_loop = SessionEventLoop {
+                    thread_name: thread_name.clone(),
+                    filesystem: filesystem.clone(),
+                    ch: main_ch.clone(),
+                    allowed,
+                    session_owner,
+                };
+                let sender = main_ch.sender();
+                let state = uring_state.clone();
+                threads.push(thread::Builder::new().name(thread_name).spawn(move || {
+                    crate::uring::serve_queue(qid as u16, params, &event_loop, sender, &state)
+                })?);
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = &uring_state;
 
         let mut reply: io::Result<()> = Ok(());
         for thread in threads {
@@ -431,6 +481,19 @@ impl<FS: Filesystem> Session<FS> {
 
             // Remember the ABI version supported by kernel and mark the session initialized.
             self.proto_version = Some(v);
+            // casfs patch 0005: the filesystem asked for io_uring and the kernel offers it.
+            #[cfg(target_os = "linux")]
+            if config.requested.contains(InitFlags::FUSE_OVER_IO_URING)
+                && init.capabilities().contains(InitFlags::FUSE_OVER_IO_URING)
+            {
+                self.uring = Some(crate::uring::UringParams {
+                    max_payload: config.uring_max_payload(),
+                });
+                self.uring_state.queues.store(
+                    crate::uring::possible_cpus(),
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+            }
 
             // Log capability status for debugging
             for bit in 0..64 {
@@ -564,6 +627,7 @@ pub struct BackgroundSession {
     sender: ChannelSender,
     /// Ensures the filesystem is unmounted when the session ends
     mount: Option<Mount>,
+    uring_state: Arc<UringStateCell>,
 }
 
 impl BackgroundSession {
@@ -578,6 +642,28 @@ impl BackgroundSession {
     /// Returns an object that can be used to send notifications to the kernel
     pub fn notifier(&self) -> Notifier {
         Notifier::new(self.sender.clone())
+    }
+
+    /// casfs patch 0005: whether requests come through io_uring (every queue's entries
+    /// registered) rather than `read` on `/dev/fuse`.
+    pub fn io_uring_active(&self) -> bool {
+        #[cfg(target_os = "linux")]
+        return self.uring_state.active();
+        #[cfg(not(target_os = "linux"))]
+        return false;
+    }
+
+    /// casfs patch 0005: whether the kernel and the filesystem agreed on io_uring at
+    /// INIT (the queues may still be registering).
+    pub fn io_uring_negotiated(&self) -> bool {
+        #[cfg(target_os = "linux")]
+        return self
+            .uring_state
+            .queues
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0;
+        #[cfg(not(target_os = "linux"))]
+        return false;
     }
 
     /// Join the filesystem thread.
