@@ -227,13 +227,14 @@ fn main() {
         .unwrap_or(16);
     let sizes = args.sizes.clone();
     let tag = format!("bench-{}", std::process::id());
-    let backends = Backends {
+    // Each size gets its own prefix, so a fresh host of one size reads only its indexes.
+    let backends_for = |n: usize| Backends {
         checkpoints: Some(format!(
             "{}?schema={}",
             env("CASFS_TEST_PG"),
             tag.replace('-', "_")
         )),
-        objects: Some(format!("{}/{tag}", env("CASFS_TEST_S3"))),
+        objects: Some(format!("{}/{tag}-{n}", env("CASFS_TEST_S3"))),
     };
     let bucket = env("CASFS_TEST_S3").trim_start_matches("s3://").to_string();
     let endpoint = env("AWS_ENDPOINT_URL");
@@ -257,9 +258,14 @@ fn main() {
     );
     let mut rows = Vec::new();
     for &n in &sizes {
-        let t = tempfile::tempdir().unwrap();
+        // Trees, stores and restores on a fresh journaled ext4 loop filesystem per size:
+        // this VM's root ext4 has no journal, and its create times swing tenfold after
+        // the mass deletes of a size before (both tools would pay them).
+        let lfs = LoopFs::new(16);
+        let t = tempfile::tempdir_in(&lfs.mnt).unwrap();
         let tree = t.path().join("tree");
         let (files, bytes) = generate(&tree, n);
+        let backends = backends_for(n);
         eprintln!("{n} files, {} MB", bytes / 1_000_000);
         let th = ThreadId::new(&format!("fleet-{n}")).unwrap();
         let repo = format!("s3:{endpoint}/{bucket}/{tag}-restic-{n}");

@@ -48,10 +48,6 @@ use std::time::Duration;
 mod common;
 use common::*;
 
-fn q(p: &Path) -> String {
-    format!("'{}'", p.display().to_string().replace('\'', "'\\''"))
-}
-
 /// casfs with `--json`; the overlay's lower is an image unless `env` says otherwise.
 fn casfs_json(store: &Path, args: &[&str]) -> serde_json::Value {
     casfs_json_env(store, args, &[])
@@ -69,53 +65,6 @@ fn drop_caches() {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
-}
-
-/// The loop filesystem; unmounted (and its image removed) when dropped.
-struct LoopFs {
-    dir: tempfile::TempDir,
-    mnt: PathBuf,
-}
-
-impl LoopFs {
-    fn new(gib: u64) -> LoopFs {
-        let dir = tempfile::Builder::new()
-            .prefix("casfs-ovb")
-            .tempdir()
-            .unwrap();
-        let img = dir.path().join("img");
-        let mnt = dir.path().join("fs");
-        fs::create_dir(&mnt).unwrap();
-        sh(
-            &format!(
-                "truncate -s {gib}G {i} && mkfs.ext4 -q {i} && mount -o loop {i} {m}",
-                i = q(&img),
-                m = q(&mnt)
-            ),
-            &[],
-        );
-        LoopFs { dir, mnt }
-    }
-}
-
-impl Drop for LoopFs {
-    fn drop(&mut self) {
-        // Whatever is still mounted below it first (lazily: never hang).
-        let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let prefix = format!("{}/", self.mnt.display());
-        let mut below: Vec<&str> = info
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4))
-            .filter(|m| m.starts_with(&prefix))
-            .collect();
-        below.sort_by_key(|m| std::cmp::Reverse(m.len()));
-        for m in below {
-            let _ = Command::new("umount").args(["-l", m]).status();
-        }
-        std::thread::sleep(Duration::from_millis(300));
-        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
-        let _ = fs::remove_file(self.dir.path().join("img"));
-    }
 }
 
 /// A workspace of one backend over the base tree.

@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -124,4 +124,56 @@ pub fn parse_bench_args(reps: usize) -> BenchArgs {
         i += 1;
     }
     a
+}
+
+/// A path quoted for `sh`.
+pub fn q(p: &Path) -> String {
+    format!("'{}'", p.display().to_string().replace('\'', "'\\''"))
+}
+
+/// The loop filesystem; unmounted (and its image removed) when dropped.
+pub struct LoopFs {
+    dir: tempfile::TempDir,
+    pub mnt: PathBuf,
+}
+
+impl LoopFs {
+    pub fn new(gib: u64) -> LoopFs {
+        let dir = tempfile::Builder::new()
+            .prefix("casfs-ovb")
+            .tempdir()
+            .unwrap();
+        let img = dir.path().join("img");
+        let mnt = dir.path().join("fs");
+        std::fs::create_dir(&mnt).unwrap();
+        sh(
+            &format!(
+                "truncate -s {gib}G {i} && mkfs.ext4 -q {i} && mount -o loop {i} {m}",
+                i = q(&img),
+                m = q(&mnt)
+            ),
+            &[],
+        );
+        LoopFs { dir, mnt }
+    }
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        // Whatever is still mounted below it first (lazily: never hang).
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let prefix = format!("{}/", self.mnt.display());
+        let mut below: Vec<&str> = info
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|m| m.starts_with(&prefix))
+            .collect();
+        below.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in below {
+            let _ = Command::new("umount").args(["-l", m]).status();
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        let _ = std::fs::remove_file(self.dir.path().join("img"));
+    }
 }

@@ -124,7 +124,7 @@ pub fn store_bytes(
         stats.record(&p);
         list.chunks.push((ChunkId(p.id.0), chunk.len() as u32));
     }
-    let p = store.put(&list.encode())?;
+    let p = store.put_metadata(&list.encode())?;
     stats.record(&p);
     Ok(FileRef {
         id: FileId(p.id.0),
@@ -193,7 +193,7 @@ pub fn store_reader_over(
         }
     }
     let size = list.total_len();
-    let p = store.put(&list.encode())?;
+    let p = store.put_metadata(&list.encode())?;
     stats.record(&p);
     Ok(FileRef {
         id: FileId(p.id.0),
@@ -241,7 +241,7 @@ pub fn store_changed_chunks(
         stats.record(&p);
         list.chunks.push((ChunkId(p.id.0), len));
     }
-    let p = store.put(&list.encode())?;
+    let p = store.put_metadata(&list.encode())?;
     stats.record(&p);
     Ok((
         FileRef {

@@ -63,6 +63,6 @@ pub fn file_at(store: &dyn ObjectStore, root: &TreeId, path: &str) -> CasResult<
 
 /// Encodes and stores a tree object.
 pub fn store_tree(store: &dyn ObjectStore, tree: &Tree) -> CasResult<(TreeId, PutOutcome)> {
-    let p = store.put(&tree.encode())?;
+    let p = store.put_metadata(&tree.encode())?;
     Ok((TreeId(p.id.0), p))
 }

@@ -6,7 +6,9 @@
 //!   before it appends) uploads what the remote lacks: it lists the remote's indexes
 //!   (reading only those it has not read before), leaves out every object an index
 //!   names in a pack not marked for deletion, appends the rest into packs of
-//!   `CASFS_PACK_SIZE` bytes (16 MiB), uploads them in parallel, and then one index
+//!   `CASFS_PACK_SIZE` bytes (16 MiB; trees and chunk lists in packs of their own, so
+//!   that a restore's walk of the trees reads few packs), uploads them in parallel,
+//!   and then one index
 //!   naming them all. So the first upload of a tree costs one request per pack plus
 //!   two, and a checkpoint after a few changes three or four.
 //! - `get` reads locally; a miss fetches the one object with a ranged GET of its pack,
@@ -59,6 +61,20 @@ const MAX_GAP: u64 = 256 << 10;
 /// ...of at most this many bytes.
 const MAX_SPAN: u64 = 8 << 20;
 
+/// A read that wants at least half of the bytes from its first object to its last in
+/// a pack reads all of them at once, up to this many bytes (a restore wants most of a
+/// pack: one request instead of one per gap)...
+const MAX_WHOLE: u64 = 64 << 20;
+
+/// ...which is what `(max_gap, max_span)` this gives for `objects` of one pack, if so.
+fn read_whole(objects: &[(Hash, u64, u64)]) -> Option<(u64, u64)> {
+    let start = objects.iter().map(|o| o.1).min()?;
+    let end = objects.iter().map(|o| o.1 + o.2).max()?;
+    let wanted: u64 = objects.iter().map(|o| o.2).sum();
+    let extent = end - start;
+    (extent <= MAX_WHOLE && wanted.saturating_mul(2) >= extent).then_some((extent, extent))
+}
+
 /// Counters of what crossed the network.
 #[derive(Debug, Default, Clone, Copy, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
 pub struct RemoteStats {
@@ -88,11 +104,13 @@ impl RemoteStats {
 }
 
 /// Objects put and not uploaded yet, in the order they were put (a pack then holds a
-/// directory's files and trees near each other).
+/// directory's files near each other, and a metadata pack its trees).
 #[derive(Default)]
 struct Pending {
     order: Vec<Hash>,
     set: HashSet<Hash>,
+    /// Those of them put as metadata (trees, chunk lists): packed apart.
+    metadata: HashSet<Hash>,
 }
 
 pub struct RemoteObjectStore {
@@ -407,12 +425,10 @@ impl RemoteObjectStore {
     /// needs them).
     fn upload_pending(&self) -> CasResult<()> {
         let _one = self.uploading.lock().unwrap_or_else(|p| p.into_inner());
-        let ids: Vec<Hash> = self
-            .pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .order
-            .clone();
+        let (ids, metadata): (Vec<Hash>, HashSet<Hash>) = {
+            let p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            (p.order.clone(), p.metadata.clone())
+        };
         if ids.is_empty() {
             return Ok(());
         }
@@ -424,7 +440,9 @@ impl RemoteObjectStore {
             .fetch_add(ids.len() as u64, Ordering::Relaxed);
         let mut packs: Vec<(Hash, Option<u64>, Vec<PackEntry>)> = Vec::new();
         let mut ready: Vec<(Hash, Vec<u8>)> = Vec::new();
-        let mut w = PackWriter::default();
+        // Two packs fill at once: file contents, and metadata (trees, chunk lists),
+        // so that a fresh host's restore reads every tree from a few packs.
+        let mut writers = [PackWriter::default(), PackWriter::default()];
         let mut objects = 0u64;
         let mut seen = HashSet::new();
         for id in ids.iter().copied() {
@@ -435,10 +453,11 @@ impl RemoteObjectStore {
                 .local
                 .get_stored(&id)?
                 .ok_or_else(|| self.err("object", Some(&id), "not in the local store"))?;
+            let w = &mut writers[usize::from(metadata.contains(&id))];
             w.push(id, &stored);
             objects += 1;
             if w.size() >= self.pack_size() {
-                let (pid, bytes, entries) = std::mem::take(&mut w).finish();
+                let (pid, bytes, entries) = std::mem::take(w).finish();
                 packs.push((pid, None, entries));
                 ready.push((pid, bytes));
                 if ready.len() >= PARALLEL_PACKS {
@@ -446,7 +465,7 @@ impl RemoteObjectStore {
                 }
             }
         }
-        if !w.is_empty() {
+        for w in writers.into_iter().filter(|w| !w.is_empty()) {
             let (pid, bytes, entries) = w.finish();
             packs.push((pid, None, entries));
             ready.push((pid, bytes));
@@ -462,7 +481,22 @@ impl RemoteObjectStore {
         let done: HashSet<Hash> = ids.into_iter().collect();
         p.order.retain(|h| !done.contains(h));
         p.set.retain(|h| !done.contains(h));
+        p.metadata.retain(|h| !done.contains(h));
         Ok(())
+    }
+
+    /// Stores locally and remembers the object for the next sync: every object put is
+    /// looked up then, new here or not.
+    fn put_pending(&self, data: &[u8], metadata: bool) -> CasResult<PutOutcome> {
+        let out = self.local.put(data)?;
+        let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        if p.set.insert(out.id.0) {
+            p.order.push(out.id.0);
+        }
+        if metadata {
+            p.metadata.insert(out.id.0);
+        }
+        Ok(out)
     }
 
     /// Verifies what was read for `id` (out of pack `from`, or its own key) and keeps
@@ -551,7 +585,8 @@ impl RemoteObjectStore {
     fn fetch_ranges(&self, by_pack: HashMap<Hash, Vec<(Hash, u64, u64)>>) {
         let mut work = Vec::new();
         for (pack, objs) in by_pack {
-            for span in coalesce(objs, MAX_GAP, MAX_SPAN) {
+            let (gap, span) = read_whole(&objs).unwrap_or((MAX_GAP, MAX_SPAN));
+            for span in coalesce(objs, gap, span) {
                 work.push((pack, self.pack_key(&pack), span));
             }
         }
@@ -593,13 +628,11 @@ impl RemoteObjectStore {
 
 impl ObjectStore for RemoteObjectStore {
     fn put(&self, data: &[u8]) -> CasResult<PutOutcome> {
-        let out = self.local.put(data)?;
-        // Every object put is looked up at the next sync, new here or not.
-        let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        if p.set.insert(out.id.0) {
-            p.order.push(out.id.0);
-        }
-        Ok(out)
+        self.put_pending(data, false)
+    }
+
+    fn put_metadata(&self, data: &[u8]) -> CasResult<PutOutcome> {
+        self.put_pending(data, true)
     }
 
     fn get(&self, id: &ObjectId, what: &'static str) -> CasResult<Vec<u8>> {
@@ -683,5 +716,32 @@ impl ObjectStore for RemoteObjectStore {
             // Kept only when it is what it claims to be (a read reports the rest).
             let _ = self.accept(&id, &stored, None);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(n: u32) -> Hash {
+        Hash::of(&n.to_le_bytes())
+    }
+
+    #[test]
+    fn a_read_of_most_of_a_pack_reads_it_in_one_span() {
+        // Ten objects of 1 MiB with 1 MiB gaps between them: half the extent is wanted.
+        let most: Vec<_> = (0..10)
+            .map(|i| (h(i), i as u64 * (2 << 20), 1 << 20))
+            .collect();
+        let (gap, span) = read_whole(&most).expect("whole");
+        assert_eq!(coalesce(most, gap, span).len(), 1);
+        // Two objects 10 MiB apart: read apart, with the usual rule.
+        let few = vec![(h(0), 0, 1 << 10), (h(1), 10 << 20, 1 << 10)];
+        assert_eq!(read_whole(&few), None);
+        assert_eq!(coalesce(few, MAX_GAP, MAX_SPAN).len(), 2);
+        // Never more than MAX_WHOLE bytes at once.
+        let huge = vec![(h(0), 0, MAX_WHOLE), (h(1), MAX_WHOLE, 1)];
+        assert_eq!(read_whole(&huge), None);
+        assert_eq!(read_whole(&[]), None);
     }
 }

@@ -22,6 +22,13 @@ pub trait ObjectStore: Send + Sync {
     /// Stores `data` under its hash, unless already present.
     fn put(&self, data: &[u8]) -> CasResult<PutOutcome>;
 
+    /// Stores a tree or a chunk list: the same as `put`, with the hint that it is
+    /// metadata, which a restore reads before any content (a remote store packs it
+    /// apart from file contents, as restic keeps tree packs apart from data packs).
+    fn put_metadata(&self, data: &[u8]) -> CasResult<PutOutcome> {
+        self.put(data)
+    }
+
     /// Reads and verifies an object. `what` names its type for the not-found error.
     fn get(&self, id: &ObjectId, what: &'static str) -> CasResult<Vec<u8>>;
 

@@ -28,7 +28,7 @@ use super::dirfd::{
     open_dir_at, readlink_at, remove_at, Fingerprint,
 };
 use super::{xattr, CheckpointError, CheckpointResult, RootMeta, Store};
-use crate::cas::file::{check_present, hash_reader, write_file_to};
+use crate::cas::file::{check_present, hash_reader, load_chunk_list, write_file_to};
 use crate::cas::{load_tree, EntryContent, ObjectId, Tree, TreeEntry, TreeId};
 
 #[derive(Debug, Default)]
@@ -234,6 +234,7 @@ fn same_file(
 /// so that a missing or undecodable object stops the restore before anything changes.
 fn preflight(store: &Store, root: TreeId) -> CheckpointResult<HashMap<TreeId, Tree>> {
     let mut trees = HashMap::new();
+    let mut files = Vec::new();
     let mut level = vec![root];
     while !level.is_empty() {
         // From a remote store, a level's trees come many at a time.
@@ -244,7 +245,6 @@ fn preflight(store: &Store, root: TreeId) -> CheckpointResult<HashMap<TreeId, Tr
             .map(|id| Ok((*id, load_tree(store.objects(), id)?)))
             .collect::<CheckpointResult<_>>()?;
         let mut next = Vec::new();
-        let mut files = Vec::new();
         for (id, tree) in loaded {
             for e in tree.entries() {
                 match &e.content {
@@ -255,17 +255,35 @@ fn preflight(store: &Store, root: TreeId) -> CheckpointResult<HashMap<TreeId, Tr
             }
             trees.insert(id, tree);
         }
-        files.sort_by_key(|f| f.id);
-        files.dedup();
-        let ids: Vec<ObjectId> = files.iter().map(|f| ObjectId(f.id.0)).collect();
-        store.objects().prefetch(&ids);
-        files
-            .par_iter()
-            .try_for_each(|f| check_present(store.objects(), f))?;
         next.sort();
         next.dedup();
         level = next;
     }
+    // Every file's objects in one call, after the trees: a pack's objects then come in
+    // as few ranged reads as their places in it allow, not one set per tree level. The
+    // chunk lists of large files first, so that their chunks come in that same call.
+    files.sort_by_key(|f| f.id);
+    files.dedup();
+    let lists: Vec<ObjectId> = files
+        .iter()
+        .filter(|f| f.is_chunked())
+        .map(|f| ObjectId(f.id.0))
+        .collect();
+    store.objects().prefetch(&lists);
+    let mut ids = Vec::new();
+    for f in &files {
+        if !f.is_chunked() {
+            ids.push(ObjectId(f.id.0));
+        } else if let Ok(list) = load_chunk_list(store.objects(), f) {
+            ids.extend(list.chunks.iter().map(|(id, _)| ObjectId(id.0)));
+        }
+    }
+    ids.sort_by_key(|c| c.0);
+    ids.dedup();
+    store.objects().prefetch(&ids);
+    files
+        .par_iter()
+        .try_for_each(|f| check_present(store.objects(), f))?;
     Ok(trees)
 }
 
