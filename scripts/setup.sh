@@ -54,3 +54,22 @@ if ! command -v cargo-fuzz >/dev/null 2>&1 && [ ! -x "${CARGO_HOME:-$HOME/.cargo
   echo "casfs setup: installing cargo-fuzz 0.13.2 (cargo install)" >&2
   cargo install --quiet --locked cargo-fuzz --version 0.13.2
 fi
+
+# FUSE over io_uring (casfs's `io_uring` transport) is built into this kernel but off
+# until root writes Y to a host-wide module parameter. casfs never sets it; this flag
+# does, on purpose and saying so (the test command passes it, to test both transports).
+# New FUSE mounts on the host then use the per-CPU rings; writing N turns them off again.
+if [ "${1:-}" = "--enable-fuse-uring" ]; then
+  param=/sys/module/fuse/parameters/enable_uring
+  if [ ! -e "$param" ]; then
+    modprobe fuse 2>/dev/null || true
+  fi
+  if [ -w "$param" ]; then
+    if [ "$(cat "$param")" != Y ]; then
+      echo "casfs setup: enabling FUSE over io_uring host-wide (echo Y > $param)" >&2
+      echo Y > "$param"
+    fi
+  else
+    echo "casfs setup: $param is absent or not writable: FUSE over io_uring stays off" >&2
+  fi
+fi

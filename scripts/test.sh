@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what it needs, checks formatting and lints, then runs
 # every unit and integration test (integration tests mount real filesystems), the mount
-# tests once per backend (FUSE, then overlayfs over a casfs lower), then fuzzes every
-# decoder for a short while.
+# tests once per backend (FUSE, then overlayfs over a casfs lower) and the FUSE backend
+# once more on the classic /dev/fuse transport, then fuzzes every decoder for a short
+# while. It turns on FUSE over io_uring host-wide (scripts/setup.sh --enable-fuse-uring)
+# so that the FUSE passes run on both transports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/setup.sh
+source scripts/setup.sh --enable-fuse-uring
 # PostgreSQL and an S3-compatible server on loopback, for the fleet tests.
 source scripts/services.sh
 
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
-# Everything, with `casfs mount` on the FUSE backend...
+# Everything, with `casfs mount` on the FUSE backend (over io_uring where the kernel
+# has it)...
 CASFS_MOUNT_MODE=fuse cargo test --locked
-# ...and the mount suite again on the overlay backend.
+# ...the mount suite again on the overlay backend...
 CASFS_MOUNT_MODE=overlay cargo test --locked --test fuse
+# ...and on the FUSE backend over the classic transport, if the first pass used io_uring.
+if [ "$(cat /sys/module/fuse/parameters/enable_uring 2>/dev/null)" = Y ]; then
+  CASFS_MOUNT_MODE=fuse CASFS_FUSE_TRANSPORT=classic cargo test --locked --test fuse
+fi
 # A short run of every fuzz target (FUZZ_SECS each).
 scripts/fuzz.sh

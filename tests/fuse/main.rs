@@ -17,6 +17,7 @@ mod read_only;
 mod reliability;
 mod serve;
 mod soak;
+mod transport;
 mod trust;
 mod workspace;
 

@@ -1,0 +1,103 @@
+//! The FUSE transport a mount uses is the one asked for and the one `casfs status`
+//! names; the whole suite runs on both (scripts/test.sh), these check the choice itself.
+
+use std::fs;
+use std::path::Path;
+
+use casfs::fs::fuse_uring_enabled as kernel_uring_enabled;
+
+use crate::common::*;
+use crate::MountGuard;
+
+fn mount_fuse(store: &Path, mp: &Path, transport: &str) -> std::process::Output {
+    casfs_env(
+        store,
+        &[
+            "mount",
+            mp.to_str().unwrap(),
+            "-t",
+            "w",
+            "--mode",
+            "fuse",
+            "--fuse-transport",
+            transport,
+        ],
+        &[],
+    )
+}
+
+#[test]
+fn status_names_the_transport_each_mount_asked_for() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    fs::create_dir_all(src.join("d")).unwrap();
+    for i in 0..50 {
+        fs::write(src.join(format!("d/f{i}")), format!("file {i}\n")).unwrap();
+    }
+    let auto = if kernel_uring_enabled() {
+        "io_uring"
+    } else {
+        "classic"
+    };
+    for (asked, want) in [("classic", "classic"), ("auto", auto)] {
+        let store = t.path().join(format!("store-{asked}"));
+        ok(&store, &["capture", src.to_str().unwrap(), "-t", "w"]);
+        let mp = t.path().join(format!("mnt-{asked}"));
+        fs::create_dir(&mp).unwrap();
+        let _g = MountGuard::new(&mp);
+        let out = mount_fuse(&store, &mp, asked);
+        assert!(
+            out.status.success(),
+            "mount --fuse-transport {asked}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let st = json(&store, &["status", mp.to_str().unwrap()]);
+        assert_eq!(st["fuse_transport"], want, "{asked}: {st}");
+        // Requests from several threads at once (the rings are per CPU), reads,
+        // writes, a checkpoint and a restore's invalidations all answer.
+        std::thread::scope(|s| {
+            for k in 0..4 {
+                let mp = &mp;
+                s.spawn(move || {
+                    for i in (k..50).step_by(4) {
+                        let p = mp.join(format!("d/f{i}"));
+                        assert_eq!(fs::read_to_string(&p).unwrap(), format!("file {i}\n"));
+                        fs::write(&p, format!("changed {i}\n")).unwrap();
+                    }
+                });
+            }
+        });
+        let cp = json(&store, &["checkpoint", mp.to_str().unwrap()]);
+        assert_eq!(cp["ok"], true, "{cp}");
+        ok(&store, &["restore", mp.to_str().unwrap(), "--force"]);
+        for i in 0..50 {
+            assert_eq!(
+                fs::read_to_string(mp.join(format!("d/f{i}"))).unwrap(),
+                format!("changed {i}\n"),
+                "{asked}: after the restore"
+            );
+        }
+        ok(&store, &["unmount", mp.to_str().unwrap()]);
+    }
+}
+
+#[test]
+fn io_uring_asked_for_where_the_kernel_has_it_off_is_refused_by_name() {
+    if kernel_uring_enabled() {
+        eprintln!("skipped: FUSE over io_uring is enabled on this host");
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    fs::create_dir(&src).unwrap();
+    let store = t.path().join("store");
+    ok(&store, &["capture", src.to_str().unwrap(), "-t", "w"]);
+    let mp = t.path().join("mnt");
+    fs::create_dir(&mp).unwrap();
+    let _g = MountGuard::new(&mp);
+    let out = mount_fuse(&store, &mp, "io_uring");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("enable_uring"), "{err}");
+    assert!(!crate::is_mounted(&mp));
+}
