@@ -742,8 +742,10 @@ fn main() {
                     let m = med(v);
                     let r = native.map(|n| m / n).unwrap_or(f64::NAN);
                     let k = kovl.map(|n| m / n).unwrap_or(f64::NAN);
-                    if native.is_some() {
+                    if native.is_some() && kovl.is_some() {
                         row.push_str(&format!(" {m:.0} ({r:.2}x / {k:.2}x) |"));
+                    } else if native.is_some() {
+                        row.push_str(&format!(" {m:.0} ({r:.2}x) |"));
                     } else {
                         row.push_str(&format!(" {m:.0} |"));
                     }
