@@ -173,3 +173,73 @@ fn a_symlinked_parent_in_the_destination_is_never_followed() {
         "removed outside the destination"
     );
 }
+
+/// A tree naming a file, or a large file's chunk, that the store does not have: the
+/// restore names the missing object and changes nothing in the destination.
+#[test]
+fn a_missing_file_or_chunk_stops_the_restore_before_anything_changes() {
+    use casfs::cas::file::ChunkList;
+    use casfs::cas::{store_tree, ChunkId, EntryContent, FileId, Tree, TreeEntry, CHUNK_SIZE};
+
+    let t = tempfile::tempdir().unwrap();
+    let store_dir = t.path().join("store");
+    ok(&store_dir, &["init"]);
+    let dest = t.path().join("dest");
+    fs::create_dir(&dest).unwrap();
+    fs::write(dest.join("keep"), b"untouched").unwrap();
+    let missing = Hash::of(b"never stored");
+    let present = Hash::of(&[7u8; CHUNK_SIZE]);
+    let file = |name: &str, id: Hash, size: u64| TreeEntry {
+        name: name.as_bytes().to_vec(),
+        content: EntryContent::File(FileId(id)),
+        mode: 0o644,
+        mtime_ns: 0,
+        size,
+        xattrs: Vec::new(),
+    };
+    for (thread, what) in [("no-file", "file"), ("no-chunk", "chunk")] {
+        {
+            let store = open(&store_dir);
+            let o = store.objects();
+            o.put(b"here").unwrap();
+            let mut entries = vec![file("a-small", Hash::of(b"here"), 4)];
+            if what == "file" {
+                entries.push(file("b-gone", missing, 10));
+            } else {
+                // Two chunks: one stored, one not; the list itself is stored.
+                o.put(&[7u8; CHUNK_SIZE]).unwrap();
+                let list = ChunkList {
+                    chunks: vec![
+                        (ChunkId(present), CHUNK_SIZE as u32),
+                        (ChunkId(missing), 10),
+                    ],
+                };
+                let id = o.put_metadata(&list.encode()).unwrap().id.0;
+                entries.push(file("b-large", id, CHUNK_SIZE as u64 + 10));
+            }
+            let (root, _) = store_tree(o, &Tree::from_entries(entries).unwrap()).unwrap();
+            let th = ThreadId::new(thread).unwrap();
+            let lease = store
+                .checkpoints()
+                .acquire_writer(&th, "test", Duration::from_secs(10))
+                .unwrap();
+            store
+                .checkpoints()
+                .append(NewCheckpoint::new(th, root, "gap"), None, &lease)
+                .unwrap();
+            store.checkpoints().release(&lease).unwrap();
+        }
+        let err = fails(
+            &store_dir,
+            &["restore", dest.to_str().unwrap(), "-t", thread, "--force"],
+        );
+        assert!(err.contains(&missing.to_string()[..12]), "{what}: {err}");
+        assert!(err.contains(what), "{what}: {err}");
+        assert_eq!(fs::read(dest.join("keep")).unwrap(), b"untouched");
+        assert_eq!(
+            fs::read_dir(&dest).unwrap().count(),
+            1,
+            "{what}: nothing written"
+        );
+    }
+}

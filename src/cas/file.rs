@@ -327,24 +327,6 @@ pub fn read_file(store: &dyn ObjectStore, file: &FileRef) -> CasResult<Vec<u8>> 
     Ok(out)
 }
 
-/// Checks that every object a file needs is in the store: its single chunk, or its
-/// chunk list (read and verified) and every chunk it names. Chunks are not read.
-pub fn check_present(store: &dyn ObjectStore, file: &FileRef) -> CasResult<()> {
-    let missing = |what, id: Hash| CasError::NotFound { what, id };
-    if !file.is_chunked() {
-        if !store.contains(&ObjectId(file.id.0))? {
-            return Err(missing("file", file.id.0));
-        }
-        return Ok(());
-    }
-    for (id, _) in load_chunk_list(store, file)?.chunks {
-        if !store.contains(&ObjectId(id.0))? {
-            return Err(missing("chunk", id.0));
-        }
-    }
-    Ok(())
-}
-
 /// The reference a file read from `reader` would get, without storing anything; holds
 /// one chunk in memory at a time.
 pub fn hash_reader(reader: &mut dyn Read) -> std::io::Result<FileRef> {

@@ -293,6 +293,21 @@ pub struct Span {
     pub objects: Vec<(Hash, u64, u64)>,
 }
 
+/// A read that wants at least half of the bytes from its first object to its last in
+/// a pack reads all of them at once, up to this many bytes (a restore wants most of a
+/// pack: one request instead of one per gap)...
+pub const MAX_WHOLE: u64 = 64 << 20;
+
+/// ...which is the `(max_gap, max_span)` to [`coalesce`] `objects` of one pack with,
+/// if so.
+pub fn read_whole(objects: &[(Hash, u64, u64)]) -> Option<(u64, u64)> {
+    let start = objects.iter().map(|o| o.1).min()?;
+    let end = objects.iter().map(|o| o.1 + o.2).max()?;
+    let wanted: u64 = objects.iter().map(|o| o.2).sum();
+    let extent = end - start;
+    (extent <= MAX_WHOLE && wanted.saturating_mul(2) >= extent).then_some((extent, extent))
+}
+
 /// Groups objects of one pack into ranged reads: neighbours whose gap is at most
 /// `max_gap` share one, up to `max_span` bytes a read (a single larger object gets one
 /// of its own).
@@ -441,5 +456,23 @@ mod tests {
         let spans = coalesce(many, 0, 300);
         assert_eq!(spans.len(), 4);
         assert!(spans.iter().all(|s| s.end - s.start <= 300));
+    }
+
+    #[test]
+    fn a_read_of_most_of_a_pack_reads_it_in_one_span() {
+        // Ten objects of 1 MiB with 1 MiB gaps between them: half the extent is wanted.
+        let most: Vec<_> = (0..10)
+            .map(|i| (h(i), i as u64 * (2 << 20), 1 << 20))
+            .collect();
+        let (gap, span) = read_whole(&most).expect("whole");
+        assert_eq!(coalesce(most, gap, span).len(), 1);
+        // Two small objects 10 MiB apart are read apart.
+        let few = vec![(h(0), 0, 1 << 10), (h(1), 10 << 20, 1 << 10)];
+        assert_eq!(read_whole(&few), None);
+        assert_eq!(coalesce(few, 256 << 10, 8 << 20).len(), 2);
+        // Never more than MAX_WHOLE bytes at once.
+        let huge = vec![(h(0), 0, MAX_WHOLE), (h(1), MAX_WHOLE, 1)];
+        assert_eq!(read_whole(&huge), None);
+        assert_eq!(read_whole(&[]), None);
     }
 }

@@ -40,7 +40,7 @@ use object_store::{ObjectStore as Remote, PutPayload};
 
 use super::gc::Fence;
 use super::object::decode_stored;
-use super::pack::{coalesce, Location, PackEntry, PackIndex, PackWriter};
+use super::pack::{coalesce, read_whole, Location, PackEntry, PackIndex, PackWriter};
 use super::remote_index::{Counters, Indexes, RemoteRequests};
 use super::rocks_store::RocksObjectStore;
 use super::store::{ObjectStore, PutOutcome};
@@ -60,20 +60,6 @@ const PACK_SIZE: usize = 16 << 20;
 const MAX_GAP: u64 = 256 << 10;
 /// ...of at most this many bytes.
 const MAX_SPAN: u64 = 8 << 20;
-
-/// A read that wants at least half of the bytes from its first object to its last in
-/// a pack reads all of them at once, up to this many bytes (a restore wants most of a
-/// pack: one request instead of one per gap)...
-const MAX_WHOLE: u64 = 64 << 20;
-
-/// ...which is what `(max_gap, max_span)` this gives for `objects` of one pack, if so.
-fn read_whole(objects: &[(Hash, u64, u64)]) -> Option<(u64, u64)> {
-    let start = objects.iter().map(|o| o.1).min()?;
-    let end = objects.iter().map(|o| o.1 + o.2).max()?;
-    let wanted: u64 = objects.iter().map(|o| o.2).sum();
-    let extent = end - start;
-    (extent <= MAX_WHOLE && wanted.saturating_mul(2) >= extent).then_some((extent, extent))
-}
 
 /// Counters of what crossed the network.
 #[derive(Debug, Default, Clone, Copy, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
@@ -716,32 +702,5 @@ impl ObjectStore for RemoteObjectStore {
             // Kept only when it is what it claims to be (a read reports the rest).
             let _ = self.accept(&id, &stored, None);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn h(n: u32) -> Hash {
-        Hash::of(&n.to_le_bytes())
-    }
-
-    #[test]
-    fn a_read_of_most_of_a_pack_reads_it_in_one_span() {
-        // Ten objects of 1 MiB with 1 MiB gaps between them: half the extent is wanted.
-        let most: Vec<_> = (0..10)
-            .map(|i| (h(i), i as u64 * (2 << 20), 1 << 20))
-            .collect();
-        let (gap, span) = read_whole(&most).expect("whole");
-        assert_eq!(coalesce(most, gap, span).len(), 1);
-        // Two objects 10 MiB apart: read apart, with the usual rule.
-        let few = vec![(h(0), 0, 1 << 10), (h(1), 10 << 20, 1 << 10)];
-        assert_eq!(read_whole(&few), None);
-        assert_eq!(coalesce(few, MAX_GAP, MAX_SPAN).len(), 2);
-        // Never more than MAX_WHOLE bytes at once.
-        let huge = vec![(h(0), 0, MAX_WHOLE), (h(1), MAX_WHOLE, 1)];
-        assert_eq!(read_whole(&huge), None);
-        assert_eq!(read_whole(&[]), None);
     }
 }

@@ -28,8 +28,8 @@ use super::dirfd::{
     open_dir_at, readlink_at, remove_at, Fingerprint,
 };
 use super::{xattr, CheckpointError, CheckpointResult, RootMeta, Store};
-use crate::cas::file::{check_present, hash_reader, load_chunk_list, write_file_to};
-use crate::cas::{load_tree, EntryContent, ObjectId, Tree, TreeEntry, TreeId};
+use crate::cas::file::{hash_reader, load_chunk_list, write_file_to};
+use crate::cas::{load_tree, CasError, EntryContent, ObjectId, Tree, TreeEntry, TreeId};
 
 #[derive(Debug, Default)]
 pub struct RestoreProgress {
@@ -270,20 +270,28 @@ fn preflight(store: &Store, root: TreeId) -> CheckpointResult<HashMap<TreeId, Tr
         .map(|f| ObjectId(f.id.0))
         .collect();
     store.objects().prefetch(&lists);
-    let mut ids = Vec::new();
+    // What must be present: single-chunk files, and every chunk of the large ones (each
+    // chunk list read once, here).
+    let mut needed: Vec<(&'static str, ObjectId)> = Vec::new();
     for f in &files {
         if !f.is_chunked() {
-            ids.push(ObjectId(f.id.0));
-        } else if let Ok(list) = load_chunk_list(store.objects(), f) {
-            ids.extend(list.chunks.iter().map(|(id, _)| ObjectId(id.0)));
+            needed.push(("file", ObjectId(f.id.0)));
+        } else {
+            let list = load_chunk_list(store.objects(), f)?;
+            needed.extend(list.chunks.iter().map(|(id, _)| ("chunk", ObjectId(id.0))));
         }
     }
-    ids.sort_by_key(|c| c.0);
-    ids.dedup();
+    needed.sort_by_key(|n| n.1 .0);
+    needed.dedup_by_key(|n| n.1 .0);
+    let ids: Vec<ObjectId> = needed.iter().map(|n| n.1).collect();
     store.objects().prefetch(&ids);
-    files
+    needed
         .par_iter()
-        .try_for_each(|f| check_present(store.objects(), f))?;
+        .try_for_each(|&(what, id)| match store.objects().contains(&id) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(CasError::NotFound { what, id: id.0 }),
+            Err(e) => Err(e),
+        })?;
     Ok(trees)
 }
 

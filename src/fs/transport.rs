@@ -67,6 +67,18 @@ pub(crate) fn default_uring() -> bool {
         .unwrap_or(false)
 }
 
+/// In `Filesystem::init`: asks the kernel for io_uring when `want`; a kernel that does
+/// not offer it leaves the mount on the classic transport, with a warning.
+pub(crate) fn ask_for_uring(config: &mut fuser::KernelConfig, want: bool) {
+    if want
+        && config
+            .add_capabilities(fuser::InitFlags::FUSE_OVER_IO_URING)
+            .is_err()
+    {
+        tracing::warn!("FUSE over io_uring asked for, not offered by the kernel: classic");
+    }
+}
+
 /// Whether the kernel offers FUSE over io_uring to new connections.
 pub fn kernel_enabled() -> bool {
     std::fs::read_to_string(Path::new(PARAM)).is_ok_and(|v| v.trim() == "Y")

@@ -322,13 +322,7 @@ impl Filesystem for TreeView {
         // Every listing with its attributes (not adaptively: whoever lists a view, `find`
         // or overlayfs, looks the names up next).
         let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS);
-        if self.want_uring
-            && config
-                .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
-                .is_err()
-        {
-            tracing::warn!("FUSE over io_uring asked for, not offered by the kernel: classic");
-        }
+        super::transport::ask_for_uring(config, self.want_uring);
         Ok(())
     }
 

@@ -360,7 +360,6 @@ impl MountedThread {
         }
     }
 
-    /// The backend serving the mount.
     /// The FUSE transport of the mount (overlay: of its lower's view).
     pub fn fuse_transport(&self) -> &'static str {
         match &self.backend {
@@ -373,6 +372,7 @@ impl MountedThread {
         }
     }
 
+    /// The backend serving the mount.
     pub fn mode(&self) -> MountMode {
         match &self.backend {
             Backend::Fuse { .. } => MountMode::Fuse,

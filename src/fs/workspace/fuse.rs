@@ -25,13 +25,7 @@ impl Filesystem for WorkspaceFs {
         // passthrough ones included, and for the attributes before every chown: a
         // round trip each.
         let _ = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2);
-        if self.ws().want_uring
-            && config
-                .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
-                .is_err()
-        {
-            tracing::warn!("FUSE over io_uring asked for, not offered by the kernel: classic");
-        }
+        crate::fs::transport::ask_for_uring(config, self.ws().want_uring);
         Ok(())
     }
 
