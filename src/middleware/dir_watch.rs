@@ -184,6 +184,14 @@ fn translate(rt: &mut Route, ev: &notify::Event) {
     let Some(path) = path else {
         return;
     };
+    let made_dir = kind == FsEventKind::Create && is_dir;
+    send(rt, kind, path.clone(), to, is_dir);
+    if made_dir {
+        announce_contents(rt, &path);
+    }
+}
+
+fn send(rt: &mut Route, kind: FsEventKind, path: String, to: Option<String>, is_dir: bool) {
     let marker = path.starts_with(MARKER_PREFIX);
     if !marker {
         rt.seq += 1;
@@ -196,4 +204,37 @@ fn translate(rt: &mut Route, ev: &notify::Event) {
         to,
         is_dir,
     });
+}
+
+/// The most entries of a new directory announced by looking into it.
+const MAX_ANNOUNCED: usize = 10_000;
+
+/// A directory just made may hold entries made before its watch was added (the kernel
+/// reports nothing for them): `mkdir d && echo > d/f` races the watcher. The watch is
+/// in place when the directory's event arrives, so what is in it now is announced as
+/// created; an entry made in between is announced twice, never missed.
+fn announce_contents(rt: &mut Route, dir: &str) {
+    let mut stack = vec![dir.to_string()];
+    let mut n = 0;
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(rt.root.join(&d)) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            if n >= MAX_ANNOUNCED {
+                tracing::warn!(
+                    dir,
+                    "more than {MAX_ANNOUNCED} entries made at once: not all announced"
+                );
+                return;
+            }
+            n += 1;
+            let rel = format!("{d}/{}", e.file_name().to_string_lossy());
+            let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+            send(rt, FsEventKind::Create, rel.clone(), None, is_dir);
+            if is_dir {
+                stack.push(rel);
+            }
+        }
+    }
 }

@@ -4,6 +4,10 @@ use crate::checkpoint::{CheckpointError, CheckpointId, ThreadId};
 
 pub type MiddlewareResult<T> = Result<T, MiddlewareError>;
 
+fn show(id: &Option<CheckpointId>) -> String {
+    id.map(|i| i.short()).unwrap_or_else(|| "none".into())
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum MiddlewareError {
     /// The middleware or run was set up wrong (a missing store, persistence wired to
@@ -29,6 +33,20 @@ pub enum MiddlewareError {
 
     #[error("sandbox {key:?}: {detail}")]
     Sandbox { key: String, detail: String },
+
+    /// A writer would publish a sandbox that shows another checkpoint than the head it
+    /// expects (the sandbox fell behind, or the writer read another head).
+    #[error(
+        "sandbox {key:?} shows checkpoint {}, not {}, the head the writer expects; resume \
+         it to show the thread's head first",
+        show(shows),
+        show(expected)
+    )]
+    SandboxBehind {
+        key: String,
+        shows: Option<CheckpointId>,
+        expected: Option<CheckpointId>,
+    },
 
     /// The sandbox is in use by processes that keep it from being torn down.
     #[error("sandbox {key:?} is busy: {detail}")]

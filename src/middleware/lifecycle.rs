@@ -9,17 +9,16 @@ use std::time::Duration;
 use super::events::Watcher;
 use super::persistence::Parts;
 use super::policy::CaptureFilter;
+use super::publish::Publish;
 use super::{
     ArtifactMeta, EnsureOutcome, FileEvents, MiddlewareError, MiddlewareResult, Persistence,
-    RunContext, SandboxHandle, SandboxProvider, SandboxWorkspace, Secrets, SnapshotPolicy,
+    RunContext, SandboxHandle, SandboxProvider, Secrets, SnapshotPolicy,
 };
-use crate::cas::file::{read_file, store_bytes, StoreStats};
+use crate::cas::file::read_file;
 use crate::cas::FileRef;
-use crate::checkpoint::diff::diff_trees;
 use crate::checkpoint::{
-    capture_dir, holder_name, restore_tree, Artifact, CaptureOptions, Checkpoint, CheckpointError,
-    CheckpointId, CheckpointResult, ContentRef, LeaseKeeper, LeaseStatus, NewCheckpoint,
-    RestoreOptions, Store, WriterLease,
+    holder_name, Artifact, CheckpointError, CheckpointId, LeaseKeeper, LeaseStatus, Store,
+    WriterLease,
 };
 
 /// Portable checkpoints of runs: where the conversation and artifacts come from, what
@@ -100,11 +99,11 @@ pub struct RunOutcome {
 
 /// The lifecycle middleware over one store and one sandbox provider.
 pub struct Middleware {
-    store: Arc<Store>,
-    provider: Arc<dyn SandboxProvider>,
-    config: MiddlewareConfig,
-    secrets: Secrets,
-    workspace_hash: Option<String>,
+    pub(super) store: Arc<Store>,
+    pub(super) provider: Arc<dyn SandboxProvider>,
+    pub(super) config: MiddlewareConfig,
+    pub(super) secrets: Secrets,
+    pub(super) workspace_hash: Option<String>,
 }
 
 impl Middleware {
@@ -331,7 +330,7 @@ impl Run {
     fn show_head(&self) -> MiddlewareResult<()> {
         self.cancelled()?;
         let head = match &self.mw.config.snapshots {
-            Some(cfg) => self.head_checkpoint(cfg)?,
+            Some(_) => self.mw.head_checkpoint(&self.ctx.thread)?,
             None => None,
         };
         let (handle, outcome) = self.mw.provider.ensure(&self.ctx, &self.mw.secrets)?;
@@ -342,101 +341,14 @@ impl Run {
         let (Some(cfg), Some(cp)) = (&self.mw.config.snapshots, head) else {
             return Ok(());
         };
-        if outcome == EnsureOutcome::Resumed {
-            if handle.expected_head() == Some(cp.id) {
-                return Ok(());
-            }
-            // Another sandbox published on the thread since this one was last used: the
-            // head is the thread's state (what this sandbox holds was never published).
-            tracing::info!(run = %self.ctx.run_id, "live sandbox is behind the head; restoring it");
-        }
-        // A sandbox made (or found stale) for this run: whatever a run that never
-        // published left in it is not the thread's state.
-        match &handle.workspace {
-            SandboxWorkspace::Mount(m) => {
-                // A new mount starts at the head already (its provider discarded what
-                // an earlier sandbox of the key left).
-                let fresh = outcome == EnsureOutcome::Created
-                    && m.tag().base == Some(cp.id)
-                    && m.status().1.dirty_nodes == 0;
-                if !fresh {
-                    m.restore(cp.id, None, true)?;
-                }
-            }
-            SandboxWorkspace::Dir(d) => {
-                restore_tree(
-                    &d.store,
-                    cp.body.root,
-                    &handle.root,
-                    &RestoreOptions::default(),
-                )?;
-                handle.set_base(cp.id, cp.body.root);
-            }
-        }
-        let secrets = &self.mw.secrets;
-        for f in &cp.body.secret_files {
-            put_secrets_back(&handle, &f.path, secrets)?;
+        if !self.mw.show_files(&handle, outcome, &cp)? {
+            return Ok(());
         }
         let parts = cfg.persistence.parts()?;
-        self.restore_conversation(&parts, cp.body.conversation)?;
+        self.mw
+            .restore_conversation(&parts, &self.ctx.thread, cp.body.conversation)?;
         self.restore_artifacts(&parts, &cp.body.artifacts)?;
         Ok(())
-    }
-
-    /// The thread's head checkpoint, if it has one, checked to be restorable here.
-    fn head_checkpoint(&self, cfg: &SnapshotConfig) -> MiddlewareResult<Option<Checkpoint>> {
-        let cps = self.mw.store.checkpoints();
-        let Some(head) = cps.head(&self.ctx.thread)? else {
-            return Ok(None);
-        };
-        let cp = match cps.get(&head) {
-            Ok(cp) => cp,
-            Err(CheckpointError::NotFound(_)) => {
-                return Err(MiddlewareError::HeadMissing {
-                    thread: self.ctx.thread.clone(),
-                    id: head,
-                })
-            }
-            Err(e) => return Err(e.into()),
-        };
-        if let (Some(recorded), Some(current)) = (&cp.body.workspace_hash, &self.mw.workspace_hash)
-        {
-            if recorded != current && !cfg.policy.allow_workspace_mismatch {
-                return Err(MiddlewareError::WorkspaceMismatch {
-                    checkpoint: cp.id,
-                    recorded: recorded.clone(),
-                    current: current.clone(),
-                });
-            }
-        }
-        Ok(Some(cp))
-    }
-
-    /// The checkpoint's conversation, into a message store that has none for the thread
-    /// (one that has some is newer: the host keeps it).
-    fn restore_conversation(
-        &self,
-        parts: &Parts<'_>,
-        conversation: Option<ContentRef>,
-    ) -> MiddlewareResult<()> {
-        let Some(c) = conversation else {
-            return Ok(());
-        };
-        if !parts.messages.load_thread(&self.ctx.thread)?.is_empty() {
-            return Ok(());
-        }
-        let bytes =
-            read_file(self.mw.store.objects(), &FileRef::from(c)).map_err(CheckpointError::from)?;
-        let messages: Vec<serde_json::Value> = serde_json::from_slice(&bytes).map_err(|e| {
-            MiddlewareError::Persistence(format!("stored conversation {}: {e}", c.id))
-        })?;
-        // Placeholders are put back into the decoded strings: a value holding `"` or
-        // `\` put into the encoded form would break it.
-        let messages: Vec<serde_json::Value> = messages
-            .iter()
-            .map(|m| self.mw.secrets.fill_json(m))
-            .collect();
-        parts.messages.save_thread(&self.ctx.thread, &messages)
     }
 
     /// Artifacts the checkpoint names that the host's stores lack.
@@ -608,179 +520,22 @@ impl Run {
         self.mw.provider.destroy(&key, &self.mw.secrets)
     }
 
-    /// Whether the run may still publish: an error if the lease was lost.
-    fn may_publish(&self, keeper: &LeaseKeeper) -> MiddlewareResult<bool> {
-        match keeper.status() {
-            LeaseStatus::Held(_) => Ok(true),
-            LeaseStatus::Closed => Ok(false),
-            LeaseStatus::Lost(e) => Err(e.into()),
-        }
-    }
-
     fn capture(&self) -> MiddlewareResult<RunOutcome> {
-        let (Some(cfg), Some(keeper)) = (&self.mw.config.snapshots, &self.keeper) else {
+        let (Some(_), Some(keeper)) = (&self.mw.config.snapshots, &self.keeper) else {
             return Ok(RunOutcome::default());
         };
         let Some(handle) = self.sandbox() else {
             return Ok(RunOutcome::default());
         };
-        let none = || Ok(RunOutcome::default());
-        if !self.may_publish(keeper)? {
-            return none();
-        }
-        let parts = cfg.persistence.parts()?;
-        parts
-            .completion
-            .wait_for_run_completion(&self.ctx.run_id, cfg.completion_timeout)?;
-        if !self.may_publish(keeper)? {
-            return none();
-        }
-        let messages = parts.messages.load_thread(&self.ctx.thread)?;
-        if !self.may_publish(keeper)? {
-            return none();
-        }
-        let objects = self.mw.store.objects();
-        // The conversation and artifacts are put before the snapshot: garbage
-        // collection waits until the checkpoint naming them is appended.
-        let _session = crate::cas::write_session(objects);
-        let secrets = &self.mw.secrets;
-        let mut stats = StoreStats::default();
-        let mut store_scrubbed = |data: Vec<u8>| -> MiddlewareResult<ContentRef> {
-            let data = secrets.scrub(&data).map(|(d, _)| d).unwrap_or(data);
-            Ok(store_bytes(objects, &data, &mut stats)
-                .map_err(CheckpointError::from)?
-                .into())
-        };
-        // Values are scrubbed before they are encoded: encoding escapes a value next
-        // to `"` or `\`, and the escaped form would not be found.
-        let conversation = if messages.is_empty() {
-            None
-        } else {
-            let scrubbed: Vec<serde_json::Value> =
-                messages.iter().map(|m| secrets.scrub_json(m)).collect();
-            Some(store_scrubbed(
-                serde_json::to_vec(&scrubbed).expect("JSON values serialize"),
-            )?)
-        };
-        let scrub = |s: &str| secrets.scrub_str(s);
-        let mut artifacts = Vec::new();
-        for a in parts.artifacts.list_for_thread(&self.ctx.thread)? {
-            let Some(key) = &a.blob_key else {
-                continue;
-            };
-            let bytes = parts.blobs.get(key)?.ok_or_else(|| {
-                MiddlewareError::Persistence(format!(
-                    "artifact {} ({}) names blob {key:?}, which the blob store lacks",
-                    a.artifact_id, a.name
-                ))
-            })?;
-            // The record goes into the checkpoint: its names are scrubbed too.
-            artifacts.push(Artifact {
-                name: scrub(&a.name),
-                content: store_scrubbed(bytes)?,
-                media_type: Some(scrub(&a.mime_type)),
-                artifact_id: Some(scrub(&a.artifact_id)),
-                blob_key: Some(scrub(key)),
-                run_id: Some(scrub(&a.run_id)),
-                created_at_ms: Some(a.created_at_ms),
-            });
-        }
-        if !self.may_publish(keeper)? {
-            return none();
-        }
-        // The head this workspace shows must still be the thread's: a run publishes on
-        // top of what it started from, never over someone else's checkpoint.
-        let head = self.mw.store.checkpoints().head(&self.ctx.thread)?;
-        let expected = handle.expected_head();
-        if head != expected {
-            return Err(CheckpointError::HeadMismatch {
-                thread: self.ctx.thread.clone(),
-                expected,
-                actual: head,
-            }
-            .into());
-        }
-        if !self.may_publish(keeper)? {
-            return none();
-        }
-        let filter = CaptureFilter::new(&cfg.policy, secrets)?;
-        let mut template = NewCheckpoint::new(
-            self.ctx.thread.clone(),
-            crate::cas::TreeId(crate::cas::Hash::of(b"")),
-            format!("run {}", self.ctx.run_id),
-        );
-        template.source_run_id = Some(self.ctx.run_id.clone());
-        template.conversation = conversation;
-        template.artifacts = artifacts;
-        template.workspace_hash = self.mw.workspace_hash.clone();
-        let closed = AtomicBool::new(false);
-        let before_append = |new: &mut NewCheckpoint| -> CheckpointResult<WriterLease> {
-            if let Some(why) = filter.peek(|st| st.oversize.clone()) {
-                return Err(CheckpointError::Invalid(format!("oversize: {why}")));
-            }
-            new.secret_files = filter.peek(|st| st.secret_files.clone());
-            match keeper.status() {
-                LeaseStatus::Held(l) => Ok(l),
-                LeaseStatus::Lost(e) => Err(e),
-                LeaseStatus::Closed => {
-                    closed.store(true, Ordering::SeqCst);
-                    Err(CheckpointError::Invalid(
-                        "the run's lease was closed".into(),
-                    ))
-                }
-            }
-        };
-        let r: CheckpointResult<(CheckpointId, u64)> = match &handle.workspace {
-            SandboxWorkspace::Mount(m) => m
-                .checkpoint_with(template, Some(&filter), &before_append)
-                .map(|c| (c.checkpoint, c.changed_files)),
-            SandboxWorkspace::Dir(d) => (|| {
-                let opts = CaptureOptions {
-                    no_stat_cache: true,
-                    progress: None,
-                    filter: Some(&filter),
-                };
-                let captured = capture_dir(&d.store, &handle.root, &opts)?;
-                let mut new = template;
-                new.root = captured.root;
-                new.stats = captured.stats;
-                let lease = before_append(&mut new)?;
-                let cps = d.store.checkpoints();
-                let before = expected.map(|id| cps.get(&id)).transpose()?;
-                let cp = cps.append(new, expected, &lease)?;
-                handle.set_base(cp.id, cp.body.root);
-                let changed = match before {
-                    Some(b) => {
-                        diff_trees(d.store.objects(), b.body.root, cp.body.root)?.len() as u64
-                    }
-                    None => cp.body.stats.files,
-                };
-                Ok((cp.id, changed))
-            })(),
-        };
-        let st = filter.into_state();
-        if let Some(why) = st.oversize.or(st.refused) {
-            return Err(MiddlewareError::Policy(why));
-        }
-        let cp = match r {
-            Ok(cp) => cp,
-            Err(_) if closed.load(Ordering::SeqCst) => return none(),
-            Err(e) => {
-                // A lease lost while appending is the error to report.
-                if let LeaseStatus::Lost(lost) = keeper.status() {
-                    return Err(lost.into());
-                }
-                return Err(e.into());
-            }
-        };
-        if let LeaseStatus::Lost(lost) = keeper.status() {
-            return Err(lost.into());
-        }
-        Ok(RunOutcome {
-            checkpoint: Some(cp.0),
-            changed_files: cp.1,
-            skipped: st.skipped,
-            secret_files: st.secret_files.len(),
+        self.mw.publish(Publish {
+            thread: &self.ctx.thread,
+            handle: &handle,
+            reason: format!("run {}", self.ctx.run_id),
+            source_run_id: Some(self.ctx.run_id.clone()),
+            completion_of: Some(&self.ctx.run_id),
+            conversation: None,
+            expected_head: None,
+            lease: &|| keeper.status(),
         })
     }
 }
@@ -796,7 +551,11 @@ impl Drop for Run {
 
 /// Writes the current secret values back into a restored file, keeping its mode and
 /// modification time.
-fn put_secrets_back(h: &SandboxHandle, rel: &str, secrets: &Secrets) -> MiddlewareResult<()> {
+pub(super) fn put_secrets_back(
+    h: &SandboxHandle,
+    rel: &str,
+    secrets: &Secrets,
+) -> MiddlewareResult<()> {
     let path = h.root.join(rel);
     let io = |e: std::io::Error| MiddlewareError::Sandbox {
         key: h.key.clone(),

@@ -23,6 +23,7 @@ mod live;
 mod persistence;
 mod policy;
 mod provider;
+mod publish;
 mod secrets;
 pub mod serve;
 

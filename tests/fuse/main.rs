@@ -16,6 +16,7 @@ mod overlay;
 mod read_only;
 mod reliability;
 mod serve;
+mod serve_writers;
 mod soak;
 mod transport;
 mod trust;

@@ -8,13 +8,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
-use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request, State};
-use axum::http::request::Parts;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use base64::Engine;
 use serde::Deserialize;
@@ -25,13 +21,25 @@ use super::{
     MiddlewareError, Persistence, Run, RunContext, StorePersistence,
 };
 use crate::checkpoint::maintenance::MaintainOp;
-use crate::checkpoint::{CheckpointError, Store, ThreadId};
+use crate::checkpoint::Store;
+
+mod api;
+mod sandboxes;
+mod writers;
+
+pub use api::ApiError;
+use api::{blocking, thread_id, to_json, ApiJson, ApiPath, ApiQuery, ApiResult};
 
 /// Every route the server answers, as `METHOD path`; `docs/openapi.json` has the same.
 pub const ROUTES: &[&str] = &[
     "GET /v1/health",
     "GET /v1/threads",
     "GET /v1/threads/{thread}/checkpoints",
+    "POST /v1/threads/{thread}/checkpoints",
+    "GET /v1/threads/{thread}/head",
+    "POST /v1/threads/{thread}/writer",
+    "POST /v1/threads/{thread}/writer/renew",
+    "POST /v1/threads/{thread}/writer/release",
     "GET /v1/checkpoints/{id}",
     "GET /v1/threads/{thread}/messages",
     "PUT /v1/threads/{thread}/messages",
@@ -45,6 +53,9 @@ pub const ROUTES: &[&str] = &[
     "POST /v1/runs/{run}/disconnect",
     "GET /v1/runs/{run}/events",
     "GET /v1/sandboxes",
+    "POST /v1/sandboxes",
+    "DELETE /v1/sandboxes/{key}",
+    "GET /v1/sandboxes/{key}/events",
     "POST /v1/maintenance",
 ];
 
@@ -90,6 +101,8 @@ pub struct Server {
     runs: Mutex<HashMap<String, RunSlot>>,
     token: Option<String>,
     limits: Mutex<ServeLimits>,
+    /// Sandboxes clients made themselves, with their file events.
+    sandboxes: sandboxes::ApiSandboxes,
 }
 
 /// A run id taken: the run is being set up, or going.
@@ -182,6 +195,7 @@ impl Server {
             runs: Mutex::new(HashMap::new()),
             token,
             limits: Mutex::new(ServeLimits::default()),
+            sandboxes: sandboxes::ApiSandboxes::default(),
         }))
     }
 
@@ -231,6 +245,7 @@ impl Server {
             Ok(n) => tracing::info!("destroyed {n} sandbox(es) idle for {:?}", l.sandbox_idle),
             Err(e) => tracing::warn!("destroying idle sandboxes: {e}"),
         }
+        self.sandboxes.retain_live(&self.mw.provider().live());
         give_back_freed_memory();
     }
 
@@ -251,6 +266,7 @@ impl Server {
                 }
             }
         }
+        self.sandboxes.clear();
         self.mw.destroy_all_sandboxes()
     }
 
@@ -271,7 +287,17 @@ impl Server {
         let r = Router::new()
             .route("/v1/health", get(health))
             .route("/v1/threads", get(threads))
-            .route("/v1/threads/{thread}/checkpoints", get(thread_log))
+            .route(
+                "/v1/threads/{thread}/checkpoints",
+                get(thread_log).post(writers::append),
+            )
+            .route("/v1/threads/{thread}/head", get(writers::head))
+            .route("/v1/threads/{thread}/writer", post(writers::acquire))
+            .route("/v1/threads/{thread}/writer/renew", post(writers::renew))
+            .route(
+                "/v1/threads/{thread}/writer/release",
+                post(writers::release),
+            )
             .route("/v1/checkpoints/{id}", get(checkpoint))
             .route(
                 "/v1/threads/{thread}/messages",
@@ -288,14 +314,19 @@ impl Server {
             .route("/v1/runs/{run}/error", post(run_error))
             .route("/v1/runs/{run}/disconnect", post(disconnect))
             .route("/v1/runs/{run}/events", get(events))
-            .route("/v1/sandboxes", get(sandboxes))
+            .route("/v1/sandboxes", get(list_sandboxes).post(sandboxes::create))
+            .route("/v1/sandboxes/{key}", delete(sandboxes::destroy))
+            .route("/v1/sandboxes/{key}/events", get(sandboxes::events))
             .route("/v1/maintenance", post(maintain))
-            .fallback(no_route)
-            .method_not_allowed_fallback(no_method)
+            .fallback(api::no_route)
+            .method_not_allowed_fallback(api::no_method)
             .layer(DefaultBodyLimit::max(self.limits().max_body))
             .with_state(self.clone());
         if self.token.is_some() {
-            r.layer(axum::middleware::from_fn_with_state(self.clone(), auth))
+            r.layer(axum::middleware::from_fn_with_state(
+                self.clone(),
+                api::auth,
+            ))
         } else {
             r
         }
@@ -350,217 +381,6 @@ impl Server {
         }
         Ok(hook(&r)?)
     }
-}
-
-async fn auth(State(s): State<Arc<Server>>, req: Request, next: Next) -> Response {
-    let want = s.token.as_deref().unwrap_or_default();
-    let got = req
-        .headers()
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    // Compared in constant time: the token is a secret.
-    let ok = got.is_some_and(|g| {
-        g.len() == want.len()
-            && g.bytes()
-                .zip(want.bytes())
-                .fold(0u8, |a, (x, y)| a | (x ^ y))
-                == 0
-    });
-    if ok {
-        next.run(req).await
-    } else {
-        ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "a valid bearer token is required",
-        )
-        .into_response()
-    }
-}
-
-/// The request body as JSON; a body that is not (bad JSON, wrong type, missing field,
-/// no JSON content type, too large) is an [`ApiError`] like every other.
-struct ApiJson<T>(T);
-
-impl<T, S> FromRequest<S> for ApiJson<T>
-where
-    Json<T>: FromRequest<S, Rejection = JsonRejection>,
-    S: Send + Sync,
-{
-    type Rejection = ApiError;
-
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        match Json::<T>::from_request(req, state).await {
-            Ok(Json(v)) => Ok(ApiJson(v)),
-            Err(r) => Err(match r.status() {
-                StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "too_large",
-                    format!("{} (the server's --max-body)", r.body_text()),
-                ),
-                StatusCode::UNSUPPORTED_MEDIA_TYPE => ApiError::new(
-                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                    "unsupported_media_type",
-                    r.body_text(),
-                ),
-                _ => ApiError::bad(r.body_text()),
-            }),
-        }
-    }
-}
-
-/// An extractor of request parts whose rejection is a 400 [`ApiError`], like every other
-/// error: `$name(T)` wraps `axum::extract::$inner<T>`.
-macro_rules! api_extractor {
-    ($(#[$doc:meta])* $name:ident, $inner:ident, $rejection:ty) => {
-        $(#[$doc])*
-        struct $name<T>(T);
-
-        impl<T, S> FromRequestParts<S> for $name<T>
-        where
-            axum::extract::$inner<T>: FromRequestParts<S, Rejection = $rejection>,
-            S: Send + Sync,
-        {
-            type Rejection = ApiError;
-
-            async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-                axum::extract::$inner::<T>::from_request_parts(parts, state)
-                    .await
-                    .map(|x| $name(x.0))
-                    .map_err(|r| ApiError::bad(r.body_text()))
-            }
-        }
-    };
-}
-
-api_extractor!(
-    /// A path parameter; one that does not decode is a 400.
-    ApiPath,
-    Path,
-    PathRejection
-);
-api_extractor!(
-    /// The query string; one that does not parse is a 400.
-    ApiQuery,
-    Query,
-    QueryRejection
-);
-
-async fn no_route(req: Request) -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        "not_found",
-        format!("no route {} {}", req.method(), req.uri().path()),
-    )
-}
-
-async fn no_method(req: Request) -> ApiError {
-    ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
-        format!("{} is not served on {}", req.method(), req.uri().path()),
-    )
-}
-
-/// An error answer: `{"error": {"kind": ..., "message": ...}}`.
-#[derive(Debug)]
-pub struct ApiError {
-    status: StatusCode,
-    kind: &'static str,
-    message: String,
-}
-
-impl ApiError {
-    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            kind,
-            message: message.into(),
-        }
-    }
-
-    fn bad(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, "invalid", message)
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (
-            self.status,
-            Json(json!({"error": {"kind": self.kind, "message": self.message}})),
-        )
-            .into_response()
-    }
-}
-
-impl From<MiddlewareError> for ApiError {
-    fn from(e: MiddlewareError) -> ApiError {
-        use MiddlewareError as M;
-        let (status, kind) = match &e {
-            M::Config(_) => (StatusCode::BAD_REQUEST, "invalid"),
-            M::Checkpoint(c) => return checkpoint_error(c, e.to_string()),
-            M::HeadMissing { .. } => (StatusCode::CONFLICT, "head_missing"),
-            M::WorkspaceMismatch { .. } => (StatusCode::CONFLICT, "workspace_mismatch"),
-            M::Sandbox { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "sandbox"),
-            M::SandboxBusy { .. } => (StatusCode::CONFLICT, "sandbox_busy"),
-            M::AtCapacity { what, .. } => (
-                StatusCode::TOO_MANY_REQUESTS,
-                if *what == "runs" {
-                    "too_many_runs"
-                } else {
-                    "too_many_sandboxes"
-                },
-            ),
-            M::Policy(_) => (StatusCode::UNPROCESSABLE_ENTITY, "policy"),
-            M::Persistence(_) => (StatusCode::INTERNAL_SERVER_ERROR, "persistence"),
-            M::Cancelled(_) => (StatusCode::CONFLICT, "cancelled"),
-        };
-        ApiError::new(status, kind, e.to_string())
-    }
-}
-
-impl From<CheckpointError> for ApiError {
-    fn from(e: CheckpointError) -> ApiError {
-        let m = e.to_string();
-        checkpoint_error(&e, m)
-    }
-}
-
-fn checkpoint_error(e: &CheckpointError, message: String) -> ApiError {
-    use CheckpointError as C;
-    let (status, kind) = match e {
-        C::NotFound(_) | C::EmptyThread(_) => (StatusCode::NOT_FOUND, "not_found"),
-        C::LeaseHeld { .. } => (StatusCode::CONFLICT, "lease_held"),
-        C::LeaseLost { .. } => (StatusCode::CONFLICT, "lease_lost"),
-        C::LeaseExpired { .. } => (StatusCode::CONFLICT, "lease_expired"),
-        C::HeadMismatch { .. } => (StatusCode::CONFLICT, "head_mismatch"),
-        C::ThreadExists(_) => (StatusCode::CONFLICT, "thread_exists"),
-        C::Invalid(_) | C::Ambiguous { .. } => (StatusCode::BAD_REQUEST, "invalid"),
-        C::Refused(_) => (StatusCode::UNPROCESSABLE_ENTITY, "policy"),
-        _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
-    };
-    ApiError::new(status, kind, message)
-}
-
-type ApiResult = Result<Json<Value>, ApiError>;
-
-/// Runs blocking store and mount work off the async workers.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
-) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
-}
-
-fn thread_id(s: &str) -> Result<ThreadId, ApiError> {
-    ThreadId::new(s).map_err(|e| ApiError::bad(e.to_string()))
-}
-
-fn to_json<T: serde::Serialize>(v: &T) -> Value {
-    serde_json::to_value(v).expect("API values serialize")
 }
 
 async fn health() -> Json<Value> {
@@ -887,7 +707,7 @@ async fn events(
     Ok(Json(Value::Array(list)))
 }
 
-async fn sandboxes(State(s): State<Arc<Server>>) -> ApiResult {
+async fn list_sandboxes(State(s): State<Arc<Server>>) -> ApiResult {
     blocking(move || {
         let mut list: Vec<Value> =
             s.mw.provider()
@@ -1007,7 +827,7 @@ mod tests {
     use serde_json::Value;
 
     fn spec() -> Value {
-        let text = include_str!("../../docs/openapi.json");
+        let text = include_str!("../../../docs/openapi.json");
         serde_json::from_str(text).expect("openapi.json is JSON")
     }
 

@@ -1,0 +1,234 @@
+//! What every route of `casfs serve` shares: the bearer-token check, extractors whose
+//! rejections are JSON errors, the error answer and its kinds, and running blocking
+//! store work off the async workers.
+
+use std::sync::Arc;
+
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::Server;
+use crate::checkpoint::{CheckpointError, ThreadId};
+use crate::middleware::MiddlewareError;
+
+pub(super) async fn auth(State(s): State<Arc<Server>>, req: Request, next: Next) -> Response {
+    let want = s.token.as_deref().unwrap_or_default();
+    let got = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    // Compared in constant time: the token is a secret.
+    let ok = got.is_some_and(|g| {
+        g.len() == want.len()
+            && g.bytes()
+                .zip(want.bytes())
+                .fold(0u8, |a, (x, y)| a | (x ^ y))
+                == 0
+    });
+    if ok {
+        next.run(req).await
+    } else {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a valid bearer token is required",
+        )
+        .into_response()
+    }
+}
+
+/// The request body as JSON; a body that is not (bad JSON, wrong type, missing field,
+/// no JSON content type, too large) is an [`ApiError`] like every other.
+pub(super) struct ApiJson<T>(pub T);
+
+impl<T, S> FromRequest<S> for ApiJson<T>
+where
+    Json<T>: FromRequest<S, Rejection = JsonRejection>,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(ApiJson(v)),
+            Err(r) => Err(match r.status() {
+                StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "too_large",
+                    format!("{} (the server's --max-body)", r.body_text()),
+                ),
+                StatusCode::UNSUPPORTED_MEDIA_TYPE => ApiError::new(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "unsupported_media_type",
+                    r.body_text(),
+                ),
+                _ => ApiError::bad(r.body_text()),
+            }),
+        }
+    }
+}
+
+/// An extractor of request parts whose rejection is a 400 [`ApiError`], like every other
+/// error: `$name(T)` wraps `axum::extract::$inner<T>`.
+macro_rules! api_extractor {
+    ($(#[$doc:meta])* $name:ident, $inner:ident, $rejection:ty) => {
+        $(#[$doc])*
+        pub(super) struct $name<T>(pub T);
+
+        impl<T, S> FromRequestParts<S> for $name<T>
+        where
+            axum::extract::$inner<T>: FromRequestParts<S, Rejection = $rejection>,
+            S: Send + Sync,
+        {
+            type Rejection = ApiError;
+
+            async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+                axum::extract::$inner::<T>::from_request_parts(parts, state)
+                    .await
+                    .map(|x| $name(x.0))
+                    .map_err(|r| ApiError::bad(r.body_text()))
+            }
+        }
+    };
+}
+
+api_extractor!(
+    /// A path parameter; one that does not decode is a 400.
+    ApiPath,
+    Path,
+    PathRejection
+);
+api_extractor!(
+    /// The query string; one that does not parse is a 400.
+    ApiQuery,
+    Query,
+    QueryRejection
+);
+
+pub(super) async fn no_route(req: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no route {} {}", req.method(), req.uri().path()),
+    )
+}
+
+pub(super) async fn no_method(req: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{} is not served on {}", req.method(), req.uri().path()),
+    )
+}
+
+/// An error answer: `{"error": {"kind": ..., "message": ...}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    kind: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    pub(super) fn new(
+        status: StatusCode,
+        kind: &'static str,
+        message: impl Into<String>,
+    ) -> ApiError {
+        ApiError {
+            status,
+            kind,
+            message: message.into(),
+        }
+    }
+
+    pub(super) fn bad(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            Json(json!({"error": {"kind": self.kind, "message": self.message}})),
+        )
+            .into_response()
+    }
+}
+
+impl From<MiddlewareError> for ApiError {
+    fn from(e: MiddlewareError) -> ApiError {
+        use MiddlewareError as M;
+        let (status, kind) = match &e {
+            M::Config(_) => (StatusCode::BAD_REQUEST, "invalid"),
+            M::Checkpoint(c) => return checkpoint_error(c, e.to_string()),
+            M::HeadMissing { .. } => (StatusCode::CONFLICT, "head_missing"),
+            M::WorkspaceMismatch { .. } => (StatusCode::CONFLICT, "workspace_mismatch"),
+            M::Sandbox { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "sandbox"),
+            M::SandboxBusy { .. } => (StatusCode::CONFLICT, "sandbox_busy"),
+            M::SandboxBehind { .. } => (StatusCode::CONFLICT, "head_mismatch"),
+            M::AtCapacity { what, .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                if *what == "runs" {
+                    "too_many_runs"
+                } else {
+                    "too_many_sandboxes"
+                },
+            ),
+            M::Policy(_) => (StatusCode::UNPROCESSABLE_ENTITY, "policy"),
+            M::Persistence(_) => (StatusCode::INTERNAL_SERVER_ERROR, "persistence"),
+            M::Cancelled(_) => (StatusCode::CONFLICT, "cancelled"),
+        };
+        ApiError::new(status, kind, e.to_string())
+    }
+}
+
+impl From<CheckpointError> for ApiError {
+    fn from(e: CheckpointError) -> ApiError {
+        let m = e.to_string();
+        checkpoint_error(&e, m)
+    }
+}
+
+fn checkpoint_error(e: &CheckpointError, message: String) -> ApiError {
+    use CheckpointError as C;
+    let (status, kind) = match e {
+        C::NotFound(_) | C::EmptyThread(_) => (StatusCode::NOT_FOUND, "not_found"),
+        C::LeaseHeld { .. } => (StatusCode::CONFLICT, "lease_held"),
+        C::LeaseLost { .. } => (StatusCode::CONFLICT, "lease_lost"),
+        C::LeaseExpired { .. } => (StatusCode::CONFLICT, "lease_expired"),
+        C::HeadMismatch { .. } => (StatusCode::CONFLICT, "head_mismatch"),
+        C::ThreadExists(_) => (StatusCode::CONFLICT, "thread_exists"),
+        C::Invalid(_) | C::Ambiguous { .. } => (StatusCode::BAD_REQUEST, "invalid"),
+        C::Refused(_) => (StatusCode::UNPROCESSABLE_ENTITY, "policy"),
+        _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+    };
+    ApiError::new(status, kind, message)
+}
+
+pub(super) type ApiResult = Result<Json<Value>, ApiError>;
+
+/// Runs blocking store and mount work off the async workers.
+pub(super) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
+}
+
+pub(super) fn thread_id(s: &str) -> Result<ThreadId, ApiError> {
+    ThreadId::new(s).map_err(|e| ApiError::bad(e.to_string()))
+}
+
+pub(super) fn to_json<T: serde::Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).expect("API values serialize")
+}

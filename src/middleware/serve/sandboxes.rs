@@ -1,0 +1,235 @@
+//! Sandboxes a client manages itself (the TypeScript sandbox provider): create or
+//! resume the casfs-mounted workspace of a thread, showing the thread's head; destroy
+//! it; and read its file events, numbered without gaps, waiting for new ones if asked.
+//! Such a sandbox is the same one a run on the thread gets (one per sandbox key).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::api::{blocking, thread_id, ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
+use super::{EventRing, Server};
+use crate::checkpoint::ThreadId;
+use crate::middleware::events::Watcher;
+use crate::middleware::{EnsureOutcome, FileEvents, RunContext, SandboxHandle};
+
+/// The longest an events request waits for a first new event.
+const MAX_WAIT: Duration = Duration::from_secs(30);
+
+/// A sandbox made through the API: its thread and its file events.
+pub(super) struct ApiSandbox {
+    thread: ThreadId,
+    events: Arc<Mutex<EventRing>>,
+    /// Woken at every event, for requests waiting.
+    notify: Arc<tokio::sync::Notify>,
+    _watcher: Watcher,
+}
+
+/// The API's sandboxes, by key.
+#[derive(Default)]
+pub(super) struct ApiSandboxes(Mutex<HashMap<String, ApiSandbox>>);
+
+impl ApiSandboxes {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, ApiSandbox>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Forgets sandboxes that are no longer live (reaped, destroyed by a run's end);
+    /// their watchers stop.
+    pub(super) fn retain_live(&self, live: &[SandboxHandle]) {
+        let gone: Vec<ApiSandbox> = {
+            let mut m = self.lock();
+            let keys: Vec<String> = m
+                .keys()
+                .filter(|k| !live.iter().any(|h| &h.key == *k))
+                .cloned()
+                .collect();
+            keys.into_iter().filter_map(|k| m.remove(&k)).collect()
+        };
+        // Watchers are joined outside the lock.
+        drop(gone);
+    }
+
+    pub(super) fn clear(&self) {
+        let all: Vec<ApiSandbox> = self.lock().drain().map(|(_, v)| v).collect();
+        drop(all);
+    }
+}
+
+impl Server {
+    /// The thread an API sandbox was made for.
+    pub(super) fn sandbox_thread(&self, key: &str) -> Option<ThreadId> {
+        self.sandboxes.lock().get(key).map(|s| s.thread.clone())
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Create {
+    thread: String,
+    tenant: Option<String>,
+}
+
+fn outcome_name(o: EnsureOutcome) -> &'static str {
+    match o {
+        EnsureOutcome::Resumed => "resumed",
+        EnsureOutcome::NativeRestored => "native_restored",
+        EnsureOutcome::Created => "created",
+    }
+}
+
+pub(super) async fn create(State(s): State<Arc<Server>>, ApiJson(b): ApiJson<Create>) -> ApiResult {
+    blocking(move || {
+        let t = thread_id(&b.thread)?;
+        if let Some(tenant) = &b.tenant {
+            crate::middleware::check_tenant(tenant).map_err(ApiError::bad)?;
+            if let Some(secret) = s.mw.secrets.found_in(tenant.as_bytes()) {
+                return Err(ApiError::bad(format!(
+                    "the tenant holds the value of secret {secret}; it names a directory, so \
+                     this is refused"
+                )));
+            }
+        }
+        let head = s.mw.head_checkpoint(&t)?;
+        let mut ctx = RunContext::new(t.clone(), "sandbox-api");
+        ctx.tenant = b.tenant;
+        let (h, outcome) = s.mw.provider().ensure(&ctx, &s.mw.secrets)?;
+        let shown = match &head {
+            Some(cp) => s.mw.show_files(&h, outcome, cp),
+            None => Ok(false),
+        };
+        let restored = match shown {
+            Ok(r) => r,
+            Err(e) => {
+                // A sandbox this call made that cannot show the head is not left behind.
+                if outcome != EnsureOutcome::Resumed {
+                    if let Err(c) = s.mw.provider().destroy(&h.key, &s.mw.secrets) {
+                        tracing::warn!(sandbox = %h.key, "destroying after a failed restore: {c}");
+                    }
+                }
+                return Err(e.into());
+            }
+        };
+        s.register(&h, &t)?;
+        Ok(Json(json!({
+            "key": h.key,
+            "path": h.root,
+            "thread": t,
+            "outcome": outcome_name(outcome),
+            "restored": restored,
+            "base": h.expected_head().map(|c| c.to_hex()),
+            "kind": if h.mount().is_some() { "mount" } else { "dir" },
+            "mode": h.mount().map(|m| m.mode()),
+        })))
+    })
+    .await
+}
+
+impl Server {
+    /// Starts the file events of API sandbox `h` (once per sandbox).
+    fn register(&self, h: &SandboxHandle, thread: &ThreadId) -> Result<(), ApiError> {
+        let mut m = self.sandboxes.lock();
+        if m.get(&h.key).is_some_and(|s| &s.thread == thread) {
+            return Ok(());
+        }
+        let events = Arc::new(Mutex::new(EventRing::new(self.limits().max_events)));
+        let notify = Arc::new(tokio::sync::Notify::new());
+        let (sink, wake) = (events.clone(), notify.clone());
+        let cfg = FileEvents {
+            on_event: Arc::new(move |e| {
+                sink.lock().unwrap_or_else(|p| p.into_inner()).push(e);
+                wake.notify_waiters();
+            }),
+            diff: self
+                .mw
+                .config()
+                .file_events
+                .as_ref()
+                .is_some_and(|f| f.diff),
+        };
+        let watcher = Watcher::start(h, &cfg).map_err(|detail| {
+            ApiError::from(crate::middleware::MiddlewareError::Sandbox {
+                key: h.key.clone(),
+                detail,
+            })
+        })?;
+        m.insert(
+            h.key.clone(),
+            ApiSandbox {
+                thread: thread.clone(),
+                events,
+                notify,
+                _watcher: watcher,
+            },
+        );
+        Ok(())
+    }
+}
+
+pub(super) async fn destroy(
+    State(s): State<Arc<Server>>,
+    ApiPath(key): ApiPath<String>,
+) -> ApiResult {
+    blocking(move || {
+        let was = s.sandboxes.lock().remove(&key);
+        let live = s.mw.provider().live().iter().any(|h| h.key == key);
+        drop(was);
+        s.mw.provider().destroy(&key, &s.mw.secrets)?;
+        Ok(Json(json!({"ok": true, "destroyed": live})))
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct EventsQuery {
+    after: Option<u64>,
+    /// Wait up to this long (at most 30 s) for an event after `after`.
+    wait_ms: Option<u64>,
+}
+
+pub(super) async fn events(
+    State(s): State<Arc<Server>>,
+    ApiPath(key): ApiPath<String>,
+    ApiQuery(q): ApiQuery<EventsQuery>,
+) -> ApiResult {
+    let (events, notify) = {
+        let m = s.sandboxes.lock();
+        let sb = m.get(&key).ok_or_else(|| {
+            ApiError::new(
+                axum::http::StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no sandbox {key:?} made through POST /v1/sandboxes"),
+            )
+        })?;
+        (sb.events.clone(), sb.notify.clone())
+    };
+    let after = q.after.unwrap_or(0);
+    let wait = Duration::from_millis(q.wait_ms.unwrap_or(0)).min(MAX_WAIT);
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        // Registered before looking, so an event pushed in between wakes it.
+        let woken = notify.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        let list = events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .after(after);
+        if !list.is_empty() || tokio::time::Instant::now() >= deadline {
+            return Ok(Json(Value::Array(list)));
+        }
+        if tokio::time::timeout_at(deadline, woken).await.is_err() {
+            let list = events
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .after(after);
+            return Ok(Json(Value::Array(list)));
+        }
+    }
+}
