@@ -55,6 +55,22 @@ if ! command -v cargo-fuzz >/dev/null 2>&1 && [ ! -x "${CARGO_HOME:-$HOME/.cargo
   cargo install --quiet --locked cargo-fuzz --version 0.13.2
 fi
 
+# The TypeScript client (clients/typescript) and its tests: Node.js 20.18 or later with
+# npm. This machine kind ships Node 20; elsewhere Debian's nodejs is tried, and a Node
+# that is too old is named (Debian 12's own is 18).
+node_ok() {
+  command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 &&
+    node -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(a>20||(a===20&&b>=18)?0:1)'
+}
+if ! node_ok; then
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO="sudo"
+  echo "casfs setup: installing Debian's nodejs and npm" >&2
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null || true
+  node_ok || echo "casfs setup: the TypeScript client needs Node.js >= 20.18.1 with npm; found $(node --version 2>/dev/null || echo none)" >&2
+fi
+
 # FUSE over io_uring (casfs's `io_uring` transport) is built into this kernel but off
 # until root writes Y to a host-wide module parameter. casfs never sets it; this flag
 # does, on purpose and saying so (the test command passes it, to test both transports).

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what it needs, checks formatting and lints, then runs
 # every unit and integration test (integration tests mount real filesystems), the mount
-# tests once per backend (FUSE, then overlayfs over a casfs lower) and the FUSE backend
-# once more on the classic /dev/fuse transport, then fuzzes every decoder for a short
-# while. It turns on FUSE over io_uring host-wide (scripts/setup.sh --enable-fuse-uring)
-# so that the FUSE passes run on both transports.
+# tests and the TypeScript client's once per backend (FUSE, then overlayfs over a casfs
+# lower) and the FUSE backend once more on the classic /dev/fuse transport, then fuzzes
+# every decoder for a short while. It turns on FUSE over io_uring host-wide
+# (scripts/setup.sh --enable-fuse-uring) so that the FUSE passes run on both transports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh --enable-fuse-uring
@@ -13,11 +13,19 @@ source scripts/services.sh
 
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
+# The TypeScript client's tests (clients/typescript: npm test) against a real
+# `casfs serve` built from this tree, its sandboxes on backend $1.
+ts_tests() {
+  (cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error &&
+    CASFS_MOUNT_MODE="$1" CASFS_BIN="$PWD/../../target/debug/casfs" npm test)
+}
 # Everything, with `casfs mount` on the FUSE backend (over io_uring where the kernel
 # has it)...
 CASFS_MOUNT_MODE=fuse cargo test --locked
+ts_tests fuse
 # ...the mount suite again on the overlay backend...
 CASFS_MOUNT_MODE=overlay cargo test --locked --test fuse
+ts_tests overlay
 # ...and on the FUSE backend over the classic transport, if the first pass used io_uring.
 if [ "$(cat /sys/module/fuse/parameters/enable_uring 2>/dev/null)" = Y ]; then
   CASFS_MOUNT_MODE=fuse CASFS_FUSE_TRANSPORT=classic cargo test --locked --test fuse

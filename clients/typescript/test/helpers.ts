@@ -1,0 +1,46 @@
+import { existsSync, mkdtempSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join, resolve } from 'node:path'
+
+import { startCasfsServe, type ServeOptions, type Served } from '../src/index.js'
+
+/** The casfs binary under test: CASFS_BIN, or this repository's build. */
+export function casfsBin(): string {
+  const fromEnv = process.env.CASFS_BIN
+  if (fromEnv) return fromEnv
+  for (const profile of ['debug', 'release']) {
+    const p = resolve(import.meta.dirname, '../../../target', profile, 'casfs')
+    if (existsSync(p)) return p
+  }
+  throw new Error(
+    'no casfs binary: build it (cargo build in the repository root) or set CASFS_BIN',
+  )
+}
+
+/** A server on its own store, socket and sandboxes, in a fresh temporary directory. */
+export async function serve(
+  extra: Partial<ServeOptions> = {},
+): Promise<Served & { dir: string; cleanup(): Promise<void> }> {
+  const dir = mkdtempSync(join(tmpdir(), 'casfs-ts-test-'))
+  const s = await startCasfsServe({ bin: casfsBin(), store: join(dir, 'store'), ...extra })
+  return Object.assign(s, {
+    dir,
+    async cleanup() {
+      await s.stop()
+      rmSync(dir, { recursive: true, force: true })
+    },
+  })
+}
+
+export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
+
+/** The code of a SandboxCheckpointError (or the kind of a CasfsError) `p` rejects with. */
+export async function codeOf(p: Promise<unknown>): Promise<string> {
+  try {
+    await p
+  } catch (e) {
+    const x = e as { code?: string; kind?: string }
+    return x.code ?? x.kind ?? String(e)
+  }
+  throw new Error('expected a rejection')
+}
