@@ -37,6 +37,7 @@ use std::time::Instant;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use object_store::path::Path as RemotePath;
 use object_store::{ObjectStore as Remote, PutPayload};
+use rayon::prelude::*;
 
 use super::gc::Fence;
 use super::object::decode_stored;
@@ -577,8 +578,11 @@ impl RemoteObjectStore {
             }
         }
         Counters::add(&self.requests.ranged_get, work.len() as u64);
+        // Each range is decoded, verified and kept as soon as it arrives, its objects
+        // on every core, while the other ranges are still coming.
+        let (tx, rx) = std::sync::mpsc::channel::<(Hash, super::pack::Span, bytes::Bytes)>();
         let remote = self.remote.clone();
-        let got: Vec<(Hash, super::pack::Span, bytes::Bytes)> = self.run(async move {
+        self.rt.spawn(async move {
             stream::iter(work.into_iter().map(|(pack, key, span)| {
                 let remote = remote.clone();
                 async move {
@@ -587,18 +591,22 @@ impl RemoteObjectStore {
                 }
             }))
             .buffer_unordered(PARALLEL)
-            .filter_map(|x| async move { x })
-            .collect()
-            .await
+            .for_each(|got| {
+                if let Some(got) = got {
+                    let _ = tx.send(got);
+                }
+                async {}
+            })
+            .await;
         });
-        for (pack, span, b) in got {
-            for (id, off, len) in &span.objects {
+        for (pack, span, b) in rx {
+            span.objects.par_iter().for_each(|(id, off, len)| {
                 let (from, to) = (
                     (off - span.start) as usize,
                     (off - span.start + len) as usize,
                 );
                 let Some(stored) = b.get(from..to) else {
-                    continue;
+                    return;
                 };
                 let l = Location {
                     pack,
@@ -607,7 +615,7 @@ impl RemoteObjectStore {
                     pending_since_ms: None,
                 };
                 let _ = self.accept(id, stored, Some(&l));
-            }
+            });
         }
     }
 }

@@ -57,6 +57,9 @@ pub struct RestoreStats {
     /// Entries removed because the checkpoint does not have them.
     pub removed: u64,
     pub duration_ms: u64,
+    /// Of which: loading the trees and making sure every object is present (fetched,
+    /// from a remote object store) before the first write.
+    pub preflight_ms: u64,
 }
 
 #[derive(Default)]
@@ -91,6 +94,7 @@ pub fn restore_tree(
     // Garbage collection waits until this restore is done with the checkpoint's objects.
     let _session = crate::cas::write_session(store.objects());
     let trees = preflight(store, root)?;
+    let preflight_ms = start.elapsed().as_millis() as u64;
     fs::create_dir_all(dest).map_err(|e| CheckpointError::io(dest, e))?;
     let dest = fs::canonicalize(dest).map_err(|e| CheckpointError::io(dest, e))?;
     let fd = open_dir(&dest)?;
@@ -125,6 +129,7 @@ pub fn restore_tree(
         special: n.special.load(Ordering::Relaxed),
         removed: n.removed.load(Ordering::Relaxed),
         duration_ms: start.elapsed().as_millis() as u64,
+        preflight_ms,
     };
     ctx.cache.save()?;
     Ok(stats)
@@ -531,6 +536,66 @@ fn restore_entry(
     }
 }
 
+/// Writes a file where nothing stands (a fresh restore's every file): created under its
+/// own name, with no temporary name to rename and look up again afterwards. A
+/// restore that dies halfway leaves a partial file that no restore recorded, which the
+/// next restore rewrites (and, without `--force`, names as an uncaptured change).
+fn write_new_file(
+    ctx: &Ctx<'_>,
+    dir: RawFd,
+    name: &CStr,
+    path: &Path,
+    e: &TreeEntry,
+) -> CheckpointResult<Option<Fingerprint>> {
+    let fref = e.file_ref().expect("a file entry");
+    let fd = open_at(
+        dir,
+        name,
+        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
+        0o600,
+    )
+    .map_err(|err| CheckpointError::io(path, err))?;
+    let mut file = File::from(fd);
+    let result = (|| -> CheckpointResult<libc::stat> {
+        write_file_to(ctx.store.objects(), &fref, &mut file, path)?;
+        let fd = file.as_raw_fd();
+        // SAFETY: valid fd.
+        if unsafe { libc::fchmod(fd, e.mode) } != 0 {
+            return Err(last_err(path));
+        }
+        // Listed, not only set: a directory's default ACL gives a new file attributes
+        // the checkpoint may not have.
+        xattr::fsync_all(fd, &e.xattrs).map_err(|err| CheckpointError::io(path, err))?;
+        let times = [
+            libc::timespec {
+                tv_sec: 0,
+                tv_nsec: libc::UTIME_OMIT,
+            },
+            timespec(e.mtime_ns),
+        ];
+        // SAFETY: valid fd and a two-element times array.
+        if unsafe { libc::futimens(fd, times.as_ptr()) } != 0 {
+            return Err(last_err(path));
+        }
+        fstat(fd).map_err(|err| CheckpointError::io(path, err))
+    })();
+    drop(file);
+    let st = match result {
+        Ok(st) => st,
+        Err(err) => {
+            // SAFETY: valid dirfd and name; the file this call made.
+            unsafe { libc::unlinkat(dir, name.as_ptr(), 0) };
+            return Err(err);
+        }
+    };
+    ctx.n.files_written.fetch_add(1, Ordering::Relaxed);
+    ctx.n.bytes_written.fetch_add(fref.size, Ordering::Relaxed);
+    if let Some(p) = ctx.progress {
+        p.bytes_written.fetch_add(fref.size, Ordering::Relaxed);
+    }
+    Ok(ctx.trusted(e, &st))
+}
+
 /// Renames `tmp` over `name`, first removing a directory that stands there.
 fn replace(
     dir: RawFd,
@@ -561,6 +626,9 @@ fn write_file(
     existing: Option<libc::stat>,
 ) -> CheckpointResult<Option<Fingerprint>> {
     let fref = e.file_ref().expect("a file entry");
+    if existing.is_none() {
+        return write_new_file(ctx, dir, name, path, e);
+    }
     let (tmp, fd) = loop {
         let tmp = cstr(&ctx.tmp_name(), path)?;
         // O_EXCL never opens an existing entry.
