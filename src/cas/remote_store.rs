@@ -291,6 +291,27 @@ impl RemoteObjectStore {
     /// those gc replaced. One listing at a time.
     fn list_indexes(&self) -> CasResult<()> {
         let mut listed = self.listed.lock().unwrap_or_else(|p| p.into_inner());
+        // An index listed and then deleted before its GET was replaced by another host's
+        // gc, which writes the merged index before deleting what it merges: listing
+        // again finds it.
+        for attempt in 1.. {
+            if self.list_indexes_once()? {
+                break;
+            }
+            if attempt == 5 {
+                return Err(self.err(
+                    "reading pack indexes",
+                    None,
+                    "indexes vanished between listing and reading, 5 times in a row",
+                ));
+            }
+        }
+        *listed = Some(Instant::now());
+        Ok(())
+    }
+
+    /// One listing and read of the indexes; `false` if an index listed was gone.
+    fn list_indexes_once(&self) -> CasResult<bool> {
         let names = self.list_names("index")?;
         self.indexes
             .retain(&names.iter().map(|(h, _)| *h).collect());
@@ -307,20 +328,30 @@ impl RemoteObjectStore {
         }
         Counters::add(&self.requests.get, want.len() as u64);
         let remote = self.remote.clone();
-        let got: Result<Vec<(Hash, bytes::Bytes)>, (Hash, String)> = self.run(async move {
+        type Got = Result<Vec<(Hash, Option<bytes::Bytes>)>, (Hash, String)>;
+        let got: Got = self.run(async move {
             stream::iter(want.into_iter().map(|(name, key)| {
                 let remote = remote.clone();
                 async move {
-                    let r = remote.get(&key).await.map_err(|e| (name, e.to_string()))?;
+                    let r = match remote.get(&key).await {
+                        Ok(r) => r,
+                        Err(e) if is_not_found(&e) => return Ok((name, None)),
+                        Err(e) => return Err((name, e.to_string())),
+                    };
                     let b = r.bytes().await.map_err(|e| (name, e.to_string()))?;
-                    Ok((name, b))
+                    Ok((name, Some(b)))
                 }
             }))
             .buffer_unordered(PARALLEL)
             .try_collect()
             .await
         });
+        let mut complete = true;
         for (name, bytes) in got.map_err(|(n, e)| self.err("reading pack index", Some(&n), e))? {
+            let Some(bytes) = bytes else {
+                complete = false;
+                continue;
+            };
             if Hash::of(&bytes) != name {
                 return Err(CasError::Corrupt {
                     id: name,
@@ -333,8 +364,7 @@ impl RemoteObjectStore {
             self.load_index(name, &bytes)?;
             self.indexes.keep(&name, &bytes);
         }
-        *listed = Some(Instant::now());
-        Ok(())
+        Ok(complete)
     }
 
     fn load_index(&self, name: Hash, bytes: &[u8]) -> CasResult<()> {

@@ -1,7 +1,5 @@
 //! The run lifecycle: setup, on_chunk, on_finish, on_abort, on_error, on_disconnect.
 
-use std::collections::BTreeMap;
-use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -9,45 +7,16 @@ use std::time::Duration;
 use super::events::Watcher;
 use super::persistence::Parts;
 use super::policy::CaptureFilter;
-use super::publish::Publish;
+use super::publish::{Publish, Publisher, RunOutcome, SnapshotConfig};
 use super::{
     ArtifactMeta, EnsureOutcome, FileEvents, MiddlewareError, MiddlewareResult, Persistence,
-    RunContext, SandboxHandle, SandboxProvider, Secrets, SnapshotPolicy,
+    RunContext, SandboxHandle, SandboxProvider, Secrets,
 };
 use crate::cas::file::read_file;
 use crate::cas::FileRef;
 use crate::checkpoint::{
-    holder_name, Artifact, CheckpointError, CheckpointId, LeaseKeeper, LeaseStatus, Store,
-    WriterLease,
+    holder_name, Artifact, CheckpointError, LeaseKeeper, LeaseStatus, Store, WriterLease,
 };
-
-/// Portable checkpoints of runs: where the conversation and artifacts come from, what
-/// a capture keeps, the secrets it must never store, the workspace definition.
-#[derive(Clone)]
-pub struct SnapshotConfig {
-    pub persistence: Persistence,
-    pub policy: SnapshotPolicy,
-    /// The workspace's resolved secret values, by name.
-    pub secrets: BTreeMap<String, String>,
-    /// The workspace definition whose hash each checkpoint records.
-    pub workspace: serde_json::Value,
-    pub lease_ttl: Duration,
-    /// How long on_finish waits for the run's persistence to complete.
-    pub completion_timeout: Duration,
-}
-
-impl SnapshotConfig {
-    pub fn new(persistence: Persistence) -> SnapshotConfig {
-        SnapshotConfig {
-            persistence,
-            policy: SnapshotPolicy::default(),
-            secrets: BTreeMap::new(),
-            workspace: serde_json::Value::Null,
-            lease_ttl: Duration::from_secs(30),
-            completion_timeout: Duration::from_secs(60),
-        }
-    }
-}
 
 /// What happens to a sandbox when a run ends. (There is no provider snapshot after a
 /// run: with casfs the published checkpoint is the snapshot.)
@@ -83,18 +52,6 @@ pub enum Chunk {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AbortInfo {
     pub cancelled: bool,
-}
-
-/// What on_finish did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RunOutcome {
-    /// The checkpoint published, if the run could publish one.
-    pub checkpoint: Option<CheckpointId>,
-    pub changed_files: u64,
-    /// Files the policy left out for their size.
-    pub skipped: Vec<String>,
-    /// Files stored with secret placeholders.
-    pub secret_files: usize,
 }
 
 /// The lifecycle middleware over one store and one sandbox provider.
@@ -140,6 +97,16 @@ impl Middleware {
             secrets,
             workspace_hash,
         })
+    }
+
+    /// What publishing and showing checkpoints needs of this middleware.
+    pub(crate) fn publisher(&self) -> Publisher<'_> {
+        Publisher {
+            store: &self.store,
+            secrets: &self.secrets,
+            workspace_hash: self.workspace_hash.as_deref(),
+            snapshots: self.config.snapshots.as_ref(),
+        }
     }
 
     pub fn config(&self) -> &MiddlewareConfig {
@@ -330,7 +297,7 @@ impl Run {
     fn show_head(&self) -> MiddlewareResult<()> {
         self.cancelled()?;
         let head = match &self.mw.config.snapshots {
-            Some(_) => self.mw.head_checkpoint(&self.ctx.thread)?,
+            Some(_) => self.mw.publisher().head_checkpoint(&self.ctx.thread)?,
             None => None,
         };
         let (handle, outcome) = self.mw.provider.ensure(&self.ctx, &self.mw.secrets)?;
@@ -341,11 +308,12 @@ impl Run {
         let (Some(cfg), Some(cp)) = (&self.mw.config.snapshots, head) else {
             return Ok(());
         };
-        if !self.mw.show_files(&handle, outcome, &cp)? {
+        if !self.mw.publisher().show_files(&handle, outcome, &cp)? {
             return Ok(());
         }
         let parts = cfg.persistence.parts()?;
         self.mw
+            .publisher()
             .restore_conversation(&parts, &self.ctx.thread, cp.body.conversation)?;
         self.restore_artifacts(&parts, &cp.body.artifacts)?;
         Ok(())
@@ -527,7 +495,7 @@ impl Run {
         let Some(handle) = self.sandbox() else {
             return Ok(RunOutcome::default());
         };
-        self.mw.publish(Publish {
+        self.mw.publisher().publish(Publish {
             thread: &self.ctx.thread,
             handle: &handle,
             reason: format!("run {}", self.ctx.run_id),
@@ -547,36 +515,4 @@ impl Drop for Run {
             tracing::warn!(run = %self.ctx.run_id, "releasing the writer lease: {e}");
         }
     }
-}
-
-/// Writes the current secret values back into a restored file, keeping its mode and
-/// modification time.
-pub(super) fn put_secrets_back(
-    h: &SandboxHandle,
-    rel: &str,
-    secrets: &Secrets,
-) -> MiddlewareResult<()> {
-    let path = h.root.join(rel);
-    let io = |e: std::io::Error| MiddlewareError::Sandbox {
-        key: h.key.clone(),
-        detail: format!("putting secrets back into {}: {e}", path.display()),
-    };
-    let meta = std::fs::symlink_metadata(&path).map_err(io)?;
-    if !meta.is_file() {
-        return Ok(());
-    }
-    let data = std::fs::read(&path).map_err(io)?;
-    let Some(filled) = secrets.fill(&data) else {
-        return Ok(());
-    };
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .truncate(true)
-        .open(&path)
-        .map_err(io)?;
-    f.write_all(&filled).map_err(io)?;
-    let mtime = meta.modified().map_err(io)?;
-    f.set_times(std::fs::FileTimes::new().set_modified(mtime))
-        .map_err(io)?;
-    Ok(())
 }

@@ -31,9 +31,7 @@ pub use context::{Cancellation, RunContext};
 pub use dir_watch::start_inotify;
 pub use error::{MiddlewareError, MiddlewareResult};
 pub use events::{FileEvent, FileEvents};
-pub use lifecycle::{
-    AbortInfo, Chunk, Lifecycle, Middleware, MiddlewareConfig, Run, RunOutcome, SnapshotConfig,
-};
+pub use lifecycle::{AbortInfo, Chunk, Lifecycle, Middleware, MiddlewareConfig, Run};
 pub use persistence::{
     ArtifactMeta, ArtifactStore, BlobStore, MessageStore, Persistence, RunCompletion,
     StorePersistence, COLUMN_FAMILIES, HOST_CF,
@@ -43,4 +41,5 @@ pub use provider::{
     check_tenant, sandbox_key, CasfsProvider, DirProvider, DirWorkspace, EnsureOutcome,
     SandboxHandle, SandboxProvider, SandboxWorkspace,
 };
+pub use publish::{RunOutcome, SnapshotConfig};
 pub use secrets::{Secrets, PLACEHOLDER_PREFIX};

@@ -3,24 +3,75 @@
 //! [`super::Run`] publishes under the lease its keeper renews; a client of `casfs serve`
 //! that keeps its own lease (the TypeScript adapter) publishes under the lease it sends.
 
+use std::collections::BTreeMap;
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use serde_json::Value;
 
 use super::persistence::Parts;
 use super::policy::CaptureFilter;
 use super::{
-    EnsureOutcome, Middleware, MiddlewareError, MiddlewareResult, RunOutcome, SandboxHandle,
-    SandboxWorkspace, SnapshotConfig,
+    EnsureOutcome, MiddlewareError, MiddlewareResult, Persistence, SandboxHandle, SandboxWorkspace,
+    Secrets, SnapshotPolicy,
 };
 use crate::cas::file::{read_file, store_bytes, StoreStats};
 use crate::cas::FileRef;
 use crate::checkpoint::diff::diff_trees;
 use crate::checkpoint::{
     capture_dir, restore_tree, Artifact, CaptureOptions, Checkpoint, CheckpointError, CheckpointId,
-    CheckpointResult, ContentRef, LeaseStatus, NewCheckpoint, RestoreOptions, ThreadId,
+    CheckpointResult, ContentRef, LeaseStatus, NewCheckpoint, RestoreOptions, Store, ThreadId,
     WriterLease,
 };
+
+/// Portable checkpoints of runs: where the conversation and artifacts come from, what
+/// a capture keeps, the secrets it must never store, the workspace definition.
+#[derive(Clone)]
+pub struct SnapshotConfig {
+    pub persistence: Persistence,
+    pub policy: SnapshotPolicy,
+    /// The workspace's resolved secret values, by name.
+    pub secrets: BTreeMap<String, String>,
+    /// The workspace definition whose hash each checkpoint records.
+    pub workspace: serde_json::Value,
+    pub lease_ttl: Duration,
+    /// How long on_finish waits for the run's persistence to complete.
+    pub completion_timeout: Duration,
+}
+
+impl SnapshotConfig {
+    pub fn new(persistence: Persistence) -> SnapshotConfig {
+        SnapshotConfig {
+            persistence,
+            policy: SnapshotPolicy::default(),
+            secrets: BTreeMap::new(),
+            workspace: serde_json::Value::Null,
+            lease_ttl: Duration::from_secs(30),
+            completion_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What on_finish did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunOutcome {
+    /// The checkpoint published, if the run could publish one.
+    pub checkpoint: Option<CheckpointId>,
+    pub changed_files: u64,
+    /// Files the policy left out for their size.
+    pub skipped: Vec<String>,
+    /// Files stored with secret placeholders.
+    pub secret_files: usize,
+}
+
+/// What publishing and showing a checkpoint take from the middleware.
+pub(crate) struct Publisher<'a> {
+    pub store: &'a Store,
+    pub secrets: &'a Secrets,
+    pub workspace_hash: Option<&'a str>,
+    pub snapshots: Option<&'a SnapshotConfig>,
+}
 
 /// What to publish, and under which lease.
 pub(crate) struct Publish<'a> {
@@ -39,10 +90,10 @@ pub(crate) struct Publish<'a> {
     pub lease: &'a dyn Fn() -> LeaseStatus,
 }
 
-impl Middleware {
+impl<'a> Publisher<'a> {
     /// The snapshot configuration, or the error saying publishing needs one.
-    pub(crate) fn snapshots(&self) -> MiddlewareResult<&SnapshotConfig> {
-        self.config.snapshots.as_ref().ok_or_else(|| {
+    pub(crate) fn snapshots(&self) -> MiddlewareResult<&'a SnapshotConfig> {
+        self.snapshots.ok_or_else(|| {
             MiddlewareError::Config("no snapshot configuration: nothing can be published".into())
         })
     }
@@ -164,7 +215,7 @@ impl Middleware {
         template.source_run_id = p.source_run_id.clone();
         template.conversation = conversation;
         template.artifacts = artifacts;
-        template.workspace_hash = self.workspace_hash.clone();
+        template.workspace_hash = self.workspace_hash.map(str::to_string);
         let closed = AtomicBool::new(false);
         let before_append = |new: &mut NewCheckpoint| -> CheckpointResult<WriterLease> {
             if let Some(why) = filter.peek(|st| st.oversize.clone()) {
@@ -255,12 +306,12 @@ impl Middleware {
             }
             Err(e) => return Err(e.into()),
         };
-        if let (Some(recorded), Some(current)) = (&cp.body.workspace_hash, &self.workspace_hash) {
+        if let (Some(recorded), Some(current)) = (&cp.body.workspace_hash, self.workspace_hash) {
             if recorded != current && !cfg.policy.allow_workspace_mismatch {
                 return Err(MiddlewareError::WorkspaceMismatch {
                     checkpoint: cp.id,
                     recorded: recorded.clone(),
-                    current: current.clone(),
+                    current: current.to_string(),
                 });
             }
         }
@@ -308,7 +359,7 @@ impl Middleware {
             }
         }
         for f in &cp.body.secret_files {
-            super::lifecycle::put_secrets_back(handle, &f.path, &self.secrets)?;
+            put_secrets_back(handle, &f.path, self.secrets)?;
         }
         Ok(true)
     }
@@ -337,4 +388,32 @@ impl Middleware {
         let messages: Vec<Value> = messages.iter().map(|m| self.secrets.fill_json(m)).collect();
         parts.messages.save_thread(thread, &messages)
     }
+}
+
+/// Writes the current secret values back into a restored file, keeping its mode and
+/// modification time.
+fn put_secrets_back(h: &SandboxHandle, rel: &str, secrets: &Secrets) -> MiddlewareResult<()> {
+    let path = h.root.join(rel);
+    let io = |e: std::io::Error| MiddlewareError::Sandbox {
+        key: h.key.clone(),
+        detail: format!("putting secrets back into {}: {e}", path.display()),
+    };
+    let meta = std::fs::symlink_metadata(&path).map_err(io)?;
+    if !meta.is_file() {
+        return Ok(());
+    }
+    let data = std::fs::read(&path).map_err(io)?;
+    let Some(filled) = secrets.fill(&data) else {
+        return Ok(());
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&path)
+        .map_err(io)?;
+    f.write_all(&filled).map_err(io)?;
+    let mtime = meta.modified().map_err(io)?;
+    f.set_times(std::fs::FileTimes::new().set_modified(mtime))
+        .map_err(io)?;
+    Ok(())
 }

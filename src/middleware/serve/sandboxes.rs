@@ -95,12 +95,12 @@ pub(super) async fn create(State(s): State<Arc<Server>>, ApiJson(b): ApiJson<Cre
                 )));
             }
         }
-        let head = s.mw.head_checkpoint(&t)?;
+        let head = s.mw.publisher().head_checkpoint(&t)?;
         let mut ctx = RunContext::new(t.clone(), "sandbox-api");
         ctx.tenant = b.tenant;
         let (h, outcome) = s.mw.provider().ensure(&ctx, &s.mw.secrets)?;
         let shown = match &head {
-            Some(cp) => s.mw.show_files(&h, outcome, cp),
+            Some(cp) => s.mw.publisher().show_files(&h, outcome, cp),
             None => Ok(false),
         };
         let restored = match shown {

@@ -103,7 +103,7 @@ pub(super) async fn acquire(
         let t = thread_id(&thread)?;
         let ttl = match b.ttl_ms {
             Some(ms) => check_ttl_ms(ms)?,
-            None => s.mw.snapshots()?.lease_ttl,
+            None => s.mw.publisher().snapshots()?.lease_ttl,
         };
         let holder = match b.holder {
             Some(h) => {
@@ -222,7 +222,7 @@ pub(super) async fn append(
                 )));
             }
         }
-        let out = s.mw.publish(Publish {
+        let out = s.mw.publisher().publish(Publish {
             thread: &t,
             handle: &handle,
             reason,
