@@ -728,6 +728,15 @@ impl OverlayMount {
                 tracing::warn!("unmounting the lower of {}: {e}", self.mountpoint.display());
             }
         }
+        drop(st);
+        // The generations torn down above are removed by threads of their own: a daemon
+        // that exits now would cut them short and leave their files behind.
+        if !retire::wait_removed(std::time::Duration::from_secs(5)) {
+            tracing::warn!(
+                "replaced generations of {} still in use: their files stay until the next mount",
+                self.mountpoint.display()
+            );
+        }
         Ok(())
     }
 

@@ -85,9 +85,11 @@ impl Job {
         drop(self.held);
         super::detach_lowers(&self.dir);
         let (dir, lower) = (self.dir, self.lower);
+        let removing = Removing::start();
         let spawned = std::thread::Builder::new()
             .name("casfs-retired".into())
             .spawn(move || {
+                let _removing = removing;
                 crate::fs::low_priority();
                 while !lower.is_finished() {
                     std::thread::sleep(Duration::from_millis(100));
@@ -102,6 +104,48 @@ impl Job {
             tracing::warn!("starting a thread to remove a replaced generation: {e}");
         }
     }
+}
+
+/// Replaced generations whose files are being removed (their threads running), for an
+/// exiting daemon to wait for: a thread cut short by the exit leaves the generation's
+/// directory behind until the next mount of the mountpoint.
+static REMOVING: (Mutex<usize>, Condvar) = (Mutex::new(0), Condvar::new());
+
+/// One removal in progress, counted while it lives.
+struct Removing(());
+
+impl Removing {
+    fn start() -> Removing {
+        *REMOVING.0.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        Removing(())
+    }
+}
+
+impl Drop for Removing {
+    fn drop(&mut self) {
+        let mut n = REMOVING.0.lock().unwrap_or_else(|p| p.into_inner());
+        *n -= 1;
+        REMOVING.1.notify_all();
+    }
+}
+
+/// Waits until no replaced generation of this process is being removed, for at most
+/// `limit` (a process still inside an old generation keeps it). Returns whether none is.
+pub(super) fn wait_removed(limit: Duration) -> bool {
+    let start = Instant::now();
+    let mut n = REMOVING.0.lock().unwrap_or_else(|p| p.into_inner());
+    while *n > 0 {
+        let left = limit.saturating_sub(start.elapsed());
+        if left.is_zero() {
+            return false;
+        }
+        n = REMOVING
+            .1
+            .wait_timeout(n, left)
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+    }
+    true
 }
 
 #[derive(Default)]
