@@ -357,6 +357,15 @@ impl Ctx<'_> {
         (e.mtime_ns < self.fresh_before_ns).then(|| Fingerprint::of(st))
     }
 
+    /// Counts a file written (and its bytes, for the progress too).
+    fn wrote(&self, size: u64) {
+        self.n.files_written.fetch_add(1, Ordering::Relaxed);
+        self.n.bytes_written.fetch_add(size, Ordering::Relaxed);
+        if let Some(p) = self.progress {
+            p.bytes_written.fetch_add(size, Ordering::Relaxed);
+        }
+    }
+
     fn tmp_name(&self) -> Vec<u8> {
         let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
         format!(".casfs-restore-{}-{n}", std::process::id()).into_bytes()
@@ -559,24 +568,9 @@ fn write_new_file(
     let result = (|| -> CheckpointResult<libc::stat> {
         write_file_to(ctx.store.objects(), &fref, &mut file, path)?;
         let fd = file.as_raw_fd();
-        // SAFETY: valid fd.
-        if unsafe { libc::fchmod(fd, e.mode) } != 0 {
-            return Err(last_err(path));
-        }
-        // Listed, not only set: a directory's default ACL gives a new file attributes
-        // the checkpoint may not have.
-        xattr::fsync_all(fd, &e.xattrs).map_err(|err| CheckpointError::io(path, err))?;
-        let times = [
-            libc::timespec {
-                tv_sec: 0,
-                tv_nsec: libc::UTIME_OMIT,
-            },
-            timespec(e.mtime_ns),
-        ];
-        // SAFETY: valid fd and a two-element times array.
-        if unsafe { libc::futimens(fd, times.as_ptr()) } != 0 {
-            return Err(last_err(path));
-        }
+        // Attributes listed, not only set: a directory's default ACL gives a new file
+        // attributes the checkpoint may not have.
+        set_fd_meta(fd, e, path)?;
         fstat(fd).map_err(|err| CheckpointError::io(path, err))
     })();
     drop(file);
@@ -588,11 +582,7 @@ fn write_new_file(
             return Err(err);
         }
     };
-    ctx.n.files_written.fetch_add(1, Ordering::Relaxed);
-    ctx.n.bytes_written.fetch_add(fref.size, Ordering::Relaxed);
-    if let Some(p) = ctx.progress {
-        p.bytes_written.fetch_add(fref.size, Ordering::Relaxed);
-    }
+    ctx.wrote(fref.size);
     Ok(ctx.trusted(e, &st))
 }
 
@@ -655,11 +645,7 @@ fn write_file(
         return Err(err);
     }
     replace(dir, &tmp, name, path, existing)?;
-    ctx.n.files_written.fetch_add(1, Ordering::Relaxed);
-    ctx.n.bytes_written.fetch_add(fref.size, Ordering::Relaxed);
-    if let Some(p) = ctx.progress {
-        p.bytes_written.fetch_add(fref.size, Ordering::Relaxed);
-    }
+    ctx.wrote(fref.size);
     // The rename changed the inode's ctime: take the stat the next capture will see.
     let st = lstat_at(dir, name).map_err(|err| CheckpointError::io(path, err))?;
     Ok(st.and_then(|st| ctx.trusted(e, &st)))
