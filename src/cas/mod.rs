@@ -24,7 +24,7 @@ pub use gc::{write_session, Fence, Marker, Problem, WriteSession};
 pub use hash::{decode_hex, ChunkId, FileId, Hash, ObjectId, ParseIdError, TreeId, HASH_LEN};
 pub use kv::{set_default_block_cache, Batch, Column, Database};
 pub use rocks_store::RocksObjectStore;
-pub use store::{ObjectStore, PutOutcome, SweepReport};
+pub use store::{ObjectStore, PutOutcome, Staged, StagedReader, SweepReport};
 pub use tree::{EntryContent, Tree, TreeEntry};
 
 /// Reads and decodes a tree object.

@@ -12,9 +12,12 @@
 //!   naming them all. So the first upload of a tree costs one request per pack plus
 //!   two, and a checkpoint after a few changes three or four.
 //! - `get` reads locally; a miss fetches the one object with a ranged GET of its pack,
-//!   verifies it against its hash, keeps it locally and returns it. `prefetch` (a plain
-//!   restore's, a mount's read-first) groups the objects it lacks by pack and reads
-//!   neighbours with one ranged GET, many at a time. An object no index names is read
+//!   verifies it against its hash, keeps it locally and returns it. `prefetch` (a
+//!   mount's read-first) groups the objects it lacks by pack and reads neighbours with
+//!   one ranged GET, many at a time. `stage` (a plain restore's) reads the same way
+//!   into memory only: the restore writes the objects into files at once, and they
+//!   skip the local store (a second decode and check, its memtable, log and files).
+//!   An object no index names is read
 //!   from its own key, `<prefix>/<first two hex digits>/<hex>` (the layout before
 //!   packs), so stores written before keep working.
 //! - Every object read is verified; a damaged one is an integrity error naming the
@@ -44,7 +47,7 @@ use super::object::decode_stored;
 use super::pack::{coalesce, read_whole, Location, PackEntry, PackIndex, PackWriter};
 use super::remote_index::{Counters, Indexes, RemoteRequests};
 use super::rocks_store::RocksObjectStore;
-use super::store::{ObjectStore, PutOutcome};
+use super::store::{ObjectStore, PutOutcome, Staged};
 use super::{CasError, CasResult, Hash, ObjectId};
 
 /// The column family that marked objects known to be in the remote store (before
@@ -90,6 +93,9 @@ impl RemoteStats {
     }
 }
 
+/// Objects to read, by the pack that holds them: (object, offset, length).
+type ByPack = HashMap<Hash, Vec<(Hash, u64, u64)>>;
+
 /// Objects put and not uploaded yet, in the order they were put (a pack then holds a
 /// directory's files near each other, and a metadata pack its trees).
 #[derive(Default)]
@@ -121,6 +127,68 @@ pub struct RemoteObjectStore {
     checked_objects: AtomicU64,
     fetched_objects: AtomicU64,
     fetched_bytes: AtomicU64,
+}
+
+/// `ids` (objects put, in that order) in the order a walk of the trees among them meets
+/// them: each directory's entries in name order, a subdirectory's whole subtree in its
+/// place, a large file's chunks after its chunk list; what no walk meets keeps its
+/// place after. A capture puts objects as its threads hash them, interleaving
+/// directories; packed in walk order, the files of neighbouring entries lie together
+/// and a restore reads them with few ranged GETs and nothing between. `read` gives a
+/// metadata object's content (trees and chunk lists are in `metadata`).
+fn tree_order(
+    ids: &[Hash],
+    metadata: &HashSet<Hash>,
+    read: impl Fn(&Hash) -> Option<Vec<u8>>,
+) -> Vec<Hash> {
+    use super::file::ChunkList;
+    use super::tree::{EntryContent, Tree};
+    let pending: HashSet<Hash> = ids.iter().copied().collect();
+    // What each pending tree or chunk list refers to, in order.
+    let mut children: HashMap<Hash, Vec<Hash>> = HashMap::new();
+    let mut trees = Vec::new();
+    for id in ids.iter().filter(|id| metadata.contains(id)) {
+        let Some(bytes) = read(id) else { continue };
+        if let Ok(tree) = Tree::decode(&bytes) {
+            let kids = tree
+                .entries()
+                .iter()
+                .filter_map(|e| match &e.content {
+                    EntryContent::File(f) => Some(f.0),
+                    EntryContent::Dir(t) => Some(t.0),
+                    _ => None,
+                })
+                .collect();
+            children.insert(*id, kids);
+            trees.push(*id);
+        } else if let Ok(list) = ChunkList::decode(&bytes) {
+            children.insert(*id, list.chunks.iter().map(|c| c.0 .0).collect());
+        }
+    }
+    if trees.is_empty() {
+        return ids.to_vec();
+    }
+    let referenced: HashSet<Hash> = children.values().flatten().copied().collect();
+    let mut out = Vec::with_capacity(ids.len());
+    let mut done = HashSet::with_capacity(ids.len());
+    // Roots first to last put (a capture puts its root tree last), each walked depth
+    // first.
+    for root in trees.iter().filter(|t| !referenced.contains(t)) {
+        let mut stack = vec![*root];
+        while let Some(id) = stack.pop() {
+            if !done.insert(id) {
+                continue;
+            }
+            if pending.contains(&id) {
+                out.push(id);
+            }
+            if let Some(kids) = children.get(&id) {
+                stack.extend(kids.iter().rev().filter(|k| !done.contains(k)));
+            }
+        }
+    }
+    out.extend(ids.iter().filter(|id| !done.contains(id)).copied());
+    out
 }
 
 /// Removes anything secret from a URL before it is shown: user info and query.
@@ -449,6 +517,9 @@ impl RemoteObjectStore {
         if ids.is_empty() {
             return Ok(());
         }
+        let ids = tree_order(&ids, &metadata, |id| {
+            self.local.get(&ObjectId(*id), "tree").ok()
+        });
         // What the remote has is read now, at the start of the sync: an object is left
         // out only if an index names it in a pack no gc has marked (a host's own memory
         // of having uploaded it is no proof: gc may have deleted it since).
@@ -516,9 +587,10 @@ impl RemoteObjectStore {
         Ok(out)
     }
 
-    /// Verifies what was read for `id` (out of pack `from`, or its own key) and keeps
-    /// it locally. A damaged object is an integrity error naming where it was read.
-    fn accept(&self, id: &Hash, stored: &[u8], from: Option<&Location>) -> CasResult<Vec<u8>> {
+    /// Decodes and verifies what was read for `id` (out of pack `from`, or its own
+    /// key) and counts it as fetched. A damaged object is an integrity error naming
+    /// where it was read.
+    fn verify(&self, id: &Hash, stored: &[u8], from: Option<&Location>) -> CasResult<Vec<u8>> {
         let data = decode_stored(id, stored).map_err(|e| match (e, from) {
             (CasError::Corrupt { id, detail }, Some(l)) => CasError::Corrupt {
                 id,
@@ -529,13 +601,19 @@ impl RemoteObjectStore {
             },
             (e, _) => e,
         })?;
+        self.fetched_objects.fetch_add(1, Ordering::Relaxed);
+        self.fetched_bytes
+            .fetch_add(stored.len() as u64, Ordering::Relaxed);
+        Ok(data)
+    }
+
+    /// [`Self::verify`], then keeps the object locally.
+    fn accept(&self, id: &Hash, stored: &[u8], from: Option<&Location>) -> CasResult<Vec<u8>> {
+        let data = self.verify(id, stored, from)?;
         // Keeping it is an optimisation (a read-only open cannot).
         if let Err(e) = self.local.put_stored(id, stored) {
             tracing::debug!("not caching object {id}: {e}");
         }
-        self.fetched_objects.fetch_add(1, Ordering::Relaxed);
-        self.fetched_bytes
-            .fetch_add(stored.len() as u64, Ordering::Relaxed);
         Ok(data)
     }
 
@@ -597,9 +675,10 @@ impl RemoteObjectStore {
         }
     }
 
-    /// Reads objects of packs with coalesced ranged GETs, many at a time; keeps each
-    /// that verifies. Best effort (a read reports what failed).
-    fn fetch_ranges(&self, by_pack: HashMap<Hash, Vec<(Hash, u64, u64)>>) {
+    /// Reads objects of packs with coalesced ranged GETs, many at a time, and hands
+    /// each object's stored bytes to `keep` (which verifies them). Best effort (a read
+    /// reports what failed).
+    fn fetch_ranges(&self, by_pack: ByPack, keep: impl Fn(&Hash, &[u8], &Location) + Sync) {
         let mut work = Vec::new();
         for (pack, objs) in by_pack {
             let (gap, span) = read_whole(&objs).unwrap_or((MAX_GAP, MAX_SPAN));
@@ -644,9 +723,35 @@ impl RemoteObjectStore {
                     len: *len,
                     pending_since_ms: None,
                 };
-                let _ = self.accept(id, stored, Some(&l));
+                keep(id, stored, &l);
             });
         }
+    }
+
+    /// Of `ids`, those not stored locally, by the pack that holds them (listing the
+    /// indexes again if one is named by none), and those no index names (stored on
+    /// their own keys, the layout before packs).
+    fn plan(&self, ids: &[ObjectId]) -> (ByPack, Vec<Hash>) {
+        let want: Vec<Hash> = ids
+            .iter()
+            .filter(|id| !self.local.contains(id).unwrap_or(true))
+            .map(|id| id.0)
+            .collect();
+        if want.iter().any(|id| self.indexes.find(id).is_none()) {
+            let _ = self.list_indexes();
+        }
+        let mut by_pack = ByPack::new();
+        let mut loose = Vec::new();
+        for id in want {
+            match self.indexes.find(&id) {
+                Some(l) => by_pack
+                    .entry(l.pack)
+                    .or_default()
+                    .push((id, l.offset, l.len)),
+                None => loose.push(id),
+            }
+        }
+        (by_pack, loose)
     }
 }
 
@@ -691,35 +796,17 @@ impl ObjectStore for RemoteObjectStore {
     }
 
     fn prefetch(&self, ids: &[ObjectId]) {
-        let mut want = Vec::new();
-        for id in ids {
-            if !self.local.contains(id).unwrap_or(true) {
-                want.push(id.0);
-            }
-        }
-        if want.is_empty() {
-            return;
-        }
-        if want.iter().any(|id| self.indexes.find(id).is_none()) {
-            let _ = self.list_indexes();
-        }
-        let mut by_pack: HashMap<Hash, Vec<(Hash, u64, u64)>> = HashMap::new();
-        let mut loose = Vec::new();
-        for id in want {
-            match self.indexes.find(&id) {
-                Some(l) => by_pack
-                    .entry(l.pack)
-                    .or_default()
-                    .push((id, l.offset, l.len)),
-                None => loose.push((id, self.key(&id))),
-            }
-        }
+        let (by_pack, loose) = self.plan(ids);
         if !by_pack.is_empty() {
-            self.fetch_ranges(by_pack);
+            self.fetch_ranges(by_pack, |id, stored, l| {
+                let _ = self.accept(id, stored, Some(l));
+            });
         }
         if loose.is_empty() {
             return;
         }
+        let loose: Vec<(Hash, RemotePath)> =
+            loose.into_iter().map(|id| (id, self.key(&id))).collect();
         // Objects stored before packs, one GET each.
         Counters::add(&self.requests.get, loose.len() as u64);
         let remote = self.remote.clone();
@@ -740,5 +827,97 @@ impl ObjectStore for RemoteObjectStore {
             // Kept only when it is what it claims to be (a read reports the rest).
             let _ = self.accept(&id, &stored, None);
         }
+    }
+
+    fn stage(&self, ids: &[ObjectId]) -> Staged {
+        // Objects on their own keys (the layout before packs) are left to `get`.
+        let (by_pack, _) = self.plan(ids);
+        let staged = Mutex::new(Staged::default());
+        if !by_pack.is_empty() {
+            self.fetch_ranges(by_pack, |id, stored, l| {
+                if let Ok(data) = self.verify(id, stored, Some(l)) {
+                    staged
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(*id, data);
+                }
+            });
+        }
+        staged.into_inner().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cas::file::ChunkList;
+    use crate::cas::tree::{EntryContent, Tree, TreeEntry};
+    use crate::cas::{ChunkId, FileId, TreeId};
+
+    fn entry(name: &str, content: EntryContent) -> TreeEntry {
+        let size = u64::from(matches!(content, EntryContent::File(_)));
+        TreeEntry {
+            name: name.into(),
+            content,
+            mode: 0o644,
+            mtime_ns: 0,
+            size,
+            xattrs: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn packs_follow_a_walk_of_the_trees() {
+        let h = |s: &str| Hash::of(s.as_bytes());
+        let (a1, a2, b1, top, c1, c2, loose) = (
+            h("a1"),
+            h("a2"),
+            h("b1"),
+            h("top"),
+            h("c1"),
+            h("c2"),
+            h("loose"),
+        );
+        // A large file: a chunk list of two chunks.
+        let list = ChunkList {
+            chunks: vec![
+                (ChunkId(c1), crate::cas::CHUNK_SIZE as u32),
+                (ChunkId(c2), 1),
+            ],
+        }
+        .encode();
+        let big = Hash::of(&list);
+        let dir_a = Tree::from_entries(vec![
+            entry("2", EntryContent::File(FileId(a2))),
+            entry("1", EntryContent::File(FileId(a1))),
+        ])
+        .unwrap()
+        .encode();
+        let dir_b = Tree::from_entries(vec![entry("1", EntryContent::File(FileId(b1)))])
+            .unwrap()
+            .encode();
+        let (ta, tb) = (Hash::of(&dir_a), Hash::of(&dir_b));
+        let root = Tree::from_entries(vec![
+            entry("a", EntryContent::Dir(TreeId(ta))),
+            entry("b", EntryContent::Dir(TreeId(tb))),
+            entry("big", EntryContent::File(FileId(big))),
+            entry("top", EntryContent::File(FileId(top))),
+        ])
+        .unwrap()
+        .encode();
+        let tr = Hash::of(&root);
+        let content: HashMap<Hash, Vec<u8>> =
+            [(ta, dir_a), (tb, dir_b), (tr, root), (big, list)].into();
+        let metadata: HashSet<Hash> = content.keys().copied().collect();
+        // As two capture threads put them: interleaved, the root last; b1 was put
+        // before (not pending); one object no tree names.
+        let put = [c2, a2, top, loose, c1, a1, ta, big, tb, tr];
+        let got = tree_order(&put, &metadata, |id| content.get(id).cloned());
+        assert_eq!(got, vec![tr, ta, a1, a2, tb, big, c1, c2, top, loose]);
+        // No trees among them: the order they were put.
+        assert_eq!(
+            tree_order(&put[..4], &metadata, |_| None),
+            put[..4].to_vec()
+        );
     }
 }

@@ -3,8 +3,10 @@
 //! [`super::remote_store::RemoteObjectStore`] (an S3-compatible bucket behind a local
 //! cache).
 
+use std::collections::HashMap;
+
 use super::gc::Fence;
-use super::{CasResult, ObjectId};
+use super::{CasResult, Hash, ObjectId};
 
 /// What a `put` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +49,87 @@ pub trait ObjectStore: Send + Sync {
     /// A hint that these objects will be read soon: a remote store fetches the ones it
     /// lacks locally, many at a time. Best effort: a failure shows at the read.
     fn prefetch(&self, _ids: &[ObjectId]) {}
+
+    /// Reads those of `ids` that are not stored locally into memory, verified, many at
+    /// a time, without keeping them in the local store: for work that writes them
+    /// elsewhere at once (a plain restore writes them into files, which are then the
+    /// local copy). Read them through [`StagedReader`]. A store whose objects are all
+    /// local stages nothing. Best effort: an object that could not be staged is read
+    /// (and its failure reported) by `get`.
+    fn stage(&self, _ids: &[ObjectId]) -> Staged {
+        Staged::default()
+    }
+}
+
+/// Objects [`ObjectStore::stage`] read ahead: decoded and verified against their ids.
+#[derive(Default)]
+pub struct Staged {
+    objects: HashMap<Hash, Vec<u8>>,
+}
+
+impl Staged {
+    /// Keeps `data`, which the caller verified to be the object `id`.
+    pub(super) fn insert(&mut self, id: Hash, data: Vec<u8>) {
+        self.objects.insert(id, data);
+    }
+
+    pub fn len(&self) -> usize {
+        self.objects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty()
+    }
+}
+
+/// Reads staged objects from memory and everything else from the store; writes go to
+/// the store.
+pub struct StagedReader<'a> {
+    staged: &'a Staged,
+    store: &'a dyn ObjectStore,
+}
+
+impl<'a> StagedReader<'a> {
+    pub fn new(staged: &'a Staged, store: &'a dyn ObjectStore) -> Self {
+        StagedReader { staged, store }
+    }
+}
+
+impl ObjectStore for StagedReader<'_> {
+    fn put(&self, data: &[u8]) -> CasResult<PutOutcome> {
+        self.store.put(data)
+    }
+
+    fn put_metadata(&self, data: &[u8]) -> CasResult<PutOutcome> {
+        self.store.put_metadata(data)
+    }
+
+    fn get(&self, id: &ObjectId, what: &'static str) -> CasResult<Vec<u8>> {
+        match self.staged.objects.get(&id.0) {
+            Some(data) => Ok(data.clone()),
+            None => self.store.get(id, what),
+        }
+    }
+
+    fn contains(&self, id: &ObjectId) -> CasResult<bool> {
+        Ok(self.staged.objects.contains_key(&id.0) || self.store.contains(id)?)
+    }
+
+    fn sync(&self) -> CasResult<()> {
+        self.store.sync()
+    }
+
+    fn fence(&self) -> Option<&Fence> {
+        self.store.fence()
+    }
+
+    fn prefetch(&self, ids: &[ObjectId]) {
+        self.store.prefetch(ids)
+    }
+
+    fn stage(&self, ids: &[ObjectId]) -> Staged {
+        self.store.stage(ids)
+    }
 }
 
 /// What a sweep found and did.
