@@ -344,6 +344,90 @@ fn keys(b: &Backends, dir: &str) -> Vec<object_store::path::Path> {
     })
 }
 
+/// A fresh host restores a tree from S3 with its contents staged in groups (a group of
+/// 1 MiB here): directories larger than a group are split into groups of their own
+/// entries, a file larger than a group is read on its own, content two files share
+/// comes once; every byte, mode and link comes back, staged contents are written
+/// straight into the files (the host's local store does not keep them), and the reads
+/// go by the pack, neighbours together.
+#[test]
+fn a_restore_from_s3_stages_contents_in_groups() {
+    let t = tempfile::tempdir().unwrap();
+    let b = fleet();
+    let a = open(&t.path().join("a"), &b);
+    let work = t.path().join("work");
+    for (dir, n) in [("a", 30u64), ("b/x", 20), ("b/y", 20), ("c", 3)] {
+        std::fs::create_dir_all(work.join(dir)).unwrap();
+        for i in 0..n {
+            let p = work.join(dir).join(format!("f{i}"));
+            std::fs::write(&p, pattern(40_000 + i as usize, n * 100 + i)).unwrap();
+        }
+    }
+    // The same content in two groups, an empty file, a large file, a link, a mode.
+    std::fs::copy(work.join("a/f3"), work.join("b/y/same")).unwrap();
+    std::fs::write(work.join("c/empty"), b"").unwrap();
+    std::fs::write(work.join("big.bin"), pattern(3 << 20, 5)).unwrap();
+    std::os::unix::fs::symlink("a/f1", work.join("link")).unwrap();
+    std::fs::set_permissions(
+        work.join("c/f1"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o751),
+    )
+    .unwrap();
+    // Old mtimes, so that the second restore below can trust what the first wrote.
+    let old = std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    for (p, _) in snapshot(&work) {
+        let p = work.join(p);
+        if std::fs::symlink_metadata(&p).unwrap().is_file() {
+            std::fs::File::options()
+                .write(true)
+                .open(&p)
+                .unwrap()
+                .set_modified(old)
+                .unwrap();
+        }
+    }
+    let th = thread("staged");
+    let (cp, _) = capture_to_thread(
+        &a,
+        &work,
+        &CaptureOptions::default(),
+        &append_opts(&th, ExpectedHead::Current),
+    )
+    .unwrap();
+
+    let fresh = open(&t.path().join("fresh"), &b);
+    let out = t.path().join("out");
+    let opts = RestoreOptions {
+        stage_bytes: Some(1 << 20),
+        ..Default::default()
+    };
+    let st = restore_tree(&fresh, cp.body.root, &out, &opts).unwrap();
+    assert_eq!(snapshot(&out), snapshot(&work));
+    assert_eq!(st.files_written, 30 + 20 + 21 + 4 + 1, "{st:?}");
+    let small = ObjectId(Hash::of(&std::fs::read(work.join("b/x/f7")).unwrap()));
+    assert!(!fresh.rocks_objects().contains(&small).unwrap());
+    let r = fresh.remote().unwrap().stats();
+    // One listing, one index, trees in one or two reads, contents in a few per group.
+    assert_eq!((r.requests.list, r.requests.get), (1, 1), "{r:?}");
+    assert!(r.requests.ranged_get <= 16, "{r:?}");
+    // The same restore again over what it wrote: nothing to fetch, nothing written.
+    let before = fresh.remote().unwrap().stats();
+    let again = restore_tree(&fresh, cp.body.root, &out, &opts).unwrap();
+    assert_eq!(again.files_written, 0, "{again:?}");
+    assert_eq!(snapshot(&out), snapshot(&work));
+    let r = fresh.remote().unwrap().stats().since(&before);
+    assert_eq!(r.fetched_objects, 0, "{r:?}");
+    // One file gone, one changed: only their contents are fetched.
+    std::fs::remove_file(out.join("b/x/f7")).unwrap();
+    std::fs::write(out.join("a/f2"), b"changed").unwrap();
+    let before = fresh.remote().unwrap().stats();
+    let st = restore_tree(&fresh, cp.body.root, &out, &opts).unwrap();
+    assert_eq!(st.files_written, 2, "{st:?}");
+    assert_eq!(snapshot(&out), snapshot(&work));
+    let r = fresh.remote().unwrap().stats().since(&before);
+    assert_eq!(r.fetched_objects, 2, "{r:?}");
+}
+
 /// A damaged pack in S3 is an integrity error on the host that reads from it, naming
 /// the object and the pack, and nothing wrong is kept in its cache; the objects of the
 /// pack that are intact still read.
@@ -383,6 +467,14 @@ fn a_damaged_pack_is_refused_by_name() {
     let pack_name = packs[0].filename().unwrap();
     assert!(msg.contains(pack_name), "names the pack: {msg}");
     assert!(!host_b.rocks_objects().contains(&id1).unwrap());
+    // A restore's staging leaves the damaged object out (its read names it) and stages
+    // the intact neighbour, in memory only.
+    let staged = host_b.objects().stage(&[id1, id2]);
+    assert_eq!(staged.len(), 1);
+    let reader = casfs::cas::StagedReader::new(&staged, host_b.objects());
+    assert_eq!(reader.get(&id2, "blob").unwrap(), second);
+    assert!(reader.get(&id1, "blob").unwrap_err().is_integrity());
+    assert!(!host_b.rocks_objects().contains(&id2).unwrap());
     // A prefetch keeps nothing damaged either, and the intact neighbour reads.
     host_b.objects().prefetch(&[id1, id2]);
     assert!(!host_b.rocks_objects().contains(&id1).unwrap());

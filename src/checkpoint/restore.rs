@@ -29,7 +29,16 @@ use super::dirfd::{
 };
 use super::{xattr, CheckpointError, CheckpointResult, RootMeta, Store};
 use crate::cas::file::{hash_reader, load_chunk_list, write_file_to};
-use crate::cas::{load_tree, CasError, EntryContent, ObjectId, Tree, TreeEntry, TreeId};
+use crate::cas::{
+    load_tree, CasError, EntryContent, FileId, ObjectId, ObjectStore, StagedReader, Tree,
+    TreeEntry, TreeId,
+};
+
+/// From a remote store, a restore reads file contents ahead in groups of entries of at
+/// most this many bytes (decoded), kept in memory only until they are written; two
+/// groups are in memory at a time on two cores. 64 MiB took 3.4 s and 45 requests to
+/// restore 100k files (688 MB) in `cargo bench --bench fleet`, 32 MiB 3.8 s and 73.
+pub const STAGE_BYTES: u64 = 64 << 20;
 
 #[derive(Debug, Default)]
 pub struct RestoreProgress {
@@ -44,6 +53,9 @@ pub struct RestoreOptions<'a> {
     /// The directory's own mode and mtime, set last (after its entries, whose changes
     /// move its mtime). When it is a mountpoint, they are those of the mounted root.
     pub root_meta: Option<RootMeta>,
+    /// From a remote store: the bytes of file contents read ahead at once (at most one
+    /// such group per core is in memory); [`STAGE_BYTES`] when not set.
+    pub stage_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -74,8 +86,12 @@ struct Counters {
 }
 
 struct Ctx<'a> {
-    store: &'a Store,
     trees: HashMap<TreeId, Tree>,
+    /// The chunks of every large file (from a remote store; empty otherwise).
+    chunks: HashMap<FileId, Vec<ObjectId>>,
+    /// The bytes of the files below each tree (from a remote store; empty otherwise).
+    weights: HashMap<TreeId, u64>,
+    stage_bytes: u64,
     cache: DirCacheSet<'a>,
     fresh_before_ns: i64,
     progress: Option<&'a RestoreProgress>,
@@ -93,7 +109,14 @@ pub fn restore_tree(
     let start = Instant::now();
     // Garbage collection waits until this restore is done with the checkpoint's objects.
     let _session = crate::cas::write_session(store.objects());
-    let trees = preflight(store, root)?;
+    // From a remote store, file contents are fetched while files are written, in groups
+    // (`stage`), straight into the files; a local store's are read where they are.
+    let staging = store.remote().is_some();
+    let Preflight { trees, chunks } = preflight(store, root, staging)?;
+    let mut weights = HashMap::new();
+    if staging {
+        weight_of(&trees, root, &mut weights);
+    }
     let preflight_ms = start.elapsed().as_millis() as u64;
     fs::create_dir_all(dest).map_err(|e| CheckpointError::io(dest, e))?;
     let dest = fs::canonicalize(dest).map_err(|e| CheckpointError::io(dest, e))?;
@@ -103,15 +126,21 @@ pub fn restore_tree(
         .unwrap_or_default()
         .as_nanos() as i64;
     let ctx = Ctx {
-        store,
         cache: DirCacheSet::new(store, &dest, !opts.no_stat_cache),
         trees,
+        chunks,
+        weights,
+        stage_bytes: opts.stage_bytes.unwrap_or(STAGE_BYTES).max(1),
         fresh_before_ns: now_ns - Duration::from_secs(2).as_nanos() as i64,
         progress: opts.progress,
         n: Counters::default(),
         tmp_counter: AtomicU64::new(0),
     };
-    restore_dir(&ctx, fd.as_raw_fd(), &dest, b"", root)?;
+    let rd = Reading {
+        objects: store.objects(),
+        staged: !staging,
+    };
+    restore_dir(&ctx, rd, fd.as_raw_fd(), &dest, b"", root)?;
     if let Some(m) = opts.root_meta {
         // SAFETY: a valid descriptor of the directory.
         if unsafe { libc::fchmod(fd.as_raw_fd(), m.mode) } != 0 {
@@ -235,9 +264,16 @@ fn same_file(
     Ok(got == want)
 }
 
+struct Preflight {
+    trees: HashMap<TreeId, Tree>,
+    chunks: HashMap<FileId, Vec<ObjectId>>,
+}
+
 /// Loads every tree under `root` and checks that every object the restore needs exists,
 /// so that a missing or undecodable object stops the restore before anything changes.
-fn preflight(store: &Store, root: TreeId) -> CheckpointResult<HashMap<TreeId, Tree>> {
+/// Unless `staging` (the contents are then read while files are written), file contents
+/// are prefetched; with it, the chunks of every large file are returned.
+fn preflight(store: &Store, root: TreeId, staging: bool) -> CheckpointResult<Preflight> {
     let mut trees = HashMap::new();
     let mut files = Vec::new();
     let mut level = vec![root];
@@ -278,18 +314,25 @@ fn preflight(store: &Store, root: TreeId) -> CheckpointResult<HashMap<TreeId, Tr
     // What must be present: single-chunk files, and every chunk of the large ones (each
     // chunk list read once, here).
     let mut needed: Vec<(&'static str, ObjectId)> = Vec::new();
+    let mut chunks = HashMap::new();
     for f in &files {
         if !f.is_chunked() {
             needed.push(("file", ObjectId(f.id.0)));
         } else {
             let list = load_chunk_list(store.objects(), f)?;
             needed.extend(list.chunks.iter().map(|(id, _)| ("chunk", ObjectId(id.0))));
+            if staging {
+                let ids = list.chunks.iter().map(|(id, _)| ObjectId(id.0)).collect();
+                chunks.insert(f.id, ids);
+            }
         }
     }
     needed.sort_by_key(|n| n.1 .0);
     needed.dedup_by_key(|n| n.1 .0);
-    let ids: Vec<ObjectId> = needed.iter().map(|n| n.1).collect();
-    store.objects().prefetch(&ids);
+    if !staging {
+        let ids: Vec<ObjectId> = needed.iter().map(|n| n.1).collect();
+        store.objects().prefetch(&ids);
+    }
     needed
         .par_iter()
         .try_for_each(|&(what, id)| match store.objects().contains(&id) {
@@ -297,7 +340,24 @@ fn preflight(store: &Store, root: TreeId) -> CheckpointResult<HashMap<TreeId, Tr
             Ok(false) => Err(CasError::NotFound { what, id: id.0 }),
             Err(e) => Err(e),
         })?;
-    Ok(trees)
+    Ok(Preflight { trees, chunks })
+}
+
+/// The bytes of the files below `id`, remembered for it and every tree below.
+fn weight_of(trees: &HashMap<TreeId, Tree>, id: TreeId, out: &mut HashMap<TreeId, u64>) -> u64 {
+    if let Some(w) = out.get(&id) {
+        return *w;
+    }
+    let mut w = 0;
+    for e in trees.get(&id).map(Tree::entries).unwrap_or_default() {
+        w += match &e.content {
+            EntryContent::File(_) => e.size,
+            EntryContent::Dir(t) => weight_of(trees, *t, out),
+            _ => 0,
+        };
+    }
+    out.insert(id, w);
+    w
 }
 
 fn timespec(ns: i64) -> libc::timespec {
@@ -366,14 +426,213 @@ impl Ctx<'_> {
         }
     }
 
+    /// The bytes of content an entry needs: a file's size, a directory's files'.
+    fn weight(&self, e: &TreeEntry) -> u64 {
+        match &e.content {
+            EntryContent::File(_) => e.size,
+            EntryContent::Dir(t) => self.weights.get(t).copied().unwrap_or(0),
+            _ => 0,
+        }
+    }
+
+    /// The objects the restore of `e` (at `path`, `rel` below the destination, in the
+    /// directory `dir` if that exists, which the cache `cached` describes) will read:
+    /// those of every file at or below it but the ones the directory cache shows on
+    /// disk with that content.
+    fn needed(
+        &self,
+        dir: Option<RawFd>,
+        path: &Path,
+        rel: &[u8],
+        e: &TreeEntry,
+        cached: Option<&DirCache>,
+        out: &mut Vec<ObjectId>,
+    ) -> CheckpointResult<()> {
+        let Some(dir) = dir else {
+            self.objects_of(e, out);
+            return Ok(());
+        };
+        let name = cstr(&e.name, path)?;
+        match &e.content {
+            EntryContent::File(_) => {
+                let on_disk = cached
+                    .and_then(|c| c.find(&e.name))
+                    .filter(|(_, c, _)| c.content == e.content && c.size == e.size)
+                    .and_then(|(_, _, fp)| fp);
+                let unchanged = match on_disk {
+                    Some(fp) => lstat_at(dir, &name)
+                        .map_err(|err| CheckpointError::io(path, err))?
+                        .is_some_and(|st| Fingerprint::of(&st) == fp),
+                    None => false,
+                };
+                if !unchanged {
+                    self.objects_of(e, out);
+                }
+            }
+            EntryContent::Dir(t) => {
+                let sub = match lstat_at(dir, &name)
+                    .map_err(|err| CheckpointError::io(path, err))?
+                {
+                    Some(st) if is_dir(&st) => Some(
+                        open_dir_at(dir, &name).map_err(|err| CheckpointError::io(path, err))?,
+                    ),
+                    _ => None,
+                };
+                let cached = match &sub {
+                    Some(_) => self.cache.get(rel)?,
+                    None => None,
+                };
+                for e in self.trees.get(t).map(Tree::entries).unwrap_or_default() {
+                    let fd = sub.as_ref().map(|f| f.as_raw_fd());
+                    let (p, r) = (child(path, &e.name), join_rel(rel, &e.name));
+                    self.needed(fd, &p, &r, e, cached.as_ref(), out)?;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Every object the files at or below `e` are made of.
+    fn objects_of(&self, e: &TreeEntry, out: &mut Vec<ObjectId>) {
+        match &e.content {
+            EntryContent::File(id) => match self.chunks.get(id) {
+                Some(chunks) => out.extend_from_slice(chunks),
+                None => out.push(ObjectId(id.0)),
+            },
+            EntryContent::Dir(t) => {
+                for e in self.trees.get(t).map(Tree::entries).unwrap_or_default() {
+                    self.objects_of(e, out);
+                }
+            }
+            _ => {}
+        }
+    }
+
     fn tmp_name(&self) -> Vec<u8> {
         let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
         format!(".casfs-restore-{}-{n}", std::process::id()).into_bytes()
     }
 }
 
+/// Where a restore reads objects: the store, or what a group staged in front of it.
+#[derive(Clone, Copy)]
+struct Reading<'r> {
+    objects: &'r dyn ObjectStore,
+    /// Whether contents below here are already staged (or need no staging).
+    staged: bool,
+}
+
+/// Entries of one directory restored together: one on its own (a directory whose files
+/// are too many bytes to stage at once, which groups its own entries, or a file that
+/// large), or a group whose contents are staged at once.
+#[derive(Debug, PartialEq, Eq)]
+enum Unit {
+    One(usize),
+    Group(Vec<usize>),
+}
+
+/// Splits `entries` into units of at most `limit` bytes of content (`weight`),
+/// neighbours together (a capture packs a directory's files near each other).
+fn units(entries: &[TreeEntry], weight: impl Fn(&TreeEntry) -> u64, limit: u64) -> Vec<Unit> {
+    let mut out = Vec::new();
+    let (mut group, mut bytes) = (Vec::new(), 0);
+    for (i, e) in entries.iter().enumerate() {
+        let w = weight(e);
+        if w > limit {
+            out.push(Unit::One(i));
+            continue;
+        }
+        if bytes + w > limit && !group.is_empty() {
+            out.push(Unit::Group(std::mem::take(&mut group)));
+            bytes = 0;
+        }
+        group.push(i);
+        bytes += w;
+    }
+    if !group.is_empty() {
+        out.push(Unit::Group(group));
+    }
+    out
+}
+
+/// Restores the entries of `tree`, in parallel, each with the fingerprint to remember
+/// for it, in the tree's order. Unless contents are staged already, they are staged
+/// a unit at a time, so the fetch of one unit runs while another is written.
+fn restore_entries(
+    ctx: &Ctx<'_>,
+    rd: Reading<'_>,
+    fd: RawFd,
+    path: &Path,
+    rel: &[u8],
+    tree: &Tree,
+    cached: Option<&DirCache>,
+) -> CheckpointResult<Vec<Option<Fingerprint>>> {
+    let entries = tree.entries();
+    let one = |rd: Reading<'_>, i: usize| {
+        let e = &entries[i];
+        let p = child(path, &e.name);
+        restore_entry(ctx, rd, fd, &p, &join_rel(rel, &e.name), e, cached)
+    };
+    if rd.staged {
+        return entries
+            .par_iter()
+            .enumerate()
+            .with_min_len(4)
+            .map(|(i, _)| one(rd, i))
+            .collect();
+    }
+    let done = units(entries, |e| ctx.weight(e), ctx.stage_bytes)
+        .into_par_iter()
+        .map(
+            |unit| -> CheckpointResult<Vec<(usize, Option<Fingerprint>)>> {
+                match unit {
+                    Unit::One(i) => {
+                        let e = &entries[i];
+                        if let EntryContent::File(_) = e.content {
+                            // A file too large to stage: its chunks go to the local store.
+                            let mut ids = Vec::new();
+                            let (p, r) = (child(path, &e.name), join_rel(rel, &e.name));
+                            ctx.needed(Some(fd), &p, &r, e, cached, &mut ids)?;
+                            rd.objects.prefetch(&ids);
+                        }
+                        Ok(vec![(i, one(rd, i)?)])
+                    }
+                    Unit::Group(idx) => {
+                        // Only what will be written is fetched.
+                        let mut ids = Vec::new();
+                        for &i in &idx {
+                            let e = &entries[i];
+                            let (p, r) = (child(path, &e.name), join_rel(rel, &e.name));
+                            ctx.needed(Some(fd), &p, &r, e, cached, &mut ids)?;
+                        }
+                        ids.sort_by_key(|id| id.0);
+                        ids.dedup();
+                        let staged = rd.objects.stage(&ids);
+                        let reader = StagedReader::new(&staged, rd.objects);
+                        let rd = Reading {
+                            objects: &reader,
+                            staged: true,
+                        };
+                        idx.into_par_iter()
+                            .with_min_len(4)
+                            .map(|i| Ok((i, one(rd, i)?)))
+                            .collect()
+                    }
+                }
+            },
+        )
+        .collect::<CheckpointResult<Vec<_>>>()?;
+    let mut fingerprints = vec![None; entries.len()];
+    for (i, fp) in done.into_iter().flatten() {
+        fingerprints[i] = fp;
+    }
+    Ok(fingerprints)
+}
+
 fn restore_dir(
     ctx: &Ctx<'_>,
+    rd: Reading<'_>,
     fd: RawFd,
     path: &Path,
     rel: &[u8],
@@ -399,15 +658,7 @@ fn restore_dir(
             }
         }
     }
-    let fingerprints = tree
-        .entries()
-        .par_iter()
-        .with_min_len(4)
-        .map(|e| {
-            let p = child(path, &e.name);
-            restore_entry(ctx, fd, &p, &join_rel(rel, &e.name), e, cached.as_ref())
-        })
-        .collect::<CheckpointResult<Vec<_>>>()?;
+    let fingerprints = restore_entries(ctx, rd, fd, path, rel, tree, cached.as_ref())?;
     ctx.cache.put(
         rel,
         &DirCache {
@@ -431,6 +682,7 @@ fn join_rel(parent: &[u8], name: &[u8]) -> Vec<u8> {
 /// Makes one entry match `e`; returns the fingerprint to remember for it.
 fn restore_entry(
     ctx: &Ctx<'_>,
+    rd: Reading<'_>,
     dir: RawFd,
     path: &Path,
     rel: &[u8],
@@ -463,7 +715,7 @@ fn restore_entry(
                     open_dir_at(dir, &name).map_err(|err| CheckpointError::io(path, err))?
                 }
             };
-            restore_dir(ctx, sub.as_raw_fd(), path, rel, *id)?;
+            restore_dir(ctx, rd, sub.as_raw_fd(), path, rel, *id)?;
             set_fd_meta(sub.as_raw_fd(), e, path)?;
             ctx.n.dirs.fetch_add(1, Ordering::Relaxed);
             let st = fstat(sub.as_raw_fd()).map_err(|err| CheckpointError::io(path, err))?;
@@ -487,7 +739,7 @@ fn restore_entry(
                     ctx.n.files_unchanged.fetch_add(1, Ordering::Relaxed);
                     Ok(ctx.trusted(e, &st))
                 }
-                _ => write_file(ctx, dir, &name, path, e, existing),
+                _ => write_file(ctx, rd.objects, dir, &name, path, e, existing),
             }
         }
         EntryContent::Symlink(target) => {
@@ -551,6 +803,7 @@ fn restore_entry(
 /// next restore rewrites (and, without `--force`, names as an uncaptured change).
 fn write_new_file(
     ctx: &Ctx<'_>,
+    objects: &dyn ObjectStore,
     dir: RawFd,
     name: &CStr,
     path: &Path,
@@ -566,7 +819,7 @@ fn write_new_file(
     .map_err(|err| CheckpointError::io(path, err))?;
     let mut file = File::from(fd);
     let result = (|| -> CheckpointResult<libc::stat> {
-        write_file_to(ctx.store.objects(), &fref, &mut file, path)?;
+        write_file_to(objects, &fref, &mut file, path)?;
         let fd = file.as_raw_fd();
         // Attributes listed, not only set: a directory's default ACL gives a new file
         // attributes the checkpoint may not have.
@@ -609,6 +862,7 @@ fn replace(
 
 fn write_file(
     ctx: &Ctx<'_>,
+    objects: &dyn ObjectStore,
     dir: RawFd,
     name: &CStr,
     path: &Path,
@@ -617,7 +871,7 @@ fn write_file(
 ) -> CheckpointResult<Option<Fingerprint>> {
     let fref = e.file_ref().expect("a file entry");
     if existing.is_none() {
-        return write_new_file(ctx, dir, name, path, e);
+        return write_new_file(ctx, objects, dir, name, path, e);
     }
     let (tmp, fd) = loop {
         let tmp = cstr(&ctx.tmp_name(), path)?;
@@ -635,7 +889,7 @@ fn write_file(
     };
     let mut file = File::from(fd);
     let result = (|| -> CheckpointResult<()> {
-        write_file_to(ctx.store.objects(), &fref, &mut file, path)?;
+        write_file_to(objects, &fref, &mut file, path)?;
         set_fd_meta(file.as_raw_fd(), e, path)
     })();
     drop(file);
@@ -649,4 +903,53 @@ fn write_file(
     // The rename changed the inode's ctime: take the stat the next capture will see.
     let st = lstat_at(dir, name).map_err(|err| CheckpointError::io(path, err))?;
     Ok(st.and_then(|st| ctx.trusted(e, &st)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(name: &str, size: u64) -> TreeEntry {
+        TreeEntry {
+            name: name.into(),
+            content: EntryContent::Symlink(b"x".to_vec()),
+            mode: 0o777,
+            mtime_ns: 0,
+            size,
+            xattrs: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn units_group_neighbours_up_to_the_limit_and_leave_large_entries_alone() {
+        let sizes = [3, 4, 0, 5, 11, 2, 10, 1];
+        let entries: Vec<TreeEntry> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| entry(&format!("e{i}"), n))
+            .collect();
+        let got = units(&entries, |e| e.size, 10);
+        use Unit::*;
+        assert_eq!(
+            got,
+            vec![
+                Group(vec![0, 1, 2]),
+                One(4),
+                Group(vec![3, 5]),
+                Group(vec![6]),
+                Group(vec![7]),
+            ]
+        );
+        // Every entry in exactly one unit.
+        let mut seen: Vec<usize> = got
+            .iter()
+            .flat_map(|u| match u {
+                One(i) => vec![*i],
+                Group(g) => g.clone(),
+            })
+            .collect();
+        seen.sort();
+        assert_eq!(seen, (0..entries.len()).collect::<Vec<_>>());
+        assert!(units(&[], |e| e.size, 10).is_empty());
+    }
 }

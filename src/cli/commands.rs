@@ -288,6 +288,7 @@ fn restore(
         no_stat_cache,
         progress: Some(&progress),
         root_meta: cp.body.root_meta,
+        ..Default::default()
     };
     let stats = with_spinner(
         "restoring",
