@@ -93,6 +93,77 @@ impl RemoteStats {
     }
 }
 
+/// Objects an upload reads back from the local store at a time (on every core).
+const READ_BATCH: usize = 4096;
+
+/// Packs on their way to the remote store, at most [`PARALLEL_PACKS`] at a time, while
+/// the caller fills the next ones.
+struct PackUploads<'s> {
+    store: &'s RemoteObjectStore,
+    /// Each pack under way: its hash, its size and where its upload's outcome comes.
+    flying: std::collections::VecDeque<(Hash, u64, UploadDone)>,
+}
+
+type UploadDone = std::sync::mpsc::Receiver<Result<(), String>>;
+
+impl<'s> PackUploads<'s> {
+    fn new(store: &'s RemoteObjectStore) -> Self {
+        PackUploads {
+            store,
+            flying: Default::default(),
+        }
+    }
+
+    /// Starts uploading pack `id`, first waiting for the oldest upload if
+    /// [`PARALLEL_PACKS`] are under way.
+    fn start(&mut self, id: Hash, bytes: Vec<u8>) -> CasResult<()> {
+        while self.flying.len() >= PARALLEL_PACKS {
+            self.wait_one()?;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (remote, key, len) = (
+            self.store.remote.clone(),
+            self.store.pack_key(&id),
+            bytes.len(),
+        );
+        self.store.rt.spawn(async move {
+            let r = remote.put(&key, PutPayload::from(bytes)).await;
+            let _ = tx.send(r.map(|_| ()).map_err(|e| e.to_string()));
+        });
+        Counters::add(&self.store.requests.put, 1);
+        self.flying.push_back((id, len as u64, rx));
+        Ok(())
+    }
+
+    fn wait_one(&mut self) -> CasResult<()> {
+        let Some((id, len, rx)) = self.flying.pop_front() else {
+            return Ok(());
+        };
+        let s = self.store;
+        match rx.recv() {
+            Ok(Ok(())) => {
+                s.uploaded_packs.fetch_add(1, Ordering::Relaxed);
+                s.uploaded_bytes.fetch_add(len, Ordering::Relaxed);
+                Ok(())
+            }
+            Ok(Err(e)) => Err(s.err("uploading pack", Some(&id), e)),
+            Err(_) => Err(s.err("uploading pack", Some(&id), "the upload stopped")),
+        }
+    }
+
+    /// Waits for every upload; the first failure is the error.
+    fn finish(mut self) -> CasResult<()> {
+        let mut first = Ok(());
+        while !self.flying.is_empty() {
+            let r = self.wait_one();
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+}
+
 /// Objects to read, by the pack that holds them: (object, offset, length).
 type ByPack = HashMap<Hash, Vec<(Hash, u64, u64)>>;
 
@@ -527,40 +598,45 @@ impl RemoteObjectStore {
         self.checked_objects
             .fetch_add(ids.len() as u64, Ordering::Relaxed);
         let mut packs: Vec<(Hash, Option<u64>, Vec<PackEntry>)> = Vec::new();
-        let mut ready: Vec<(Hash, Vec<u8>)> = Vec::new();
+        // Packs go up while the next ones fill.
+        let mut uploads = PackUploads::new(self);
         // Two packs fill at once: file contents, and metadata (trees, chunk lists),
         // so that a fresh host's restore reads every tree from a few packs.
         let mut writers = [PackWriter::default(), PackWriter::default()];
         let mut objects = 0u64;
         let mut seen = HashSet::new();
-        for id in ids.iter().copied() {
-            if self.indexes.has_live(&id) || !seen.insert(id) {
-                continue;
-            }
-            let stored = self
-                .local
-                .get_stored(&id)?
-                .ok_or_else(|| self.err("object", Some(&id), "not in the local store"))?;
-            let w = &mut writers[usize::from(metadata.contains(&id))];
-            w.push(id, &stored);
-            objects += 1;
-            if w.size() >= self.pack_size() {
-                let (pid, bytes, entries) = std::mem::take(w).finish();
-                packs.push((pid, None, entries));
-                ready.push((pid, bytes));
-                if ready.len() >= PARALLEL_PACKS {
-                    self.put_packs(std::mem::take(&mut ready))?;
+        for batch in ids.chunks(READ_BATCH) {
+            let todo: Vec<Hash> = batch
+                .iter()
+                .copied()
+                .filter(|id| !self.indexes.has_live(id) && seen.insert(*id))
+                .collect();
+            // Read back from the local store on every core, packed in order.
+            let stored: Vec<Vec<u8>> = todo
+                .par_iter()
+                .map(|id| {
+                    self.local
+                        .get_stored(id)?
+                        .ok_or_else(|| self.err("object", Some(id), "not in the local store"))
+                })
+                .collect::<CasResult<_>>()?;
+            for (id, stored) in todo.into_iter().zip(stored) {
+                let w = &mut writers[usize::from(metadata.contains(&id))];
+                w.push(id, &stored);
+                objects += 1;
+                if w.size() >= self.pack_size() {
+                    let (pid, bytes, entries) = std::mem::take(w).finish();
+                    packs.push((pid, None, entries));
+                    uploads.start(pid, bytes)?;
                 }
             }
         }
         for w in writers.into_iter().filter(|w| !w.is_empty()) {
             let (pid, bytes, entries) = w.finish();
             packs.push((pid, None, entries));
-            ready.push((pid, bytes));
+            uploads.start(pid, bytes)?;
         }
-        if !ready.is_empty() {
-            self.put_packs(ready)?;
-        }
+        uploads.finish()?;
         if !packs.is_empty() {
             self.put_index(PackIndex::build(&packs)?)?;
             self.uploaded_objects.fetch_add(objects, Ordering::Relaxed);
@@ -863,6 +939,49 @@ mod tests {
             mtime_ns: 0,
             size,
             xattrs: Vec::new(),
+        }
+    }
+
+    fn open_at(dir: &std::path::Path, remote: &std::path::Path) -> RemoteObjectStore {
+        let db = Arc::new(crate::cas::Database::open(&dir.join("db"), &[]).unwrap());
+        let local = Arc::new(RocksObjectStore::new(db));
+        let url = format!("file://{}", remote.display());
+        RemoteObjectStore::open(local, &url, None).unwrap()
+    }
+
+    /// A pack that cannot be uploaded fails the sync naming it, no index names what did
+    /// not arrive, and the next sync uploads everything.
+    #[test]
+    fn a_failed_pack_upload_is_named_and_indexes_nothing() {
+        let t = tempfile::tempdir().unwrap();
+        let remote = t.path().join("remote");
+        std::fs::create_dir_all(&remote).unwrap();
+        // Where the packs go stands a file: every pack upload fails.
+        std::fs::write(remote.join("packs"), b"not a directory").unwrap();
+        let a = open_at(&t.path().join("a"), &remote);
+        a.set_pack_size(64 << 10).unwrap();
+        let data: Vec<Vec<u8>> = (0..40u8)
+            .map(|i| {
+                (0..20_000u32)
+                    .map(|j| (j.wrapping_mul(i as u32 + 7) >> 3) as u8)
+                    .collect()
+            })
+            .collect();
+        let ids: Vec<ObjectId> = data.iter().map(|d| a.put(d).unwrap().id).collect();
+        let err = a.sync().unwrap_err().to_string();
+        assert!(err.contains("uploading pack"), "{err}");
+        assert!(
+            !remote.join("index").exists()
+                || std::fs::read_dir(remote.join("index")).unwrap().count() == 0
+        );
+        assert_eq!(a.stats().uploaded_packs, 0);
+        // Repaired: the next sync uploads every object, and a fresh host reads them.
+        std::fs::remove_file(remote.join("packs")).unwrap();
+        a.sync().unwrap();
+        assert_eq!(a.stats().uploaded_objects, 40);
+        let b = open_at(&t.path().join("b"), &remote);
+        for (id, d) in ids.iter().zip(&data) {
+            assert_eq!(&b.get(id, "blob").unwrap(), d);
         }
     }
 
