@@ -138,7 +138,7 @@ pub fn restore_tree(
     };
     let rd = Reading {
         objects: store.objects(),
-        staged: !staging,
+        stage: staging,
     };
     restore_dir(&ctx, rd, fd.as_raw_fd(), &dest, b"", root)?;
     if let Some(m) = opts.root_meta {
@@ -455,17 +455,19 @@ impl Ctx<'_> {
         let name = cstr(&e.name, path)?;
         match &e.content {
             EntryContent::File(_) => {
-                let on_disk = cached
-                    .and_then(|c| c.find(&e.name))
-                    .filter(|(_, c, _)| c.content == e.content && c.size == e.size)
-                    .and_then(|(_, _, fp)| fp);
-                let unchanged = match on_disk {
-                    Some(fp) => lstat_at(dir, &name)
-                        .map_err(|err| CheckpointError::io(path, err))?
-                        .is_some_and(|st| Fingerprint::of(&st) == fp),
-                    None => false,
+                // As restore_entry decides: the content is there if the cache shows it
+                // and the file is as the cache saw it (no look without a cache entry).
+                let cached = cached.filter(|c| c.find(&e.name).is_some());
+                let st = match cached {
+                    Some(_) => {
+                        lstat_at(dir, &name).map_err(|err| CheckpointError::io(path, err))?
+                    }
+                    None => None,
                 };
-                if !unchanged {
+                let there = st
+                    .and_then(|st| seen_on_disk(cached, &e.name, &st))
+                    .is_some_and(|(c, _)| c.content == e.content && c.size == e.size);
+                if !there {
                     self.objects_of(e, out);
                 }
             }
@@ -519,8 +521,9 @@ impl Ctx<'_> {
 #[derive(Clone, Copy)]
 struct Reading<'r> {
     objects: &'r dyn ObjectStore,
-    /// Whether contents below here are already staged (or need no staging).
-    staged: bool,
+    /// Whether the contents below here are still to be staged (from a remote store,
+    /// outside any group).
+    stage: bool,
 }
 
 /// Entries of one directory restored together: one on its own (a directory whose files
@@ -574,7 +577,7 @@ fn restore_entries(
         let p = child(path, &e.name);
         restore_entry(ctx, rd, fd, &p, &join_rel(rel, &e.name), e, cached)
     };
-    if rd.staged {
+    if !rd.stage {
         return entries
             .par_iter()
             .enumerate()
@@ -612,7 +615,7 @@ fn restore_entries(
                         let reader = StagedReader::new(&staged, rd.objects);
                         let rd = Reading {
                             objects: &reader,
-                            staged: true,
+                            stage: false,
                         };
                         idx.into_par_iter()
                             .with_min_len(4)
@@ -679,6 +682,18 @@ fn join_rel(parent: &[u8], name: &[u8]) -> Vec<u8> {
     r
 }
 
+/// The cached entry named `name` with its fingerprint, if what is on disk (`st`) is
+/// still exactly what the cache saw.
+fn seen_on_disk<'c>(
+    cached: Option<&'c DirCache>,
+    name: &[u8],
+    st: &libc::stat,
+) -> Option<(&'c TreeEntry, Fingerprint)> {
+    let (_, c, fp) = cached?.find(name)?;
+    let fp = fp.filter(|fp| *fp == Fingerprint::of(st))?;
+    Some((c, fp))
+}
+
 /// Makes one entry match `e`; returns the fingerprint to remember for it.
 fn restore_entry(
     ctx: &Ctx<'_>,
@@ -692,12 +707,7 @@ fn restore_entry(
     let name = cstr(&e.name, path)?;
     let existing = lstat_at(dir, &name).map_err(|err| CheckpointError::io(path, err))?;
     // The cached entry, if the thing on disk is still exactly what the cache saw.
-    let seen = existing.and_then(|st| {
-        cached
-            .and_then(|c| c.find(&e.name))
-            .filter(|(_, _, f)| *f == Some(Fingerprint::of(&st)))
-            .map(|(_, c, f)| (c, f.expect("filtered")))
-    });
+    let seen = existing.and_then(|st| seen_on_disk(cached, &e.name, &st));
     match &e.content {
         EntryContent::Dir(id) => {
             let sub = match existing {
