@@ -428,6 +428,73 @@ fn a_restore_from_s3_stages_contents_in_groups() {
     assert_eq!(r.fetched_objects, 2, "{r:?}");
 }
 
+/// A restore whose staged group meets a damaged object stops with an integrity error
+/// naming the object and the pack; no file holds anything but its checkpoint's bytes.
+#[test]
+fn a_damaged_pack_stops_a_staged_restore_by_name() {
+    let t = tempfile::tempdir().unwrap();
+    let b = fleet();
+    let a = open(&t.path().join("a"), &b);
+    let work = t.path().join("work");
+    std::fs::create_dir_all(work.join("a")).unwrap();
+    for i in 0..10u64 {
+        std::fs::write(
+            work.join(format!("a/f{i}")),
+            pattern(40_000 + i as usize, 70 + i),
+        )
+        .unwrap();
+    }
+    let th = thread("damaged");
+    let (cp, _) = capture_to_thread(
+        &a,
+        &work,
+        &CaptureOptions::default(),
+        &append_opts(&th, ExpectedHead::Current),
+    )
+    .unwrap();
+    // Packs hold objects in walk order: the data pack starts with a/f0.
+    let (s3, _) = bucket(&b);
+    let packs = keys(&b, "packs");
+    let sized: Vec<(object_store::path::Path, Vec<u8>)> = block_on(async {
+        use object_store::ObjectStore as _;
+        let mut out = Vec::new();
+        for k in &packs {
+            out.push((
+                k.clone(),
+                s3.get(k).await.unwrap().bytes().await.unwrap().to_vec(),
+            ));
+        }
+        out
+    });
+    let (data_pack, mut bytes) = sized.into_iter().max_by_key(|(_, b)| b.len()).unwrap();
+    bytes[100] ^= 0x40;
+    block_on(async {
+        use object_store::ObjectStore as _;
+        s3.put(&data_pack, bytes.into()).await.unwrap();
+    });
+    let fresh = open(&t.path().join("fresh"), &b);
+    let out = t.path().join("out");
+    let err = restore_tree(&fresh, cp.body.root, &out, &RestoreOptions::default()).unwrap_err();
+    let msg = err.to_string();
+    let f0 = Hash::of(&std::fs::read(work.join("a/f0")).unwrap());
+    assert!(msg.contains(&f0.to_hex()), "names the object: {msg}");
+    assert!(
+        msg.contains(data_pack.filename().unwrap()),
+        "names the pack: {msg}"
+    );
+    for i in 0..10 {
+        let got = out.join(format!("a/f{i}"));
+        if got.exists() {
+            assert_eq!(
+                std::fs::read(&got).unwrap(),
+                std::fs::read(work.join(format!("a/f{i}"))).unwrap(),
+                "a/f{i}"
+            );
+        }
+    }
+    assert!(!out.join("a/f0").exists());
+}
+
 /// A damaged pack in S3 is an integrity error on the host that reads from it, naming
 /// the object and the pack, and nothing wrong is kept in its cache; the objects of the
 /// pack that are intact still read.
