@@ -93,8 +93,9 @@ impl RemoteStats {
     }
 }
 
-/// Objects an upload reads back from the local store at a time (on every core).
-const READ_BATCH: usize = 4096;
+/// Objects an upload reads back from the local store at a time, on every core (at most
+/// 64 MiB: a chunk is at most 1 MiB).
+const READ_BATCH: usize = 64;
 
 /// Packs on their way to the remote store, at most [`PARALLEL_PACKS`] at a time, while
 /// the caller fills the next ones.
@@ -532,33 +533,11 @@ impl RemoteObjectStore {
 
     /// Uploads packs (name, bytes) in parallel.
     fn put_packs(&self, packs: Vec<(Hash, Vec<u8>)>) -> CasResult<()> {
-        let n = packs.len() as u64;
-        let bytes: u64 = packs.iter().map(|(_, b)| b.len() as u64).sum();
-        let remote = self.remote.clone();
-        let work: Vec<(Hash, RemotePath, Vec<u8>)> = packs
-            .into_iter()
-            .map(|(id, b)| (id, self.pack_key(&id), b))
-            .collect();
-        let done: Result<Vec<()>, (Hash, String)> = self.run(async move {
-            stream::iter(work.into_iter().map(|(id, key, b)| {
-                let remote = remote.clone();
-                async move {
-                    remote
-                        .put(&key, PutPayload::from(b))
-                        .await
-                        .map(|_| ())
-                        .map_err(|e| (id, e.to_string()))
-                }
-            }))
-            .buffer_unordered(PARALLEL_PACKS)
-            .try_collect()
-            .await
-        });
-        Counters::add(&self.requests.put, n);
-        done.map_err(|(id, e)| self.err("uploading pack", Some(&id), e))?;
-        self.uploaded_packs.fetch_add(n, Ordering::Relaxed);
-        self.uploaded_bytes.fetch_add(bytes, Ordering::Relaxed);
-        Ok(())
+        let mut uploads = PackUploads::new(self);
+        for (id, bytes) in packs {
+            uploads.start(id, bytes)?;
+        }
+        uploads.finish()
     }
 
     /// Uploads index `idx` (after the packs it names) and makes it known here.
