@@ -35,10 +35,22 @@ use crate::cas::{
 };
 
 /// From a remote store, a restore reads file contents ahead in groups of entries of at
-/// most this many bytes (decoded), kept in memory only until they are written; two
-/// groups are in memory at a time on two cores. 64 MiB took 3.4 s and 45 requests to
-/// restore 100k files (688 MB) in `cargo bench --bench fleet`, 32 MiB 3.8 s and 73.
+/// most this many bytes (decoded), kept in memory only until they are written; about
+/// one group per thread is in memory at a time (a thread waiting inside a group may take
+/// up another). 64 MiB took 3.4 s and 45 requests to
+/// restore 100k files (688 MB) on 2 cores in `cargo bench --bench fleet`, 32 MiB 3.8 s
+/// and 73.
 pub const STAGE_BYTES: u64 = 64 << 20;
+
+/// With many threads, groups are smaller: together they hold at most about this much.
+const STAGED_TOTAL: u64 = 256 << 20;
+
+/// The default group size for this process's thread pool: [`STAGE_BYTES`], less where
+/// many threads would hold more than [`STAGED_TOTAL`] together (at least 1 MiB).
+fn default_stage_bytes() -> u64 {
+    let threads = rayon::current_num_threads().max(1) as u64;
+    STAGE_BYTES.min(STAGED_TOTAL / threads).max(1 << 20)
+}
 
 #[derive(Debug, Default)]
 pub struct RestoreProgress {
@@ -53,8 +65,9 @@ pub struct RestoreOptions<'a> {
     /// The directory's own mode and mtime, set last (after its entries, whose changes
     /// move its mtime). When it is a mountpoint, they are those of the mounted root.
     pub root_meta: Option<RootMeta>,
-    /// From a remote store: the bytes of file contents read ahead at once (at most one
-    /// such group per core is in memory); [`STAGE_BYTES`] when not set.
+    /// From a remote store: the bytes of file contents read ahead at once (about one
+    /// such group per thread is in memory); when not set, [`STAGE_BYTES`], or less with
+    /// more than 4 threads (256 MiB in all).
     pub stage_bytes: Option<u64>,
 }
 
@@ -130,7 +143,7 @@ pub fn restore_tree(
         trees,
         chunks,
         weights,
-        stage_bytes: opts.stage_bytes.unwrap_or(STAGE_BYTES).max(1),
+        stage_bytes: opts.stage_bytes.unwrap_or_else(default_stage_bytes).max(1),
         fresh_before_ns: now_ns - Duration::from_secs(2).as_nanos() as i64,
         progress: opts.progress,
         n: Counters::default(),
