@@ -181,6 +181,14 @@ fn append_opts(t: &ThreadId, expected: ExpectedHead) -> AppendOptions {
     }
 }
 
+/// Captures `dir` on `store` and appends it to thread `th` on its current head.
+fn capture_on_head(store: &Store, dir: &Path, th: &ThreadId) -> casfs::checkpoint::Checkpoint {
+    let opts = append_opts(th, ExpectedHead::Current);
+    capture_to_thread(store, dir, &CaptureOptions::default(), &opts)
+        .unwrap()
+        .0
+}
+
 /// Host A runs, checkpoints and releases; host B (its own cache) restores the head and
 /// sees every byte; both race to append on one thread and exactly one wins each round;
 /// a host paused past its lease's TTL is refused by fencing when it wakes.
@@ -195,13 +203,7 @@ fn two_hosts_share_postgresql_and_s3() {
     write_tree(&work_a, 1);
 
     // A: capture and append (lease taken and released by capture_to_thread).
-    let (cp1, _) = capture_to_thread(
-        &host_a,
-        &work_a,
-        &CaptureOptions::default(),
-        &append_opts(&th, ExpectedHead::Current),
-    )
-    .unwrap();
+    let cp1 = capture_on_head(&host_a, &work_a, &th);
     let up1 = host_a.remote().unwrap().stats();
     assert!(up1.uploaded_objects > 40, "{up1:?}");
 
@@ -216,13 +218,7 @@ fn two_hosts_share_postgresql_and_s3() {
 
     // A second checkpoint of one changed file uploads only what changed.
     std::fs::write(work_a.join("src/f3.rs"), b"changed\n").unwrap();
-    capture_to_thread(
-        &host_a,
-        &work_a,
-        &CaptureOptions::default(),
-        &append_opts(&th, ExpectedHead::Current),
-    )
-    .unwrap();
+    capture_on_head(&host_a, &work_a, &th);
     let up2 = host_a.remote().unwrap().stats();
     let objects = up2.uploaded_objects - up1.uploaded_objects;
     let bytes = up2.uploaded_bytes - up1.uploaded_bytes;
@@ -387,13 +383,7 @@ fn a_restore_from_s3_stages_contents_in_groups() {
         }
     }
     let th = thread("staged");
-    let (cp, _) = capture_to_thread(
-        &a,
-        &work,
-        &CaptureOptions::default(),
-        &append_opts(&th, ExpectedHead::Current),
-    )
-    .unwrap();
+    let cp = capture_on_head(&a, &work, &th);
 
     let fresh = open(&t.path().join("fresh"), &b);
     let out = t.path().join("out");
@@ -445,13 +435,7 @@ fn a_damaged_pack_stops_a_staged_restore_by_name() {
         .unwrap();
     }
     let th = thread("damaged");
-    let (cp, _) = capture_to_thread(
-        &a,
-        &work,
-        &CaptureOptions::default(),
-        &append_opts(&th, ExpectedHead::Current),
-    )
-    .unwrap();
+    let cp = capture_on_head(&a, &work, &th);
     // Packs hold objects in walk order: the data pack starts with a/f0.
     let (s3, _) = bucket(&b);
     let packs = keys(&b, "packs");
@@ -653,13 +637,7 @@ fn gc_deletes_dead_packs_and_copies_live_objects_out_of_wasteful_ones() {
     }
     let work = t.path().join("work");
     write_tree(&work, 7);
-    let (cp, _) = capture_to_thread(
-        &a,
-        &work,
-        &CaptureOptions::default(),
-        &append_opts(&th, ExpectedHead::Current),
-    )
-    .unwrap();
+    let cp = capture_on_head(&a, &work, &th);
     // The garbage's pack, the capture's files with the rest of the garbage, and the
     // capture's trees in a metadata pack of their own.
     let packs_before = keys(&b, "packs");
@@ -769,13 +747,7 @@ fn gc_on_one_host_while_another_uploads_loses_nothing() {
             };
             std::fs::write(dir.join(format!("f{i}")), pattern(8_000, seed)).unwrap();
         }
-        let (cp, _) = capture_to_thread(
-            &host_b,
-            &dir,
-            &CaptureOptions::default(),
-            &append_opts(&th, ExpectedHead::Current),
-        )
-        .unwrap();
+        let cp = capture_on_head(&host_b, &dir, &th);
         expected.push((cp, dir));
         std::thread::sleep(Duration::from_millis(400));
     }
