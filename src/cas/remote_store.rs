@@ -5,10 +5,10 @@
 //! - `put` stores locally and remembers the object; `sync` (which every capture runs
 //!   before it appends) uploads what the remote lacks: it lists the remote's indexes
 //!   (reading only those it has not read before), leaves out every object an index
-//!   names in a pack not marked for deletion, appends the rest into packs of
-//!   `CASFS_PACK_SIZE` bytes (16 MiB; trees and chunk lists in packs of their own, so
-//!   that a restore's walk of the trees reads few packs), uploads them in parallel,
-//!   and then one index
+//!   names in a pack not marked for deletion, appends the rest, in the order of a walk
+//!   of the trees among them (`tree_order`), into packs of `CASFS_PACK_SIZE` bytes
+//!   (16 MiB; trees and chunk lists in packs of their own, so that a restore's walk of
+//!   the trees reads few packs), uploads each pack as it fills, and then one index
 //!   naming them all. So the first upload of a tree costs one request per pack plus
 //!   two, and a checkpoint after a few changes three or four.
 //! - `get` reads locally; a miss fetches the one object with a ranged GET of its pack,
