@@ -1101,7 +1101,11 @@ fn a_large_file_checkpoint_reads_only_the_chunks_written() {
             );
         }
         let stored = casfs(&store, &["cat", &id, "big.bin"]);
-        assert!(stored.status.success(), "{what}: cat failed");
+        assert!(
+            stored.status.success(),
+            "{what}: cat failed: {}",
+            String::from_utf8_lossy(&stored.stderr)
+        );
         assert!(
             stored.stdout == want,
             "{what}: stored content differs from ext4's"
