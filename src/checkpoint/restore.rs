@@ -9,7 +9,9 @@
 //! and renamed into place only after every object they are made of has been verified.
 //! Before anything is touched, every tree is loaded and every object checked to exist.
 //! Entries that the directory cache shows unchanged since the last capture or restore
-//! are not touched.
+//! are not touched. From a remote store, the contents of the files to write are fetched
+//! a group of neighbouring entries at a time (`ObjectStore::stage`) into memory and
+//! written from there, while other groups are fetched or written.
 
 use std::collections::HashMap;
 use std::ffi::CStr;
@@ -590,6 +592,17 @@ fn restore_entries(
         let p = child(path, &e.name);
         restore_entry(ctx, rd, fd, &p, &join_rel(rel, &e.name), e, cached)
     };
+    // The objects the restore of these entries will read (sorted, once each).
+    let needed = |idx: &[usize]| -> CheckpointResult<Vec<ObjectId>> {
+        let mut ids = Vec::new();
+        for e in idx.iter().map(|&i| &entries[i]) {
+            let (p, r) = (child(path, &e.name), join_rel(rel, &e.name));
+            ctx.needed(Some(fd), &p, &r, e, cached, &mut ids)?;
+        }
+        ids.sort_by_key(|id| id.0);
+        ids.dedup();
+        Ok(ids)
+    };
     if !rd.stage {
         return entries
             .par_iter()
@@ -604,27 +617,15 @@ fn restore_entries(
             |unit| -> CheckpointResult<Vec<(usize, Option<Fingerprint>)>> {
                 match unit {
                     Unit::One(i) => {
-                        let e = &entries[i];
-                        if let EntryContent::File(_) = e.content {
+                        if let EntryContent::File(_) = entries[i].content {
                             // A file too large to stage: its chunks go to the local store.
-                            let mut ids = Vec::new();
-                            let (p, r) = (child(path, &e.name), join_rel(rel, &e.name));
-                            ctx.needed(Some(fd), &p, &r, e, cached, &mut ids)?;
-                            rd.objects.prefetch(&ids);
+                            rd.objects.prefetch(&needed(&[i])?);
                         }
                         Ok(vec![(i, one(rd, i)?)])
                     }
                     Unit::Group(idx) => {
                         // Only what will be written is fetched.
-                        let mut ids = Vec::new();
-                        for &i in &idx {
-                            let e = &entries[i];
-                            let (p, r) = (child(path, &e.name), join_rel(rel, &e.name));
-                            ctx.needed(Some(fd), &p, &r, e, cached, &mut ids)?;
-                        }
-                        ids.sort_by_key(|id| id.0);
-                        ids.dedup();
-                        let staged = rd.objects.stage(&ids);
+                        let staged = rd.objects.stage(&needed(&idx)?);
                         let reader = StagedReader::new(&staged, rd.objects);
                         let rd = Reading {
                             objects: &reader,
