@@ -842,8 +842,16 @@ impl ObjectStore for RemoteObjectStore {
     }
 
     fn sync(&self) -> CasResult<()> {
-        self.local.sync()?;
-        self.upload_pending()
+        // The local flush and the upload run side by side: the upload reads objects
+        // from the memtable or from the tables the flush writes, alike, and a
+        // checkpoint that names them is appended only after both.
+        let (local, remote) = std::thread::scope(|s| {
+            let local = s.spawn(|| self.local.sync());
+            let remote = self.upload_pending();
+            (local.join(), remote)
+        });
+        local.unwrap_or_else(|p| std::panic::resume_unwind(p))?;
+        remote
     }
 
     fn fence(&self) -> Option<&Fence> {
