@@ -346,6 +346,10 @@ fn objects_options(cache: &Cache) -> Options {
     o.set_blob_compression_type(DBCompressionType::None);
     o.set_enable_blob_gc(true);
     o.set_write_buffer_size(128 << 20);
+    // Every put first asks whether the object is there; a new one (all of them on a
+    // first capture) is then ruled out by a filter, not a walk of the memtable's list.
+    o.set_memtable_prefix_bloom_ratio(0.02);
+    o.set_memtable_whole_key_filtering(true);
     o.set_block_based_table_factory(&table_options(cache, true));
     o
 }
