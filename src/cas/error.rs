@@ -66,6 +66,14 @@ impl CasError {
         matches!(self, CasError::NoSpace { .. })
     }
 
+    /// A database read found a file the database named gone (deleted by a writer's
+    /// compaction after a read-only open).
+    pub fn is_vanished_file(&self) -> bool {
+        matches!(self, CasError::Db { source, .. }
+            if source.kind() == rocksdb::ErrorKind::IOError
+                && source.as_ref().contains("No such file"))
+    }
+
     /// True when the error means stored data is damaged (as opposed to missing or I/O).
     pub fn is_integrity(&self) -> bool {
         matches!(self, CasError::Corrupt { .. } | CasError::Decode { .. })

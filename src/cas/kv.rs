@@ -24,6 +24,8 @@ pub const OBJECTS_CF: &str = "objects";
 pub struct Database {
     db: DB,
     path: PathBuf,
+    /// Opened with [`Database::open_read_only`].
+    read_only: bool,
     space: SpaceGuard,
     /// Every column family opened.
     cf_names: Vec<String>,
@@ -162,6 +164,7 @@ impl Database {
             db,
             space: SpaceGuard::new(path),
             path: path.to_path_buf(),
+            read_only: false,
             cf_names,
         })
     }
@@ -197,6 +200,7 @@ impl Database {
                         db,
                         space: SpaceGuard::new(path),
                         path: path.to_path_buf(),
+                        read_only: true,
                         cf_names,
                     })
                 }
@@ -211,6 +215,10 @@ impl Database {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
     }
 
     /// The raw RocksDB handle (the object store's; other layers use [`Column`]).

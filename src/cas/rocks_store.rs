@@ -28,6 +28,9 @@ pub struct RocksObjectStore {
     /// filesystem's free space does not show them yet.
     unflushed: std::sync::atomic::AtomicU64,
     fence: Fence,
+    /// For a database opened read-only: the same database opened again after a file
+    /// it named was gone (see [`RocksObjectStore::reading`]); later reads use it.
+    reopened: std::sync::Mutex<Option<Arc<Database>>>,
 }
 
 /// Objects at least this large (the size from which RocksDB keeps values in blob files)
@@ -53,6 +56,33 @@ impl RocksObjectStore {
             logged: std::sync::atomic::AtomicU64::new(0),
             unflushed: std::sync::atomic::AtomicU64::new(0),
             fence: Fence::default(),
+            reopened: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Runs the read `f` on the database. One opened read-only beside a writer sees the
+    /// files that were live when it opened, and RocksDB opens a blob file only when a
+    /// read first needs it: the writer's compaction may have deleted it since (its
+    /// objects moved to a newer file). Such a read is made again on the database
+    /// opened anew, which later reads then use: objects never change, so the newer
+    /// view answers as rightly (an object a collection deleted since is not found).
+    fn reading<T>(&self, f: impl Fn(&Database) -> CasResult<T>) -> CasResult<T> {
+        if !self.db.is_read_only() {
+            return f(&self.db);
+        }
+        let lock = || self.reopened.lock().unwrap_or_else(|p| p.into_inner());
+        let mut db = lock().clone().unwrap_or_else(|| self.db.clone());
+        let mut attempt = 0;
+        loop {
+            match f(&db) {
+                Err(e) if attempt < 3 && e.is_vanished_file() => {
+                    attempt += 1;
+                    tracing::debug!("reopening {} to read: {e}", db.path().display());
+                    db = Arc::new(Database::open_read_only(db.path())?);
+                    *lock() = Some(db.clone());
+                }
+                r => return r,
+            }
         }
     }
 
@@ -62,11 +92,11 @@ impl RocksObjectStore {
 
     /// An object's stored encoding (header byte, raw or zstd), unverified.
     pub fn get_stored(&self, id: &Hash) -> CasResult<Option<Vec<u8>>> {
-        let cf = self.db.cf(OBJECTS_CF);
-        self.db
-            .raw()
-            .get_cf(cf, id.as_bytes())
-            .map_err(|e| self.db.err(e))
+        self.reading(|db| {
+            db.raw()
+                .get_cf(db.cf(OBJECTS_CF), id.as_bytes())
+                .map_err(|e| db.err(e))
+        })
     }
 
     /// Keeps an object fetched from elsewhere in its stored encoding (the caller has
@@ -222,28 +252,29 @@ impl ObjectStore for RocksObjectStore {
     }
 
     fn get(&self, id: &ObjectId, what: &'static str) -> CasResult<Vec<u8>> {
-        let cf = self.db.cf(OBJECTS_CF);
-        let stored = self
-            .db
-            .raw()
-            .get_pinned_cf(cf, id.0.as_bytes())
-            .map_err(|e| self.db.err(e))?
-            .ok_or(CasError::NotFound { what, id: id.0 })?;
-        decode_stored(&id.0, &stored)
+        self.reading(|db| {
+            let stored = db
+                .raw()
+                .get_pinned_cf(db.cf(OBJECTS_CF), id.0.as_bytes())
+                .map_err(|e| db.err(e))?
+                .ok_or(CasError::NotFound { what, id: id.0 })?;
+            decode_stored(&id.0, &stored)
+        })
     }
 
     fn contains(&self, id: &ObjectId) -> CasResult<bool> {
-        let cf = self.db.cf(OBJECTS_CF);
         let key = id.0.as_bytes();
-        if !self.db.raw().key_may_exist_cf(cf, key) {
-            return Ok(false);
-        }
-        Ok(self
-            .db
-            .raw()
-            .get_pinned_cf(cf, key)
-            .map_err(|e| self.db.err(e))?
-            .is_some())
+        self.reading(|db| {
+            let cf = db.cf(OBJECTS_CF);
+            if !db.raw().key_may_exist_cf(cf, key) {
+                return Ok(false);
+            }
+            Ok(db
+                .raw()
+                .get_pinned_cf(cf, key)
+                .map_err(|e| db.err(e))?
+                .is_some())
+        })
     }
 
     fn sync(&self) -> CasResult<()> {
@@ -297,5 +328,69 @@ mod tests {
         let err = store.get(&a.id, "blob").unwrap_err();
         assert!(err.is_integrity(), "{err}");
         assert!(err.to_string().contains(&a.id.to_hex()));
+    }
+
+    /// A reader opened read-only beside a writer, whose compaction then moves objects
+    /// out of a blob file and deletes it, still reads every object (before: "IO error:
+    /// No such file or directory: while stat a file for size: .../000013.blob").
+    #[test]
+    fn a_read_only_reader_reads_past_a_blob_file_compaction_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let db = Arc::new(Database::open(&path, &[]).unwrap());
+        let store = RocksObjectStore::new(db.clone());
+        let cf = db.cf(OBJECTS_CF);
+        let blob_files = || {
+            let mut v: Vec<String> = std::fs::read_dir(&path)
+                .unwrap()
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(".blob"))
+                .collect();
+            v.sort();
+            v
+        };
+        // Four flushes, four blob files of incompressible 8 KiB objects; the reader
+        // opens after the first.
+        let mut objects = Vec::new();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut reader = None;
+        for round in 0..4 {
+            for _ in 0..20 {
+                let data: Vec<u8> = (0..8192)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        x as u8
+                    })
+                    .collect();
+                objects.push((store.put(&data).unwrap().id, data));
+            }
+            db.raw().flush_cf(cf).unwrap();
+            if round == 0 {
+                let ro = Database::open_read_only(&path).unwrap();
+                reader = Some(RocksObjectStore::new(Arc::new(ro)));
+            }
+        }
+        let reader = reader.unwrap();
+        let first = blob_files();
+        // Blob garbage collection rewrites the oldest file's objects and deletes it.
+        let mut co = rocksdb::CompactOptions::default();
+        co.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
+        db.raw()
+            .compact_range_cf_opt(cf, None::<&[u8]>, None::<&[u8]>, &co);
+        let after = blob_files();
+        assert!(!after.contains(&first[0]), "{first:?} -> {after:?}");
+        // What the reader saw at its open, and (opened anew) what came after.
+        for (id, data) in &objects {
+            assert!(reader.contains(id).unwrap());
+            assert_eq!(&reader.get(id, "object").unwrap(), data);
+        }
+        let stored = reader.get_stored(&objects[0].0 .0).unwrap().unwrap();
+        assert_eq!(
+            decode_stored(&objects[0].0 .0, &stored).unwrap(),
+            objects[0].1
+        );
     }
 }
