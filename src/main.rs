@@ -2,21 +2,9 @@
 
 mod cli;
 
-/// jemalloc gives freed pages back (see `casfs::memory`); glibc's malloc kept most of
-/// what a mount daemon freed when the kernel forgot its nodes.
-#[global_allocator]
-static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
-/// Pages freed stay mapped for at most a second, then go straight back to the system
-/// (no "muzzy" stage), so resident memory follows what is in use.
-#[repr(transparent)]
-pub struct MallocConf(*const u8);
-// SAFETY: a pointer to an immutable, static, NUL-terminated string.
-unsafe impl Sync for MallocConf {}
-
-#[unsafe(export_name = "_rjem_malloc_conf")]
-pub static MALLOC_CONF: MallocConf =
-    MallocConf(c"dirty_decay_ms:1000,muzzy_decay_ms:0".as_ptr().cast());
+// The allocator and its settings, shared with the bench binaries that run casfs in
+// their own process.
+mod alloc;
 
 fn main() {
     // Like other Unix tools, end quietly when the reader of our output goes away

@@ -7,21 +7,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A bench that runs casfs in its own process (the fleet's captures and restores, the
-/// middleware's runs) measures it with the allocator and settings the `casfs` binary
-/// has (src/main.rs): with glibc's malloc, the fleet's first upload at 100k files took
-/// 8.8-11.9 s where the binary took 5.4-6.6 s.
-#[global_allocator]
-static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
-#[repr(transparent)]
-pub struct MallocConf(*const u8);
-// SAFETY: a pointer to an immutable, static, NUL-terminated string.
-unsafe impl Sync for MallocConf {}
-
-#[unsafe(export_name = "_rjem_malloc_conf")]
-pub static MALLOC_CONF: MallocConf =
-    MallocConf(c"dirty_decay_ms:1000,muzzy_decay_ms:0".as_ptr().cast());
+// A bench that runs casfs in its own process (the fleet's captures and restores, the
+// middleware's runs) has the allocator and settings of the `casfs` binary.
+#[path = "../../src/alloc.rs"]
+mod alloc;
 
 // The workload (sizes, source-like trees) is the one `casfs bench` generates.
 #[path = "../../src/cli/bench/workload.rs"]
