@@ -26,6 +26,9 @@ pub struct Database {
     path: PathBuf,
     /// Opened with [`Database::open_read_only`].
     read_only: bool,
+    /// For a database opened read-only: the same database opened again after a file
+    /// it named was gone (see [`Database::reading`]); later reads use it.
+    reopened: std::sync::Mutex<Option<std::sync::Arc<Database>>>,
     space: SpaceGuard,
     /// Every column family opened.
     cf_names: Vec<String>,
@@ -165,6 +168,7 @@ impl Database {
             space: SpaceGuard::new(path),
             path: path.to_path_buf(),
             read_only: false,
+            reopened: Default::default(),
             cf_names,
         })
     }
@@ -201,6 +205,7 @@ impl Database {
                         space: SpaceGuard::new(path),
                         path: path.to_path_buf(),
                         read_only: true,
+                        reopened: Default::default(),
                         cf_names,
                     })
                 }
@@ -217,8 +222,34 @@ impl Database {
         &self.path
     }
 
-    pub fn is_read_only(&self) -> bool {
-        self.read_only
+    /// Runs the read `f` on this database. One opened read-only beside a writer sees
+    /// the files that were live when it opened, and RocksDB opens a file only when a
+    /// read first needs it: the writer's compaction may have deleted it since (its
+    /// records moved to a newer file). Such a read is made again on the database
+    /// opened anew, which later reads then use: content-addressed objects never
+    /// change, so the newer view answers as rightly (an object a collection deleted
+    /// since is not found).
+    pub fn reading<T>(&self, f: impl Fn(&Database) -> CasResult<T>) -> CasResult<T> {
+        if !self.read_only {
+            return f(self);
+        }
+        let lock = || self.reopened.lock().unwrap_or_else(|p| p.into_inner());
+        let newest = lock().clone();
+        let mut db: &Database = newest.as_deref().unwrap_or(self);
+        let mut fresh;
+        let mut attempt = 0;
+        loop {
+            match f(db) {
+                Err(e) if attempt < 3 && e.is_vanished_file() => {
+                    attempt += 1;
+                    tracing::debug!("reopening {} to read: {e}", self.path.display());
+                    fresh = std::sync::Arc::new(Database::open_read_only(&self.path)?);
+                    *lock() = Some(fresh.clone());
+                    db = &fresh;
+                }
+                r => return r,
+            }
+        }
     }
 
     /// The raw RocksDB handle (the object store's; other layers use [`Column`]).

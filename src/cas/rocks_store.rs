@@ -28,9 +28,6 @@ pub struct RocksObjectStore {
     /// filesystem's free space does not show them yet.
     unflushed: std::sync::atomic::AtomicU64,
     fence: Fence,
-    /// For a database opened read-only: the same database opened again after a file
-    /// it named was gone (see [`RocksObjectStore::reading`]); later reads use it.
-    reopened: std::sync::Mutex<Option<Arc<Database>>>,
 }
 
 /// Objects at least this large (the size from which RocksDB keeps values in blob files)
@@ -56,33 +53,6 @@ impl RocksObjectStore {
             logged: std::sync::atomic::AtomicU64::new(0),
             unflushed: std::sync::atomic::AtomicU64::new(0),
             fence: Fence::default(),
-            reopened: std::sync::Mutex::new(None),
-        }
-    }
-
-    /// Runs the read `f` on the database. One opened read-only beside a writer sees the
-    /// files that were live when it opened, and RocksDB opens a blob file only when a
-    /// read first needs it: the writer's compaction may have deleted it since (its
-    /// objects moved to a newer file). Such a read is made again on the database
-    /// opened anew, which later reads then use: objects never change, so the newer
-    /// view answers as rightly (an object a collection deleted since is not found).
-    fn reading<T>(&self, f: impl Fn(&Database) -> CasResult<T>) -> CasResult<T> {
-        if !self.db.is_read_only() {
-            return f(&self.db);
-        }
-        let lock = || self.reopened.lock().unwrap_or_else(|p| p.into_inner());
-        let mut db = lock().clone().unwrap_or_else(|| self.db.clone());
-        let mut attempt = 0;
-        loop {
-            match f(&db) {
-                Err(e) if attempt < 3 && e.is_vanished_file() => {
-                    attempt += 1;
-                    tracing::debug!("reopening {} to read: {e}", db.path().display());
-                    db = Arc::new(Database::open_read_only(db.path())?);
-                    *lock() = Some(db.clone());
-                }
-                r => return r,
-            }
         }
     }
 
@@ -92,7 +62,7 @@ impl RocksObjectStore {
 
     /// An object's stored encoding (header byte, raw or zstd), unverified.
     pub fn get_stored(&self, id: &Hash) -> CasResult<Option<Vec<u8>>> {
-        self.reading(|db| {
+        self.db.reading(|db| {
             db.raw()
                 .get_cf(db.cf(OBJECTS_CF), id.as_bytes())
                 .map_err(|e| db.err(e))
@@ -252,7 +222,7 @@ impl ObjectStore for RocksObjectStore {
     }
 
     fn get(&self, id: &ObjectId, what: &'static str) -> CasResult<Vec<u8>> {
-        self.reading(|db| {
+        self.db.reading(|db| {
             let stored = db
                 .raw()
                 .get_pinned_cf(db.cf(OBJECTS_CF), id.0.as_bytes())
@@ -264,7 +234,7 @@ impl ObjectStore for RocksObjectStore {
 
     fn contains(&self, id: &ObjectId) -> CasResult<bool> {
         let key = id.0.as_bytes();
-        self.reading(|db| {
+        self.db.reading(|db| {
             let cf = db.cf(OBJECTS_CF);
             if !db.raw().key_may_exist_cf(cf, key) {
                 return Ok(false);
