@@ -261,6 +261,14 @@ pub struct PackWriter {
 }
 
 impl PackWriter {
+    /// A writer whose pack grows to about `size` bytes without being copied.
+    pub fn with_capacity(size: usize) -> PackWriter {
+        PackWriter {
+            bytes: Vec::with_capacity(size),
+            entries: Vec::new(),
+        }
+    }
+
     pub fn push(&mut self, id: Hash, stored: &[u8]) {
         self.entries.push(PackEntry {
             id,
@@ -272,6 +280,21 @@ impl PackWriter {
 
     pub fn size(&self) -> usize {
         self.bytes.len()
+    }
+
+    pub fn entries(&self) -> &[PackEntry] {
+        &self.entries
+    }
+
+    /// Appends `other`'s objects, in their order.
+    pub fn absorb(&mut self, other: PackWriter) {
+        let base = self.bytes.len() as u64;
+        self.bytes.extend_from_slice(&other.bytes);
+        self.entries
+            .extend(other.entries.into_iter().map(|e| PackEntry {
+                offset: e.offset + base,
+                ..e
+            }));
     }
 
     pub fn is_empty(&self) -> bool {

@@ -28,6 +28,9 @@
 //! `AWS_REGION`, `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`, ...), never from the URL.
 
 mod gc;
+mod packed;
+
+use packed::PackedAtPut;
 
 pub use gc::{RemoteGcOptions, RemoteGcReport};
 
@@ -96,6 +99,13 @@ impl RemoteStats {
 /// Objects an upload reads back from the local store at a time, on every core (at most
 /// 64 MiB: a chunk is at most 1 MiB).
 const READ_BATCH: usize = 64;
+/// File contents new to the local store are packed as they are put, up to this many
+/// bytes per sync; an upload then sends those packs as they are instead of reading the
+/// objects back (beyond it, they are read back).
+const PACKED_AT_PUT: usize = 256 << 20;
+/// A pack ends with the object that takes it to the pack size or past it (a chunk is at
+/// most 1 MiB): room enough that it is never copied to grow.
+const PACK_SLACK: usize = 2 << 20;
 
 /// Packs on their way to the remote store, at most [`PARALLEL_PACKS`] at a time, while
 /// the caller fills the next ones.
@@ -176,6 +186,8 @@ struct Pending {
     set: HashSet<Hash>,
     /// Those of them put as metadata (trees, chunk lists): packed apart.
     metadata: HashSet<Hash>,
+    /// Packs of file contents filled as they were put: see [`PACKED_AT_PUT`].
+    packed: PackedAtPut,
 }
 
 pub struct RemoteObjectStore {
@@ -560,9 +572,13 @@ impl RemoteObjectStore {
     /// needs them).
     fn upload_pending(&self) -> CasResult<()> {
         let _one = self.uploading.lock().unwrap_or_else(|p| p.into_inner());
-        let (ids, metadata): (Vec<Hash>, HashSet<Hash>) = {
-            let p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-            (p.order.clone(), p.metadata.clone())
+        let (ids, metadata, packed) = {
+            let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            (
+                p.order.clone(),
+                p.metadata.clone(),
+                std::mem::take(&mut p.packed).into_packs(self.pack_size()),
+            )
         };
         if ids.is_empty() {
             return Ok(());
@@ -581,9 +597,28 @@ impl RemoteObjectStore {
         let mut uploads = PackUploads::new(self);
         // Two packs fill at once: file contents, and metadata (trees, chunk lists),
         // so that a fresh host's restore reads every tree from a few packs.
-        let mut writers = [PackWriter::default(), PackWriter::default()];
+        let room = self.pack_size() + PACK_SLACK;
+        let mut writers = [
+            PackWriter::with_capacity(room),
+            PackWriter::with_capacity(room),
+        ];
         let mut objects = 0u64;
         let mut seen = HashSet::new();
+        // The packs filled as objects were put go as they are, unless the remote has
+        // one of their objects already: those are read back and packed below.
+        for w in packed {
+            let entries = w.entries();
+            if entries
+                .iter()
+                .all(|e| !self.indexes.has_live(&e.id) && !seen.contains(&e.id))
+            {
+                seen.extend(entries.iter().map(|e| e.id));
+                objects += entries.len() as u64;
+                let (pid, bytes, entries) = w.finish();
+                packs.push((pid, None, entries));
+                uploads.start(pid, bytes)?;
+            }
+        }
         for batch in ids.chunks(READ_BATCH) {
             let todo: Vec<Hash> = batch
                 .iter()
@@ -604,7 +639,8 @@ impl RemoteObjectStore {
                 w.push(id, &stored);
                 objects += 1;
                 if w.size() >= self.pack_size() {
-                    let (pid, bytes, entries) = std::mem::take(w).finish();
+                    let (pid, bytes, entries) =
+                        std::mem::replace(w, PackWriter::with_capacity(room)).finish();
                     packs.push((pid, None, entries));
                     uploads.start(pid, bytes)?;
                 }
@@ -631,7 +667,13 @@ impl RemoteObjectStore {
     /// Stores locally and remembers the object for the next sync: every object put is
     /// looked up then, new here or not.
     fn put_pending(&self, data: &[u8], metadata: bool) -> CasResult<PutOutcome> {
-        let out = self.local.put(data)?;
+        let out = self.local.put_keeping(data, |id, stored| {
+            // Metadata packs are filled at upload, in the order a restore reads them.
+            if !metadata {
+                let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+                p.packed.push(*id, stored, self.pack_size());
+            }
+        })?;
         let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         if p.set.insert(out.id.0) {
             p.order.push(out.id.0);

@@ -152,10 +152,15 @@ impl RocksObjectStore {
             .map_err(|e| self.db.err(e))?;
         Ok(())
     }
-}
 
-impl ObjectStore for RocksObjectStore {
-    fn put(&self, data: &[u8]) -> CasResult<PutOutcome> {
+    /// [`ObjectStore::put`], handing `keep` the stored (encoded) bytes when the object
+    /// is new here, so a caller that ships them on (a remote's next upload) need not
+    /// read them back.
+    pub fn put_keeping(
+        &self,
+        data: &[u8],
+        keep: impl FnOnce(&Hash, &[u8]),
+    ) -> CasResult<PutOutcome> {
         if data.len() > MAX_OBJECT_LEN {
             return Err(CasError::Invalid(format!(
                 "object of {} bytes exceeds the limit of {MAX_OBJECT_LEN}",
@@ -208,6 +213,9 @@ impl ObjectStore for RocksObjectStore {
                 return Err(e);
             }
             let r = self.db.raw().put_cf_opt(cf, id.0.as_bytes(), &*buf, &opts);
+            if r.is_ok() {
+                keep(&id.0, &buf);
+            }
             let len = buf.len() as u64;
             if buf.capacity() > 4 << 20 {
                 *buf = Vec::new();
@@ -219,6 +227,12 @@ impl ObjectStore for RocksObjectStore {
             new: true,
             stored_len: stored_len?,
         })
+    }
+}
+
+impl ObjectStore for RocksObjectStore {
+    fn put(&self, data: &[u8]) -> CasResult<PutOutcome> {
+        self.put_keeping(data, |_, _| {})
     }
 
     fn get(&self, id: &ObjectId, what: &'static str) -> CasResult<Vec<u8>> {

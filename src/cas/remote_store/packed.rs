@@ -1,0 +1,123 @@
+//! File contents packed as they are put, so that an upload sends packs it does not
+//! have to fill by reading every object back from the local store.
+
+use std::collections::HashMap;
+
+use super::{PACKED_AT_PUT, PACK_SLACK};
+use crate::cas::pack::PackWriter;
+use crate::cas::Hash;
+
+/// File contents packed as they are put, a pack filling per capture thread: a thread
+/// puts a directory's files (or a run of them) one after the other, so its pack holds
+/// them together, as a restore reads them (one pack for all threads would interleave
+/// two directories and a restore would read twice the bytes it wants).
+#[derive(Default)]
+pub(super) struct PackedAtPut {
+    filling: HashMap<Option<usize>, PackWriter>,
+    full: Vec<PackWriter>,
+    bytes: usize,
+}
+
+impl PackedAtPut {
+    /// Appends `id` to the calling thread's pack, unless [`PACKED_AT_PUT`] is reached.
+    pub(super) fn push(&mut self, id: Hash, stored: &[u8], pack_size: usize) {
+        if self.bytes + stored.len() > PACKED_AT_PUT {
+            return;
+        }
+        self.bytes += stored.len();
+        let w = self
+            .filling
+            .entry(rayon::current_thread_index())
+            .or_insert_with(|| PackWriter::with_capacity(pack_size + PACK_SLACK));
+        w.push(id, stored);
+        if w.size() >= pack_size {
+            let full = std::mem::replace(w, PackWriter::with_capacity(pack_size + PACK_SLACK));
+            self.full.push(full);
+        }
+    }
+
+    /// The packs: the full ones, then the threads' partial ones joined up to the pack
+    /// size (a small capture on many cores makes one pack, not one per thread).
+    pub(super) fn into_packs(self, pack_size: usize) -> Vec<PackWriter> {
+        let mut packs = self.full;
+        let mut filling: Vec<_> = self.filling.into_iter().collect();
+        filling.sort_by_key(|(thread, _)| *thread);
+        let mut joined: Option<PackWriter> = None;
+        for (_, w) in filling.into_iter().filter(|(_, w)| !w.is_empty()) {
+            joined = Some(match joined {
+                Some(mut j) if j.size() + w.size() <= pack_size => {
+                    j.absorb(w);
+                    j
+                }
+                Some(j) => {
+                    packs.push(j);
+                    w
+                }
+                None => w,
+            });
+        }
+        packs.extend(joined);
+        packs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rayon::prelude::*;
+    use std::sync::Mutex;
+
+    /// Puts from a pool's threads fill a pack per thread; what is left in them at the
+    /// upload is joined into packs of at most the pack size; every object is in one
+    /// pack once, its bytes where its entry says.
+    #[test]
+    fn packs_filled_at_put_time_are_per_thread_then_joined() {
+        let objs: Vec<(Hash, Vec<u8>)> = (0..200u32)
+            .map(|i| {
+                let v: Vec<u8> = (0..1_000 + i * 37).map(|j| (j ^ i) as u8).collect();
+                (Hash::of(&v), v)
+            })
+            .collect();
+        let size = 64 << 10;
+        let packed = Mutex::new(PackedAtPut::default());
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(4)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            objs.par_iter().for_each(|(id, v)| {
+                packed.lock().unwrap().push(*id, v, size);
+            })
+        });
+        let packed = packed.into_inner().unwrap();
+        assert!(packed.filling.len() > 1, "one pack per thread");
+        let full = packed.full.len();
+        let packs = packed.into_packs(size);
+        let sizes: Vec<usize> = packs.iter().map(|p| p.size()).collect();
+        // A full pack ends with the object that takes it to the size or past it; the
+        // partial ones are joined while two fit in one.
+        assert!(
+            sizes[..full]
+                .iter()
+                .all(|&n| (size..size + 8_400).contains(&n)),
+            "{sizes:?}"
+        );
+        assert!(sizes[full..].iter().all(|&n| n <= size), "{sizes:?}");
+        assert!(
+            sizes[full..].windows(2).all(|w| w[0] + w[1] > size),
+            "{sizes:?}"
+        );
+        let mut found = HashMap::new();
+        for p in packs {
+            let (_, bytes, entries) = p.finish();
+            for e in &entries {
+                let at = &bytes[e.offset as usize..(e.offset + e.len) as usize];
+                assert!(found.insert(e.id, at.to_vec()).is_none(), "{} twice", e.id);
+            }
+        }
+        assert_eq!(found.len(), objs.len());
+        for (id, v) in &objs {
+            assert_eq!(&found[id], v);
+        }
+    }
+}
