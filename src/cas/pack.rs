@@ -9,21 +9,31 @@
 //! - An **index** lists packs and the objects in them. Its name is the hash of its
 //!   bytes, so an index is never changed, only replaced: garbage collection writes a
 //!   new index and then deletes the ones it covers. Encoding: the magic `casfsidx`, a
-//!   version byte, then one zstd frame of: pack count (u32), per pack its hash, the time
-//!   gc marked it for deletion (u64 milliseconds, 0 when it is not) and its object
-//!   count (u32); entry count (u32), then per object, in strictly increasing hash
-//!   order, its hash, pack number (u32), offset and length (u32 each), all little
-//!   endian. Decoding checks every count, order and range and names the index in every
-//!   error; a lookup is a binary search over the decoded entries.
+//!   version byte, then one zstd frame (declaring its size) of: pack count (u32), per
+//!   pack its hash, the time gc marked it for deletion (u64 milliseconds, 0 when it is
+//!   not) and its object count (u32); entry count (u32), then the objects in strictly
+//!   increasing hash order, in columns: every hash, then every pack number, offset and
+//!   length (u32 each), all little endian. Columns keep the hashes, which do not
+//!   compress, apart from the numbers, which do: zstd stores the hashes as raw blocks
+//!   (a memcpy to decode) and packs the numbers small. (Version 1, still read, held
+//!   one row per object: 8% smaller than raw and 7 ms to decode at 100k objects.)
+//!   Decoding checks every count, order and range and names the index in every error;
+//!   a lookup is a binary search over the decoded hashes.
 
 use std::io::Read;
 
 use super::{CasError, CasResult, Hash};
 
 const MAGIC: &[u8; 8] = b"casfsidx";
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 /// Bytes of one entry: hash, pack number, offset, length.
 const ENTRY: usize = 32 + 4 + 4 + 4;
+/// Where an entry's columns start, in entries' bytes: hashes, pack numbers, offsets,
+/// lengths.
+const HASHES: usize = 0;
+const PACKS: usize = 32;
+const OFFSETS: usize = 36;
+const LENGTHS: usize = 40;
 /// Bytes of one pack's record: hash, marked time, object count.
 const PACK: usize = 32 + 8 + 4;
 /// The most bytes an index may decode to (46 million objects): a damaged or hostile
@@ -48,11 +58,13 @@ pub struct PackInfo {
     pub objects: u32,
 }
 
-/// A decoded index: its packs, and its entries as fixed-size records sorted by hash.
+/// A decoded index: its packs, and its entries sorted by hash, in columns (as
+/// encoded): `n` hashes, then `n` pack numbers, offsets and lengths.
 #[derive(Debug, Clone)]
 pub struct PackIndex {
     packs: Vec<PackInfo>,
-    entries: Vec<u8>,
+    n: usize,
+    columns: Vec<u8>,
 }
 
 /// One object of a pack being written or described.
@@ -89,17 +101,24 @@ impl PackIndex {
         // Sorted by hash, then live packs first, then pack order: the first of a hash wins.
         all.sort_by_key(|&(h, p, _, _)| (h, packs[p as usize].1.is_some(), p));
         all.dedup_by_key(|e| e.0);
-        let mut entries = Vec::with_capacity(all.len() * ENTRY);
-        for (h, p, off, len) in &all {
+        let mut columns = Vec::with_capacity(all.len() * ENTRY);
+        for (h, p, _, _) in &all {
             infos[*p as usize].objects += 1;
-            entries.extend_from_slice(h.as_bytes());
-            entries.extend_from_slice(&p.to_le_bytes());
-            entries.extend_from_slice(&off.to_le_bytes());
-            entries.extend_from_slice(&len.to_le_bytes());
+            columns.extend_from_slice(h.as_bytes());
+        }
+        for e in &all {
+            columns.extend_from_slice(&e.1.to_le_bytes());
+        }
+        for e in &all {
+            columns.extend_from_slice(&e.2.to_le_bytes());
+        }
+        for e in &all {
+            columns.extend_from_slice(&e.3.to_le_bytes());
         }
         Ok(PackIndex {
             packs: infos,
-            entries,
+            n: all.len(),
+            columns,
         })
     }
 
@@ -108,24 +127,33 @@ impl PackIndex {
     }
 
     pub fn len(&self) -> usize {
-        self.entries.len() / ENTRY
+        self.n
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.n == 0
+    }
+
+    fn hash_at(&self, i: usize) -> &[u8] {
+        let at = HASHES * self.n + i * 32;
+        &self.columns[at..at + 32]
+    }
+
+    /// Entry `i`'s number in the column that starts at `col` entries' bytes.
+    fn u32_at(&self, col: usize, i: usize) -> u32 {
+        let at = col * self.n + i * 4;
+        u32::from_le_bytes(self.columns[at..at + 4].try_into().expect("4 bytes"))
     }
 
     fn entry(&self, i: usize) -> (Hash, Location) {
-        let r = &self.entries[i * ENTRY..(i + 1) * ENTRY];
-        let h = Hash(r[..32].try_into().expect("32 bytes"));
-        let u = |a: usize| u32::from_le_bytes(r[a..a + 4].try_into().expect("4 bytes"));
-        let p = &self.packs[u(32) as usize];
+        let h = Hash(self.hash_at(i).try_into().expect("32 bytes"));
+        let p = &self.packs[self.u32_at(PACKS, i) as usize];
         (
             h,
             Location {
                 pack: p.id,
-                offset: u(36) as u64,
-                len: u(40) as u64,
+                offset: self.u32_at(OFFSETS, i) as u64,
+                len: self.u32_at(LENGTHS, i) as u64,
                 pending_since_ms: p.pending_since_ms,
             },
         )
@@ -136,8 +164,7 @@ impl PackIndex {
         let (mut lo, mut hi) = (0, self.len());
         while lo < hi {
             let mid = (lo + hi) / 2;
-            let r = &self.entries[mid * ENTRY..mid * ENTRY + 32];
-            match r.cmp(id.as_bytes().as_slice()) {
+            match self.hash_at(mid).cmp(id.as_bytes().as_slice()) {
                 std::cmp::Ordering::Less => lo = mid + 1,
                 std::cmp::Ordering::Greater => hi = mid,
                 std::cmp::Ordering::Equal => return Some(self.entry(mid).1),
@@ -152,7 +179,7 @@ impl PackIndex {
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let mut body = Vec::with_capacity(8 + self.packs.len() * PACK + self.entries.len());
+        let mut body = Vec::with_capacity(8 + self.packs.len() * PACK + self.columns.len());
         body.extend_from_slice(&(self.packs.len() as u32).to_le_bytes());
         for p in &self.packs {
             body.extend_from_slice(p.id.as_bytes());
@@ -160,7 +187,7 @@ impl PackIndex {
             body.extend_from_slice(&p.objects.to_le_bytes());
         }
         body.extend_from_slice(&(self.len() as u32).to_le_bytes());
-        body.extend_from_slice(&self.entries);
+        body.extend_from_slice(&self.columns);
         let mut out = Vec::with_capacity(body.len() / 2 + 16);
         out.extend_from_slice(MAGIC);
         out.push(VERSION);
@@ -175,20 +202,40 @@ impl PackIndex {
         if bytes.len() < 9 || &bytes[..8] != MAGIC {
             return Err(bad("not a casfs pack index (bad magic)".into()));
         }
-        if bytes[8] != VERSION {
+        let version = bytes[8];
+        if !(1..=VERSION).contains(&version) {
             return Err(bad(format!(
-                "version {} (this casfs reads {VERSION})",
-                bytes[8]
+                "version {version} (this casfs reads 1 to {VERSION})"
             )));
         }
+        let frame = &bytes[9..];
         let mut body = Vec::new();
-        zstd::stream::Decoder::new(&bytes[9..])
-            .map_err(|e| bad(format!("zstd: {e}")))?
-            .take(MAX_DECODED + 1)
-            .read_to_end(&mut body)
-            .map_err(|e| bad(format!("zstd: {e}")))?;
-        if body.len() as u64 > MAX_DECODED {
-            return Err(bad(format!("decodes to over {MAX_DECODED} bytes")));
+        match zstd::zstd_safe::get_frame_content_size(frame) {
+            // The size the frame declares (this casfs writes it): one allocation, no
+            // regrowth copies.
+            Ok(Some(n)) if n <= MAX_DECODED => {
+                body.reserve_exact(n as usize);
+                zstd::bulk::Decompressor::new()
+                    .and_then(|mut d| d.decompress_to_buffer(frame, &mut body))
+                    .map_err(|e| bad(format!("zstd: {e}")))?;
+                if body.len() as u64 != n {
+                    return Err(bad(format!(
+                        "decodes to {} bytes where its frame says {n}",
+                        body.len()
+                    )));
+                }
+            }
+            Ok(Some(n)) => return Err(bad(format!("decodes to {n} bytes, over {MAX_DECODED}"))),
+            _ => {
+                zstd::stream::Decoder::new(frame)
+                    .map_err(|e| bad(format!("zstd: {e}")))?
+                    .take(MAX_DECODED + 1)
+                    .read_to_end(&mut body)
+                    .map_err(|e| bad(format!("zstd: {e}")))?;
+                if body.len() as u64 > MAX_DECODED {
+                    return Err(bad(format!("decodes to over {MAX_DECODED} bytes")));
+                }
+            }
         }
         let mut at = 0usize;
         let u32_at = |at: &mut usize| -> CasResult<u32> {
@@ -222,17 +269,32 @@ impl PackIndex {
                 "{n} entries, but {rest} bytes of entries (want {ENTRY} each)"
             )));
         }
-        let entries = body[at..].to_vec();
+        // The entries stay where they were decoded (version 1's rows are turned into
+        // columns).
+        let columns = if version == 1 {
+            let rows = &body[at..];
+            let mut c = Vec::with_capacity(rows.len());
+            for (col, width) in [(HASHES, 32), (PACKS, 4), (OFFSETS, 4), (LENGTHS, 4)] {
+                for r in rows.chunks_exact(ENTRY) {
+                    c.extend_from_slice(&r[col..col + width]);
+                }
+            }
+            c
+        } else {
+            body.drain(..at);
+            body
+        };
+        let index = PackIndex { packs, n, columns };
         let mut counts = vec![0u32; npacks];
         let mut last: Option<&[u8]> = None;
         for i in 0..n {
-            let r = &entries[i * ENTRY..(i + 1) * ENTRY];
-            if last.is_some_and(|l| l >= &r[..32]) {
+            let h = index.hash_at(i);
+            if last.is_some_and(|l| l >= h) {
                 return Err(bad(format!("entry {i} is out of hash order")));
             }
-            last = Some(&r[..32]);
-            let p = u32::from_le_bytes(r[32..36].try_into().expect("4 bytes")) as usize;
-            let len = u32::from_le_bytes(r[40..44].try_into().expect("4 bytes"));
+            last = Some(h);
+            let p = index.u32_at(PACKS, i) as usize;
+            let len = index.u32_at(LENGTHS, i);
             if p >= npacks {
                 return Err(bad(format!("entry {i} names pack {p} of {npacks}")));
             }
@@ -241,7 +303,7 @@ impl PackIndex {
             }
             counts[p] += 1;
         }
-        for (p, c) in packs.iter().zip(&counts) {
+        for (p, c) in index.packs.iter().zip(&counts) {
             if p.objects != *c {
                 return Err(bad(format!(
                     "pack {} claims {} objects, the entries name {c}",
@@ -249,7 +311,7 @@ impl PackIndex {
                 )));
             }
         }
-        Ok(PackIndex { packs, entries })
+        Ok(index)
     }
 }
 
@@ -424,39 +486,97 @@ mod tests {
             let err = PackIndex::decode("index/abc", &b).unwrap_err().to_string();
             assert!(err.contains("index/abc"), "{what}: {err}");
         }
-        // Entries out of order, a pack number out of range, counts that disagree.
-        let body = |entries: &[(Hash, u32, u32, u32)], claim: u32| {
-            let mut b = Vec::new();
-            b.extend_from_slice(&1u32.to_le_bytes());
-            b.extend_from_slice(id.as_bytes());
-            b.extend_from_slice(&0u64.to_le_bytes());
-            b.extend_from_slice(&claim.to_le_bytes());
-            b.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+        // Entries out of order, a pack number out of range, counts that disagree: in
+        // both versions (1: a row per entry; 2: columns).
+        let (lo, hi) = if h(1) < h(2) {
+            (h(1), h(2))
+        } else {
+            (h(2), h(1))
+        };
+        for version in [1, 2] {
+            let body = |entries: &[(Hash, u32, u32, u32)], claim: u32| {
+                index_bytes(version, id, entries, claim)
+            };
+            let ok = PackIndex::decode("i", &body(&[(lo, 0, 0, 1), (hi, 0, 1, 1)], 2)).unwrap();
+            assert_eq!(ok.find(&hi).unwrap().offset, 1, "version {version}");
+            for (why, b) in [
+                ("order", body(&[(hi, 0, 0, 1), (lo, 0, 1, 1)], 2)),
+                ("pack", body(&[(lo, 1, 0, 1)], 1)),
+                ("count", body(&[(lo, 0, 0, 1)], 3)),
+                ("empty", body(&[(lo, 0, 0, 0)], 1)),
+            ] {
+                assert!(
+                    PackIndex::decode("i", &b).is_err(),
+                    "{why}, version {version}"
+                );
+            }
+        }
+    }
+
+    /// An index of one pack `id` in the layout of `version`, by hand.
+    fn index_bytes(
+        version: u8,
+        id: Hash,
+        entries: &[(Hash, u32, u32, u32)],
+        claim: u32,
+    ) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend_from_slice(&1u32.to_le_bytes());
+        b.extend_from_slice(id.as_bytes());
+        b.extend_from_slice(&0u64.to_le_bytes());
+        b.extend_from_slice(&claim.to_le_bytes());
+        b.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+        if version == 1 {
             for (hh, p, o, l) in entries {
                 b.extend_from_slice(hh.as_bytes());
                 b.extend_from_slice(&p.to_le_bytes());
                 b.extend_from_slice(&o.to_le_bytes());
                 b.extend_from_slice(&l.to_le_bytes());
             }
-            let mut out = MAGIC.to_vec();
-            out.push(VERSION);
-            out.extend_from_slice(&zstd::bulk::compress(&b, 1).unwrap());
-            out
-        };
-        let (lo, hi) = if h(1) < h(2) {
-            (h(1), h(2))
         } else {
-            (h(2), h(1))
-        };
-        assert!(PackIndex::decode("i", &body(&[(lo, 0, 0, 1), (hi, 0, 1, 1)], 2)).is_ok());
-        for (why, b) in [
-            ("order", body(&[(hi, 0, 0, 1), (lo, 0, 1, 1)], 2)),
-            ("pack", body(&[(lo, 1, 0, 1)], 1)),
-            ("count", body(&[(lo, 0, 0, 1)], 3)),
-            ("empty", body(&[(lo, 0, 0, 0)], 1)),
-        ] {
-            assert!(PackIndex::decode("i", &b).is_err(), "{why}");
+            for (hh, ..) in entries {
+                b.extend_from_slice(hh.as_bytes());
+            }
+            for (_, p, _, _) in entries {
+                b.extend_from_slice(&p.to_le_bytes());
+            }
+            for (_, _, o, _) in entries {
+                b.extend_from_slice(&o.to_le_bytes());
+            }
+            for (_, _, _, l) in entries {
+                b.extend_from_slice(&l.to_le_bytes());
+            }
         }
+        let mut out = MAGIC.to_vec();
+        out.push(version);
+        out.extend_from_slice(&zstd::bulk::compress(&b, 1).unwrap());
+        out
+    }
+
+    /// An index written by an earlier casfs (version 1, rows) reads as the same index
+    /// written now (version 2, columns), which is smaller.
+    #[test]
+    fn a_version_1_index_reads_as_the_version_2_one() {
+        let mut w = PackWriter::default();
+        for i in 0..2_000u32 {
+            w.push(h(i), &vec![i as u8; 10 + (i as usize % 300)]);
+        }
+        let (id, _, entries) = w.finish();
+        let v2 = PackIndex::build(&[(id, None, entries)]).unwrap();
+        let rows: Vec<(Hash, u32, u32, u32)> = v2
+            .iter()
+            .map(|(hh, l)| (hh, 0, l.offset as u32, l.len as u32))
+            .collect();
+        let v1 = PackIndex::decode("v1", &index_bytes(1, id, &rows, 2_000)).unwrap();
+        let encoded = v2.encode();
+        assert_eq!(encoded[8], 2);
+        let back = PackIndex::decode("v2", &encoded).unwrap();
+        assert_eq!(
+            v1.iter().collect::<Vec<_>>(),
+            back.iter().collect::<Vec<_>>()
+        );
+        assert_eq!(v1.packs(), back.packs());
+        assert!(encoded.len() < index_bytes(1, id, &rows, 2_000).len());
     }
 
     #[test]
