@@ -530,6 +530,9 @@ impl MountedThread {
             }
             Backend::Overlay(o) => {
                 let (root, stats, capture) = o.snapshot(filter)?;
+                // Nothing may name an object before it is durable here and, with fleet
+                // objects, in the bucket (the FUSE snapshot syncs on its own).
+                self.store.objects().sync()?;
                 Pending::Overlay(o, root, stats, capture)
             }
         };

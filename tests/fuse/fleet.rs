@@ -125,6 +125,77 @@ fn a_second_host_prefetches_what_the_last_run_read() {
     mb.unmount().unwrap();
 }
 
+/// A checkpoint of a mount, on this run's backend, names only what is already in the
+/// bucket: a host that never saw the mount restores it whole (large files included,
+/// which the local store writes without its log).
+#[test]
+fn a_mount_checkpoint_is_in_the_bucket_before_it_is_published() {
+    let tag = Hash::of(format!("{:?}-ck", std::time::SystemTime::now()).as_bytes()).to_hex()[..12]
+        .to_string();
+    let b = Backends {
+        checkpoints: Some(format!("{}?schema=k_{tag}", env("CASFS_TEST_PG"))),
+        objects: Some(format!("{}/k-{tag}", env("CASFS_TEST_S3"))),
+    };
+    let t = tempfile::tempdir().unwrap();
+    let open = |name: &str| {
+        Arc::new(
+            Store::open_with(
+                &t.path().join(name),
+                OpenMode::Create,
+                Duration::from_secs(5),
+                &b,
+            )
+            .unwrap(),
+        )
+    };
+    let th = ThreadId::new("run").unwrap();
+    let empty = t.path().join("empty");
+    fs::create_dir(&empty).unwrap();
+    let a = open("host-a");
+    capture_to_thread(
+        &a,
+        &empty,
+        &CaptureOptions::default(),
+        &AppendOptions {
+            thread: th.clone(),
+            reason: "start".into(),
+            expected: ExpectedHead::Current,
+            holder: casfs::checkpoint::holder_name("test"),
+            lease_ttl: Duration::from_secs(30),
+        },
+    )
+    .unwrap();
+    let mp = t.path().join("mnt");
+    fs::create_dir(&mp).unwrap();
+    let _g = MountGuard::new(&mp);
+    let mp = fs::canonicalize(&mp).unwrap();
+    let opts = WorkspaceOptions::default();
+    let m = MountedThread::mount_mode(a.clone(), &mp, th.clone(), None, &opts, crate::mount_mode())
+        .unwrap();
+    let files: Vec<(String, Vec<u8>)> = (0..6u64)
+        .map(|i| {
+            (
+                format!("out/f{i}"),
+                pattern(if i < 3 { 3 << 20 } else { 900 }, 40 + i),
+            )
+        })
+        .collect();
+    fs::create_dir(mp.join("out")).unwrap();
+    for (name, data) in &files {
+        fs::write(mp.join(name), data).unwrap();
+    }
+    let cp = m.checkpoint("run").unwrap();
+    // Host B reads it from PostgreSQL and the bucket alone.
+    let hb = open("host-b");
+    let rec = hb.checkpoints().get(&cp.checkpoint).unwrap();
+    let out = t.path().join("restored");
+    casfs::checkpoint::restore_tree(&hb, rec.body.root, &out, &Default::default()).unwrap();
+    for (name, data) in &files {
+        assert_eq!(&fs::read(out.join(name)).unwrap(), data, "{name}");
+    }
+    m.unmount().unwrap();
+}
+
 /// With fleet backends, a run's secret reaches neither the bucket (raw bytes, nor any
 /// object decoded) nor PostgreSQL (any row of the store's schema), nor any byte under
 /// the local store.
