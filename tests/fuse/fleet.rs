@@ -23,26 +23,45 @@ fn env(name: &str) -> String {
     })
 }
 
+/// A PostgreSQL schema and an S3 prefix of their own for one test (`kind` tells the
+/// tests apart).
+fn fleet(kind: &str) -> Backends {
+    let tag = Hash::of(format!("{:?}-{kind}", std::time::SystemTime::now()).as_bytes()).to_hex()
+        [..12]
+        .to_string();
+    Backends {
+        checkpoints: Some(format!("{}?schema={kind}_{tag}", env("CASFS_TEST_PG"))),
+        objects: Some(format!("{}/{kind}-{tag}", env("CASFS_TEST_S3"))),
+    }
+}
+
+/// A host: a store of its own under `dir` on the shared backends.
+fn host(dir: &std::path::Path, b: &Backends) -> Arc<Store> {
+    Arc::new(Store::open_with(dir, OpenMode::Create, Duration::from_secs(5), b).unwrap())
+}
+
+/// Captures `src` as the first checkpoint of thread `th`.
+fn import(store: &Store, src: &std::path::Path, th: &ThreadId) {
+    capture_to_thread(
+        store,
+        src,
+        &CaptureOptions::default(),
+        &AppendOptions {
+            thread: th.clone(),
+            reason: "import".into(),
+            expected: ExpectedHead::Current,
+            holder: casfs::checkpoint::holder_name("test"),
+            lease_ttl: Duration::from_secs(30),
+        },
+    )
+    .unwrap();
+}
+
 #[test]
 fn a_second_host_prefetches_what_the_last_run_read() {
-    let tag = Hash::of(format!("{:?}", std::time::SystemTime::now()).as_bytes()).to_hex()[..12]
-        .to_string();
-    let b = Backends {
-        checkpoints: Some(format!("{}?schema=m_{tag}", env("CASFS_TEST_PG"))),
-        objects: Some(format!("{}/m-{tag}", env("CASFS_TEST_S3"))),
-    };
+    let b = fleet("m");
     let t = tempfile::tempdir().unwrap();
-    let open = |name: &str| {
-        Arc::new(
-            Store::open_with(
-                &t.path().join(name),
-                OpenMode::Create,
-                Duration::from_secs(5),
-                &b,
-            )
-            .unwrap(),
-        )
-    };
+    let open = |name: &str| host(&t.path().join(name), &b);
     let th = ThreadId::new("agent").unwrap();
     // Host A: a workspace of 60 files, checkpointed.
     let src = t.path().join("src");
@@ -56,19 +75,7 @@ fn a_second_host_prefetches_what_the_last_run_read() {
         fs::write(src.join(format!("f{i}")), pattern(len, i)).unwrap();
     }
     let a = open("host-a");
-    capture_to_thread(
-        &a,
-        &src,
-        &CaptureOptions::default(),
-        &AppendOptions {
-            thread: th.clone(),
-            reason: "import".into(),
-            expected: ExpectedHead::Current,
-            holder: casfs::checkpoint::holder_name("test"),
-            lease_ttl: Duration::from_secs(30),
-        },
-    )
-    .unwrap();
+    import(&a, &src, &th);
     // A run on host A's mount reads four files (one of them chunked) and writes one.
     let mp_a = t.path().join("mnt-a");
     fs::create_dir(&mp_a).unwrap();
@@ -130,41 +137,13 @@ fn a_second_host_prefetches_what_the_last_run_read() {
 /// which the local store writes without its log).
 #[test]
 fn a_mount_checkpoint_is_in_the_bucket_before_it_is_published() {
-    let tag = Hash::of(format!("{:?}-ck", std::time::SystemTime::now()).as_bytes()).to_hex()[..12]
-        .to_string();
-    let b = Backends {
-        checkpoints: Some(format!("{}?schema=k_{tag}", env("CASFS_TEST_PG"))),
-        objects: Some(format!("{}/k-{tag}", env("CASFS_TEST_S3"))),
-    };
+    let b = fleet("k");
     let t = tempfile::tempdir().unwrap();
-    let open = |name: &str| {
-        Arc::new(
-            Store::open_with(
-                &t.path().join(name),
-                OpenMode::Create,
-                Duration::from_secs(5),
-                &b,
-            )
-            .unwrap(),
-        )
-    };
     let th = ThreadId::new("run").unwrap();
     let empty = t.path().join("empty");
     fs::create_dir(&empty).unwrap();
-    let a = open("host-a");
-    capture_to_thread(
-        &a,
-        &empty,
-        &CaptureOptions::default(),
-        &AppendOptions {
-            thread: th.clone(),
-            reason: "start".into(),
-            expected: ExpectedHead::Current,
-            holder: casfs::checkpoint::holder_name("test"),
-            lease_ttl: Duration::from_secs(30),
-        },
-    )
-    .unwrap();
+    let a = host(&t.path().join("host-a"), &b);
+    import(&a, &empty, &th);
     let mp = t.path().join("mnt");
     fs::create_dir(&mp).unwrap();
     let _g = MountGuard::new(&mp);
@@ -186,7 +165,7 @@ fn a_mount_checkpoint_is_in_the_bucket_before_it_is_published() {
     }
     let cp = m.checkpoint("run").unwrap();
     // Host B reads it from PostgreSQL and the bucket alone.
-    let hb = open("host-b");
+    let hb = host(&t.path().join("host-b"), &b);
     let rec = hb.checkpoints().get(&cp.checkpoint).unwrap();
     let out = t.path().join("restored");
     casfs::checkpoint::restore_tree(&hb, rec.body.root, &out, &Default::default()).unwrap();
@@ -205,14 +184,23 @@ fn a_secret_reaches_neither_the_bucket_nor_postgresql() {
         ArtifactMeta, ArtifactStore, BlobStore, CasfsProvider, MessageStore, Middleware,
         MiddlewareConfig, Persistence, RunContext, Secrets, SnapshotConfig, StorePersistence,
     };
-    let tag = Hash::of(format!("{:?}", std::time::SystemTime::now()).as_bytes()).to_hex()[..12]
+    let b = fleet("s");
+    let schema = b
+        .checkpoints
+        .as_deref()
+        .unwrap()
+        .rsplit("schema=")
+        .next()
+        .unwrap()
         .to_string();
-    let schema = format!("s_{tag}");
-    let prefix = format!("s-{tag}");
-    let b = Backends {
-        checkpoints: Some(format!("{}?schema={schema}", env("CASFS_TEST_PG"))),
-        objects: Some(format!("{}/{prefix}", env("CASFS_TEST_S3"))),
-    };
+    let prefix = b
+        .objects
+        .as_deref()
+        .unwrap()
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .to_string();
     let secret = "sk-\"fleet\"\\value-7a6b5c";
     let escaped = serde_json::to_string(secret).unwrap();
     let escaped = escaped.trim_matches('"').to_string();
