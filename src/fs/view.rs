@@ -37,6 +37,8 @@ pub struct ViewOptions {
     pub read_ahead_dirs: usize,
     /// Ask the kernel for FUSE over io_uring (see [`crate::fs::FuseTransport`]).
     pub fuse_uring: bool,
+    /// Where the files opened are noted (the overlay's lower: what a run read).
+    pub reads: Option<std::sync::Arc<crate::fs::ReadLog>>,
 }
 
 impl Default for ViewOptions {
@@ -47,6 +49,7 @@ impl Default for ViewOptions {
             allow_other: false,
             read_ahead_dirs: 0,
             fuse_uring: super::transport::default_uring(),
+            reads: None,
         }
     }
 }
@@ -88,6 +91,7 @@ pub struct TreeView {
     /// contents (`<id>-<size>`), found by lookup only.
     objects_root: bool,
     want_uring: bool,
+    reads: Option<Arc<crate::fs::ReadLog>>,
 }
 
 fn eio(e: CasError) -> Errno {
@@ -139,6 +143,7 @@ impl TreeView {
             gid: unsafe { libc::getgid() },
             objects_root: false,
             want_uring: opts.fuse_uring,
+            reads: opts.reads.clone(),
         }
     }
 
@@ -380,7 +385,15 @@ impl Filesystem for TreeView {
         }
         match self.entry(ino.0) {
             // Content never changes under a view: let the kernel keep its pages.
-            Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Ok((e, _)) => {
+                if let (Some(log), EntryContent::File(id)) = (&self.reads, &e.content) {
+                    log.note(crate::cas::FileRef {
+                        id: *id,
+                        size: e.size,
+                    });
+                }
+                reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE)
+            }
             Err(e) => reply.error(e),
         }
     }

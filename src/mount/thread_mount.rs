@@ -301,6 +301,9 @@ impl MountedThread {
             // read ahead.
             read_ahead_dirs: 1 << 18,
             fuse_uring: opts.fuse_uring,
+            // Every file the lower serves: what the run read (the upper's own files
+            // are the run's writes).
+            reads: Some(Default::default()),
         };
         let found = overlay::found_state(&store, mountpoint)?;
         let mount = |lower, tag, generation| {
@@ -503,7 +506,10 @@ impl MountedThread {
         // Objects the snapshot puts are named by nothing until the append.
         let _session = crate::cas::write_session(self.store.objects());
         let mut template = template;
-        let reads = self.workspace().map(|w| w.take_reads()).unwrap_or_default();
+        let reads = match &self.backend {
+            Backend::Fuse { workspace, .. } => workspace.take_reads(),
+            Backend::Overlay(o) => o.take_reads(),
+        };
         // Only another host fetches ahead (from a remote object store): a local store
         // would pay a list of up to 8192 files on every checkpoint for nothing.
         if self.store.remote().is_some() && !reads.is_empty() && template.read_first.is_none() {

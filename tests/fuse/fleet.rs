@@ -82,7 +82,16 @@ fn a_second_host_prefetches_what_the_last_run_read() {
     let _ga = MountGuard::new(&mp_a);
     let mp_a = fs::canonicalize(&mp_a).unwrap();
     let opts = WorkspaceOptions::default();
-    let ma = MountedThread::mount(a.clone(), &mp_a, th.clone(), None, &opts).unwrap();
+    // On this run's backend: the overlay's lower notes what it serves.
+    let ma = MountedThread::mount_mode(
+        a.clone(),
+        &mp_a,
+        th.clone(),
+        None,
+        &opts,
+        crate::mount_mode(),
+    )
+    .unwrap();
     let read = ["f3", "f7", "f11", "f42"];
     for name in read {
         fs::read(mp_a.join(name)).unwrap();
@@ -102,7 +111,15 @@ fn a_second_host_prefetches_what_the_last_run_read() {
     fs::create_dir(&mp_b).unwrap();
     let _gb = MountGuard::new(&mp_b);
     let mp_b = fs::canonicalize(&mp_b).unwrap();
-    let mb = MountedThread::mount(hb.clone(), &mp_b, th.clone(), None, &opts).unwrap();
+    let mb = MountedThread::mount_mode(
+        hb.clone(),
+        &mp_b,
+        th.clone(),
+        None,
+        &opts,
+        crate::mount_mode(),
+    )
+    .unwrap();
     let id_of = |name: &str| {
         let data = fs::read(src.join(name)).unwrap();
         ObjectId(casfs::cas::file::file_id_of(&data).0)

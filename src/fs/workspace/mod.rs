@@ -79,9 +79,6 @@ const FILE_CAPS: &[u8] = b"security.capability";
 /// More changed chunks than this are not listed: the snapshot reads the file whole.
 const MAX_CHANGED_CHUNKS: u64 = 1 << 16;
 
-/// How many first-read files a workspace remembers between checkpoints.
-const MAX_READS_KEPT: usize = 8192;
-
 /// Free space (beyond the database's reserve) below which handles that may write are
 /// served by the daemon, which enforces the reserve, instead of through passthrough.
 const PASSTHROUGH_WRITE_ROOM: u64 = 1 << 30;
@@ -185,7 +182,7 @@ pub struct Workspace {
     /// Nodes unloaded since freed memory was last given back to the system.
     unloaded_since_trim: AtomicU64,
     /// Clean files opened since the last checkpoint, in first-open order.
-    reads: Mutex<(std::collections::HashSet<crate::cas::FileId>, Vec<FileRef>)>,
+    reads: crate::fs::ReadLog,
 }
 
 /// How long the reaper lets removals of upper files gather between batches.
@@ -276,7 +273,7 @@ impl Workspace {
                 unloaded: HashMap::new(),
             }),
             copies_limit: opts.local_copies_bytes,
-            reads: Mutex::new((std::collections::HashSet::new(), Vec::new())),
+            reads: crate::fs::ReadLog::default(),
             unloaded_since_trim: AtomicU64::new(0),
             barrier: RwLock::new(()),
             handles: Mutex::new(HashMap::new()),
@@ -454,18 +451,13 @@ impl Workspace {
     }
 
     fn note_read(&self, f: FileRef) {
-        let mut r = self.reads.lock().unwrap_or_else(|p| p.into_inner());
-        if r.1.len() < MAX_READS_KEPT && r.0.insert(f.id) {
-            r.1.push(f);
-        }
+        self.reads.note(f);
     }
 
     /// The clean files opened since the last call, in the order first opened (at most
     /// the first 8192): what a run read, for another host to fetch first.
     pub fn take_reads(&self) -> Vec<FileRef> {
-        let mut r = self.reads.lock().unwrap_or_else(|p| p.into_inner());
-        r.0.clear();
-        std::mem::take(&mut r.1)
+        self.reads.take()
     }
 
     fn attr_of(&self, ino: u64, n: &Node) -> FileAttr {

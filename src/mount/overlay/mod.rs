@@ -339,6 +339,7 @@ impl OverlayMount {
             mountpoint: mountpoint.to_path_buf(),
             dir,
             view: ViewOptions {
+                reads: Some(view.reads.clone().unwrap_or_default()),
                 // overlayfs reaches the lower with the mounter's credentials, callers'
                 // permissions are checked by overlayfs itself.
                 allow_other: true,
@@ -580,6 +581,16 @@ impl OverlayMount {
 
     /// The merged workspace's tree, whether it is its base checkpoint's (nothing
     /// uncaptured), and the capture that computed it.
+    /// The files the lower served since the last call, in first-open order: what the
+    /// run read, for another host to fetch first.
+    pub(crate) fn take_reads(&self) -> Vec<crate::cas::FileRef> {
+        self.view
+            .reads
+            .as_ref()
+            .map(|r| r.take())
+            .unwrap_or_default()
+    }
+
     pub(crate) fn content(&self) -> CheckpointResult<(TreeId, bool, Capture)> {
         let (merged, _, capture) = self.snapshot(None)?;
         let base = tree_of(&self.store, self.tag().base)?;
