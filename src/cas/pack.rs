@@ -16,11 +16,10 @@
 //!   length (u32 each), all little endian. Columns keep the hashes, which do not
 //!   compress, apart from the numbers, which do: zstd stores the hashes as raw blocks
 //!   (a memcpy to decode) and packs the numbers small. (Version 1, still read, held
-//!   one row per object: 8% smaller than raw and 7 ms to decode at 100k objects.)
+//!   one row per object, which zstd Huffman-coded: at 100k objects 6% larger, and
+//!   loaded in 12-14 ms against 5-7 ms, measured on a fresh host's `casfs cat`.)
 //!   Decoding checks every count, order and range and names the index in every error;
 //!   a lookup is a binary search over the decoded hashes.
-
-use std::io::Read;
 
 use super::{CasError, CasResult, Hash};
 
@@ -208,34 +207,24 @@ impl PackIndex {
                 "version {version} (this casfs reads 1 to {VERSION})"
             )));
         }
+        // Every index (either version) is one zstd frame that declares its size: one
+        // allocation of that size, no regrowth copies.
         let frame = &bytes[9..];
-        let mut body = Vec::new();
-        match zstd::zstd_safe::get_frame_content_size(frame) {
-            // The size the frame declares (this casfs writes it): one allocation, no
-            // regrowth copies.
-            Ok(Some(n)) if n <= MAX_DECODED => {
-                body.reserve_exact(n as usize);
-                zstd::bulk::Decompressor::new()
-                    .and_then(|mut d| d.decompress_to_buffer(frame, &mut body))
-                    .map_err(|e| bad(format!("zstd: {e}")))?;
-                if body.len() as u64 != n {
-                    return Err(bad(format!(
-                        "decodes to {} bytes where its frame says {n}",
-                        body.len()
-                    )));
-                }
-            }
+        let n = match zstd::zstd_safe::get_frame_content_size(frame) {
+            Ok(Some(n)) if n <= MAX_DECODED => n,
             Ok(Some(n)) => return Err(bad(format!("decodes to {n} bytes, over {MAX_DECODED}"))),
-            _ => {
-                zstd::stream::Decoder::new(frame)
-                    .map_err(|e| bad(format!("zstd: {e}")))?
-                    .take(MAX_DECODED + 1)
-                    .read_to_end(&mut body)
-                    .map_err(|e| bad(format!("zstd: {e}")))?;
-                if body.len() as u64 > MAX_DECODED {
-                    return Err(bad(format!("decodes to over {MAX_DECODED} bytes")));
-                }
-            }
+            Ok(None) => return Err(bad("its zstd frame does not declare its size".into())),
+            Err(_) => return Err(bad("not a zstd frame".into())),
+        };
+        let mut body = Vec::with_capacity(n as usize);
+        zstd::bulk::Decompressor::new()
+            .and_then(|mut d| d.decompress_to_buffer(frame, &mut body))
+            .map_err(|e| bad(format!("zstd: {e}")))?;
+        if body.len() as u64 != n {
+            return Err(bad(format!(
+                "decodes to {} bytes where its frame says {n}",
+                body.len()
+            )));
         }
         let mut at = 0usize;
         let u32_at = |at: &mut usize| -> CasResult<u32> {
