@@ -301,9 +301,8 @@ impl MountedThread {
             // read ahead.
             read_ahead_dirs: 1 << 18,
             fuse_uring: opts.fuse_uring,
-            // Every file the lower serves: what the run read (the upper's own files
-            // are the run's writes).
-            reads: Some(Default::default()),
+            // The overlay mount makes its own.
+            reads: None,
         };
         let found = overlay::found_state(&store, mountpoint)?;
         let mount = |lower, tag, generation| {

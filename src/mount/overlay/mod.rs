@@ -339,6 +339,8 @@ impl OverlayMount {
             mountpoint: mountpoint.to_path_buf(),
             dir,
             view: ViewOptions {
+                // Every file the lower serves is noted: what the run read (the
+                // upper's own files are its writes).
                 reads: Some(view.reads.clone().unwrap_or_default()),
                 // overlayfs reaches the lower with the mounter's credentials, callers'
                 // permissions are checked by overlayfs itself.
@@ -579,8 +581,6 @@ impl OverlayMount {
         Ok((root, stats, capture))
     }
 
-    /// The merged workspace's tree, whether it is its base checkpoint's (nothing
-    /// uncaptured), and the capture that computed it.
     /// The files the lower served since the last call, in first-open order: what the
     /// run read, for another host to fetch first.
     pub(crate) fn take_reads(&self) -> Vec<crate::cas::FileRef> {
@@ -591,6 +591,8 @@ impl OverlayMount {
             .unwrap_or_default()
     }
 
+    /// The merged workspace's tree, whether it is its base checkpoint's (nothing
+    /// uncaptured), and the capture that computed it.
     pub(crate) fn content(&self) -> CheckpointResult<(TreeId, bool, Capture)> {
         let (merged, _, capture) = self.snapshot(None)?;
         let base = tree_of(&self.store, self.tag().base)?;
