@@ -101,3 +101,72 @@ fn io_uring_asked_for_where_the_kernel_has_it_off_is_refused_by_name() {
     assert!(err.contains("enable_uring"), "{err}");
     assert!(!crate::is_mounted(&mp));
 }
+
+/// The scheduling policy of each of a process's threads whose name starts with
+/// `prefix`: (name, policy) from /proc (field 41 of `stat`).
+fn thread_policies(pid: u64, prefix: &str) -> Vec<(String, u32)> {
+    let mut out = Vec::new();
+    for t in fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let dir = t.unwrap().path();
+        let Ok(name) = fs::read_to_string(dir.join("comm")) else {
+            continue;
+        };
+        let name = name.trim().to_string();
+        if !name.starts_with(prefix) {
+            continue;
+        }
+        let stat = fs::read_to_string(dir.join("stat")).unwrap();
+        // Fields after the command name, which ends with the last ')'.
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        let policy = rest.split(' ').nth(41 - 3).unwrap().parse().unwrap();
+        out.push((name, policy));
+    }
+    out
+}
+
+#[test]
+fn ring_threads_wait_for_requests_at_idle_policy() {
+    if !kernel_uring_enabled() {
+        eprintln!("skipped: FUSE over io_uring is off on this host");
+        return;
+    }
+    const SCHED_IDLE: u32 = 5;
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    fs::create_dir(&src).unwrap();
+    fs::write(src.join("f"), vec![7u8; 1 << 20]).unwrap();
+    let store = t.path().join("store");
+    ok(&store, &["capture", src.to_str().unwrap(), "-t", "w"]);
+    let mp = t.path().join("mnt");
+    fs::create_dir(&mp).unwrap();
+    let _g = MountGuard::new(&mp);
+    let out = mount_fuse(&store, &mp, "io_uring");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let st = json(&store, &["status", mp.to_str().unwrap()]);
+    let pid = st["pid"].as_u64().unwrap();
+    // Metadata, then file data opened, read and written (served at the normal
+    // policy), then metadata again: between requests every ring thread waits at idle.
+    for i in 0..20 {
+        assert!(mp.join("f").metadata().unwrap().len() == 1 << 20);
+        assert_eq!(fs::read(mp.join("f")).unwrap().len(), 1 << 20);
+        fs::write(mp.join(format!("new{i}")), b"x").unwrap();
+        let _ = fs::symlink_metadata(mp.join("missing"));
+    }
+    let rings = thread_policies(pid, "fuser-ring");
+    assert!(!rings.is_empty(), "no ring threads in {pid}");
+    for (name, policy) in &rings {
+        assert_eq!(*policy, SCHED_IDLE, "{name} waits at policy {policy}");
+    }
+    // The classic loop's threads (forgets, interrupts, notifications) keep the normal
+    // policy.
+    for (name, policy) in thread_policies(pid, "fuser-") {
+        if !name.starts_with("fuser-ring") {
+            assert_eq!(policy, 0, "{name}");
+        }
+    }
+    ok(&store, &["unmount", mp.to_str().unwrap()]);
+}
