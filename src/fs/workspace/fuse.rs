@@ -446,8 +446,8 @@ impl Filesystem for WorkspaceFs {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let r = self.open_node(ino.0, flags.0, |f| reply.open_backing(f));
         match r {
-            Ok((fh, Some(b))) => reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &b),
-            Ok((fh, None)) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Ok((fh, Some(b), f)) => reply.opened_passthrough(FileHandle(fh), f, &b),
+            Ok((fh, None, f)) => reply.opened(FileHandle(fh), f),
             Err(e) => reply.error(e),
         }
     }
@@ -539,7 +539,8 @@ impl Filesystem for WorkspaceFs {
         reply: ReplyEmpty,
     ) {
         // close() waits for the flush (not for the release): a change is announced
-        // before the writer goes on.
+        // before the writer goes on. Only handles opened while someone listened get
+        // flushes (`open_node`); the others' closes are announced at their release.
         let ws = self.ws();
         let writes = ws
             .handles
@@ -802,21 +803,10 @@ impl Filesystem for WorkspaceFs {
             Err(e) => return reply.error(e),
         };
         match self.open_node(ino, flags & !libc::O_TRUNC, |f| reply.open_backing(f)) {
-            Ok((fh, Some(b))) => reply.created_passthrough(
-                &TTL,
-                &attr,
-                Generation(0),
-                FileHandle(fh),
-                FopenFlags::empty(),
-                &b,
-            ),
-            Ok((fh, None)) => reply.created(
-                &TTL,
-                &attr,
-                Generation(0),
-                FileHandle(fh),
-                FopenFlags::empty(),
-            ),
+            Ok((fh, Some(b), f)) => {
+                reply.created_passthrough(&TTL, &attr, Generation(0), FileHandle(fh), f, &b)
+            }
+            Ok((fh, None, f)) => reply.created(&TTL, &attr, Generation(0), FileHandle(fh), f),
             Err(e) => reply.error(e),
         }
     }

@@ -606,6 +606,10 @@ impl Workspace {
             .remove(&fh);
         let Some(h) = h else { return };
         let mut tx = self.tx();
+        if h.announce_at_release && tx.watched() && tx.st.nodes.contains_key(&h.ino) {
+            let path = tx.path_of(h.ino);
+            tx.events.push((FsEventKind::Modify, path, None, false));
+        }
         if let Some(n) = tx.st.nodes.get_mut(&h.ino) {
             let u = n.extra_mut();
             if h.write {

@@ -368,6 +368,9 @@ pub(super) struct Handle {
     pub(super) ino: u64,
     /// Opened for writing (counted in its node's `writers`).
     pub(super) write: bool,
+    /// A writer opened with `FOPEN_NOFLUSH` (nobody listened for changes then): its
+    /// close is announced when it is released, as `flush` announces the others'.
+    pub(super) announce_at_release: bool,
     pub(super) src: Src,
     pub(super) backing: Option<Arc<BackingId>>,
 }

@@ -78,14 +78,14 @@ impl WorkspaceFs {
         Ok((ino, attr))
     }
 
-    /// Opens `ino` (copying up for writing) and returns the handle and, with
-    /// passthrough, the backing to reply with.
+    /// Opens `ino` (copying up for writing) and returns the handle, with passthrough
+    /// the backing to reply with, and the open flags to reply with.
     pub(super) fn open_node(
         &self,
         ino: u64,
         flags: i32,
         make_backing: impl FnOnce(&File) -> std::io::Result<BackingId>,
-    ) -> Result<(u64, Option<Arc<BackingId>>), Errno> {
+    ) -> Result<(u64, Option<Arc<BackingId>>, FopenFlags), Errno> {
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let trunc = flags & libc::O_TRUNC != 0 && write;
         let ws = self.ws();
@@ -208,6 +208,10 @@ impl WorkspaceFs {
             u.open_plain += 1;
         }
         tx.st.open.insert(ino);
+        // The kernel sends a flush at every close(2), and close waits for it. Only a
+        // writer's close is announced (as a change), so the others never need it, and a
+        // writer's close is announced at its release when nobody listened at its open.
+        let noflush = !write || !tx.watched();
         let src = match (upper, clean) {
             (Some(u), _) => Src::Upper(u),
             (None, Some(c)) => Src::Clean(c),
@@ -220,11 +224,17 @@ impl WorkspaceFs {
             Handle {
                 ino,
                 write,
+                announce_at_release: write && noflush,
                 src,
                 backing: backing.clone(),
             },
         );
-        Ok((fh, backing))
+        let flags = if noflush {
+            FopenFlags::FOPEN_NOFLUSH
+        } else {
+            FopenFlags::empty()
+        };
+        Ok((fh, backing, flags))
     }
 
     /// Directory `ino`'s entries from position `offset` (`.` and `..` first, then the
