@@ -303,6 +303,56 @@ fn commit_sqe(fd: RawFd, qid: u16, commit_id: u64, index: u16) -> squeue::Entry1
         .user_data(index as u64)
 }
 
+/// Puts every reply there is (this thread's and others') into its entry and queues its
+/// `COMMIT_AND_FETCH` (submitted with the next `submit`).
+fn commit_ready(
+    ring: &mut IoUring<squeue::Entry128, cqueue::Entry>,
+    entries: &mut [Entry],
+    replies: &Replies,
+    fd: RawFd,
+    qid: u16,
+    payload_len: usize,
+) -> io::Result<()> {
+    let ready: Vec<(u16, Vec<u8>)> =
+        std::mem::take(&mut *replies.queue.lock().unwrap_or_else(|p| p.into_inner()));
+    for (index, reply) in ready {
+        let e = &mut entries[index as usize];
+        let body = &reply[OUT_HEADER..];
+        if body.len() > payload_len {
+            error!("fuse ring {qid}: a reply of {} bytes", body.len());
+            continue;
+        }
+        e.header.in_out[..OUT_HEADER].copy_from_slice(&reply[..OUT_HEADER]);
+        e.header.payload_sz = body.len() as u32;
+        // SAFETY: the entry's payload area; its request was dispatched.
+        unsafe {
+            std::ptr::copy_nonoverlapping(body.as_ptr(), e.buf.ptr.as_ptr().add(PREFIX), body.len());
+        }
+        let unique = u64::from_le_bytes(reply[8..16].try_into().expect("8 bytes"));
+        // SAFETY: the entry's memory outlives the ring.
+        unsafe {
+            if ring
+                .submission()
+                .push(&commit_sqe(fd, qid, unique, index))
+                .is_err()
+            {
+                ring.submit()?;
+                let _ = ring.submission().push(&commit_sqe(fd, qid, unique, index));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Requests nobody waits for (the kernel sends a release in the background after the
+/// last close): served after the others of the same wake, once those are answered.
+fn waits_for_nobody(e: &Entry) -> bool {
+    const FUSE_RELEASE: u32 = 18;
+    const FUSE_RELEASEDIR: u32 = 29;
+    let op = u32::from_le_bytes(e.header.in_out[4..8].try_into().expect("4 bytes"));
+    op == FUSE_RELEASE || op == FUSE_RELEASEDIR
+}
+
 /// Serves queue `qid` until the connection ends.
 pub(crate) fn serve_queue<FS: Filesystem>(
     qid: u16,
@@ -410,9 +460,26 @@ pub(crate) fn serve_queue<FS: Filesystem>(
                 Err(e) => return Err(e),
             }
             done.clear();
-            done.extend(ring.completion().map(|c| (c.user_data(), c.result())));
+            // Requests a caller waits for first; then, with their answers on their way
+            // (the callers, woken, preempt this idle-policy thread), the releases.
+            for c in ring.completion() {
+                let (ud, res) = (c.user_data(), c.result());
+                let later = ud != WAKE
+                    && res >= 0
+                    && entries
+                        .get(ud as usize)
+                        .is_some_and(waits_for_nobody);
+                done.push((later, ud, res));
+            }
+            done.sort_by_key(|d| d.0);
             let mut stop = false;
-            for &(ud, res) in &done {
+            let mut answered = false;
+            for &(later, ud, res) in &done {
+                if later && !answered {
+                    answered = true;
+                    commit_ready(&mut ring, &mut entries, &replies, fd, qid, payload_len)?;
+                    ring.submit()?;
+                }
                 if ud == WAKE {
                     // SAFETY: as above; re-armed for the next reply from elsewhere.
                     unsafe {
@@ -487,39 +554,7 @@ pub(crate) fn serve_queue<FS: Filesystem>(
                     }
                 }
             }
-            // Commit every reply there is (this thread's and others').
-            let ready: Vec<(u16, Vec<u8>)> =
-                std::mem::take(&mut *replies.queue.lock().unwrap_or_else(|p| p.into_inner()));
-            for (index, reply) in ready {
-                let e = &mut entries[index as usize];
-                let body = &reply[OUT_HEADER..];
-                if body.len() > payload_len {
-                    error!("fuse ring {qid}: a reply of {} bytes", body.len());
-                    continue;
-                }
-                e.header.in_out[..OUT_HEADER].copy_from_slice(&reply[..OUT_HEADER]);
-                e.header.payload_sz = body.len() as u32;
-                // SAFETY: the entry's payload area; its request was dispatched.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        body.as_ptr(),
-                        e.buf.ptr.as_ptr().add(PREFIX),
-                        body.len(),
-                    );
-                }
-                let unique = u64::from_le_bytes(reply[8..16].try_into().expect("8 bytes"));
-                // SAFETY: the entry's memory outlives the ring.
-                unsafe {
-                    if ring
-                        .submission()
-                        .push(&commit_sqe(fd, qid, unique, index))
-                        .is_err()
-                    {
-                        ring.submit()?;
-                        let _ = ring.submission().push(&commit_sqe(fd, qid, unique, index));
-                    }
-                }
-            }
+            commit_ready(&mut ring, &mut entries, &replies, fd, qid, payload_len)?;
             if stop {
                 return Ok(());
             }
