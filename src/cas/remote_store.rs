@@ -901,6 +901,9 @@ impl ObjectStore for RemoteObjectStore {
     }
 
     fn prefetch(&self, ids: &[ObjectId]) {
+        // What is local is read ahead locally (and the plan's presence checks then
+        // read memory).
+        self.local.prefetch(ids);
         let (by_pack, loose) = self.plan(ids);
         if !by_pack.is_empty() {
             self.fetch_ranges(by_pack, |id, stored, l| {

@@ -639,6 +639,7 @@ impl Filesystem for WorkspaceFs {
             Ok(e) => e,
             Err(e) => return reply.error(e),
         };
+        self.prefetch_subtrees(&entries);
         let mut tx = self.ws().tx();
         for (k, (child, kind, name)) in entries.into_iter().enumerate() {
             if kind == FileType::Directory && name != b"." && name != b".." {

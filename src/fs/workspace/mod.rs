@@ -34,8 +34,8 @@ use crate::cas::file::{
 };
 use crate::cas::tree::{MAX_NAME_LEN, MAX_SYMLINK_LEN, MAX_XATTR_NAME_LEN, MAX_XATTR_VALUE_LEN};
 use crate::cas::{
-    load_tree, store_tree, CasError, ChunkId, EntryContent, FileRef, ObjectStore, StoreStats, Tree,
-    TreeEntry, TreeId,
+    load_tree, store_tree, CasError, ChunkId, EntryContent, FileRef, ObjectId, ObjectStore,
+    StoreStats, Tree, TreeEntry, TreeId,
 };
 
 mod events;

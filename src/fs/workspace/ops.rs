@@ -267,6 +267,31 @@ impl WorkspaceFs {
         Ok(out)
     }
 
+    /// Reads the trees of the subdirectories among `entries` that are not loaded yet
+    /// all at once (readdirplus loads them one by one after).
+    pub(super) fn prefetch_subtrees(&self, entries: &[(u64, FileType, Vec<u8>)]) {
+        let ids: Vec<ObjectId> = {
+            let st = self.ws().lock();
+            entries
+                .iter()
+                .filter(|(_, kind, name)| {
+                    *kind == FileType::Directory && name != b"." && name != b".."
+                })
+                .filter_map(|(c, _, _)| match st.nodes.get(c).map(|n| &n.body) {
+                    Some(Body::Dir {
+                        children: None,
+                        tree: Some(t),
+                        ..
+                    }) => Some(ObjectId(t.0)),
+                    _ => None,
+                })
+                .collect()
+        };
+        if ids.len() > 1 {
+            self.ws().objects.prefetch(&ids);
+        }
+    }
+
     pub(super) fn current_src(&self, ino: u64, fh: u64) -> Src {
         if let Some(n) = self.ws().lock().nodes.get_mut(&ino) {
             if let Body::File { upper, clean, .. } = &mut n.body {
