@@ -17,7 +17,6 @@ thread_local! {
     static ENCODE_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Objects in the `objects` column family of the store's RocksDB.
 /// Threads that read ahead for [`ObjectStore::prefetch`]: more than the CPUs, since
 /// they wait on the disk, not on the CPU. None if they could not be started.
 fn prefetch_pool() -> Option<&'static rayon::ThreadPool> {
@@ -32,6 +31,7 @@ fn prefetch_pool() -> Option<&'static rayon::ThreadPool> {
     .as_ref()
 }
 
+/// Objects in the `objects` column family of the store's RocksDB.
 pub struct RocksObjectStore {
     db: Arc<Database>,
     /// Whether objects were written without the write-ahead log since the last sync.
