@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 mod chunk_cache;
 pub mod dirty;
 pub mod erofs;
+mod listing;
 mod reads;
 mod transport;
 mod view;
@@ -22,6 +23,7 @@ mod workspace;
 
 pub use chunk_cache::{ChunkCache, ChunkReader};
 pub use dirty::{null_tag, Tag, MOUNTS_CF};
+pub use listing::{list_dir_noatime, Listed};
 pub use reads::ReadLog;
 pub use transport::{kernel_enabled as fuse_uring_enabled, FuseTransport};
 pub use view::{mount_objects, mount_tree, MountedTree, TreeView, ViewOptions};

@@ -217,10 +217,10 @@ fn announce_contents(rt: &mut Route, dir: &str) {
     let mut stack = vec![dir.to_string()];
     let mut n = 0;
     while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(rt.root.join(&d)) else {
+        let Ok(entries) = crate::fs::list_dir_noatime(&rt.root.join(&d)) else {
             continue;
         };
-        for e in entries.flatten() {
+        for e in entries {
             if n >= MAX_ANNOUNCED {
                 tracing::warn!(
                     dir,
@@ -229,8 +229,8 @@ fn announce_contents(rt: &mut Route, dir: &str) {
                 return;
             }
             n += 1;
-            let rel = format!("{d}/{}", e.file_name().to_string_lossy());
-            let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+            let rel = format!("{d}/{}", String::from_utf8_lossy(&e.name));
+            let is_dir = e.is_dir;
             send(rt, FsEventKind::Create, rel.clone(), None, is_dir);
             if is_dir {
                 stack.push(rel);

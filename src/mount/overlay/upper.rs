@@ -335,11 +335,9 @@ impl UpperCapture<'_> {
                         .flat_map(|t| t.entries().iter().cloned())
                         .map(|e| (e.name.clone(), e))
                         .collect();
-                    let mut names: Vec<Vec<u8>> = match std::fs::read_dir(upper) {
-                        Ok(rd) => rd
-                            .map(|e| e.map(|e| e.file_name().as_bytes().to_vec()))
-                            .collect::<Result<_, _>>()
-                            .map_err(io(upper))?,
+                    // Listed without touching the directory's access time (the user's).
+                    let mut names: Vec<Vec<u8>> = match crate::fs::list_dir_noatime(upper) {
+                        Ok(rd) => rd.into_iter().map(|e| e.name).collect(),
                         // Renamed or removed while the walk ran: per-entry consistency.
                         Err(e) if vanished(&e) && !rel.is_empty() => return Ok(None),
                         Err(e) => return Err(io(upper)(e)),
@@ -717,7 +715,9 @@ pub(super) fn changes_since(
         }
     }
     while let Some(rel) = stack.pop() {
-        let rd = match std::fs::read_dir(rel_path(upper, &rel)) {
+        let dir = rel_path(upper, &rel);
+        // Listed without touching the directory's access time (the user's).
+        let rd = match crate::fs::list_dir_noatime(&dir) {
             Ok(rd) => rd,
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
                 continue
@@ -727,9 +727,11 @@ pub(super) fn changes_since(
         let then = captured.get(&rel);
         let mut seen = HashSet::new();
         for e in rd {
-            let e = e?;
-            let Ok(m) = e.metadata() else { continue };
-            let name = e.file_name().as_bytes().to_vec();
+            let name = e.name;
+            let Ok(m) = std::fs::symlink_metadata(dir.join(std::ffi::OsStr::from_bytes(&name)))
+            else {
+                continue;
+            };
             let s = Stamp::of(&m);
             let r = rel_join(&rel, &name);
             if differs(&s, then.and_then(|l| l.get(&name))) {

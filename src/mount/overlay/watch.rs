@@ -326,12 +326,14 @@ impl State {
             };
             u.paths.insert(d.clone(), wd);
             u.mark(&d, None, seq);
-            let Ok(rd) = std::fs::read_dir(&path) else {
+            // Listed without touching its access time (a user's `utimensat` may have
+            // set it just before).
+            let Ok(rd) = crate::fs::list_dir_noatime(&path) else {
                 continue;
             };
-            for e in rd.flatten() {
-                if e.file_type().is_ok_and(|t| t.is_dir()) {
-                    stack.push(rel_join(&d, e.file_name().as_bytes()));
+            for e in rd {
+                if e.is_dir {
+                    stack.push(rel_join(&d, &e.name));
                 }
             }
         }
