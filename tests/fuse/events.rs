@@ -31,7 +31,7 @@ fn drain(
 }
 
 #[test]
-fn a_writers_close_is_announced_once_whether_or_not_anyone_listened_at_its_open() {
+fn a_writers_close_is_announced_whether_or_not_anyone_listened_at_its_open() {
     if crate::overlay() {
         eprintln!("skipped: the overlay backend announces changes by inotify");
         return;
@@ -85,8 +85,11 @@ fn a_writers_close_is_announced_once_whether_or_not_anyone_listened_at_its_open(
             .filter(|e| e.kind == FsEventKind::Modify && e.path == p)
             .count()
     };
+    // Announced at its release: once per open file description.
     assert_eq!(modified("early.txt"), 1, "{events:?}");
-    assert_eq!(modified("late.txt"), 1, "{events:?}");
+    // Announced at each close (flush); a child another test forks meanwhile closes a
+    // copy too (at its exec), so at least once.
+    assert!(modified("late.txt") >= 1, "{events:?}");
     assert!(
         events.iter().all(|e| e.path != "read.txt"),
         "a reader's close announced: {events:?}"

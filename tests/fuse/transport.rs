@@ -2,7 +2,7 @@
 //! names; the whole suite runs on both (scripts/test.sh), these check the choice itself.
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use casfs::fs::fuse_uring_enabled as kernel_uring_enabled;
 
@@ -24,6 +24,20 @@ fn mount_fuse(store: &Path, mp: &Path, transport: &str) -> std::process::Output 
         ],
         &[],
     )
+}
+
+/// A store under `t` with thread `w` captured from `files`, and an empty mountpoint.
+fn captured(t: &Path, files: &[(&str, &[u8])]) -> (PathBuf, PathBuf) {
+    let src = t.join("src");
+    fs::create_dir(&src).unwrap();
+    for (name, data) in files {
+        fs::write(src.join(name), data).unwrap();
+    }
+    let store = t.join("store");
+    ok(&store, &["capture", src.to_str().unwrap(), "-t", "w"]);
+    let mp = t.join("mnt");
+    fs::create_dir(&mp).unwrap();
+    (store, mp)
 }
 
 #[test]
@@ -88,12 +102,7 @@ fn io_uring_asked_for_where_the_kernel_has_it_off_is_refused_by_name() {
         return;
     }
     let t = tempfile::tempdir().unwrap();
-    let src = t.path().join("src");
-    fs::create_dir(&src).unwrap();
-    let store = t.path().join("store");
-    ok(&store, &["capture", src.to_str().unwrap(), "-t", "w"]);
-    let mp = t.path().join("mnt");
-    fs::create_dir(&mp).unwrap();
+    let (store, mp) = captured(t.path(), &[]);
     let _g = MountGuard::new(&mp);
     let out = mount_fuse(&store, &mp, "io_uring");
     assert!(!out.status.success());
@@ -132,13 +141,7 @@ fn ring_threads_wait_for_requests_at_idle_policy() {
     }
     const SCHED_IDLE: u32 = 5;
     let t = tempfile::tempdir().unwrap();
-    let src = t.path().join("src");
-    fs::create_dir(&src).unwrap();
-    fs::write(src.join("f"), vec![7u8; 1 << 20]).unwrap();
-    let store = t.path().join("store");
-    ok(&store, &["capture", src.to_str().unwrap(), "-t", "w"]);
-    let mp = t.path().join("mnt");
-    fs::create_dir(&mp).unwrap();
+    let (store, mp) = captured(t.path(), &[("f", &[7u8; 1 << 20])]);
     let _g = MountGuard::new(&mp);
     let out = mount_fuse(&store, &mp, "io_uring");
     assert!(

@@ -451,10 +451,25 @@ fn file_events_report_every_change_with_its_diff() {
     let s = start(&store, &sb, &["--diffs"], &[]);
     let root = start_run(&s, "t", "e1");
     let f = root.join("notes.txt");
+    // Every close of a writer's file description is announced, and a child that
+    // another test (tests run in threads of one process) forks while a file here is
+    // open holds a copy until its exec closes it: that close repeats the event before
+    // it, diff and all. Repeats are left out.
     let events = |n: usize| {
         let mut v = Value::Null;
         wait_for(Duration::from_secs(10), || {
-            v = ok_call(&s, "GET", "/v1/runs/e1/events", None);
+            let all = ok_call(&s, "GET", "/v1/runs/e1/events", None);
+            let mut kept: Vec<Value> = Vec::new();
+            for e in all.as_array().unwrap() {
+                let same = |k: &Value| k["kind"] == e["kind"] && k["path"] == e["path"];
+                let repeat = kept
+                    .last()
+                    .is_some_and(|k| same(k) && k["diff"] == e["diff"] && e["kind"] == "modify");
+                if !repeat {
+                    kept.push(e.clone());
+                }
+            }
+            v = Value::Array(kept);
             v.as_array().unwrap().len() >= n
         });
         v
