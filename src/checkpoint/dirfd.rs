@@ -91,44 +91,17 @@ pub fn open_dir(path: &Path) -> CheckpointResult<OwnedFd> {
 
 /// The names in an open directory (without `.` and `..`), sorted bytewise.
 pub fn list_dir(dir: RawFd) -> io::Result<Vec<Vec<u8>>> {
-    // SAFETY: dup of a valid fd; fdopendir takes ownership of the duplicate.
+    // SAFETY: dup of a valid fd; `read_dir_fd` takes the duplicate.
     let dup = unsafe { libc::fcntl(dir, libc::F_DUPFD_CLOEXEC, 0) };
     if dup < 0 {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: dup is a valid directory fd we own.
-    let d = unsafe { libc::fdopendir(dup) };
-    if d.is_null() {
-        let e = io::Error::last_os_error();
-        // SAFETY: closing the fd fdopendir did not take.
-        unsafe { libc::close(dup) };
-        return Err(e);
-    }
-    // SAFETY: d is valid; the duplicate shares its offset with `dir`, so start over.
-    unsafe { libc::rewinddir(d) };
-    let mut names = Vec::new();
-    loop {
-        // SAFETY: errno is thread-local; reset it to tell the end from an error.
-        unsafe { *libc::__errno_location() = 0 };
-        // SAFETY: d is a valid DIR*.
-        let ent = unsafe { libc::readdir64(d) };
-        if ent.is_null() {
-            // SAFETY: reading the thread-local errno.
-            let errno = unsafe { *libc::__errno_location() };
-            // SAFETY: d is valid and closed once.
-            unsafe { libc::closedir(d) };
-            if errno != 0 {
-                return Err(io::Error::from_raw_os_error(errno));
-            }
-            names.sort_unstable();
-            return Ok(names);
-        }
-        // SAFETY: d_name is NUL-terminated within the entry.
-        let name = unsafe { CStr::from_ptr((*ent).d_name.as_ptr()) }.to_bytes();
-        if name != b"." && name != b".." {
-            names.push(name.to_vec());
-        }
-    }
+    let mut names: Vec<Vec<u8>> = crate::fs::read_dir_fd(dup)?
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    names.sort_unstable();
+    Ok(names)
 }
 
 pub fn file_type(st: &libc::stat) -> libc::mode_t {

@@ -12,6 +12,7 @@
 
 use std::ffi::CStr;
 use std::io;
+use std::os::fd::RawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -39,6 +40,26 @@ pub fn list_dir_noatime(dir: &Path) -> io::Result<Vec<Listed>> {
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
+    let mut out = Vec::new();
+    for (name, d_type) in read_dir_fd(fd)? {
+        let is_dir = match d_type {
+            libc::DT_DIR => true,
+            libc::DT_UNKNOWN => {
+                std::fs::symlink_metadata(dir.join(std::ffi::OsStr::from_bytes(&name)))
+                    .is_ok_and(|m| m.is_dir())
+            }
+            _ => false,
+        };
+        out.push(Listed { name, is_dir });
+    }
+    Ok(out)
+}
+
+/// The entries of the open directory `fd` (which this takes and closes), from its
+/// start, `.` and `..` left out: each name with the type the directory records
+/// (`DT_DIR`, ..., `DT_UNKNOWN` where the filesystem keeps none), in the filesystem's
+/// order. `fd` shares its offset with any descriptor it was duplicated from.
+pub fn read_dir_fd(fd: RawFd) -> io::Result<Vec<(Vec<u8>, u8)>> {
     // SAFETY: `fd` is an open directory; on success the stream owns it.
     let stream = unsafe { libc::fdopendir(fd) };
     if stream.is_null() {
@@ -47,6 +68,8 @@ pub fn list_dir_noatime(dir: &Path) -> io::Result<Vec<Listed>> {
         unsafe { libc::close(fd) };
         return Err(e);
     }
+    // SAFETY: a valid stream; a duplicated descriptor may be past the start.
+    unsafe { libc::rewinddir(stream) };
     let mut out = Vec::new();
     let result = loop {
         // SAFETY: errno is thread-local; cleared to tell the end from an error.
@@ -64,22 +87,13 @@ pub fn list_dir_noatime(dir: &Path) -> io::Result<Vec<Listed>> {
         // until the next call on this stream.
         let (name, d_type) = unsafe {
             (
-                CStr::from_ptr((*ent).d_name.as_ptr()).to_bytes().to_vec(),
+                CStr::from_ptr((*ent).d_name.as_ptr()).to_bytes(),
                 (*ent).d_type,
             )
         };
-        if name == b"." || name == b".." {
-            continue;
+        if name != b"." && name != b".." {
+            out.push((name.to_vec(), d_type));
         }
-        let is_dir = match d_type {
-            libc::DT_DIR => true,
-            libc::DT_UNKNOWN => {
-                std::fs::symlink_metadata(dir.join(std::ffi::OsStr::from_bytes(&name)))
-                    .is_ok_and(|m| m.is_dir())
-            }
-            _ => false,
-        };
-        out.push(Listed { name, is_dir });
     };
     // SAFETY: the stream (and its descriptor) closed once.
     unsafe { libc::closedir(stream) };

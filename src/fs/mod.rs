@@ -23,7 +23,7 @@ mod workspace;
 
 pub use chunk_cache::{ChunkCache, ChunkReader};
 pub use dirty::{null_tag, Tag, MOUNTS_CF};
-pub use listing::{list_dir_noatime, Listed};
+pub use listing::{list_dir_noatime, read_dir_fd, Listed};
 pub use reads::ReadLog;
 pub use transport::{kernel_enabled as fuse_uring_enabled, FuseTransport};
 pub use view::{mount_objects, mount_tree, MountedTree, TreeView, ViewOptions};
