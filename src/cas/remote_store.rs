@@ -937,6 +937,11 @@ impl ObjectStore for RemoteObjectStore {
         }
     }
 
+    /// Only what is local: fetching is left to the listing that needs it.
+    fn read_ahead(&self, ids: Vec<ObjectId>) {
+        self.local.read_ahead(ids);
+    }
+
     fn stage(&self, ids: &[ObjectId]) -> Staged {
         // Objects on their own keys (the layout before packs) are left to `get`.
         let (by_pack, _) = self.plan(ids);

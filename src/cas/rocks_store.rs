@@ -42,6 +42,16 @@ pub struct RocksObjectStore {
     /// filesystem's free space does not show them yet.
     unflushed: std::sync::atomic::AtomicU64,
     fence: Fence,
+    /// Open while the store is: a read ahead reads only under it, so that once the
+    /// store is dropped no background read holds the database.
+    ahead_gate: Arc<std::sync::RwLock<bool>>,
+}
+
+impl Drop for RocksObjectStore {
+    /// Waits for the reads ahead under way (one object each) and stops the rest.
+    fn drop(&mut self) {
+        *self.ahead_gate.write().unwrap_or_else(|p| p.into_inner()) = false;
+    }
 }
 
 /// The first MiB of objects put between two syncs goes through the write-ahead log: a
@@ -64,6 +74,7 @@ impl RocksObjectStore {
             logged: std::sync::atomic::AtomicU64::new(0),
             unflushed: std::sync::atomic::AtomicU64::new(0),
             fence: Fence::default(),
+            ahead_gate: Arc::new(std::sync::RwLock::new(true)),
         }
     }
 
@@ -281,6 +292,34 @@ impl ObjectStore for RocksObjectStore {
         });
     }
 
+    /// On the reader threads, without waiting. Each read holds the database only for
+    /// itself, and only while this store is open: dropping the store waits for the
+    /// reads under way and ends the rest, so the database closes with its owners.
+    fn read_ahead(&self, ids: Vec<ObjectId>) {
+        use rayon::prelude::*;
+        if ids.is_empty() {
+            return;
+        }
+        let Some(pool) = prefetch_pool() else { return };
+        let db = Arc::downgrade(&self.db);
+        let gate = self.ahead_gate.clone();
+        pool.spawn(move || {
+            ids.par_iter().for_each(|id| {
+                let open = gate.read().unwrap_or_else(|p| p.into_inner());
+                if !*open {
+                    return;
+                }
+                let Some(db) = db.upgrade() else { return };
+                let _ = db.reading(|db| {
+                    db.raw()
+                        .get_pinned_cf(db.cf(OBJECTS_CF), id.0.as_bytes())
+                        .map(|_| ())
+                        .map_err(|e| db.err(e))
+                });
+            })
+        });
+    }
+
     fn contains(&self, id: &ObjectId) -> CasResult<bool> {
         let key = id.0.as_bytes();
         self.db.reading(|db| {
@@ -349,6 +388,40 @@ mod tests {
         let err = store.get(&a.id, "blob").unwrap_err();
         assert!(err.is_integrity(), "{err}");
         assert!(err.to_string().contains(&a.id.to_hex()));
+    }
+
+    /// Reads ahead hold the database only while the store is open: a store closed with
+    /// a long read-ahead queued can be opened again at once (its lock released), and
+    /// what was read ahead reads back unchanged.
+    #[test]
+    fn a_read_ahead_keeps_no_store_open_and_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let db = Arc::new(Database::open(&path, &[]).unwrap());
+        let store = RocksObjectStore::new(db.clone());
+        let objects: Vec<(ObjectId, Vec<u8>)> = (0..2000u32)
+            .map(|i| {
+                let data = format!("object {i} ").repeat(50).into_bytes();
+                (store.put(&data).unwrap().id, data)
+            })
+            .collect();
+        db.raw().flush_cf(db.cf(OBJECTS_CF)).unwrap();
+        let ids: Vec<ObjectId> = objects.iter().map(|(id, _)| *id).collect();
+        // Missing objects are skipped without a word.
+        let mut with_missing = ids.clone();
+        with_missing.push(ObjectId(Hash::of(b"not stored")));
+        for _ in 0..20 {
+            store.read_ahead(with_missing.clone());
+        }
+        store.read_ahead(Vec::new());
+        drop(store);
+        drop(db);
+        let db = Arc::new(Database::open(&path, &[]).expect("reopened while reading ahead"));
+        let store = RocksObjectStore::new(db);
+        store.read_ahead(ids);
+        for (id, data) in &objects {
+            assert_eq!(&store.get(id, "blob").unwrap(), data);
+        }
     }
 
     /// A reader opened read-only beside a writer, whose compaction then moves objects

@@ -50,6 +50,12 @@ pub trait ObjectStore: Send + Sync {
     /// lacks locally, many at a time. Best effort: a failure shows at the read.
     fn prefetch(&self, _ids: &[ObjectId]) {}
 
+    /// Like [`ObjectStore::prefetch`] but returns at once: the reads go on in the
+    /// background, for objects likely wanted a little later (a listing's
+    /// subdirectories' subdirectories). Best effort, and nothing of the store is kept
+    /// alive by it.
+    fn read_ahead(&self, _ids: Vec<ObjectId>) {}
+
     /// Reads those of `ids` that are not stored locally into memory, verified, many at
     /// a time, without keeping them in the local store: for work that writes them
     /// elsewhere at once (a plain restore writes them into files, which are then the
@@ -125,6 +131,10 @@ impl ObjectStore for StagedReader<'_> {
 
     fn prefetch(&self, ids: &[ObjectId]) {
         self.store.prefetch(ids)
+    }
+
+    fn read_ahead(&self, ids: Vec<ObjectId>) {
+        self.store.read_ahead(ids)
     }
 
     fn stage(&self, ids: &[ObjectId]) -> Staged {

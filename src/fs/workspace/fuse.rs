@@ -640,10 +640,11 @@ impl Filesystem for WorkspaceFs {
             Err(e) => return reply.error(e),
         };
         self.prefetch_subtrees(&entries);
+        let mut ahead = Vec::new();
         let mut tx = self.ws().tx();
         for (k, (child, kind, name)) in entries.into_iter().enumerate() {
             if kind == FileType::Directory && name != b"." && name != b".." {
-                let _ = tx.load_dir(child);
+                let _ = tx.load_dir_reading_ahead(child, &mut ahead);
             }
             let Ok(attr) = tx.attr(child) else { continue };
             let next = offset + k as u64 + 1;
@@ -665,6 +666,9 @@ impl Filesystem for WorkspaceFs {
         }
         drop(tx);
         reply.ok();
+        // A walk goes on into these subdirectories: their own subdirectories' trees are
+        // read while it does.
+        self.ws().objects.read_ahead(ahead);
     }
 
     fn fsyncdir(

@@ -116,6 +116,36 @@ impl<'a> Tx<'a> {
         }
     }
 
+    /// [`Tx::load_dir`], and when it loads `ino` now, the trees of its subdirectories
+    /// (none of them loaded yet) are added to `ahead`.
+    pub(super) fn load_dir_reading_ahead(
+        &mut self,
+        ino: u64,
+        ahead: &mut Vec<ObjectId>,
+    ) -> Result<(), Errno> {
+        if matches!(
+            self.node(ino)?.body,
+            Body::Dir {
+                children: Some(_),
+                ..
+            }
+        ) {
+            return Ok(());
+        }
+        self.load_dir(ino)?;
+        let kids: Vec<u64> = self.children(ino)?.iter().map(|(_, c)| *c).collect();
+        for c in kids {
+            if let Body::Dir {
+                children: None,
+                tree: Some(t),
+            } = &self.node(c)?.body
+            {
+                ahead.push(ObjectId(t.0));
+            }
+        }
+        Ok(())
+    }
+
     pub(super) fn load_dir(&mut self, ino: u64) -> Result<(), Errno> {
         let n = self.node(ino)?;
         let (tree, dirty) = match &n.body {
