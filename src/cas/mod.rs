@@ -66,3 +66,68 @@ pub fn store_tree(store: &dyn ObjectStore, tree: &Tree) -> CasResult<(TreeId, Pu
     let p = store.put_metadata(&tree.encode())?;
     Ok((TreeId(p.id.0), p))
 }
+
+/// The paths that differ from tree `a` to tree `b`, as a checkpoint reports them:
+/// files (and other non-directories) added or modified into `changed`, entries gone
+/// into `removed` (a removed directory once), and in `dirs` the directories whose tree
+/// is new (the root included). Identical subtrees are skipped, so the cost follows what
+/// changed.
+pub fn paths_between(
+    objects: &dyn ObjectStore,
+    a: Option<TreeId>,
+    b: TreeId,
+    prefix: &str,
+    changed: &mut Vec<String>,
+    removed: &mut Vec<String>,
+    dirs: &mut u64,
+) -> CasResult<()> {
+    if a == Some(b) {
+        return Ok(());
+    }
+    *dirs += 1;
+    let ta = a.map(|a| load_tree(objects, &a)).transpose()?;
+    let tb = load_tree(objects, &b)?;
+    let before: std::collections::HashMap<&[u8], &TreeEntry> = ta
+        .iter()
+        .flat_map(|t| t.entries())
+        .map(|e| (e.name.as_slice(), e))
+        .collect();
+    for e in tb.entries() {
+        let path = join_path(prefix, &e.name);
+        let old = before.get(e.name.as_slice()).copied();
+        match (old.and_then(|o| o.tree_id()), e.tree_id()) {
+            (old_tree, Some(t)) => {
+                if old.is_some() && old_tree.is_none() {
+                    removed.push(path.clone());
+                }
+                paths_between(objects, old_tree, t, &path, changed, removed, dirs)?;
+            }
+            (Some(_), None) => {
+                removed.push(path.clone());
+                changed.push(path);
+            }
+            (None, None) => {
+                if old != Some(e) {
+                    changed.push(path);
+                }
+            }
+        }
+    }
+    let now: std::collections::HashSet<&[u8]> =
+        tb.entries().iter().map(|e| e.name.as_slice()).collect();
+    for e in ta.iter().flat_map(|t| t.entries()) {
+        if !now.contains(e.name.as_slice()) {
+            removed.push(join_path(prefix, &e.name));
+        }
+    }
+    Ok(())
+}
+
+fn join_path(dir: &str, name: &[u8]) -> String {
+    let n = String::from_utf8_lossy(name);
+    if dir.is_empty() {
+        n.into_owned()
+    } else {
+        format!("{dir}/{n}")
+    }
+}

@@ -8,6 +8,7 @@ mod common;
 mod soak_driver;
 
 mod bench;
+mod changes;
 mod events;
 mod fleet;
 mod forget;

@@ -20,7 +20,7 @@ pub(crate) struct Ws {
     pub(crate) guard: MountGuard,
 }
 
-fn mount(thread: &str, extra: &[&str]) -> Ws {
+pub(crate) fn mount(thread: &str, extra: &[&str]) -> Ws {
     let t = tempfile::tempdir().unwrap();
     let store = t.path().join("s");
     let mp = t.path().join("mnt");

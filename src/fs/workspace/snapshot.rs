@@ -14,9 +14,10 @@ pub struct SnapshotStats {
     pub reused_objects: u64,
     /// Sockets left out (they cannot be stored).
     pub skipped: u64,
-    /// Files (and other non-directories) added or modified.
+    /// Files (and other non-directories) added or modified since the base (the
+    /// checkpoint before), a moved directory's files at their new paths.
     pub changed_paths: Vec<String>,
-    /// Entries of the previous tree that are gone (a removed directory counts once).
+    /// Entries of the base's tree that are gone (a removed directory counts once).
     pub removed_paths: Vec<String>,
 }
 
@@ -234,14 +235,10 @@ impl<'a> Tx<'a> {
                             };
                             cx.stats.files_hashed += 1;
                             cx.stats.bytes_hashed += hashed;
-                            cx.stats.changed_paths.push(self.entry_path(ino, &name));
                             let mtime = st.st_mtime * 1_000_000_000 + st.st_mtime_nsec;
                             (fref, mtime)
                         }
-                        (None, Some(c)) => {
-                            cx.stats.changed_paths.push(self.entry_path(ino, &name));
-                            (c, meta.mtime)
-                        }
+                        (None, Some(c)) => (c, meta.mtime),
                         (None, None) => {
                             return Err(WorkspaceError::Io(format!(
                                 "{}: content lost (no upper file)",
@@ -252,7 +249,6 @@ impl<'a> Tx<'a> {
                     (EntryContent::File(fref.id), fref.size, mtime, meta.mode)
                 }
                 Kind::Symlink => {
-                    cx.stats.changed_paths.push(self.entry_path(ino, &name));
                     let t = match &n.body {
                         Body::Symlink(t) => t.clone(),
                         _ => unreachable!(),
@@ -288,27 +284,6 @@ impl<'a> Tx<'a> {
             };
             cx.done.push((child, Arc::new(e.clone())));
             entries.push(e);
-        }
-        // What the previous tree of this directory had that is gone now.
-        if let Some(Body::Dir {
-            tree: Some(prev), ..
-        }) = self.st.nodes.get(&ino).map(|n| &n.body)
-        {
-            let prev = load_tree(self.ws.objects.as_ref(), prev)?;
-            let dir = self.path_of(ino);
-            for e in prev.entries() {
-                if entries
-                    .binary_search_by(|x| x.name.as_slice().cmp(&e.name))
-                    .is_err()
-                {
-                    let name = String::from_utf8_lossy(&e.name);
-                    cx.stats.removed_paths.push(if dir.is_empty() {
-                        name.into_owned()
-                    } else {
-                        format!("{dir}/{name}")
-                    });
-                }
-            }
         }
         if let Some(f) = cx.filter {
             // Before the tree is stored: a refused entry leaves no object naming it.
@@ -372,6 +347,18 @@ impl Workspace {
             tx.st.base
         };
         let (done, keep_dirty) = (cx.done, cx.keep_dirty);
+        // What changed is told against the base, tree by tree: a file that stayed dirty
+        // (open for writing, or kept back by the filter) but holds what the base holds
+        // is no change, and a moved directory's files are changes at their new paths.
+        crate::cas::paths_between(
+            self.objects.as_ref(),
+            Some(tx.st.base),
+            root,
+            "",
+            &mut stats.changed_paths,
+            &mut stats.removed_paths,
+            &mut 0,
+        )?;
         self.objects.sync()?;
         Ok(Snapshot {
             ws: self,

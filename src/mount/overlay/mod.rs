@@ -545,7 +545,7 @@ impl OverlayMount {
         stats.changed_paths.clear();
         stats.removed_paths.clear();
         stats.dirs_written = 0;
-        upper::paths_between(
+        crate::cas::paths_between(
             self.store.objects(),
             previous,
             root,
