@@ -123,7 +123,8 @@ pub fn paths_between(
     Ok(())
 }
 
-fn join_path(dir: &str, name: &[u8]) -> String {
+/// `dir/name` (just `name` at the top), the name read as UTF-8 lossily.
+pub fn join_path(dir: &str, name: &[u8]) -> String {
     let n = String::from_utf8_lossy(name);
     if dir.is_empty() {
         n.into_owned()

@@ -228,15 +228,6 @@ fn vanished(e: &std::io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR))
 }
 
-fn join(dir: &str, name: &[u8]) -> String {
-    let n = String::from_utf8_lossy(name);
-    if dir.is_empty() {
-        n.into_owned()
-    } else {
-        format!("{dir}/{n}")
-    }
-}
-
 impl UpperCapture<'_> {
     fn tree(&self, id: &TreeId) -> Result<Tree, UpperError> {
         Ok(load_tree(self.objects, id)?)
@@ -399,7 +390,7 @@ impl UpperCapture<'_> {
     ) -> Result<(Option<Stamp>, Step), UpperError> {
         let name = name.to_vec();
         let path = upper.join(std::ffi::OsStr::from_bytes(&name));
-        let child_rel = join(rel, &name);
+        let child_rel = crate::cas::join_path(rel, &name);
         let m = match std::fs::symlink_metadata(&path) {
             Ok(m) => m,
             // Removed while the walk ran: per-entry consistency (docs/mount.md).
