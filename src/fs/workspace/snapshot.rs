@@ -348,8 +348,10 @@ impl Workspace {
         };
         let (done, keep_dirty) = (cx.done, cx.keep_dirty);
         // What changed is told against the base, tree by tree: a file that stayed dirty
-        // (open for writing, or kept back by the filter) but holds what the base holds
-        // is no change, and a moved directory's files are changes at their new paths.
+        // (open for writing, or stored in another form by the filter) but holds what the
+        // base holds is no change, and a moved directory's files are changes at their new
+        // paths. An entry the filter left out is not in the tree: removed, if the base
+        // had it.
         crate::cas::paths_between(
             self.objects.as_ref(),
             Some(tx.st.base),
