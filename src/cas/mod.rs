@@ -85,31 +85,20 @@ pub fn paths_between(
         return Ok(());
     }
     *dirs += 1;
-    let ta = a.map(|a| load_tree(objects, &a)).transpose()?;
+    let ta = a
+        .map(|a| load_tree(objects, &a))
+        .transpose()?
+        .unwrap_or_default();
     let tb = load_tree(objects, &b)?;
-    // Both sorted by name: one pass over the two, no lookups (a directory of 100k
-    // entries is walked once each).
-    let (old, new) = (ta.as_ref().map_or(&[][..], |t| t.entries()), tb.entries());
-    let (mut i, mut j) = (0, 0);
-    while i < old.len() || j < new.len() {
-        let ord = match (old.get(i), new.get(j)) {
-            (Some(o), Some(n)) => o.name.cmp(&n.name),
-            (Some(_), None) => std::cmp::Ordering::Less,
-            _ => std::cmp::Ordering::Greater,
-        };
-        let (o, n) = match ord {
-            std::cmp::Ordering::Less => {
-                removed.push(join_path(prefix, &old[i].name));
-                i += 1;
+    for (o, n) in ta.zip_by_name(&tb) {
+        let n = match (o, n) {
+            (_, Some(n)) => n,
+            (Some(o), None) => {
+                removed.push(join_path(prefix, &o.name));
                 continue;
             }
-            std::cmp::Ordering::Greater => (None, &new[j]),
-            std::cmp::Ordering::Equal => {
-                i += 1;
-                (Some(&old[i - 1]), &new[j])
-            }
+            (None, None) => continue,
         };
-        j += 1;
         let path = || join_path(prefix, &n.name);
         match (o.and_then(|o| o.tree_id()), n.tree_id()) {
             (old_tree, Some(t)) => {

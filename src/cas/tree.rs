@@ -207,6 +207,40 @@ impl Tree {
             .map(|i| &self.entries[i])
     }
 
+    /// This tree's entries beside `other`'s, in name order, in one pass over both:
+    /// `(Some, None)` a name only here, `(None, Some)` only there, both when each has it.
+    pub fn zip_by_name<'t>(
+        &'t self,
+        other: &'t Tree,
+    ) -> impl Iterator<Item = (Option<&'t TreeEntry>, Option<&'t TreeEntry>)> + 't {
+        let (a, b) = (&self.entries, &other.entries);
+        let (mut i, mut j) = (0, 0);
+        std::iter::from_fn(move || {
+            let (x, y) = (a.get(i), b.get(j));
+            let ord = match (x, y) {
+                (None, None) => return None,
+                (Some(x), Some(y)) => x.name.cmp(&y.name),
+                (Some(_), None) => std::cmp::Ordering::Less,
+                (None, Some(_)) => std::cmp::Ordering::Greater,
+            };
+            Some(match ord {
+                std::cmp::Ordering::Less => {
+                    i += 1;
+                    (x, None)
+                }
+                std::cmp::Ordering::Greater => {
+                    j += 1;
+                    (None, y)
+                }
+                std::cmp::Ordering::Equal => {
+                    i += 1;
+                    j += 1;
+                    (x, y)
+                }
+            })
+        })
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(8 + self.entries.len() * 64);
         out.push(TREE_VERSION);

@@ -50,28 +50,12 @@ fn diff_into(
     prefix: &str,
     out: &mut Vec<Change>,
 ) -> CheckpointResult<()> {
-    let (ea, eb) = (a.entries(), b.entries());
-    let (mut i, mut j) = (0, 0);
-    while i < ea.len() || j < eb.len() {
-        let ord = match (ea.get(i), eb.get(j)) {
-            (Some(x), Some(y)) => x.name.cmp(&y.name),
-            (Some(_), None) => std::cmp::Ordering::Less,
-            _ => std::cmp::Ordering::Greater,
-        };
-        match ord {
-            std::cmp::Ordering::Less => {
-                whole(store, &ea[i], prefix, ChangeKind::Removed, out)?;
-                i += 1;
-            }
-            std::cmp::Ordering::Greater => {
-                whole(store, &eb[j], prefix, ChangeKind::Added, out)?;
-                j += 1;
-            }
-            std::cmp::Ordering::Equal => {
-                entry_pair(store, &ea[i], &eb[j], prefix, out)?;
-                i += 1;
-                j += 1;
-            }
+    for pair in a.zip_by_name(b) {
+        match pair {
+            (Some(x), None) => whole(store, x, prefix, ChangeKind::Removed, out)?,
+            (None, Some(y)) => whole(store, y, prefix, ChangeKind::Added, out)?,
+            (Some(x), Some(y)) => entry_pair(store, x, y, prefix, out)?,
+            (None, None) => unreachable!("a name comes from one side at least"),
         }
     }
     Ok(())
