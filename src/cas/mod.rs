@@ -25,7 +25,7 @@ pub use hash::{decode_hex, ChunkId, FileId, Hash, ObjectId, ParseIdError, TreeId
 pub use kv::{set_default_block_cache, Batch, Column, Database};
 pub use rocks_store::RocksObjectStore;
 pub use store::{ObjectStore, PutOutcome, Staged, StagedReader, SweepReport};
-pub use tree::{EntryContent, Tree, TreeEntry};
+pub use tree::{EntryContent, Paired, Tree, TreeEntry};
 
 /// Reads and decodes a tree object.
 pub fn load_tree(store: &dyn ObjectStore, id: &TreeId) -> CasResult<Tree> {
@@ -90,14 +90,14 @@ pub fn paths_between(
         .transpose()?
         .unwrap_or_default();
     let tb = load_tree(objects, &b)?;
-    for (o, n) in ta.zip_by_name(&tb) {
-        let n = match (o, n) {
-            (_, Some(n)) => n,
-            (Some(o), None) => {
+    for pair in ta.zip_by_name(&tb) {
+        let (o, n) = match pair {
+            Paired::Here(o) => {
                 removed.push(join_path(prefix, &o.name));
                 continue;
             }
-            (None, None) => continue,
+            Paired::There(n) => (None, n),
+            Paired::Both(o, n) => (Some(o), n),
         };
         let path = || join_path(prefix, &n.name);
         match (o.and_then(|o| o.tree_id()), n.tree_id()) {

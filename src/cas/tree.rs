@@ -156,6 +156,15 @@ pub fn validate_name(name: &[u8]) -> Result<(), String> {
 }
 
 /// A directory: entries sorted by name, names unique.
+/// One name of [`Tree::zip_by_name`]: an entry only in the tree zipped (`Here`), only
+/// in the other (`There`), or in both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Paired<'t> {
+    Here(&'t TreeEntry),
+    There(&'t TreeEntry),
+    Both(&'t TreeEntry, &'t TreeEntry),
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Tree {
     entries: Vec<TreeEntry>,
@@ -207,37 +216,27 @@ impl Tree {
             .map(|i| &self.entries[i])
     }
 
-    /// This tree's entries beside `other`'s, in name order, in one pass over both:
-    /// `(Some, None)` a name only here, `(None, Some)` only there, both when each has it.
-    pub fn zip_by_name<'t>(
-        &'t self,
-        other: &'t Tree,
-    ) -> impl Iterator<Item = (Option<&'t TreeEntry>, Option<&'t TreeEntry>)> + 't {
+    /// This tree's entries beside `other`'s, in name order, in one pass over both.
+    pub fn zip_by_name<'t>(&'t self, other: &'t Tree) -> impl Iterator<Item = Paired<'t>> + 't {
         let (a, b) = (&self.entries, &other.entries);
         let (mut i, mut j) = (0, 0);
         std::iter::from_fn(move || {
-            let (x, y) = (a.get(i), b.get(j));
-            let ord = match (x, y) {
+            let pair = match (a.get(i), b.get(j)) {
                 (None, None) => return None,
-                (Some(x), Some(y)) => x.name.cmp(&y.name),
-                (Some(_), None) => std::cmp::Ordering::Less,
-                (None, Some(_)) => std::cmp::Ordering::Greater,
+                (Some(x), None) => Paired::Here(x),
+                (None, Some(y)) => Paired::There(y),
+                (Some(x), Some(y)) => match x.name.cmp(&y.name) {
+                    std::cmp::Ordering::Less => Paired::Here(x),
+                    std::cmp::Ordering::Greater => Paired::There(y),
+                    std::cmp::Ordering::Equal => Paired::Both(x, y),
+                },
             };
-            Some(match ord {
-                std::cmp::Ordering::Less => {
-                    i += 1;
-                    (x, None)
-                }
-                std::cmp::Ordering::Greater => {
-                    j += 1;
-                    (None, y)
-                }
-                std::cmp::Ordering::Equal => {
-                    i += 1;
-                    j += 1;
-                    (x, y)
-                }
-            })
+            match pair {
+                Paired::Here(_) => i += 1,
+                Paired::There(_) => j += 1,
+                Paired::Both(..) => (i, j) = (i + 1, j + 1),
+            }
+            Some(pair)
         })
     }
 

@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use super::CheckpointResult;
-use crate::cas::{load_tree, EntryContent, ObjectStore, Tree, TreeEntry, TreeId};
+use crate::cas::{load_tree, EntryContent, ObjectStore, Paired, Tree, TreeEntry, TreeId};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -52,10 +52,9 @@ fn diff_into(
 ) -> CheckpointResult<()> {
     for pair in a.zip_by_name(b) {
         match pair {
-            (Some(x), None) => whole(store, x, prefix, ChangeKind::Removed, out)?,
-            (None, Some(y)) => whole(store, y, prefix, ChangeKind::Added, out)?,
-            (Some(x), Some(y)) => entry_pair(store, x, y, prefix, out)?,
-            (None, None) => unreachable!("a name comes from one side at least"),
+            Paired::Here(x) => whole(store, x, prefix, ChangeKind::Removed, out)?,
+            Paired::There(y) => whole(store, y, prefix, ChangeKind::Added, out)?,
+            Paired::Both(x, y) => entry_pair(store, x, y, prefix, out)?,
         }
     }
     Ok(())
