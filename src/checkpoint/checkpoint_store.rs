@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use super::{Checkpoint, CheckpointId, CheckpointResult, NewCheckpoint, ThreadId, WriterLease};
+use super::{
+    Checkpoint, CheckpointId, CheckpointResult, LeaseRecord, NewCheckpoint, ThreadId, WriterLease,
+};
 
 /// Where checkpoints, heads and leases live. The embedded default is RocksDB
 /// ([`super::RocksCheckpointStore`]); fleet backends implement the same contract.
@@ -16,18 +18,22 @@ pub trait CheckpointStore: Send + Sync {
         ttl: Duration,
     ) -> CheckpointResult<WriterLease>;
 
-    /// Extends a live lease by its TTL. A lease that expired or was taken over is lost.
+    /// Extends a live lease by the TTL it was taken with. A lease that expired or was
+    /// taken over is lost; one presented without its owner secret is `LeaseLost` too.
+    /// Only the lease's thread, token and owner secret are read: the answer is the
+    /// store's record (holder, TTL), renewed.
     fn renew(&self, lease: &WriterLease) -> CheckpointResult<WriterLease>;
 
-    /// Gives the lease up. Releasing a lease another writer has since taken is `LeaseLost`.
+    /// Gives the lease up. Releasing a lease another writer has since taken, or without
+    /// its owner secret, is `LeaseLost`.
     fn release(&self, lease: &WriterLease) -> CheckpointResult<()>;
 
     fn head(&self, thread: &ThreadId) -> CheckpointResult<Option<CheckpointId>>;
 
     fn get(&self, id: &CheckpointId) -> CheckpointResult<Checkpoint>;
 
-    /// In one atomic step: checks that `lease` is live and current for the thread and
-    /// that the head equals `expected_head`, then stores the checkpoint (its parent is
+    /// In one atomic step: checks that `lease` is live and current for the thread (its
+    /// token and owner secret are the current lease's) and that the head equals `expected_head`, then stores the checkpoint (its parent is
     /// `expected_head`) and moves the head to it.
     fn append(
         &self,
@@ -87,10 +93,11 @@ pub(crate) fn checked_prefix(prefix: &str) -> CheckpointResult<String> {
 }
 
 /// The rules every store applies to a writer's lease, given the thread's current lease
-/// and whether it is live by the store's clock: `lease` must be it, and live.
+/// and whether it is live by the store's clock: `lease` must be it (its token and its
+/// owner secret), and live.
 pub(crate) fn check_current(
     lease: &WriterLease,
-    current: Option<(WriterLease, bool)>,
+    current: Option<(LeaseRecord, bool)>,
 ) -> CheckpointResult<()> {
     let lost = |detail: String| super::CheckpointError::LeaseLost {
         thread: lease.thread.clone(),
@@ -105,6 +112,7 @@ pub(crate) fn check_current(
             "taken over by {:?} with token {}",
             cur.holder, cur.token
         ))),
+        Some((cur, _)) if !cur.owned_by(lease) => Err(lost(NOT_THE_OWNER.into())),
         Some((cur, false)) => Err(super::CheckpointError::LeaseExpired {
             thread: lease.thread.clone(),
             token: lease.token,
@@ -114,11 +122,16 @@ pub(crate) fn check_current(
     }
 }
 
+/// Why a lease presented with a wrong owner secret is refused.
+const NOT_THE_OWNER: &str =
+    "the owner token is not this lease's: only the writer that took the lease may use it";
+
 /// Whether releasing `lease` deletes the current lease (`true`), is a harmless repeat
-/// (`false`), or is refused because a later writer took the thread.
+/// (`false`), or is refused because a later writer took the thread or the owner secret
+/// is wrong.
 pub(crate) fn release_deletes(
     lease: &WriterLease,
-    current: Option<&WriterLease>,
+    current: Option<&LeaseRecord>,
     last_token: u64,
 ) -> CheckpointResult<bool> {
     let lost = |detail: String| super::CheckpointError::LeaseLost {
@@ -127,7 +140,8 @@ pub(crate) fn release_deletes(
         detail,
     };
     match current {
-        Some(cur) if cur.token == lease.token => Ok(true),
+        Some(cur) if cur.token == lease.token && cur.owned_by(lease) => Ok(true),
+        Some(cur) if cur.token == lease.token => Err(lost(NOT_THE_OWNER.into())),
         Some(cur) => Err(lost(format!(
             "taken over by {:?} with token {}",
             cur.holder, cur.token
@@ -162,7 +176,7 @@ pub(crate) fn check_ttl(ttl: std::time::Duration) -> CheckpointResult<()> {
 /// held by a process that still exists.
 pub(crate) fn check_free(
     thread: &ThreadId,
-    current: Option<(WriterLease, bool)>,
+    current: Option<(LeaseRecord, bool)>,
 ) -> CheckpointResult<()> {
     match current {
         Some((cur, true)) if !super::lease::holder_is_dead(&cur.holder) => {

@@ -13,7 +13,11 @@ use super::{CheckpointError, CheckpointResult, CheckpointStore, ThreadId};
 ///
 /// Every acquisition gets a fencing token larger than any before it on the thread; the
 /// store refuses an append whose token is not the current one, so a writer that stalled
-/// past its expiry cannot publish after another writer took over.
+/// past its expiry cannot publish after another writer took over. The token is a
+/// number anyone can guess, so every renew, release and append also presents the
+/// lease's [`OwnerToken`], a secret only its acquirer was told. A store reads only the
+/// `thread`, `token` and `owner_token` of a lease it is handed: holder and TTL are
+/// its own record's, fixed when the lease was taken.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WriterLease {
     pub thread: ThreadId,
@@ -22,9 +26,25 @@ pub struct WriterLease {
     pub acquired_at_ms: u64,
     pub expires_at_ms: u64,
     pub ttl_ms: u64,
+    pub owner_token: OwnerToken,
 }
 
 impl WriterLease {
+    /// A lease as a writer presents it (its thread, fencing token and owner secret):
+    /// what a store checks. The other fields are left empty; the store's answer fills
+    /// them from its own record.
+    pub fn presented(thread: ThreadId, token: u64, owner_token: OwnerToken) -> WriterLease {
+        WriterLease {
+            thread,
+            holder: String::new(),
+            token,
+            acquired_at_ms: 0,
+            expires_at_ms: 0,
+            ttl_ms: 0,
+            owner_token,
+        }
+    }
+
     pub fn expires_at(&self) -> SystemTime {
         UNIX_EPOCH + Duration::from_millis(self.expires_at_ms)
     }
@@ -36,6 +56,105 @@ impl WriterLease {
     /// When the holder should renew: a third of the TTL after the last renewal.
     pub fn renew_after(&self) -> SystemTime {
         UNIX_EPOCH + Duration::from_millis(self.expires_at_ms - self.ttl_ms * 2 / 3)
+    }
+
+    pub fn is_expired_at(&self, now: SystemTime) -> bool {
+        millis(now) >= self.expires_at_ms
+    }
+}
+
+/// A lease's owner secret: 32 random bytes in hex, told only to the writer that took
+/// the lease. Stores keep only its hash ([`OwnerToken::digest`]), so reading a store's
+/// files does not give it away either; `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct OwnerToken(String);
+
+impl OwnerToken {
+    /// A fresh secret from the system's random source.
+    pub fn generate() -> OwnerToken {
+        let mut b = [0u8; 32];
+        getrandom::fill(&mut b).expect("the system's random source");
+        OwnerToken(b.iter().map(|x| format!("{x:02x}")).collect())
+    }
+
+    /// A secret as a client sent it.
+    pub fn from_client(s: String) -> OwnerToken {
+        OwnerToken(s)
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// What a store keeps: the blake3 hash of the secret, in hex.
+    pub fn digest(&self) -> String {
+        crate::cas::Hash::of(self.0.as_bytes()).to_hex()
+    }
+}
+
+impl std::fmt::Debug for OwnerToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OwnerToken(<secret>)")
+    }
+}
+
+/// A thread's lease as a store keeps it: the lease with its owner secret replaced by
+/// the secret's hash. A record written before leases had owners has an empty hash,
+/// which no secret matches: such a lease can only expire.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRecord {
+    pub thread: ThreadId,
+    pub holder: String,
+    pub token: u64,
+    pub acquired_at_ms: u64,
+    pub expires_at_ms: u64,
+    pub ttl_ms: u64,
+    #[serde(default)]
+    pub owner_digest: String,
+}
+
+impl LeaseRecord {
+    pub fn of(l: &WriterLease) -> LeaseRecord {
+        LeaseRecord {
+            thread: l.thread.clone(),
+            holder: l.holder.clone(),
+            token: l.token,
+            acquired_at_ms: l.acquired_at_ms,
+            expires_at_ms: l.expires_at_ms,
+            ttl_ms: l.ttl_ms,
+            owner_digest: l.owner_token.digest(),
+        }
+    }
+
+    /// Whether `l` presents this lease's owner secret.
+    pub fn owned_by(&self, l: &WriterLease) -> bool {
+        let given = l.owner_token.digest();
+        // Compared in constant time, though both are hashes.
+        !self.owner_digest.is_empty()
+            && given.len() == self.owner_digest.len()
+            && given
+                .bytes()
+                .zip(self.owner_digest.bytes())
+                .fold(0u8, |a, (x, y)| a | (x ^ y))
+                == 0
+    }
+
+    /// The lease this record is, as told to the writer that presented `owner`.
+    pub fn to_lease(&self, owner: &OwnerToken) -> WriterLease {
+        WriterLease {
+            thread: self.thread.clone(),
+            holder: self.holder.clone(),
+            token: self.token,
+            acquired_at_ms: self.acquired_at_ms,
+            expires_at_ms: self.expires_at_ms,
+            ttl_ms: self.ttl_ms,
+            owner_token: owner.clone(),
+        }
+    }
+
+    pub fn expires_at(&self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_millis(self.expires_at_ms)
     }
 
     pub fn is_expired_at(&self, now: SystemTime) -> bool {

@@ -20,8 +20,8 @@ use super::lease::millis;
 use super::rocks_store::{FENCING_CF, HEADS_CF, LEASES_CF};
 use super::store::{key_hex, mount_dir_of_key};
 use super::{
-    CheckpointError, CheckpointId, CheckpointResult, CheckpointStore as _, MountTag, Store,
-    ThreadId, WriterLease,
+    CheckpointError, CheckpointId, CheckpointResult, CheckpointStore as _, LeaseRecord, MountTag,
+    Store, ThreadId,
 };
 use crate::cas::gc::Collecting;
 use crate::cas::remote_store::{RemoteGcOptions, RemoteGcReport, RemoteObjectStore};
@@ -525,7 +525,7 @@ pub fn fsck(store: &Store, repair: bool, live: &HashSet<[u8; 8]>) -> CheckpointR
     for item in db.column(LEASES_CF).entries() {
         let (k, v) = item?;
         let name = String::from_utf8_lossy(&k).into_owned();
-        match serde_json::from_slice::<WriterLease>(&v) {
+        match serde_json::from_slice::<LeaseRecord>(&v) {
             Err(e) => {
                 rep.leftovers
                     .push(format!("lease of thread {name:?} does not decode: {e}"));

@@ -28,7 +28,7 @@ pub use capture::{
 };
 pub use checkpoint_store::CheckpointStore;
 pub use error::{CheckpointError, CheckpointResult};
-pub use lease::{holder_name, LeaseKeeper, LeaseStatus, WriterLease};
+pub use lease::{holder_name, LeaseKeeper, LeaseRecord, LeaseStatus, OwnerToken, WriterLease};
 pub use pg_store::PgCheckpointStore;
 pub use record::{
     Artifact, CaptureStats, Checkpoint, CheckpointBody, CheckpointId, ContentRef, MountTag,

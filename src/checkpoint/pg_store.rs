@@ -3,7 +3,8 @@
 //!
 //! Tables (in the schema the URL's `schema=` parameter names, default `public`):
 //! `casfs_checkpoints` (id, thread, body: the canonical record), `casfs_heads` (thread ->
-//! id), `casfs_leases` (thread -> holder, token, acquired_at, expires_at, ttl_ms),
+//! id), `casfs_leases` (thread -> holder, token, acquired_at, expires_at, ttl_ms,
+//! owner_digest: the hash of the lease's owner secret),
 //! `casfs_fencing` (thread -> last token handed out), `casfs_meta` (schema version).
 //! casfs creates them on first use (under an advisory lock, so hosts starting together
 //! do not race).
@@ -22,12 +23,14 @@ use std::time::{Duration, SystemTime};
 use postgres::{Client, NoTls, Transaction};
 
 use super::{
-    Checkpoint, CheckpointError, CheckpointId, CheckpointResult, CheckpointStore, NewCheckpoint,
-    ThreadId, WriterLease,
+    Checkpoint, CheckpointError, CheckpointId, CheckpointResult, CheckpointStore, LeaseRecord,
+    NewCheckpoint, OwnerToken, ThreadId, WriterLease,
 };
 use crate::cas::Hash;
 
-const SCHEMA_VERSION: i32 = 1;
+/// Version 2 added `casfs_leases.owner_digest`: a casfs that checks no owner secret
+/// (version 1) must not share the tables with one that does.
+const SCHEMA_VERSION: i32 = 2;
 
 pub struct PgCheckpointStore {
     client: Mutex<Client>,
@@ -99,8 +102,11 @@ impl PgCheckpointStore {
                  acquired_at timestamptz NOT NULL, expires_at timestamptz NOT NULL,
                  ttl_ms bigint NOT NULL);
              CREATE TABLE IF NOT EXISTS casfs_fencing (thread text PRIMARY KEY, token bigint NOT NULL);
+             ALTER TABLE casfs_leases ADD COLUMN IF NOT EXISTS owner_digest text NOT NULL DEFAULT '';
              INSERT INTO casfs_meta VALUES ('schema_version', '{SCHEMA_VERSION}')
                  ON CONFLICT (key) DO NOTHING;
+             UPDATE casfs_meta SET value = '{SCHEMA_VERSION}'
+                 WHERE key = 'schema_version' AND value = '1';
              SELECT pg_advisory_unlock(727235);"
         );
         client
@@ -203,36 +209,43 @@ impl PgCheckpointStore {
         &self,
         t: &mut Transaction<'_>,
         thread: &ThreadId,
-    ) -> CheckpointResult<Option<(WriterLease, bool)>> {
+    ) -> CheckpointResult<Option<(LeaseRecord, bool)>> {
         let row = t
             .query_opt(
                 "SELECT holder, token,
                         (extract(epoch FROM acquired_at) * 1000)::bigint,
                         (extract(epoch FROM expires_at) * 1000)::bigint,
-                        ttl_ms, expires_at > now()
+                        ttl_ms, expires_at > now(), owner_digest
                  FROM casfs_leases WHERE thread = $1",
                 &[&thread.as_str()],
             )
             .map_err(|e| self.db_err(e))?;
         Ok(row.map(|r| {
             (
-                WriterLease {
+                LeaseRecord {
                     thread: thread.clone(),
                     holder: r.get(0),
                     token: r.get::<_, i64>(1) as u64,
                     acquired_at_ms: r.get::<_, i64>(2) as u64,
                     expires_at_ms: r.get::<_, i64>(3) as u64,
                     ttl_ms: r.get::<_, i64>(4) as u64,
+                    owner_digest: r.get(6),
                 },
                 r.get::<_, bool>(5),
             )
         }))
     }
 
-    /// Checks that `lease` is the thread's live, current lease (the thread locked).
-    fn check_lease(&self, t: &mut Transaction<'_>, lease: &WriterLease) -> CheckpointResult<()> {
+    /// Checks that `lease` is the thread's live, current lease (the thread locked);
+    /// returns its record.
+    fn check_lease(
+        &self,
+        t: &mut Transaction<'_>,
+        lease: &WriterLease,
+    ) -> CheckpointResult<LeaseRecord> {
         let current = self.lease_row(t, &lease.thread)?;
-        super::checkpoint_store::check_current(lease, current)
+        super::checkpoint_store::check_current(lease, current.clone())?;
+        Ok(current.expect("checked to be there").0)
     }
 
     fn head_in(
@@ -304,6 +317,7 @@ impl CheckpointStore for PgCheckpointStore {
             let current = self.lease_row(t, thread)?;
             super::checkpoint_store::check_free(thread, current)?;
             let token = last + 1;
+            let owner = OwnerToken::generate();
             t.execute(
                 "UPDATE casfs_fencing SET token = $2 WHERE thread = $1",
                 &[&thread.as_str(), &(token as i64)],
@@ -312,13 +326,22 @@ impl CheckpointStore for PgCheckpointStore {
             let row = t
                 .query_one(
                     "INSERT INTO casfs_leases
-                         VALUES ($1, $2, $3, now(), now() + $4::bigint * interval '1 millisecond', $4::bigint)
+                         (thread, holder, token, acquired_at, expires_at, ttl_ms, owner_digest)
+                         VALUES ($1, $2, $3, now(), now() + $4::bigint * interval '1 millisecond',
+                                 $4::bigint, $5)
                      ON CONFLICT (thread) DO UPDATE SET holder = EXCLUDED.holder,
                          token = EXCLUDED.token, acquired_at = EXCLUDED.acquired_at,
-                         expires_at = EXCLUDED.expires_at, ttl_ms = EXCLUDED.ttl_ms
+                         expires_at = EXCLUDED.expires_at, ttl_ms = EXCLUDED.ttl_ms,
+                         owner_digest = EXCLUDED.owner_digest
                      RETURNING (extract(epoch FROM acquired_at) * 1000)::bigint,
                                (extract(epoch FROM expires_at) * 1000)::bigint",
-                    &[&thread.as_str(), &holder, &(token as i64), &ttl_ms],
+                    &[
+                        &thread.as_str(),
+                        &holder,
+                        &(token as i64),
+                        &ttl_ms,
+                        &owner.digest(),
+                    ],
                 )
                 .map_err(|e| self.db_err(e))?;
             Ok(WriterLease {
@@ -328,6 +351,7 @@ impl CheckpointStore for PgCheckpointStore {
                 acquired_at_ms: row.get::<_, i64>(0) as u64,
                 expires_at_ms: row.get::<_, i64>(1) as u64,
                 ttl_ms: ttl_ms as u64,
+                owner_token: owner,
             })
         })
     }
@@ -335,7 +359,7 @@ impl CheckpointStore for PgCheckpointStore {
     fn renew(&self, lease: &WriterLease) -> CheckpointResult<WriterLease> {
         self.tx(|t| {
             self.lock_thread(t, &lease.thread)?;
-            self.check_lease(t, lease)?;
+            let mut record = self.check_lease(t, lease)?;
             let row = t
                 .query_one(
                     "UPDATE casfs_leases SET expires_at = now() + ttl_ms * interval '1 millisecond'
@@ -344,9 +368,8 @@ impl CheckpointStore for PgCheckpointStore {
                     &[&lease.thread.as_str()],
                 )
                 .map_err(|e| self.db_err(e))?;
-            let mut renewed = lease.clone();
-            renewed.expires_at_ms = row.get::<_, i64>(0) as u64;
-            Ok(renewed)
+            record.expires_at_ms = row.get::<_, i64>(0) as u64;
+            Ok(record.to_lease(&lease.owner_token))
         })
     }
 

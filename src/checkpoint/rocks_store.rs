@@ -1,7 +1,7 @@
 //! [`CheckpointStore`] on the store's embedded RocksDB.
 //!
 //! Column families: `checkpoints` (id -> canonical JSON record), `heads` (thread -> id),
-//! `leases` (thread -> live lease), `fencing` (thread -> last token handed out, never
+//! `leases` (thread -> live lease, its owner secret as a hash), `fencing` (thread -> last token handed out, never
 //! decreasing). The store directory's lock file keeps other processes out while this
 //! one has the database open; within the process a mutex makes each read-check-write a
 //! single step, and every change is one [`Batch`] through the write-ahead log.
@@ -19,8 +19,8 @@ use std::time::{Duration, SystemTime};
 
 use super::lease::millis;
 use super::{
-    Checkpoint, CheckpointError, CheckpointId, CheckpointResult, CheckpointStore, NewCheckpoint,
-    ThreadId, WriterLease,
+    Checkpoint, CheckpointError, CheckpointId, CheckpointResult, CheckpointStore, LeaseRecord,
+    NewCheckpoint, OwnerToken, ThreadId, WriterLease,
 };
 use crate::cas::{decode_hex, Batch, Database, Hash};
 
@@ -65,7 +65,7 @@ impl RocksCheckpointStore {
         Ok(self.db.write(batch, sync)?)
     }
 
-    fn current_lease(&self, thread: &ThreadId) -> CheckpointResult<Option<WriterLease>> {
+    fn current_lease(&self, thread: &ThreadId) -> CheckpointResult<Option<LeaseRecord>> {
         match self.get_raw(LEASES_CF, thread.as_str().as_bytes())? {
             None => Ok(None),
             Some(bytes) => {
@@ -91,16 +91,14 @@ impl RocksCheckpointStore {
         }
     }
 
-    /// Checks that `lease` is the thread's live, current lease.
-    fn check_lease(&self, lease: &WriterLease, now: SystemTime) -> CheckpointResult<()> {
-        let current = self.current_lease(&lease.thread)?;
-        super::checkpoint_store::check_current(
-            lease,
-            current.map(|c| {
-                let live = !c.is_expired_at(now);
-                (c, live)
-            }),
-        )
+    /// Checks that `lease` is the thread's live, current lease; returns its record.
+    fn check_lease(&self, lease: &WriterLease, now: SystemTime) -> CheckpointResult<LeaseRecord> {
+        let current = self.current_lease(&lease.thread)?.map(|c| {
+            let live = !c.is_expired_at(now);
+            (c, live)
+        });
+        super::checkpoint_store::check_current(lease, current.clone())?;
+        Ok(current.expect("checked to be there").0)
     }
 
     /// Every stored checkpoint record, each decoded (and checked against its id) or
@@ -156,7 +154,7 @@ impl RocksCheckpointStore {
         Ok(n)
     }
 
-    fn put_lease(&self, batch: &mut Batch, lease: &WriterLease) {
+    fn put_lease(&self, batch: &mut Batch, lease: &LeaseRecord) {
         batch.put(
             &self.db.column(LEASES_CF),
             lease.thread.as_str().as_bytes(),
@@ -221,9 +219,10 @@ impl CheckpointStore for RocksCheckpointStore {
             acquired_at_ms: millis(now),
             expires_at_ms: millis(now) + ttl_ms,
             ttl_ms,
+            owner_token: OwnerToken::generate(),
         };
         let mut batch = Batch::default();
-        self.put_lease(&mut batch, &lease);
+        self.put_lease(&mut batch, &LeaseRecord::of(&lease));
         batch.put(
             &self.db.column(FENCING_CF),
             thread.as_str().as_bytes(),
@@ -236,13 +235,12 @@ impl CheckpointStore for RocksCheckpointStore {
     fn renew(&self, lease: &WriterLease) -> CheckpointResult<WriterLease> {
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let now = SystemTime::now();
-        self.check_lease(lease, now)?;
-        let mut renewed = lease.clone();
-        renewed.expires_at_ms = millis(now) + lease.ttl_ms;
+        let mut record = self.check_lease(lease, now)?;
+        record.expires_at_ms = millis(now) + record.ttl_ms;
         let mut batch = Batch::default();
-        self.put_lease(&mut batch, &renewed);
+        self.put_lease(&mut batch, &record);
         self.write_lease(batch)?;
-        Ok(renewed)
+        Ok(record.to_lease(&lease.owner_token))
     }
 
     fn release(&self, lease: &WriterLease) -> CheckpointResult<()> {
