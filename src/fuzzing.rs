@@ -9,7 +9,7 @@ use crate::cas::file::ChunkList;
 use crate::cas::object::{decode_stored, encode_stored};
 use crate::cas::{Hash, Tree};
 use crate::checkpoint::dircache::DirCache;
-use crate::checkpoint::{Checkpoint, CheckpointId, WriterLease};
+use crate::checkpoint::{Checkpoint, CheckpointId, LeaseRecord, WriterLease};
 use crate::fs::dirty::{decode_override, MountMeta, NodeRecord};
 use crate::mount::control::Request;
 
@@ -26,6 +26,7 @@ pub const TARGETS: &[(&str, Check)] = &[
     ("dirty_set", dirty_set),
     ("dircache", dircache),
     ("pack_index", pack_index),
+    ("http_head", http_head),
 ];
 
 /// A tree object: canonical, so a decoded tree encodes to the input exactly.
@@ -75,6 +76,7 @@ pub fn checkpoint_record(data: &[u8]) {
             .expect("a decoded record's encoding decodes");
         assert_eq!(back.body, cp.body);
     }
+    let _ = serde_json::from_slice::<LeaseRecord>(data);
     let _ = serde_json::from_slice::<WriterLease>(data);
 }
 
@@ -123,4 +125,11 @@ pub fn pack_index(data: &[u8]) {
         assert_eq!(again.iter().collect::<Vec<_>>(), entries);
         assert_eq!(again.packs(), idx.packs());
     }
+}
+
+/// What `casfs serve` reads off a socket before hyper does: a request head, then a
+/// chunked body (`middleware::serve::conn`). A head it passes is within the input and
+/// its framing is followed to the end of the input without a panic.
+pub fn http_head(data: &[u8]) {
+    crate::middleware::serve::check_wire(data);
 }

@@ -41,6 +41,16 @@ pub fn bind_private_socket(
     Ok(l)
 }
 
+/// Lets a long-lived server (`casfs serve`, a mount daemon, a watcher) outlive any
+/// client: a peer that closes its socket before the reply makes write(2) fail with
+/// EPIPE, which ends that one connection, instead of killing the whole process with
+/// SIGPIPE (a Unix socket's write has no `MSG_NOSIGNAL`, unlike TCP's `send`).
+/// Programs it starts get SIGPIPE's default back (`std::process::Command` resets it).
+pub fn ignore_broken_pipes() {
+    // SAFETY: setting a signal disposition; no handler runs.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+}
+
 /// A crash-test hook: when the environment variable `CASFS_CRASH_AT` is `NAME` or
 /// `NAME:N`, the process kills itself with SIGKILL the first (or Nth) time it reaches
 /// the point `NAME`, as a power cut or an OOM kill would at that instant. The crash

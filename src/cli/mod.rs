@@ -272,14 +272,26 @@ pub enum Command {
         /// which it is ended as a disconnect: nothing published, the lease released
         #[arg(long, default_value_t = 600.0)]
         run_idle_timeout: f64,
-        /// Seconds a sandbox may stay live with no run holding it before it is
-        /// destroyed (its uncaptured work discarded)
+        /// Seconds a sandbox a run made may stay live with no run holding it before it
+        /// is destroyed (its uncaptured work discarded). Sandboxes clients made with
+        /// POST /v1/sandboxes are theirs to destroy: they go only when the cap needs
+        /// room (idle ones, least recently used first) or the server stops
         #[arg(long, default_value_t = 3600.0)]
         sandbox_idle_timeout: f64,
         /// File events kept per run for the events route; a client that falls further
         /// behind gets a `lost` marker saying which
         #[arg(long, default_value_t = 10_000)]
         max_events: usize,
+        /// Client connections open at once; more are answered 503 and closed
+        #[arg(long, default_value_t = 256)]
+        max_connections: usize,
+        /// Seconds a client may take to send a request head, or leave its request
+        /// body or our reply without progress, before its connection is closed
+        #[arg(long, default_value_t = 30.0)]
+        client_timeout: f64,
+        /// Seconds an open connection with no request going is kept
+        #[arg(long, default_value_t = 60.0)]
+        idle_connection_timeout: f64,
     },
 
     /// Benchmark capture, re-capture, restore, a run-like loop and mounted I/O against

@@ -64,6 +64,7 @@ pub fn mount(
             &tempfile_path(mountpoint),
         );
     }
+    casfs::ignore_broken_pipes();
     let opts = ViewOptions {
         allow_other,
         fuse_uring: ws_opts.fuse_uring,
@@ -112,6 +113,7 @@ fn mount_writable(
         }
         return spawn_background(mountpoint, &what, Some(&socket), &dir.join("daemon.log"));
     }
+    casfs::ignore_broken_pipes();
     // A daemon does not wait long for a store another process holds: the command that
     // started it gives up after DAEMON_WAIT, and the holder's pid is the useful answer.
     let timeout = Duration::from_secs_f64(cli.lock_timeout.clamp(0.0, 10.0));

@@ -1,6 +1,7 @@
 //! `casfs serve`: reads its configuration, opens the store (and holds it), serves.
 
 use std::collections::BTreeMap;
+use std::io::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,10 +37,16 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         run_idle_timeout,
         sandbox_idle_timeout,
         max_events,
+        max_connections,
+        client_timeout,
+        idle_connection_timeout,
     } = &cli.command
     else {
         unreachable!("dispatched on Serve")
     };
+    // A client that goes away mid-reply must not take the server (and every
+    // sandbox's mount) with it.
+    casfs::ignore_broken_pipes();
     let read_json = |p: &std::path::Path| -> anyhow::Result<serde_json::Value> {
         let text =
             std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
@@ -143,6 +150,12 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         run_idle: secs("run-idle-timeout", *run_idle_timeout)?,
         sandbox_idle: secs("sandbox-idle-timeout", *sandbox_idle_timeout)?,
         max_events: (*max_events).max(1),
+        max_connections: (*max_connections).max(1),
+        timeouts: casfs::middleware::serve::Timeouts {
+            idle: secs("idle-connection-timeout", *idle_connection_timeout)?,
+            head: secs("client-timeout", *client_timeout)?,
+            stall: secs("client-timeout", *client_timeout)?,
+        },
     };
     let server = Server::new(store, sp, provider, config, token)?;
     server.set_limits(limits);
@@ -159,7 +172,9 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    eprintln!(
+    // Not eprintln!, which panics when stderr is a pipe nobody reads any more.
+    let _ = writeln!(
+        std::io::stderr(),
         "casfs: serving {shown} (sandboxes in {})",
         sandboxes.display()
     );

@@ -32,6 +32,7 @@ pub fn watch(cli: &Cli, dir: &Path, foreground: bool, stop: bool) -> anyhow::Res
         return stop_watcher(&root, &socket, &pid_file);
     }
     if foreground {
+        casfs::ignore_broken_pipes();
         let r = watch::serve(&store, &root, |w| {
             let _ = std::fs::write(&pid_file, std::process::id().to_string());
             println!(

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::dir_watch::{watch_dir, DirWatch, MARKER_PREFIX};
+use super::provider::WeakSandboxHandle;
 use super::{SandboxHandle, SandboxWorkspace};
 use crate::fs::{FsEvent, FsEventKind};
 
@@ -50,7 +51,9 @@ pub(crate) struct Watcher {
     /// The dispatcher's channel: [`stop_event`] sent into it ends the dispatcher.
     wake: Sender<FsEvent>,
     thread: Option<JoinHandle<()>>,
-    handle: SandboxHandle,
+    /// Weak: watching a sandbox does not keep it in use (a client's watcher lives as
+    /// long as the sandbox, which stays idle for eviction and reaping).
+    handle: WeakSandboxHandle,
     /// A plain directory's or an overlay's inotify watch (dropped with the watcher).
     _notify: Option<DirWatch>,
 }
@@ -80,7 +83,7 @@ impl Watcher {
             }),
             Condvar::new(),
         ));
-        let (d, h, c) = (delivered.clone(), handle.clone(), cfg.clone());
+        let (d, h, c) = (delivered.clone(), handle.downgrade(), cfg.clone());
         let thread = std::thread::Builder::new()
             .name("casfs-events".into())
             .spawn(move || dispatch(&rx, &d, &h, &c))
@@ -89,15 +92,24 @@ impl Watcher {
             delivered,
             wake: tx,
             thread: Some(thread),
-            handle: handle.clone(),
+            handle: handle.downgrade(),
             _notify: notify,
         })
+    }
+
+    /// Whether this watches the very sandbox `h`.
+    pub fn watches(&self, h: &SandboxHandle) -> bool {
+        self.handle.is(h)
     }
 
     /// Delivers every change made so far, then stops. Gives up after `limit` (a host
     /// callback that never returns), saying what was not delivered.
     pub fn drain(mut self, limit: Duration) -> Result<(), String> {
-        let done: Box<dyn Fn(&Delivered) -> bool> = match &self.handle.workspace {
+        // A sandbox destroyed meanwhile: nothing more can change in it.
+        let Some(handle) = self.handle.upgrade() else {
+            return Ok(());
+        };
+        let done: Box<dyn Fn(&Delivered) -> bool> = match &handle.workspace {
             SandboxWorkspace::Mount(m) if m.workspace().is_some() => {
                 let target = m.workspace().expect("a FUSE mount").last_event();
                 Box::new(move |d| d.seq >= target)
@@ -114,7 +126,7 @@ impl Watcher {
                     std::process::id(),
                     NEXT.fetch_add(1, Ordering::Relaxed)
                 );
-                let path = self.handle.root.join(&name);
+                let path = handle.root.join(&name);
                 std::fs::write(&path, b"").map_err(|e| format!("{}: {e}", path.display()))?;
                 Box::new(move |d| d.markers.contains(&name))
             }
@@ -142,7 +154,7 @@ impl Watcher {
         let markers = std::mem::take(&mut got.markers);
         drop(got);
         for m in markers {
-            let _ = std::fs::remove_file(self.handle.root.join(m));
+            let _ = std::fs::remove_file(handle.root.join(m));
         }
         result
     }
@@ -174,7 +186,7 @@ fn stop_event() -> FsEvent {
 fn dispatch(
     rx: &Receiver<FsEvent>,
     delivered: &(Mutex<Delivered>, Condvar),
-    h: &SandboxHandle,
+    h: &WeakSandboxHandle,
     cfg: &FileEvents,
 ) {
     // Events taken off the channel to look behind a modify, not delivered yet.
@@ -202,7 +214,11 @@ fn dispatch(
                     continue;
                 }
                 let seq = e.seq;
-                let diff = if cfg.diff { diff_of(h, &e) } else { None };
+                // Held only while the diff is read.
+                let diff = match h.upgrade() {
+                    Some(h) if cfg.diff => diff_of(&h, &e),
+                    _ => None,
+                };
                 (cfg.on_event)(&FileEvent { event: e, diff });
                 lock.lock().unwrap_or_else(|p| p.into_inner()).seq = seq;
                 cvar.notify_all();

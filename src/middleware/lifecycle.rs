@@ -117,9 +117,14 @@ impl Middleware {
         &self.provider
     }
 
-    /// Destroys the sandboxes no run has held for `idle`; returns how many.
-    pub fn reap_idle_sandboxes(&self, idle: Duration) -> MiddlewareResult<usize> {
-        self.provider.reap_idle(idle, &self.secrets)
+    /// Destroys the sandboxes no run has held for `idle`, but those `spare` keeps;
+    /// returns how many.
+    pub fn reap_idle_sandboxes(
+        &self,
+        idle: Duration,
+        spare: &dyn Fn(&str) -> bool,
+    ) -> MiddlewareResult<usize> {
+        self.provider.reap_idle(idle, &self.secrets, spare)
     }
 
     /// Destroys every live sandbox of the provider (a host shutting down): their

@@ -86,14 +86,28 @@ impl Live {
         Ok(out)
     }
 
-    /// Removes and returns the sandboxes no run has held for `idle`. Called often (a
-    /// server's reaper: every second at most), it also notes when each sandbox in use
-    /// was last seen so, which is when its idle time starts.
+    /// Notes that sandbox `key` was used now.
+    pub fn touch(&self, key: &str) {
+        if let Some(e) = self.lock().get_mut(key) {
+            e.used = Instant::now();
+        }
+    }
+
+    /// Takes sandbox `key` out of the map unless someone holds it (see
+    /// [`take_unheld_from`]).
+    pub fn take_unheld(&self, key: &str) -> MiddlewareResult<Option<SandboxHandle>> {
+        take_unheld_from(&mut self.lock(), key)
+    }
+
+    /// Removes and returns the sandboxes no run has held for `idle`, but those `spare`
+    /// keeps. Called often (a server's reaper: every second at most), it also notes
+    /// when each sandbox in use was last seen so, which is when its idle time starts.
     pub fn idle<'k>(
         &self,
         map: &mut LiveMap,
         keys: &'k KeyLocks,
         idle: Duration,
+        spare: &dyn Fn(&str) -> bool,
     ) -> Vec<(KeyGuard<'k>, SandboxHandle)> {
         let now = Instant::now();
         for e in map.values_mut() {
@@ -103,7 +117,7 @@ impl Live {
         }
         let stale: Vec<String> = map
             .iter()
-            .filter(|(_, e)| now.duration_since(e.used) >= idle)
+            .filter(|(k, e)| now.duration_since(e.used) >= idle && !spare(k))
             .map(|(k, _)| k.clone())
             .collect();
         stale
@@ -113,6 +127,24 @@ impl Live {
                 map.remove(&k).map(|e| (g, e.handle))
             })
             .collect()
+    }
+}
+
+/// Takes sandbox `key` out of `map` unless someone besides the provider holds it (a
+/// run, a capture in progress): that is refused, naming the key, and the sandbox stays.
+pub(crate) fn take_unheld_from(
+    map: &mut LiveMap,
+    key: &str,
+) -> MiddlewareResult<Option<SandboxHandle>> {
+    match map.get(key) {
+        None => Ok(None),
+        Some(e) if in_use(&e.handle) => Err(MiddlewareError::SandboxBusy {
+            key: key.to_string(),
+            detail: "a run holds it (or a capture of it is going on): end the run first; \
+                     the sandbox is kept"
+                .into(),
+        }),
+        Some(_) => Ok(map.remove(key).map(|e| e.handle)),
     }
 }
 

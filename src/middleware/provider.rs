@@ -55,7 +55,63 @@ pub struct DirWorkspace {
     base: Mutex<Option<(CheckpointId, TreeId)>>,
 }
 
+/// A sandbox handle that does not keep the sandbox in use: what a long-lived observer
+/// of a sandbox (a client's file-event watcher) holds, so that the sandbox stays idle
+/// for eviction and reaping. [`WeakSandboxHandle::upgrade`] gives the handle while the
+/// sandbox lives.
+#[derive(Clone)]
+pub struct WeakSandboxHandle {
+    pub key: String,
+    pub root: PathBuf,
+    workspace: WeakWorkspace,
+}
+
+#[derive(Clone)]
+enum WeakWorkspace {
+    Mount(std::sync::Weak<MountedThread>),
+    Dir(std::sync::Weak<DirWorkspace>),
+}
+
+impl WeakSandboxHandle {
+    /// Whether this is a handle of the very sandbox `h` (not of an earlier one of its
+    /// key).
+    pub fn is(&self, h: &SandboxHandle) -> bool {
+        match (&self.workspace, &h.workspace) {
+            (WeakWorkspace::Mount(w), SandboxWorkspace::Mount(m)) => {
+                std::ptr::eq(w.as_ptr(), Arc::as_ptr(m))
+            }
+            (WeakWorkspace::Dir(w), SandboxWorkspace::Dir(d)) => {
+                std::ptr::eq(w.as_ptr(), Arc::as_ptr(d))
+            }
+            _ => false,
+        }
+    }
+
+    pub fn upgrade(&self) -> Option<SandboxHandle> {
+        let workspace = match &self.workspace {
+            WeakWorkspace::Mount(m) => SandboxWorkspace::Mount(m.upgrade()?),
+            WeakWorkspace::Dir(d) => SandboxWorkspace::Dir(d.upgrade()?),
+        };
+        Some(SandboxHandle {
+            key: self.key.clone(),
+            root: self.root.clone(),
+            workspace,
+        })
+    }
+}
+
 impl SandboxHandle {
+    pub fn downgrade(&self) -> WeakSandboxHandle {
+        WeakSandboxHandle {
+            key: self.key.clone(),
+            root: self.root.clone(),
+            workspace: match &self.workspace {
+                SandboxWorkspace::Mount(m) => WeakWorkspace::Mount(Arc::downgrade(m)),
+                SandboxWorkspace::Dir(d) => WeakWorkspace::Dir(Arc::downgrade(d)),
+            },
+        }
+    }
+
     /// The mount, for a casfs sandbox.
     pub fn mount(&self) -> Option<&Arc<MountedThread>> {
         match &self.workspace {
@@ -165,6 +221,17 @@ pub trait SandboxProvider: Send + Sync {
     /// the store's files.
     fn destroy(&self, key: &str, secrets: &Secrets) -> MiddlewareResult<()>;
 
+    /// [`SandboxProvider::destroy`] of a sandbox nobody holds (no run, no capture in
+    /// progress): one that is held is refused (`SandboxBusy`) and kept. Checked and
+    /// done under the key's lock, so a run that takes the sandbox meanwhile either
+    /// holds it before (refused) or gets a new one after. Returns whether a live
+    /// sandbox was destroyed (of two callers at once, one is told `true`).
+    fn destroy_unheld(&self, key: &str, secrets: &Secrets) -> MiddlewareResult<bool>;
+
+    /// Notes that sandbox `key` was used now (a client asked about it): the least
+    /// recently used idle sandbox is the first made room for at the cap.
+    fn touch(&self, _key: &str) {}
+
     /// The live sandboxes this provider holds.
     fn live(&self) -> Vec<SandboxHandle> {
         Vec::new()
@@ -178,8 +245,13 @@ pub trait SandboxProvider: Send + Sync {
     }
 
     /// Destroys the sandboxes no run has held for `idle` (a server's reaper calls it
-    /// every second at most). Returns how many.
-    fn reap_idle(&self, _idle: Duration, _secrets: &Secrets) -> MiddlewareResult<usize> {
+    /// every second at most), but those `spare` says to keep. Returns how many.
+    fn reap_idle(
+        &self,
+        _idle: Duration,
+        _secrets: &Secrets,
+        _spare: &dyn Fn(&str) -> bool,
+    ) -> MiddlewareResult<usize> {
         Ok(0)
     }
 
@@ -267,6 +339,8 @@ impl CasfsProvider {
         match m.discard(purge(secrets)) {
             Ok(_) => {
                 self.doomed_map().remove(key);
+                // The empty mountpoint goes too (a later sandbox of the key makes it).
+                let _ = std::fs::remove_dir(self.mountpoint(key));
                 Ok(())
             }
             Err(e) => {
@@ -409,12 +483,39 @@ impl SandboxProvider for CasfsProvider {
         self.live.handles()
     }
 
-    fn reap_idle(&self, idle: Duration, secrets: &Secrets) -> MiddlewareResult<usize> {
+    fn reap_idle(
+        &self,
+        idle: Duration,
+        secrets: &Secrets,
+        spare: &dyn Fn(&str) -> bool,
+    ) -> MiddlewareResult<usize> {
         let victims = {
             let mut live = self.live.lock();
-            self.live.idle(&mut live, &self.keys, idle)
+            self.live.idle(&mut live, &self.keys, idle, spare)
         };
         self.discard_all(victims, secrets)
+    }
+
+    fn touch(&self, key: &str) {
+        self.live.touch(key);
+    }
+
+    fn destroy_unheld(&self, key: &str, secrets: &Secrets) -> MiddlewareResult<bool> {
+        let _k = self.keys.lock(key);
+        let taken = self.live.take_unheld(key)?;
+        match taken.as_ref().and_then(|h| h.mount()) {
+            Some(m) => {
+                self.discard(key, m.clone(), secrets)?;
+                Ok(true)
+            }
+            None => {
+                // One destroyed while busy earlier: discarded now if it can be.
+                if let Some(m) = self.doomed_map().get(key).cloned() {
+                    self.discard(key, m, secrets)?;
+                }
+                Ok(false)
+            }
+        }
     }
 
     fn destroy(&self, key: &str, secrets: &Secrets) -> MiddlewareResult<()> {
@@ -555,15 +656,35 @@ impl SandboxProvider for DirProvider {
         self.live.handles()
     }
 
-    fn reap_idle(&self, idle: Duration, _secrets: &Secrets) -> MiddlewareResult<usize> {
+    fn reap_idle(
+        &self,
+        idle: Duration,
+        _secrets: &Secrets,
+        spare: &dyn Fn(&str) -> bool,
+    ) -> MiddlewareResult<usize> {
         // Removed under the lock: an ensure of the key meanwhile makes a new directory
         // only after this one is gone.
         let mut live = self.live.lock();
-        let idle = self.live.idle(&mut live, &self.keys, idle);
+        let idle = self.live.idle(&mut live, &self.keys, idle, spare);
         for (g, h) in &idle {
             remove_tree(g.key(), &h.root)?;
         }
         Ok(idle.len())
+    }
+
+    fn touch(&self, key: &str) {
+        self.live.touch(key);
+    }
+
+    fn destroy_unheld(&self, key: &str, _secrets: &Secrets) -> MiddlewareResult<bool> {
+        let mut live = self.live.lock();
+        match super::live::take_unheld_from(&mut live, key)? {
+            Some(h) => {
+                remove_tree(key, &h.root)?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     fn destroy(&self, key: &str, _secrets: &Secrets) -> MiddlewareResult<()> {

@@ -135,6 +135,10 @@ impl SandboxProvider for FailingDestroy {
             detail: "cleanup failed".into(),
         })
     }
+
+    fn destroy_unheld(&self, key: &str, secrets: &Secrets) -> MiddlewareResult<bool> {
+        self.0.destroy_unheld(key, secrets)
+    }
 }
 
 #[test]

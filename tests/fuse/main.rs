@@ -12,6 +12,7 @@ mod changes;
 mod events;
 mod fleet;
 mod forget;
+mod hostile;
 mod lifecycle;
 mod middleware;
 mod overlay;

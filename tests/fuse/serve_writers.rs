@@ -10,6 +10,11 @@ use serde_json::{json, Value};
 use crate::serve::{call, refused, start, Served};
 use crate::MountGuard;
 
+/// What a writer presents: the token and owner secret of a lease answer.
+pub(crate) fn proof(lease: &Value) -> Value {
+    json!({"token": lease["token"], "owner_token": lease["owner_token"]})
+}
+
 /// POSTs each of `bodies` to `path`, all at once from threads of their own.
 fn at_once(s: &Served, path: &str, bodies: &[Value]) -> Vec<(u16, Value)> {
     std::thread::scope(|sc| {
@@ -56,6 +61,9 @@ fn client_writers_race_and_compare_and_swap_the_head() {
     }
     let lease = won[0].clone();
     assert_eq!(lease["renew_after_ms"], json!(10_000));
+    assert_eq!(lease["owner_token"].as_str().unwrap().len(), 64, "{lease}");
+    // What the writer sends back: its fencing token and owner secret.
+    let lease = proof(&lease);
 
     // Two sandboxes of the thread (two hosts' tenants), both at the empty head.
     let mk = |tenant: &str| {
@@ -108,33 +116,28 @@ fn client_writers_race_and_compare_and_swap_the_head() {
     );
     assert!(m.contains(loser) && m.contains("none"), "{m}");
 
-    // Forged leases: a TTL beyond the store's, another thread's, an unknown field.
-    let mut forged = lease.clone();
-    forged["ttl_ms"] = json!(0);
-    refused(
-        &s,
-        "POST",
-        "/v1/threads/w/writer/renew",
-        Some(&forged),
-        400,
-        "invalid",
-    );
-    forged["ttl_ms"] = json!(u64::MAX);
-    refused(
-        &s,
-        "POST",
-        "/v1/threads/w/writer/renew",
-        Some(&forged),
-        400,
-        "invalid",
-    );
+    // Forged leases: holder and TTL are not the writer's to send again, another
+    // thread's token, a bumped token, a wrong owner secret.
+    for field in ["ttl_ms", "holder", "thread", "expires_at_ms"] {
+        let mut forged = lease.clone();
+        forged[field] = json!(1);
+        let m = refused(
+            &s,
+            "POST",
+            "/v1/threads/w/writer/renew",
+            Some(&forged),
+            400,
+            "invalid",
+        );
+        assert!(m.contains(field), "{m}");
+    }
     refused(
         &s,
         "POST",
         "/v1/threads/x/writer/renew",
         Some(&lease),
-        400,
-        "invalid",
+        409,
+        "lease_lost",
     );
     let mut bumped = lease.clone();
     bumped["token"] = json!(lease["token"].as_u64().unwrap() + 1);
@@ -201,6 +204,7 @@ fn client_writers_race_and_compare_and_swap_the_head() {
     let (st, l2) = call(&s, "POST", "/v1/threads/w/writer", Some(&json!({})));
     assert_eq!(st, 200, "{l2}");
     assert!(l2["holder"].as_str().unwrap().starts_with("casfs-client:"));
+    let l2 = proof(&l2);
     let mut s = s;
     s.child.kill().unwrap();
     s.child.wait().unwrap();
@@ -217,6 +221,8 @@ fn client_writers_race_and_compare_and_swap_the_head() {
     let (st, l3) = call(&s, "POST", "/v1/threads/w/writer/renew", Some(&l2));
     assert_eq!(st, 200, "{l3}");
     assert_eq!(l3["token"], l2["token"]);
+    assert!(l3["holder"].as_str().unwrap().starts_with("casfs-client:"));
+    let l3 = proof(&l3);
     // The sandboxes of the killed server are gone with their uncaptured work; a new one
     // shows the head and publishes on it.
     let (st, v) = call(

@@ -529,7 +529,7 @@ fn documented(doc: &Value, method: &str, path: &str, status: u16) -> Option<Valu
 }
 
 /// Checks that `body` is what `openapi.json` documents for the answer.
-fn conforms(doc: &Value, method: &str, path: &str, status: u16, body: &Value) {
+pub(crate) fn conforms(doc: &Value, method: &str, path: &str, status: u16, body: &Value) {
     let schema = documented(doc, method, path, status)
         .unwrap_or_else(|| panic!("{method} {path}: {status} is not documented ({body})"));
     // The schema, resolved against the whole document (its $refs point into it).

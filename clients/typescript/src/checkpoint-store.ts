@@ -71,9 +71,13 @@ export class CasfsWriterLease {
   get expiresAt(): number {
     return this.current.expires_at_ms
   }
-  /** The lease as the server answered it last. */
+  /** The lease as the server answered it last (it holds the owner secret). */
   get record(): Lease {
     return this.current
+  }
+  /** What proves this writer to the server: the fencing token and the owner secret. */
+  get proof(): Schemas['WriterProof'] {
+    return { token: this.current.token, owner_token: this.current.owner_token }
   }
   /** Whether it is still this writer's (not released, no renewal failed). */
   get held(): boolean {
@@ -107,7 +111,7 @@ export class CasfsWriterLease {
         `POST /v1/threads/${t}/writer/renew`,
         this.client.api.POST('/v1/threads/{thread}/writer/renew', {
           params: { path: { thread: this.threadId } },
-          body: this.current,
+          body: this.proof,
         }),
       )
     } catch (e) {
@@ -143,7 +147,7 @@ export class CasfsWriterLease {
           `POST /v1/threads/${t}/writer/release`,
           this.client.api.POST('/v1/threads/{thread}/writer/release', {
             params: { path: { thread: this.threadId } },
-            body: this.current,
+            body: this.proof,
           }),
         )
       } catch (e) {
@@ -283,7 +287,7 @@ export class CasfsCheckpointStore {
     const body: Schemas['Append'] = {
       sandbox: typeof c.sandbox === 'string' ? c.sandbox : c.sandbox.key,
       expected_head: input.expectedHeadId ?? null,
-      writer: writer.record,
+      writer: writer.proof,
     }
     if (c.reason !== undefined) body.reason = c.reason
     if (c.sourceRunId !== undefined) body.source_run_id = c.sourceRunId

@@ -200,7 +200,7 @@ describe('checkpoint store', () => {
     // the server refuses the stale fencing token (lease_lost).
     const { error, response } = await s.client.api.POST('/v1/threads/{thread}/checkpoints', {
       params: { path: { thread } },
-      body: { sandbox: box.key, expected_head: pub.checkpoint.id, writer: old.record },
+      body: { sandbox: box.key, expected_head: pub.checkpoint.id, writer: old.proof },
     })
     expect(response.status).toBe(409)
     expect((error as { error: { kind: string } }).error.kind).toBe('lease_lost')

@@ -23,7 +23,7 @@ pub(super) async fn auth(State(s): State<Arc<Server>>, req: Request, next: Next)
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(bearer_credentials);
     // Compared in constant time: the token is a secret.
     let ok = got.is_some_and(|g| {
         g.len() == want.len()
@@ -42,6 +42,15 @@ pub(super) async fn auth(State(s): State<Arc<Server>>, req: Request, next: Next)
         )
         .into_response()
     }
+}
+
+/// The credentials of an `Authorization: Bearer ...` value: the scheme's name is
+/// case-insensitive and followed by one or more spaces (RFC 9110, 11.4).
+fn bearer_credentials(v: &str) -> Option<&str> {
+    let (scheme, rest) = v.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| rest.trim_start_matches(' '))
 }
 
 /// The request body as JSON; a body that is not (bad JSON, wrong type, missing field,
@@ -225,8 +234,25 @@ pub(super) async fn blocking<T: Send + 'static>(
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
 }
 
-pub(super) fn thread_id(s: &str) -> Result<ThreadId, ApiError> {
-    ThreadId::new(s).map_err(|e| ApiError::bad(e.to_string()))
+/// The thread a route names: a valid thread id that holds no secret's value. Every
+/// route resolves its thread here, so no name holding a secret reaches a record, a
+/// head, a lease or a fencing key.
+pub(super) fn thread_id(s: &Server, name: &str) -> Result<ThreadId, ApiError> {
+    let t = ThreadId::new(name).map_err(|e| ApiError::bad(e.to_string()))?;
+    no_secret(s, "the thread", name)?;
+    Ok(t)
+}
+
+/// Refuses a name that is stored as it is (a thread, run id, holder, artifact field)
+/// when it holds the value of one of the server's secrets.
+pub(super) fn no_secret(s: &Server, what: &str, value: &str) -> Result<(), ApiError> {
+    match s.mw.secrets.found_in(value.as_bytes()) {
+        Some(secret) => Err(ApiError::bad(format!(
+            "{what} holds the value of secret {secret}; names are stored as they are, so this \
+             is refused"
+        ))),
+        None => Ok(()),
+    }
 }
 
 pub(super) fn to_json<T: serde::Serialize>(v: &T) -> Value {

@@ -24,11 +24,19 @@ use crate::checkpoint::maintenance::MaintainOp;
 use crate::checkpoint::Store;
 
 mod api;
+mod conn;
 mod sandboxes;
 mod writers;
 
 pub use api::ApiError;
-use api::{blocking, thread_id, to_json, ApiJson, ApiPath, ApiQuery, ApiResult};
+use api::{blocking, no_secret, thread_id, to_json, ApiJson, ApiPath, ApiQuery, ApiResult};
+pub use conn::Timeouts;
+
+/// The fuzz check of the request framing (`casfs::fuzzing::http_head`).
+#[doc(hidden)]
+pub fn check_wire(data: &[u8]) {
+    conn::check_wire(data)
+}
 
 /// Every route the server answers, as `METHOD path`; `docs/openapi.json` has the same.
 pub const ROUTES: &[&str] = &[
@@ -79,6 +87,10 @@ pub struct ServeLimits {
     /// File events kept per run for the events route; a client that falls further
     /// behind is told which were lost.
     pub max_events: usize,
+    /// Client connections open at once (503 `too_many_connections` beyond).
+    pub max_connections: usize,
+    /// How long a connection waits on a client that stalls or idles.
+    pub timeouts: Timeouts,
 }
 
 impl Default for ServeLimits {
@@ -89,6 +101,8 @@ impl Default for ServeLimits {
             run_idle: Duration::from_secs(600),
             sandbox_idle: Duration::from_secs(3600),
             max_events: 10_000,
+            max_connections: 256,
+            timeouts: Timeouts::default(),
         }
     }
 }
@@ -151,7 +165,9 @@ impl EventRing {
     fn after(&self, after: u64) -> Vec<Value> {
         let oldest = self.events.front().map_or(self.next, |e| e.event.seq);
         let mut out = Vec::new();
-        if after + 1 < oldest {
+        // `after` is the client's: any u64 (numbers are never above `next`, so one
+        // beyond every event asks for none and loses none).
+        if after < oldest.saturating_sub(1) {
             let (from, count) = (after + 1, oldest - after - 1);
             out.push(json!({
                 "kind": "lost",
@@ -240,7 +256,10 @@ impl Server {
                 tracing::warn!(run = %id, "ending an abandoned run: {e}");
             }
         }
-        match self.mw.reap_idle_sandboxes(l.sandbox_idle) {
+        // Sandboxes clients made are theirs to destroy (or the cap's, when idle): the
+        // server cannot see a client working in one.
+        let spare = |k: &str| self.sandboxes.contains(k);
+        match self.mw.reap_idle_sandboxes(l.sandbox_idle, &spare) {
             Ok(0) => {}
             Ok(n) => tracing::info!("destroyed {n} sandbox(es) idle for {:?}", l.sandbox_idle),
             Err(e) => tracing::warn!("destroying idle sandboxes: {e}"),
@@ -332,6 +351,15 @@ impl Server {
         }
     }
 
+    /// The id of a live run whose sandbox is `key`, if there is one.
+    fn run_holding(&self, key: &str) -> Option<String> {
+        let runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+        runs.iter().find_map(|(id, r)| match r {
+            RunSlot::Live(l) if l.run.sandbox().is_some_and(|h| h.key == key) => Some(id.clone()),
+            _ => None,
+        })
+    }
+
     fn run(&self, id: &str) -> Result<Arc<Run>, ApiError> {
         self.live(id, |l| l.run.clone())
     }
@@ -410,7 +438,7 @@ async fn thread_log(
     ApiQuery(q): ApiQuery<LogQuery>,
 ) -> ApiResult {
     blocking(move || {
-        let t = thread_id(&thread)?;
+        let t = thread_id(&s, &thread)?;
         let log = s
             .store
             .checkpoints()
@@ -423,6 +451,7 @@ async fn thread_log(
 async fn checkpoint(State(s): State<Arc<Server>>, ApiPath(id): ApiPath<String>) -> ApiResult {
     blocking(move || {
         // The references the command line takes: an id, a prefix, `@thread`, `~N`.
+        no_secret(&s, "the checkpoint reference", &id)?;
         let id = crate::checkpoint::refs::resolve(s.store.checkpoints(), &id)?;
         Ok(Json(to_json(&s.store.checkpoints().get(&id)?)))
     })
@@ -431,7 +460,7 @@ async fn checkpoint(State(s): State<Arc<Server>>, ApiPath(id): ApiPath<String>) 
 
 async fn messages(State(s): State<Arc<Server>>, ApiPath(thread): ApiPath<String>) -> ApiResult {
     blocking(move || {
-        let t = thread_id(&thread)?;
+        let t = thread_id(&s, &thread)?;
         let m = super::MessageStore::load_thread(&*s.persistence, &t)?;
         Ok(Json(Value::Array(m)))
     })
@@ -444,7 +473,7 @@ async fn put_messages(
     ApiJson(body): ApiJson<Vec<Value>>,
 ) -> ApiResult {
     blocking(move || {
-        let t = thread_id(&thread)?;
+        let t = thread_id(&s, &thread)?;
         super::MessageStore::save_thread(&*s.persistence, &t, &body)?;
         Ok(Json(json!({"ok": true, "messages": body.len()})))
     })
@@ -453,7 +482,7 @@ async fn put_messages(
 
 async fn artifacts(State(s): State<Arc<Server>>, ApiPath(thread): ApiPath<String>) -> ApiResult {
     blocking(move || {
-        let t = thread_id(&thread)?;
+        let t = thread_id(&s, &thread)?;
         Ok(Json(to_json(&super::ArtifactStore::list_for_thread(
             &*s.persistence,
             &t,
@@ -478,7 +507,7 @@ async fn post_artifact(
     ApiJson(a): ApiJson<NewArtifact>,
 ) -> ApiResult {
     blocking(move || {
-        let t = thread_id(&thread)?;
+        let t = thread_id(&s, &thread)?;
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(a.content_base64.as_bytes())
             .map_err(|e| ApiError::bad(format!("content_base64: {e}")))?;
@@ -514,7 +543,7 @@ struct StartRun {
 
 async fn start_run(State(s): State<Arc<Server>>, ApiJson(b): ApiJson<StartRun>) -> ApiResult {
     blocking(move || {
-        let thread = thread_id(&b.thread)?;
+        let thread = thread_id(&s, &b.thread)?;
         // Taken atomically (setup checks the id itself: 1 to 200 bytes, no secret): of two starts with one id, one gets it, the other 409.
         let reserved = Reservation::take(&s, &b.run_id)?;
         let mut ctx = RunContext::new(thread, b.run_id.clone());
@@ -779,6 +808,57 @@ pub enum Listen {
     Tcp(std::net::SocketAddr),
 }
 
+enum Socket {
+    Unix(tokio::net::UnixListener),
+    Tcp(tokio::net::TcpListener),
+}
+
+/// The server's listener: every connection counted against the cap and guarded
+/// ([`conn::GuardedIo`]: heads checked, timeouts) before hyper reads it.
+struct Guarded {
+    socket: Socket,
+    open: conn::OpenCount,
+    max: usize,
+    timeouts: Timeouts,
+}
+
+impl axum::serve::Listener for Guarded {
+    type Io = conn::GuardedIo;
+    type Addr = ();
+
+    async fn accept(&mut self) -> (conn::GuardedIo, ()) {
+        loop {
+            let got = match &self.socket {
+                Socket::Unix(l) => l.accept().await.map(|(s, _)| conn::Stream::Unix(s)),
+                Socket::Tcp(l) => l.accept().await.map(|(s, _)| {
+                    let _ = s.set_nodelay(true);
+                    conn::Stream::Tcp(s)
+                }),
+            };
+            let stream = match got {
+                Ok(s) => s,
+                Err(e) => {
+                    // Out of descriptors, or a connection reset before it was taken:
+                    // wait a little rather than spin, and go on.
+                    tracing::warn!("accepting a connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            match self.open.take(self.max) {
+                Some(slot) => return (conn::GuardedIo::new(stream, slot, self.timeouts), ()),
+                None => {
+                    tokio::spawn(conn::turn_away(stream, self.max));
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Serves until `shutdown` completes.
 pub async fn serve(
     server: Arc<Server>,
@@ -799,12 +879,20 @@ pub async fn serve(
         }
     });
     let _stop_reaper = AbortOnDrop(reaper);
+    let guarded = |socket| Guarded {
+        socket,
+        open: conn::OpenCount::default(),
+        max: l.max_connections.max(1),
+        timeouts: l.timeouts,
+    };
     match listen {
         Listen::Unix(path) => {
-            let l = crate::bind_private_socket(&path)?;
-            l.set_nonblocking(true)?;
-            let l = tokio::net::UnixListener::from_std(l)?;
-            let r = axum::serve(l, app).with_graceful_shutdown(shutdown).await;
+            let sock = crate::bind_private_socket(&path)?;
+            sock.set_nonblocking(true)?;
+            let sock = tokio::net::UnixListener::from_std(sock)?;
+            let r = axum::serve(guarded(Socket::Unix(sock)), app)
+                .with_graceful_shutdown(shutdown)
+                .await;
             let _ = std::fs::remove_file(&path);
             r
         }
@@ -815,8 +903,10 @@ pub async fn serve(
                     format!("{addr}: TCP is served on loopback only, and only with a token"),
                 ));
             }
-            let l = tokio::net::TcpListener::bind(addr).await?;
-            axum::serve(l, app).with_graceful_shutdown(shutdown).await
+            let sock = tokio::net::TcpListener::bind(addr).await?;
+            axum::serve(guarded(Socket::Tcp(sock)), app)
+                .with_graceful_shutdown(shutdown)
+                .await
         }
     }
 }

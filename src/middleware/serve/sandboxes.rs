@@ -4,6 +4,7 @@
 //! Such a sandbox is the same one a run on the thread gets (one per sandbox key).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,9 +26,18 @@ const MAX_WAIT: Duration = Duration::from_secs(30);
 pub(super) struct ApiSandbox {
     thread: ThreadId,
     events: Arc<Mutex<EventRing>>,
-    /// Woken at every event, for requests waiting.
+    /// Woken at every event, and when the sandbox goes, for requests waiting.
     notify: Arc<tokio::sync::Notify>,
-    _watcher: Watcher,
+    /// Set when the sandbox is gone (destroyed, evicted, the server stopping).
+    gone: Arc<AtomicBool>,
+    watcher: Watcher,
+}
+
+impl Drop for ApiSandbox {
+    fn drop(&mut self) {
+        self.gone.store(true, Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
 }
 
 /// The API's sandboxes, by key.
@@ -53,6 +63,10 @@ impl ApiSandboxes {
         };
         // Watchers are joined outside the lock.
         drop(gone);
+    }
+
+    pub(super) fn contains(&self, key: &str) -> bool {
+        self.lock().contains_key(key)
     }
 
     pub(super) fn clear(&self) {
@@ -85,7 +99,7 @@ fn outcome_name(o: EnsureOutcome) -> &'static str {
 
 pub(super) async fn create(State(s): State<Arc<Server>>, ApiJson(b): ApiJson<Create>) -> ApiResult {
     blocking(move || {
-        let t = thread_id(&b.thread)?;
+        let t = thread_id(&s, &b.thread)?;
         if let Some(tenant) = &b.tenant {
             crate::middleware::check_tenant(tenant).map_err(ApiError::bad)?;
             if let Some(secret) = s.mw.secrets.found_in(tenant.as_bytes()) {
@@ -134,7 +148,11 @@ impl Server {
     /// Starts the file events of API sandbox `h` (once per sandbox).
     fn register(&self, h: &SandboxHandle, thread: &ThreadId) -> Result<(), ApiError> {
         let mut m = self.sandboxes.lock();
-        if m.get(&h.key).is_some_and(|s| &s.thread == thread) {
+        // Resumed: its watcher goes on. One of an earlier sandbox of the key (evicted,
+        // reaped) is replaced.
+        if m.get(&h.key)
+            .is_some_and(|s| &s.thread == thread && s.watcher.watches(h))
+        {
             return Ok(());
         }
         let events = Arc::new(Mutex::new(EventRing::new(self.limits().max_events)));
@@ -164,7 +182,8 @@ impl Server {
                 thread: thread.clone(),
                 events,
                 notify,
-                _watcher: watcher,
+                gone: Arc::new(AtomicBool::new(false)),
+                watcher,
             },
         );
         Ok(())
@@ -176,13 +195,41 @@ pub(super) async fn destroy(
     ApiPath(key): ApiPath<String>,
 ) -> ApiResult {
     blocking(move || {
+        // Refused while a run holds it: the run's finish would find it gone.
+        let destroyed =
+            s.mw.provider()
+                .destroy_unheld(&key, &s.mw.secrets)
+                .map_err(|e| match e {
+                    crate::middleware::MiddlewareError::SandboxBusy { .. } => {
+                        let run = s.run_holding(&key);
+                        ApiError::new(
+                            axum::http::StatusCode::CONFLICT,
+                            "sandbox_busy",
+                            match run {
+                                Some(r) => format!(
+                                    "sandbox {key:?} is held by run {r:?}: end the run (finish, \
+                                 abort, error) first; the sandbox is kept"
+                                ),
+                                None => e.to_string(),
+                            },
+                        )
+                    }
+                    e => e.into(),
+                })?;
+        // Its watcher stops, and requests waiting for its events are answered.
         let was = s.sandboxes.lock().remove(&key);
-        let live = s.mw.provider().live().iter().any(|h| h.key == key);
         drop(was);
-        s.mw.provider().destroy(&key, &s.mw.secrets)?;
-        Ok(Json(json!({"ok": true, "destroyed": live})))
+        Ok(Json(json!({"ok": true, "destroyed": destroyed})))
     })
     .await
+}
+
+fn no_sandbox(key: &str) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no sandbox {key:?} made through POST /v1/sandboxes (or it was destroyed)"),
+    )
 }
 
 #[derive(Deserialize)]
@@ -198,17 +245,12 @@ pub(super) async fn events(
     ApiPath(key): ApiPath<String>,
     ApiQuery(q): ApiQuery<EventsQuery>,
 ) -> ApiResult {
-    let (events, notify) = {
+    let (events, notify, gone) = {
         let m = s.sandboxes.lock();
-        let sb = m.get(&key).ok_or_else(|| {
-            ApiError::new(
-                axum::http::StatusCode::NOT_FOUND,
-                "not_found",
-                format!("no sandbox {key:?} made through POST /v1/sandboxes"),
-            )
-        })?;
-        (sb.events.clone(), sb.notify.clone())
+        let sb = m.get(&key).ok_or_else(|| no_sandbox(&key))?;
+        (sb.events.clone(), sb.notify.clone(), sb.gone.clone())
     };
+    s.mw.provider().touch(&key);
     let after = q.after.unwrap_or(0);
     let wait = Duration::from_millis(q.wait_ms.unwrap_or(0)).min(MAX_WAIT);
     let deadline = tokio::time::Instant::now() + wait;
@@ -223,6 +265,10 @@ pub(super) async fn events(
             .after(after);
         if !list.is_empty() || tokio::time::Instant::now() >= deadline {
             return Ok(Json(Value::Array(list)));
+        }
+        // Destroyed while waiting: no event can come (those it had were answered).
+        if gone.load(Ordering::SeqCst) {
+            return Err(no_sandbox(&key));
         }
         if tokio::time::timeout_at(deadline, woken).await.is_err() {
             let list = events

@@ -14,18 +14,19 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::api::{blocking, thread_id, to_json, ApiError, ApiJson, ApiPath, ApiResult};
+use super::api::{blocking, no_secret, thread_id, to_json, ApiError, ApiJson, ApiPath, ApiResult};
 use super::Server;
 use crate::cas::Hash;
-use crate::checkpoint::{CheckpointId, LeaseStatus, ThreadId, WriterLease};
+use crate::checkpoint::{CheckpointId, LeaseStatus, OwnerToken, ThreadId, WriterLease};
 use crate::middleware::publish::Publish;
 use crate::middleware::SandboxWorkspace;
 
 /// The longest lease a client may ask for (as the stores allow).
 const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 
-/// A lease as the API answers it: the store's record plus when to renew (a third of
-/// the TTL after the last renewal, in milliseconds from now on).
+/// A lease as the API answers it (to its writer only: it holds the owner secret): the
+/// store's record plus when to renew (a third of the TTL after the last renewal, in
+/// milliseconds from now on).
 pub(super) fn lease_json(l: &WriterLease) -> Value {
     let mut v = to_json(l);
     v["renew_after_ms"] = json!(l.ttl_ms / 3);
@@ -54,18 +55,29 @@ fn check_ttl_ms(ttl_ms: u64) -> Result<Duration, ApiError> {
     Ok(ttl)
 }
 
-/// A lease sent back by its writer: for the thread of the path, with a TTL the store
-/// would have given.
-fn sent_lease(s: &Server, thread: &ThreadId, l: WriterLease) -> Result<WriterLease, ApiError> {
-    if &l.thread != thread {
-        return Err(ApiError::bad(format!(
-            "the lease is for thread {:?}, the path names {:?}",
-            l.thread, thread
-        )));
+/// What a writer sends to renew, release or append with its lease: the fencing token
+/// and the owner secret it was given at acquire. Holder and TTL are fixed at acquire
+/// and not sent again.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct WriterProof {
+    token: u64,
+    owner_token: String,
+}
+
+impl WriterProof {
+    fn lease(self, thread: &ThreadId) -> Result<WriterLease, ApiError> {
+        if self.owner_token.is_empty() || self.owner_token.len() > 256 {
+            return Err(ApiError::bad(
+                "owner_token: the secret the lease's acquire answered with",
+            ));
+        }
+        Ok(WriterLease::presented(
+            thread.clone(),
+            self.token,
+            OwnerToken::from_client(self.owner_token),
+        ))
     }
-    check_ttl_ms(l.ttl_ms)?;
-    check_holder(s, &l.holder)?;
-    Ok(l)
 }
 
 /// A holder name goes into the store's records as it is: 1 to 200 printable
@@ -76,13 +88,7 @@ fn check_holder(s: &Server, holder: &str) -> Result<(), ApiError> {
             "holder {holder:?}: use 1 to 200 printable characters"
         )));
     }
-    if let Some(secret) = s.mw.secrets.found_in(holder.as_bytes()) {
-        return Err(ApiError::bad(format!(
-            "the holder name holds the value of secret {secret}; names are stored as they are, \
-             so this is refused"
-        )));
-    }
-    Ok(())
+    no_secret(s, "the holder name", holder)
 }
 
 #[derive(Deserialize)]
@@ -100,7 +106,7 @@ pub(super) async fn acquire(
     ApiJson(b): ApiJson<Acquire>,
 ) -> ApiResult {
     blocking(move || {
-        let t = thread_id(&thread)?;
+        let t = thread_id(&s, &thread)?;
         let ttl = match b.ttl_ms {
             Some(ms) => check_ttl_ms(ms)?,
             None => s.mw.publisher().snapshots()?.lease_ttl,
@@ -123,12 +129,11 @@ pub(super) async fn acquire(
 pub(super) async fn renew(
     State(s): State<Arc<Server>>,
     ApiPath(thread): ApiPath<String>,
-    ApiJson(l): ApiJson<WriterLease>,
+    ApiJson(p): ApiJson<WriterProof>,
 ) -> ApiResult {
     blocking(move || {
-        let t = thread_id(&thread)?;
-        let l = sent_lease(&s, &t, l)?;
-        let renewed = s.store.checkpoints().renew(&l)?;
+        let t = thread_id(&s, &thread)?;
+        let renewed = s.store.checkpoints().renew(&p.lease(&t)?)?;
         Ok(Json(lease_json(&renewed)))
     })
     .await
@@ -137,12 +142,11 @@ pub(super) async fn renew(
 pub(super) async fn release(
     State(s): State<Arc<Server>>,
     ApiPath(thread): ApiPath<String>,
-    ApiJson(l): ApiJson<WriterLease>,
+    ApiJson(p): ApiJson<WriterProof>,
 ) -> ApiResult {
     blocking(move || {
-        let t = thread_id(&thread)?;
-        let l = sent_lease(&s, &t, l)?;
-        s.store.checkpoints().release(&l)?;
+        let t = thread_id(&s, &thread)?;
+        s.store.checkpoints().release(&p.lease(&t)?)?;
         Ok(Json(json!({"ok": true})))
     })
     .await
@@ -153,7 +157,7 @@ pub(super) async fn head(
     ApiPath(thread): ApiPath<String>,
 ) -> ApiResult {
     blocking(move || {
-        let t = thread_id(&thread)?;
+        let t = thread_id(&s, &thread)?;
         let h = s.store.checkpoints().head(&t)?;
         Ok(Json(json!({"thread": t, "head": h.map(|h| h.to_hex())})))
     })
@@ -181,8 +185,8 @@ pub(super) struct Append {
     /// that forgot it must not be taken to mean "an empty thread".
     #[serde(default, deserialize_with = "present")]
     expected_head: Option<Option<String>>,
-    /// The writer's lease, as acquired or last renewed.
-    writer: WriterLease,
+    /// The writer's fencing token and owner secret.
+    writer: WriterProof,
     reason: Option<String>,
     source_run_id: Option<String>,
     /// The conversation to store with it; absent: the thread's messages on the server.
@@ -200,8 +204,8 @@ pub(super) async fn append(
     ApiJson(b): ApiJson<Append>,
 ) -> ApiResult {
     blocking(move || {
-        let t = thread_id(&thread)?;
-        let lease = sent_lease(&s, &t, b.writer)?;
+        let t = thread_id(&s, &thread)?;
+        let lease = b.writer.lease(&t)?;
         let expected = b
             .expected_head
             .ok_or_else(|| {
@@ -211,16 +215,9 @@ pub(super) async fn append(
             .transpose()?;
         let handle = s.sandbox_of(&b.sandbox, &t)?;
         let reason = b.reason.unwrap_or_else(|| "client append".into());
-        for (what, v) in [
-            ("reason", Some(&reason)),
-            ("source_run_id", b.source_run_id.as_ref()),
-        ] {
-            if let Some(secret) = v.and_then(|v| s.mw.secrets.found_in(v.as_bytes())) {
-                return Err(ApiError::bad(format!(
-                    "{what} holds the value of secret {secret}; it is stored as it is, so this \
-                     is refused"
-                )));
-            }
+        no_secret(&s, "reason", &reason)?;
+        if let Some(r) = &b.source_run_id {
+            no_secret(&s, "source_run_id", r)?;
         }
         let out = s.mw.publisher().publish(Publish {
             thread: &t,
@@ -258,6 +255,7 @@ impl Server {
         key: &str,
         thread: &ThreadId,
     ) -> Result<crate::middleware::SandboxHandle, ApiError> {
+        self.mw.provider().touch(key);
         let h = self
             .mw
             .provider()
