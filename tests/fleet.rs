@@ -50,6 +50,142 @@ fn new_cp(t: &ThreadId, n: u8) -> NewCheckpoint {
     NewCheckpoint::new(t.clone(), TreeId(Hash::of(&[n])), format!("cp {n}"))
 }
 
+/// A portable checkpoint record of the framework's shape.
+fn portable_cp(id: &str, parent: Option<&str>, n: u8) -> serde_json::Value {
+    serde_json::json!({
+        "id": id, "threadId": "t", "parentCheckpointId": parent, "createdAt": n,
+        "reason": "automatic",
+        "files": [{"path": format!("f{n}"), "kind": "file",
+                   "blobKey": format!("sandbox-files/sha256/{}", Hash::of(&[n]).to_hex()), "size": 1}],
+        "conversation": [{"role": "user", "content": format!("m{n}")}], "artifacts": [],
+    })
+}
+
+/// The portable stores' rules, run on every backend: compare-and-swap, the check order,
+/// fences, takeover by an injected clock, forks, names kept apart.
+fn portable_store_contract(st: &casfs::checkpoint::portable::PortableStores) {
+    use casfs::checkpoint::portable::{Clock, PortableError as P, StoreOptions, Writer};
+    let opts = StoreOptions {
+        lease_duration_ms: 1000.0,
+        renew_after_ms: 300.0,
+        clock: Clock::Client,
+    };
+    assert!(matches!(
+        st.open("s1", Some(opts), false),
+        Err(P::Invalid(_))
+    ));
+    st.open("s1", Some(opts), true).unwrap();
+    assert!(matches!(st.open("s1", None, true), Ok(o) if o == opts));
+    let other = StoreOptions {
+        clock: Clock::Server,
+        ..opts
+    };
+    assert!(matches!(
+        st.open("s1", Some(other), true),
+        Err(P::StoreExists(_))
+    ));
+    let g = st.acquire("s1", "t", Some(1000.0)).unwrap();
+    assert_eq!((g.fence, g.expires_at), (1, 2000.0));
+    assert!(matches!(
+        st.acquire("s1", "t", Some(1999.0)),
+        Err(P::WriterConflict(_))
+    ));
+    assert!(matches!(st.acquire("s1", "t", None), Err(P::Invalid(_))));
+    let w = Writer {
+        thread_id: "t".into(),
+        owner_token: g.owner_token.clone(),
+        fence: g.fence,
+    };
+    let root = portable_cp("root", None, 1);
+    assert_eq!(
+        st.append("s1", &root, None, &w, Some(1500.0)).unwrap(),
+        "root"
+    );
+    assert!(matches!(
+        st.append(
+            "s1",
+            &portable_cp("root", Some("x"), 2),
+            Some("x"),
+            &w,
+            Some(1500.0)
+        ),
+        Err(P::DuplicateId(_))
+    ));
+    assert!(matches!(
+        st.append("s1", &portable_cp("b", None, 2), None, &w, Some(1500.0)),
+        Err(P::StaleHead(_))
+    ));
+    assert!(matches!(
+        st.append(
+            "s1",
+            &portable_cp("b", None, 2),
+            Some("root"),
+            &w,
+            Some(1500.0)
+        ),
+        Err(P::ParentMismatch(_))
+    ));
+    let forged = Writer {
+        owner_token: "0".repeat(64),
+        ..w.clone()
+    };
+    assert!(matches!(
+        st.append(
+            "s1",
+            &portable_cp("b", Some("root"), 2),
+            Some("root"),
+            &forged,
+            Some(1500.0)
+        ),
+        Err(P::WriterLost(_))
+    ));
+    // Expired by the stated clock: a takeover, and the old writer is lost.
+    let g2 = st.acquire("s1", "t", Some(2001.0)).unwrap();
+    assert!(g2.fence > g.fence);
+    assert!(matches!(
+        st.append(
+            "s1",
+            &portable_cp("b", Some("root"), 2),
+            Some("root"),
+            &w,
+            Some(2001.0)
+        ),
+        Err(P::WriterLost(_))
+    ));
+    st.release("s1", &w).unwrap();
+    assert!(matches!(
+        st.acquire("s1", "t", Some(2002.0)),
+        Err(P::WriterConflict(_))
+    ));
+    assert_eq!(st.head("s1", "t").unwrap().as_deref(), Some("root"));
+    assert_eq!(st.get("s1", "root").unwrap().unwrap(), root);
+    assert_eq!(st.blob_references("s1").unwrap().len(), 1);
+    // Another name shares nothing.
+    st.open("s2", None, false).unwrap();
+    assert_eq!(st.head("s2", "t").unwrap(), None);
+    assert!(st.blob_references("s2").unwrap().is_empty());
+    assert!(matches!(st.head("nope", "t"), Err(P::NoStore(_))));
+    // A fork: the root of another thread with the checkpoint's transcript.
+    let dg = st.acquire("s1", "dest", Some(2002.0)).unwrap();
+    let fork: casfs::checkpoint::portable::ForkInput = serde_json::from_value(serde_json::json!({
+        "source_thread_id": "t", "source_checkpoint_id": "root", "destination_thread_id": "dest",
+        "destination_checkpoint_id": "fork-root", "created_at": 9,
+        "writer": {"thread_id": "dest", "owner_token": dg.owner_token, "fence": dg.fence},
+    }))
+    .unwrap();
+    let f = st.fork("s1", &fork, Some(2003.0)).unwrap();
+    assert_eq!(f["reason"], "fork-root");
+    assert_eq!(
+        st.messages("s1", "dest").unwrap().unwrap(),
+        root["conversation"]
+    );
+    assert!(matches!(
+        st.fork("s1", &fork, Some(2003.0)),
+        Err(P::ForkDestinationNotEmpty(_))
+    ));
+    assert_eq!(st.blob_references("s1").unwrap()[0].1, 2);
+}
+
 /// The CheckpointStore contract, run on every backend.
 fn checkpoint_store_contract(cps: &dyn CheckpointStore) {
     let t = thread("contract");
@@ -141,6 +277,14 @@ fn the_embedded_store_meets_the_contracts() {
     let store = open(&t.path().join("s"), &Backends::default());
     checkpoint_store_contract(store.checkpoints());
     object_store_contract(store.objects());
+    portable_store_contract(&store.portable());
+    // What a portable store holds outlives the process that wrote it.
+    drop(store);
+    let again = open(&t.path().join("s"), &Backends::default());
+    assert_eq!(
+        again.portable().head("s1", "t").unwrap().as_deref(),
+        Some("root")
+    );
 }
 
 #[test]
@@ -150,6 +294,23 @@ fn postgresql_and_s3_meet_the_contracts() {
     let store = open(&t.path().join("s"), &b);
     checkpoint_store_contract(store.checkpoints());
     object_store_contract(store.objects());
+    portable_store_contract(&store.portable());
+    // Two hosts race for one portable thread: one lease, one append.
+    let hosts = [
+        store.portable(),
+        open(&t.path().join("racer"), &b).portable(),
+    ];
+    hosts[0].open("race", None, false).unwrap();
+    let won: Vec<bool> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..8)
+            .map(|i| {
+                let st = hosts[i % 2].clone();
+                sc.spawn(move || st.acquire("race", "t", None).is_ok())
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(won.iter().filter(|w| **w).count(), 1, "{won:?}");
     // A second host (its own empty cache) reads the object from S3, verified.
     let other = open(&t.path().join("other"), &b);
     let data = pattern(100_000, 7);

@@ -14,6 +14,7 @@ mod error;
 mod lease;
 pub mod maintenance;
 pub mod pg_store;
+pub mod portable;
 mod record;
 pub mod refs;
 pub mod restore;

@@ -5,7 +5,9 @@
 //! `casfs_checkpoints` (id, thread, body: the canonical record), `casfs_heads` (thread ->
 //! id), `casfs_leases` (thread -> holder, token, acquired_at, expires_at, ttl_ms,
 //! owner_digest: the hash of the lease's owner secret),
-//! `casfs_fencing` (thread -> last token handed out), `casfs_meta` (schema version).
+//! `casfs_fencing` (thread -> last token handed out), `casfs_portable` (the portable
+//! checkpoint stores' keys and values, `checkpoint::portable`), `casfs_meta` (schema
+//! version).
 //! casfs creates them on first use (under an advisory lock, so hosts starting together
 //! do not race).
 //!
@@ -102,6 +104,7 @@ impl PgCheckpointStore {
                  acquired_at timestamptz NOT NULL, expires_at timestamptz NOT NULL,
                  ttl_ms bigint NOT NULL);
              CREATE TABLE IF NOT EXISTS casfs_fencing (thread text PRIMARY KEY, token bigint NOT NULL);
+             CREATE TABLE IF NOT EXISTS casfs_portable (k bytea PRIMARY KEY, v bytea NOT NULL);
              ALTER TABLE casfs_leases ADD COLUMN IF NOT EXISTS owner_digest text NOT NULL DEFAULT '';
              INSERT INTO casfs_meta VALUES ('schema_version', '{SCHEMA_VERSION}')
                  ON CONFLICT (key) DO NOTHING;
@@ -491,5 +494,101 @@ impl CheckpointStore for PgCheckpointStore {
                 candidates: ids,
             }),
         }
+    }
+}
+
+/// The portable stores on PostgreSQL: one transaction per operation, holding an
+/// advisory lock on the store's name, so operations on one store are serialized
+/// across hosts.
+impl super::portable::PortableKv for PgCheckpointStore {
+    fn transact(
+        &self,
+        name: &str,
+        f: &mut dyn FnMut(&mut dyn super::portable::KvTx) -> super::portable::PortableResult<()>,
+    ) -> super::portable::PortableResult<()> {
+        use super::portable::PortableError;
+        let mut c = self.client.lock().unwrap_or_else(|p| p.into_inner());
+        let err = |e: postgres::Error| PortableError::Store(self.db_err(e));
+        let mut t = c.transaction().map_err(err)?;
+        t.execute(
+            "SELECT pg_advisory_xact_lock(727236, hashtext($1))",
+            &[&name],
+        )
+        .map_err(err)?;
+        let mut tx = PgTx {
+            t: &mut t,
+            store: self,
+            failed: None,
+        };
+        let r = f(&mut tx);
+        if let Some(e) = tx.failed.take() {
+            return Err(PortableError::Store(self.db_err(e)));
+        }
+        r?;
+        t.commit().map_err(err)
+    }
+}
+
+/// Reads and writes of one portable transaction; a failed write is kept and reported
+/// when the transaction ends (the writes themselves return nothing).
+struct PgTx<'a, 'b> {
+    t: &'a mut Transaction<'b>,
+    store: &'a PgCheckpointStore,
+    failed: Option<postgres::Error>,
+}
+
+impl super::portable::KvTx for PgTx<'_, '_> {
+    fn get(&mut self, key: &[u8]) -> super::portable::PortableResult<Option<Vec<u8>>> {
+        let row = self
+            .t
+            .query_opt("SELECT v FROM casfs_portable WHERE k = $1", &[&key])
+            .map_err(|e| super::portable::PortableError::Store(self.store.db_err(e)))?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    fn put(&mut self, key: &[u8], value: &[u8]) {
+        if self.failed.is_none() {
+            if let Err(e) = self.t.execute(
+                "INSERT INTO casfs_portable VALUES ($1, $2) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v",
+                &[&key, &value],
+            ) {
+                self.failed = Some(e);
+            }
+        }
+    }
+
+    fn delete(&mut self, key: &[u8]) {
+        if self.failed.is_none() {
+            if let Err(e) = self
+                .t
+                .execute("DELETE FROM casfs_portable WHERE k = $1", &[&key])
+            {
+                self.failed = Some(e);
+            }
+        }
+    }
+
+    fn scan(&mut self, prefix: &[u8]) -> super::portable::PortableResult<Vec<(Vec<u8>, Vec<u8>)>> {
+        // Keys from the prefix up to (not including) the next prefix.
+        let mut end = prefix.to_vec();
+        while let Some(last) = end.pop() {
+            if last < 0xff {
+                end.push(last + 1);
+                break;
+            }
+        }
+        let rows = if end.is_empty() {
+            self.t.query(
+                "SELECT k, v FROM casfs_portable WHERE k >= $1 ORDER BY k",
+                &[&prefix],
+            )
+        } else {
+            self.t.query(
+                "SELECT k, v FROM casfs_portable WHERE k >= $1 AND k < $2 ORDER BY k",
+                &[&prefix, &end],
+            )
+        }
+        .map_err(|e| super::portable::PortableError::Store(self.store.db_err(e)))?;
+        Ok(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
     }
 }

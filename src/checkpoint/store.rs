@@ -141,6 +141,7 @@ impl Store {
         cfs.push(DIRCACHE_CF);
         cfs.push(crate::fs::MOUNTS_CF);
         cfs.push(crate::cas::remote_store::REMOTE_CF);
+        cfs.push(super::portable::PORTABLE_CF);
         cfs.extend_from_slice(families);
         let db = Arc::new(Database::open(&root.join("db"), &cfs)?);
         Store::assemble(root, db, Some(lock), backends)
@@ -269,6 +270,16 @@ impl Store {
             Some(pg) => pg.clone(),
             None => self.checkpoints.clone(),
         }
+    }
+
+    /// The portable checkpoint stores (an agent framework's own records), where the
+    /// checkpoints are: the store's RocksDB, or PostgreSQL with fleet checkpoints.
+    pub fn portable(&self) -> super::portable::PortableStores {
+        let kv: Arc<dyn super::portable::PortableKv> = match &self.fleet_checkpoints {
+            Some(pg) => pg.clone(),
+            None => Arc::new(super::portable::RocksPortable::new(self.db.clone())),
+        };
+        super::portable::PortableStores::new(kv)
     }
 
     /// The embedded checkpoint store itself (retention and fsck need more than the

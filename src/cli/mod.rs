@@ -292,6 +292,12 @@ pub enum Command {
         /// Seconds an open connection with no request going is kept
         #[arg(long, default_value_t = 60.0)]
         idle_connection_timeout: f64,
+        /// Let clients make portable stores (PUT /v1/stores/{store} with clock
+        /// "client") whose writer leases expire by the time each request states: for
+        /// test suites that inject a clock. Such a store shares nothing with any other,
+        /// but any of its clients can move its leases: never on a production server
+        #[arg(long)]
+        allow_client_clocks: bool,
     },
 
     /// Benchmark capture, re-capture, restore, a run-like loop and mounted I/O against

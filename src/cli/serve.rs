@@ -40,6 +40,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         max_connections,
         client_timeout,
         idle_connection_timeout,
+        allow_client_clocks,
     } = &cli.command
     else {
         unreachable!("dispatched on Serve")
@@ -159,6 +160,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
     };
     let server = Server::new(store, sp, provider, config, token)?;
     server.set_limits(limits);
+    server.set_allow_client_clocks(*allow_client_clocks);
     let where_ = match listen {
         Some(a) => Listen::Tcp(*a),
         None => Listen::Unix(socket.clone().unwrap_or_else(|| root.join("serve.sock"))),

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use base64::Engine;
 use serde::Deserialize;
@@ -26,6 +26,7 @@ use crate::checkpoint::Store;
 mod api;
 mod conn;
 mod sandboxes;
+mod stores;
 mod writers;
 
 pub use api::ApiError;
@@ -65,6 +66,23 @@ pub const ROUTES: &[&str] = &[
     "DELETE /v1/sandboxes/{key}",
     "GET /v1/sandboxes/{key}/events",
     "POST /v1/maintenance",
+    "POST /v1/threads/{thread}/fork",
+    "PUT /v1/stores/{store}",
+    "POST /v1/stores/{store}/writers",
+    "POST /v1/stores/{store}/writers/renew",
+    "POST /v1/stores/{store}/writers/release",
+    "POST /v1/stores/{store}/checkpoints",
+    "GET /v1/stores/{store}/checkpoints/{id}",
+    "POST /v1/stores/{store}/heads/delete",
+    "GET /v1/stores/{store}/threads/{thread}/head",
+    "GET /v1/stores/{store}/threads/{thread}/checkpoints",
+    "GET /v1/stores/{store}/threads/{thread}/messages",
+    "PUT /v1/stores/{store}/threads/{thread}/messages",
+    "GET /v1/stores/{store}/blob-references",
+    "POST /v1/stores/{store}/forks",
+    "GET /v1/stores/{store}/instances/{key}",
+    "PUT /v1/stores/{store}/instances/{key}",
+    "DELETE /v1/stores/{store}/instances/{key}",
 ];
 
 /// The largest request body served by default (`casfs serve --max-body`): an artifact
@@ -117,6 +135,8 @@ pub struct Server {
     limits: Mutex<ServeLimits>,
     /// Sandboxes clients made themselves, with their file events.
     sandboxes: sandboxes::ApiSandboxes,
+    /// Portable stores may keep their clients' clock (for tests): `--allow-client-clocks`.
+    client_clocks: std::sync::atomic::AtomicBool,
 }
 
 /// A run id taken: the run is being set up, or going.
@@ -212,12 +232,25 @@ impl Server {
             token,
             limits: Mutex::new(ServeLimits::default()),
             sandboxes: sandboxes::ApiSandboxes::default(),
+            client_clocks: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 
     /// Sets the server's limits (the body limit for routers made from now on).
     pub fn set_limits(&self, l: ServeLimits) {
         *self.limits.lock().unwrap_or_else(|p| p.into_inner()) = l;
+    }
+
+    /// Lets clients make portable stores whose leases keep the clients' clock
+    /// (`casfs serve --allow-client-clocks`; for test suites that inject a clock).
+    pub fn set_allow_client_clocks(&self, allow: bool) {
+        self.client_clocks
+            .store(allow, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn allow_client_clocks(&self) -> bool {
+        self.client_clocks
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn limits(&self) -> ServeLimits {
@@ -337,6 +370,37 @@ impl Server {
             .route("/v1/sandboxes/{key}", delete(sandboxes::destroy))
             .route("/v1/sandboxes/{key}/events", get(sandboxes::events))
             .route("/v1/maintenance", post(maintain))
+            .route("/v1/threads/{thread}/fork", post(writers::fork))
+            .route("/v1/stores/{store}", put(stores::open))
+            .route("/v1/stores/{store}/writers", post(stores::acquire))
+            .route("/v1/stores/{store}/writers/renew", post(stores::renew))
+            .route("/v1/stores/{store}/writers/release", post(stores::release))
+            .route("/v1/stores/{store}/checkpoints", post(stores::append))
+            .route("/v1/stores/{store}/checkpoints/{id}", get(stores::get))
+            .route("/v1/stores/{store}/heads/delete", post(stores::delete_head))
+            .route(
+                "/v1/stores/{store}/threads/{thread}/head",
+                get(stores::head),
+            )
+            .route(
+                "/v1/stores/{store}/threads/{thread}/checkpoints",
+                get(stores::list),
+            )
+            .route(
+                "/v1/stores/{store}/threads/{thread}/messages",
+                get(stores::messages).put(stores::put_messages),
+            )
+            .route(
+                "/v1/stores/{store}/blob-references",
+                get(stores::blob_references),
+            )
+            .route("/v1/stores/{store}/forks", post(stores::fork))
+            .route(
+                "/v1/stores/{store}/instances/{key}",
+                get(stores::instance)
+                    .put(stores::put_instance)
+                    .delete(stores::delete_instance),
+            )
             .fallback(api::no_route)
             .method_not_allowed_fallback(api::no_method)
             .layer(DefaultBodyLimit::max(self.limits().max_body))

@@ -286,3 +286,27 @@ impl Server {
         Ok(h)
     }
 }
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Fork {
+    /// The checkpoint the new thread starts from (any reference: id, prefix, `@thread`).
+    from: String,
+}
+
+/// Starts thread `thread` at checkpoint `from`: its first checkpoint has `from`'s
+/// content, `from` its parent. The thread must not exist.
+pub(super) async fn fork(
+    State(s): State<Arc<Server>>,
+    ApiPath(thread): ApiPath<String>,
+    ApiJson(b): ApiJson<Fork>,
+) -> ApiResult {
+    blocking(move || {
+        let t = thread_id(&s, &thread)?;
+        no_secret(&s, "the checkpoint reference", &b.from)?;
+        let from = crate::checkpoint::refs::resolve(s.store.checkpoints(), &b.from)?;
+        let cp = s.store.checkpoints().fork(&t, &from)?;
+        Ok(Json(to_json(&cp)))
+    })
+    .await
+}

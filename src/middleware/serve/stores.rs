@@ -1,0 +1,341 @@
+//! Portable checkpoint stores over HTTP (`/v1/stores/{store}/...`): an agent
+//! framework's checkpoint store, transcript store and sandbox instance store, durable
+//! in casfs's store (`checkpoint::portable`). The TypeScript package's
+//! `CasfsCheckpointStore` and `CasfsInstanceStore` are their clients.
+//!
+//! Every record, transcript and instance record is stored scrubbed of the server's
+//! secrets (placeholders) and answered with the values back, as the messages and
+//! artifacts routes do; an id, thread id or key holding a secret's value is refused
+//! (it is part of a key, stored as it is).
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::api::{blocking, ApiError, ApiJson, ApiPath, ApiResult};
+use super::Server;
+use crate::checkpoint::portable::{ForkInput, PortableError, StoreOptions, Writer};
+
+impl From<PortableError> for ApiError {
+    fn from(e: PortableError) -> ApiError {
+        use PortableError as P;
+        let status = match &e {
+            P::InvalidId(_) | P::InvalidEntry(_) | P::Invalid(_) => StatusCode::BAD_REQUEST,
+            P::NoStore(_) | P::ForkSourceNotFound(_) => StatusCode::NOT_FOUND,
+            P::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            _ => StatusCode::CONFLICT,
+        };
+        ApiError::new(status, e.kind(), e.to_string())
+    }
+}
+
+impl Server {
+    /// Refuses an id that holds one of the server's secrets (ids are parts of keys).
+    fn portable_id(&self, what: &str, v: &str) -> Result<(), ApiError> {
+        match self.mw.secrets.found_in(v.as_bytes()) {
+            Some(secret) => Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_id",
+                format!(
+                    "{what} holds the value of secret {secret}; ids are stored as they are, so \
+                     this is refused"
+                ),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    fn scrub(&self, v: &Value) -> Value {
+        self.mw.secrets.scrub_json(v)
+    }
+
+    fn fill(&self, v: &Value) -> Value {
+        self.mw.secrets.fill_json(v)
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Open {
+    lease_duration_ms: Option<f64>,
+    renew_after_ms: Option<f64>,
+    clock: Option<crate::checkpoint::portable::Clock>,
+}
+
+pub(super) async fn open(
+    State(s): State<Arc<Server>>,
+    ApiPath(store): ApiPath<String>,
+    ApiJson(b): ApiJson<Open>,
+) -> ApiResult {
+    blocking(move || {
+        let options =
+            if b.lease_duration_ms.is_none() && b.renew_after_ms.is_none() && b.clock.is_none() {
+                None
+            } else {
+                let d = StoreOptions::default();
+                Some(StoreOptions {
+                    lease_duration_ms: b.lease_duration_ms.unwrap_or(d.lease_duration_ms),
+                    renew_after_ms: b.renew_after_ms.unwrap_or(d.renew_after_ms),
+                    clock: b.clock.unwrap_or(d.clock),
+                })
+            };
+        let allow = s.allow_client_clocks();
+        let o = s.store.portable().open(&store, options, allow)?;
+        Ok(Json(json!({"store": store, "options": o})))
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Acquire {
+    thread_id: String,
+    now: Option<f64>,
+}
+
+pub(super) async fn acquire(
+    State(s): State<Arc<Server>>,
+    ApiPath(store): ApiPath<String>,
+    ApiJson(b): ApiJson<Acquire>,
+) -> ApiResult {
+    blocking(move || {
+        s.portable_id("the thread id", &b.thread_id)?;
+        let g = s.store.portable().acquire(&store, &b.thread_id, b.now)?;
+        Ok(Json(serde_json::to_value(g).expect("JSON")))
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct WriterOp {
+    writer: Writer,
+    now: Option<f64>,
+}
+
+pub(super) async fn renew(
+    State(s): State<Arc<Server>>,
+    ApiPath(store): ApiPath<String>,
+    ApiJson(b): ApiJson<WriterOp>,
+) -> ApiResult {
+    blocking(move || {
+        let expires_at = s.store.portable().renew(&store, &b.writer, b.now)?;
+        Ok(Json(json!({"expires_at": expires_at})))
+    })
+    .await
+}
+
+pub(super) async fn release(
+    State(s): State<Arc<Server>>,
+    ApiPath(store): ApiPath<String>,
+    ApiJson(b): ApiJson<WriterOp>,
+) -> ApiResult {
+    blocking(move || {
+        if b.now.is_some() {
+            return Err(ApiError::bad("a release states no `now`"));
+        }
+        s.store.portable().release(&store, &b.writer)?;
+        Ok(Json(json!({"ok": true})))
+    })
+    .await
+}
+
+pub(super) async fn get(
+    State(s): State<Arc<Server>>,
+    ApiPath((store, id)): ApiPath<(String, String)>,
+) -> ApiResult {
+    blocking(move || {
+        let cp = s.store.portable().get(&store, &id)?;
+        Ok(Json(json!({"checkpoint": cp.map(|c| s.fill(&c))})))
+    })
+    .await
+}
+
+pub(super) async fn list(
+    State(s): State<Arc<Server>>,
+    ApiPath((store, thread)): ApiPath<(String, String)>,
+) -> ApiResult {
+    blocking(move || {
+        let l = s.store.portable().list(&store, &thread)?;
+        Ok(Json(Value::Array(l.iter().map(|c| s.fill(c)).collect())))
+    })
+    .await
+}
+
+pub(super) async fn head(
+    State(s): State<Arc<Server>>,
+    ApiPath((store, thread)): ApiPath<(String, String)>,
+) -> ApiResult {
+    blocking(move || {
+        let h = s.store.portable().head(&store, &thread)?;
+        Ok(Json(json!({"head": h})))
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Append {
+    checkpoint: Value,
+    /// Required (null: the thread has no head yet).
+    #[serde(default, deserialize_with = "present")]
+    expected_head_id: Option<Option<String>>,
+    writer: Writer,
+    now: Option<f64>,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
+    Option::<String>::deserialize(d).map(Some)
+}
+
+pub(super) async fn append(
+    State(s): State<Arc<Server>>,
+    ApiPath(store): ApiPath<String>,
+    ApiJson(b): ApiJson<Append>,
+) -> ApiResult {
+    blocking(move || {
+        let expected = b.expected_head_id.ok_or_else(|| {
+            ApiError::bad("expected_head_id is required (null for a thread with no head)")
+        })?;
+        for (what, field) in [("the checkpoint id", "id"), ("the thread id", "threadId")] {
+            if let Some(v) = b.checkpoint.get(field).and_then(Value::as_str) {
+                s.portable_id(what, v)?;
+            }
+        }
+        let cp = s.scrub(&b.checkpoint);
+        let head = s
+            .store
+            .portable()
+            .append(&store, &cp, expected.as_deref(), &b.writer, b.now)?;
+        Ok(Json(json!({"head_id": head})))
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DeleteHead {
+    thread_id: String,
+    checkpoint_id: String,
+    writer: Writer,
+    now: Option<f64>,
+}
+
+pub(super) async fn delete_head(
+    State(s): State<Arc<Server>>,
+    ApiPath(store): ApiPath<String>,
+    ApiJson(b): ApiJson<DeleteHead>,
+) -> ApiResult {
+    blocking(move || {
+        s.store
+            .portable()
+            .delete_head(&store, &b.thread_id, &b.checkpoint_id, &b.writer, b.now)?;
+        Ok(Json(json!({"ok": true})))
+    })
+    .await
+}
+
+pub(super) async fn blob_references(
+    State(s): State<Arc<Server>>,
+    ApiPath(store): ApiPath<String>,
+) -> ApiResult {
+    blocking(move || {
+        let refs = s.store.portable().blob_references(&store)?;
+        Ok(Json(Value::Array(
+            refs.into_iter()
+                .map(|(key, references)| json!({"key": key, "references": references}))
+                .collect(),
+        )))
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Fork {
+    #[serde(flatten)]
+    fork: ForkInput,
+    now: Option<f64>,
+}
+
+pub(super) async fn fork(
+    State(s): State<Arc<Server>>,
+    ApiPath(store): ApiPath<String>,
+    ApiJson(b): ApiJson<Fork>,
+) -> ApiResult {
+    blocking(move || {
+        s.portable_id("the destination thread id", &b.fork.destination_thread_id)?;
+        s.portable_id(
+            "the destination checkpoint id",
+            &b.fork.destination_checkpoint_id,
+        )?;
+        let cp = s.store.portable().fork(&store, &b.fork, b.now)?;
+        Ok(Json(json!({"checkpoint": s.fill(&cp)})))
+    })
+    .await
+}
+
+pub(super) async fn messages(
+    State(s): State<Arc<Server>>,
+    ApiPath((store, thread)): ApiPath<(String, String)>,
+) -> ApiResult {
+    blocking(move || {
+        let m = s.store.portable().messages(&store, &thread)?;
+        Ok(Json(json!({"messages": m.map(|m| s.fill(&m))})))
+    })
+    .await
+}
+
+pub(super) async fn put_messages(
+    State(s): State<Arc<Server>>,
+    ApiPath((store, thread)): ApiPath<(String, String)>,
+    ApiJson(messages): ApiJson<Vec<Value>>,
+) -> ApiResult {
+    blocking(move || {
+        s.portable_id("the thread id", &thread)?;
+        let m = s.scrub(&Value::Array(messages));
+        s.store.portable().save_messages(&store, &thread, &m)?;
+        Ok(Json(json!({"ok": true})))
+    })
+    .await
+}
+
+pub(super) async fn instance(
+    State(s): State<Arc<Server>>,
+    ApiPath((store, key)): ApiPath<(String, String)>,
+) -> ApiResult {
+    blocking(move || {
+        let r = s.store.portable().instance(&store, &key)?;
+        Ok(Json(json!({"record": r.map(|r| s.fill(&r))})))
+    })
+    .await
+}
+
+pub(super) async fn put_instance(
+    State(s): State<Arc<Server>>,
+    ApiPath((store, key)): ApiPath<(String, String)>,
+    ApiJson(record): ApiJson<Value>,
+) -> ApiResult {
+    blocking(move || {
+        s.portable_id("the instance key", &key)?;
+        let r = s.scrub(&record);
+        s.store.portable().put_instance(&store, &key, &r)?;
+        Ok(Json(json!({"ok": true})))
+    })
+    .await
+}
+
+pub(super) async fn delete_instance(
+    State(s): State<Arc<Server>>,
+    ApiPath((store, key)): ApiPath<(String, String)>,
+) -> ApiResult {
+    blocking(move || {
+        s.store.portable().delete_instance(&store, &key)?;
+        Ok(Json(json!({"ok": true})))
+    })
+    .await
+}
