@@ -1,104 +1,77 @@
-// Two agent runs on one thread through casfs: the second resumes the first's files on
-// a sandbox made anew (as after the first run's VM went away), and a third run started
-// while the second holds the thread is refused. Run: `npm run example` (CASFS_BIN names
-// the casfs binary; default: `casfs` on PATH). Prints what each step took.
-import { mkdtempSync, readFileSync, rmSync, writeFileSync, appendFileSync } from 'node:fs'
+// Two agent runs on one conversation thread through casfs, the way TanStack AI's
+// sandbox middleware drives a provider with `lifecycle: { snapshot: 'after-run' }`:
+// each run finds its sandbox (resumed alive, else restored from the thread's latest
+// snapshot, else created), works in it, and ends with a native snapshot recorded in the
+// instance store. Between the runs the sandbox is destroyed (as when its VM goes away):
+// the second run's sandbox is a mount of the first run's snapshot. Run: `npm run
+// example` (CASFS_BIN names the casfs binary; default: `casfs` on PATH).
+import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 
 import {
-  CasfsCheckpointStore,
-  CasfsSandboxProvider,
-  SandboxCheckpointError,
+  CasfsInstanceStore,
+  casfsSandbox,
   startCasfsServe,
-  type CasfsSandbox,
+  type SandboxHandle,
 } from '../src/index.js'
 
 const dir = mkdtempSync(join(tmpdir(), 'casfs-agent-loop-'))
-const served = await startCasfsServe({
-  bin: process.env.CASFS_BIN ?? 'casfs',
-  store: join(dir, 'store'),
-  args: ['--lease-ttl', '10'],
-})
-const checkpoints = new CasfsCheckpointStore(served.client)
-const sandboxes = new CasfsSandboxProvider(served.client)
+const served = await startCasfsServe({ bin: process.env.CASFS_BIN ?? 'casfs', store: join(dir, 'store') })
+const provider = casfsSandbox({ client: served.client })
+const instances = new CasfsInstanceStore({ client: served.client, store: 'agent-loop' })
 const thread = 'conversation-42'
 
-function ms(since: number): string {
-  return `${(performance.now() - since).toFixed(1)} ms`
-}
+const ms = (since: number): string => `${(performance.now() - since).toFixed(1)} ms`
 
-/** One run: take the thread, get its sandbox at the head, work, publish, let go. */
-async function run(runId: string, work: (sandbox: CasfsSandbox) => void | Promise<void>) {
-  let t = performance.now()
-  const writer = await checkpoints.acquireWriter(thread, { holder: `agent-loop ${runId}` })
-  const stopRenewing = writer.keepAlive((e) => console.error(`${runId}: lease lost: ${e.message}`))
-  try {
-    const sandbox = await sandboxes.create(thread)
-    console.log(
-      `${runId}: writer token ${writer.token}, sandbox ${sandbox.outcome} at ${
-        sandbox.base?.slice(0, 12) ?? 'an empty thread'
-      } (${sandbox.mode}) in ${ms(t)}`,
-    )
-    await work(sandbox)
-    t = performance.now()
-    const head = await checkpoints.getHead(thread)
-    const { checkpoint, changedFiles } = await checkpoints.append({
-      checkpoint: {
-        threadId: thread,
-        sandbox,
-        reason: `after ${runId}`,
-        sourceRunId: runId,
-        conversation: [{ role: 'assistant', content: `${runId} done` }],
-      },
-      expectedHeadId: head,
-      writer,
-    })
-    console.log(
-      `${runId}: published ${checkpoint.id.slice(0, 12)} (${changedFiles} changed) in ${ms(t)}`,
-    )
-    return { checkpoint, sandbox }
-  } finally {
-    stopRenewing()
-    await writer.release()
+/** The thread's sandbox, as the middleware's ensure() finds it. */
+async function ensure(): Promise<{ handle: SandboxHandle; outcome: string }> {
+  const record = await instances.get(thread)
+  const live = record && (await provider.resume({ id: record.providerSandboxId }))
+  if (live) return { handle: live, outcome: 'resumed' }
+  if (record?.latestSnapshotId && provider.restoreSnapshot) {
+    const handle = await provider.restoreSnapshot({ snapshotId: record.latestSnapshotId })
+    return { handle, outcome: `restored ${record.latestSnapshotId.slice(0, 12)}` }
   }
+  return { handle: await provider.create({ id: thread }), outcome: 'created' }
 }
 
-let failed = false
+async function run(runId: string, work: (h: SandboxHandle) => Promise<void>): Promise<SandboxHandle> {
+  let t = performance.now()
+  const { handle, outcome } = await ensure()
+  console.log(`${runId}: sandbox ${outcome} in ${ms(t)}`)
+  await work(handle)
+  t = performance.now()
+  const snap = await handle.snapshot!(`after-${runId}`)
+  await instances.upsert({
+    key: thread,
+    provider: provider.name,
+    providerSandboxId: handle.id,
+    latestSnapshotId: snap.id,
+    threadId: thread,
+    latestRunId: runId,
+    updatedAt: Date.now(),
+  })
+  console.log(`${runId}: snapshot ${snap.id.slice(0, 12)} in ${ms(t)}`)
+  return handle
+}
+
 try {
-  const first = await run('run-1', (sb) => {
-    writeFileSync(join(sb.path, 'plan.md'), '# plan\n- step one\n')
-    writeFileSync(join(sb.path, 'main.py'), 'print("hello")\n')
+  const first = await run('run-1', async (h) => {
+    await h.fs.write('/workspace/plan.md', '# plan\n- step one\n')
+    const r = await h.process.exec('mkdir -p src && echo "print(1)" > src/main.py && ls src')
+    console.log(`run-1: the shell made ${r.stdout.trim()}`)
   })
-  // The first run's sandbox goes away (its VM was recycled, say).
-  await first.sandbox.destroy()
-
-  const second = await run('run-2', async (sb) => {
-    const plan = readFileSync(join(sb.path, 'plan.md'), 'utf8')
-    console.log(`run-2: resumed plan.md from run-1: ${JSON.stringify(plan)}`)
-    if (!plan.includes('step one')) throw new Error('run-2 did not see run-1 files')
-    appendFileSync(join(sb.path, 'plan.md'), '- step two\n')
-
-    // Meanwhile a third run on the same thread: refused while run-2 holds it.
-    try {
-      await checkpoints.acquireWriter(thread, { holder: 'agent-loop run-3' })
-      throw new Error('run-3 was let in while run-2 held the thread')
-    } catch (e) {
-      if (!(e instanceof SandboxCheckpointError) || e.code !== 'SANDBOX_SNAPSHOT_LEASE_HELD')
-        throw e
-      console.log(`run-3: refused (${e.code}): ${e.message}`)
-    }
+  // The sandbox goes away between runs.
+  await provider.destroy({ id: first.id })
+  await run('run-2', async (h) => {
+    const plan = await h.fs.read('/workspace/plan.md')
+    console.log(`run-2: resumed plan.md from run-1: ${JSON.stringify(plan.split('\n')[1])}`)
+    await h.fs.write('/workspace/plan.md', `${plan}- step two\n`)
   })
-  if (second.checkpoint.parent_id !== first.checkpoint.id)
-    throw new Error('run-2 did not publish on top of run-1')
-  const log = await checkpoints.log(thread)
-  console.log(`thread ${thread}: ${log.map((c) => `${c.id.slice(0, 12)} (${c.reason})`).join(' <- ')}`)
-  await second.sandbox.destroy()
-} catch (e) {
-  failed = true
-  console.error(e)
+  const record = await instances.get(thread)
+  console.log(`latest: ${record?.latestSnapshotId?.slice(0, 12)} (after ${record?.latestRunId})`)
 } finally {
   await served.stop()
   rmSync(dir, { recursive: true, force: true })
 }
-process.exitCode = failed ? 1 : 0

@@ -1,313 +1,476 @@
 /**
- * casfs as an agent framework's sandbox checkpoint store: writer leases with renewal,
- * the thread's head, checkpoints by id, and append with compare-and-swap on the head
- * under the writer's lease. casfs checks the fencing token and the head in one atomic
- * step, so the framework's rules (never publish after a lost lease, never over a head
- * that moved) hold across processes and hosts, not only within one.
+ * casfs as the framework's portable checkpoint store (`SandboxCheckpointStore`, with the
+ * fork capability), its transcript store for forks, and its sandbox instance store
+ * (`SandboxInstanceStore`): each a named store of `casfs serve` (`/v1/stores/{store}`),
+ * durable in casfs's store (RocksDB, or PostgreSQL on a fleet). The server checks the
+ * writer (owner secret and fence), the head's compare-and-swap and the framework's
+ * rules in one atomic step, in the framework's order; this client checks first only
+ * what JSON cannot carry (a lone UTF-16 surrogate, a non-finite number).
  */
-import type { CasfsClient, Schemas } from './client.js'
+import type { CasfsClient } from './client.js'
+import type {
+  MessageStore,
+  ModelMessage,
+  SandboxCheckpoint,
+  SandboxCheckpointForkInput,
+  SandboxCheckpointStore,
+  SandboxCheckpointStoreOptions,
+  SandboxCheckpointWriter,
+  SandboxCheckpointWriterLease,
+  SandboxInstanceRecord,
+  SandboxInstanceStore,
+} from './contracts.js'
 import {
   asCheckpointError,
-  CasfsError,
-  SandboxCheckpointError,
+  SandboxCheckpointInvalidEntryError,
+  SandboxCheckpointInvalidIdError,
+  SandboxCheckpointWriterLostError,
 } from './errors.js'
 
-export type Checkpoint = Schemas['Checkpoint']
-export type Lease = Schemas['Lease']
-
-/** What {@link CasfsCheckpointStore.append} publishes. */
-export interface CheckpointInput {
-  threadId: string
-  /** The sandbox whose workspace is captured: its key, or the sandbox itself. */
-  sandbox: string | { key: string }
-  reason?: string
-  sourceRunId?: string
-  /**
-   * The conversation stored with the checkpoint (any JSON messages); absent: the
-   * thread's messages on the server.
-   */
-  conversation?: ReadonlyArray<unknown>
+function hasUnpairedSurrogate(value: string): boolean {
+  for (let i = 0; i < value.length; i++) {
+    const c = value.charCodeAt(i)
+    if (c >= 0xd800 && c <= 0xdbff) {
+      const next = value.charCodeAt(i + 1)
+      if (!(next >= 0xdc00 && next <= 0xdfff)) return true
+      i++
+    } else if (c >= 0xdc00 && c <= 0xdfff) {
+      return true
+    }
+  }
+  return false
 }
 
-/** The result of an append: the checkpoint record, and what the capture saw. */
-export interface Appended {
-  checkpoint: Checkpoint
-  changedFiles: number
-  /** Files the capture policy left out. */
-  skipped: string[]
-  /** Files stored with secret values replaced by placeholders. */
-  secretFiles: number
+function validId(value: unknown, label: string): asserts value is string {
+  if (typeof value !== 'string' || value.length === 0 || hasUnpairedSurrogate(value)) {
+    throw new SandboxCheckpointInvalidIdError(
+      `${label} must be a non-empty well-formed Unicode string`,
+    )
+  }
 }
 
-/** A thread's writer lease, as the framework uses it. */
-export class CasfsWriterLease {
-  private current: Lease
-  private state: 'held' | 'released' | 'lost' = 'held'
-  private lostError: SandboxCheckpointError | undefined
-  private releasing: Promise<void> | undefined
+/** Whether any string inside `v` could not travel as JSON. */
+function unsendable(v: unknown): boolean {
+  if (typeof v === 'string') return hasUnpairedSurrogate(v)
+  if (typeof v === 'number') return !Number.isFinite(v)
+  if (Array.isArray(v)) return v.some(unsendable)
+  if (v !== null && typeof v === 'object') {
+    return Object.entries(v).some(([k, x]) => hasUnpairedSurrogate(k) || unsendable(x))
+  }
+  return false
+}
+
+/** A writer as the server takes it; a malformed one is a lost writer. */
+function wireWriter(w: SandboxCheckpointWriter): {
+  thread_id: string
+  owner_token: string
+  fence: number
+} {
+  if (
+    w === null ||
+    typeof w !== 'object' ||
+    typeof w.ownerToken !== 'string' ||
+    hasUnpairedSurrogate(w.ownerToken) ||
+    !Number.isSafeInteger(w.fence) ||
+    w.fence < 0
+  ) {
+    throw new SandboxCheckpointWriterLostError('Checkpoint writer lease is not a lease of this store')
+  }
+  return { thread_id: w.threadId, owner_token: w.ownerToken, fence: w.fence }
+}
+
+const enc = encodeURIComponent
+
+/**
+ * Marks the promises `methods` of `obj` return as handled the moment they are made: a
+ * caller that starts an operation, awaits other reads, and only then awaits the
+ * operation (as the framework's own suites do) must not see a refusal reported as an
+ * unhandled rejection meanwhile, which an in-process store never shows because it
+ * settles within one turn. The caller's own await still gets the refusal.
+ */
+function settleEarly<T extends object>(obj: T, methods: ReadonlyArray<keyof T>): void {
+  for (const m of methods) {
+    const f = obj[m]
+    if (typeof f !== 'function') continue
+    const bound = (f as (...a: unknown[]) => unknown).bind(obj)
+    Object.defineProperty(obj, m, {
+      value: (...args: unknown[]) => {
+        const p = bound(...args)
+        if (p instanceof Promise) p.catch(() => {})
+        return p
+      },
+      enumerable: false,
+      writable: true,
+      configurable: true,
+    })
+  }
+}
+
+/**
+ * The options a store is made with on the server (the same for the checkpoint,
+ * transcript and instance stores of one name, so whichever is used first makes it).
+ */
+function openBody(options: SandboxCheckpointStoreOptions): {
+  lease_duration_ms: number
+  renew_after_ms: number
+  clock: 'client' | 'server'
+} {
+  const leaseDurationMs = options.leaseDurationMs ?? 120_000
+  const renewAfterMs = options.renewAfterMs ?? 45_000
+  if (!Number.isFinite(leaseDurationMs) || leaseDurationMs <= 0) {
+    throw new Error('leaseDurationMs must be finite and positive')
+  }
+  if (!Number.isFinite(renewAfterMs) || renewAfterMs <= 0 || renewAfterMs >= leaseDurationMs) {
+    throw new Error('renewAfterMs must be finite, positive, and less than leaseDurationMs')
+  }
+  return {
+    lease_duration_ms: leaseDurationMs,
+    renew_after_ms: renewAfterMs,
+    clock: options.now ? 'client' : 'server',
+  }
+}
+
+/** What every named store of the server needs: its client, name and clock. */
+class NamedStore {
+  private opened: Promise<unknown> | undefined
 
   constructor(
-    private readonly client: CasfsClient,
-    lease: Lease,
-  ) {
-    this.current = lease
-  }
+    protected readonly client: CasfsClient,
+    readonly storeName: string,
+    private readonly openBody: Record<string, unknown>,
+  ) {}
 
-  get threadId(): string {
-    return this.current.thread
-  }
-  get holder(): string {
-    return this.current.holder
-  }
-  /** The fencing token: larger than any earlier lease's on the thread. */
-  get token(): number {
-    return this.current.token
-  }
-  /** When to renew next, in milliseconds from the last acquire or renewal. */
-  get renewAfterMs(): number {
-    return this.current.renew_after_ms ?? Math.floor(this.current.ttl_ms / 3)
-  }
-  /** When it expires unless renewed (ms since the epoch, the server's clock). */
-  get expiresAt(): number {
-    return this.current.expires_at_ms
-  }
-  /** The lease as the server answered it last (it holds the owner secret). */
-  get record(): Lease {
-    return this.current
-  }
-  /** What proves this writer to the server: the fencing token and the owner secret. */
-  get proof(): Schemas['WriterProof'] {
-    return { token: this.current.token, owner_token: this.current.owner_token }
-  }
-  /** Whether it is still this writer's (not released, no renewal failed). */
-  get held(): boolean {
-    return this.state === 'held'
-  }
-  /** Why it was lost, if a renewal failed. */
-  get lost(): SandboxCheckpointError | undefined {
-    return this.lostError
-  }
-
-  /** Throws unless the lease is still held here: a writer must not publish otherwise. */
-  assertHeld(): void {
-    if (this.state === 'lost' && this.lostError) throw this.lostError
-    if (this.state !== 'held') {
-      throw new SandboxCheckpointError(
-        'SANDBOX_SNAPSHOT_LEASE_LOST',
-        `the writer lease on thread '${this.threadId}' (token ${this.token}) was released`,
-      )
-    }
-  }
-
-  /**
-   * Extends the lease by its TTL. A refusal (expired, taken over) or any failure to
-   * renew loses the lease for good: every later renew and append is refused.
-   */
-  async renew(): Promise<void> {
-    this.assertHeld()
-    const t = encodeURIComponent(this.threadId)
-    try {
-      this.current = await this.client.call(
-        `POST /v1/threads/${t}/writer/renew`,
-        this.client.api.POST('/v1/threads/{thread}/writer/renew', {
-          params: { path: { thread: this.threadId } },
-          body: this.proof,
+  /** Makes the store on the server (once), then runs `f`; errors are the framework's. */
+  protected async call<T>(
+    request: string,
+    f: () => Promise<{ data?: T; error?: unknown; response: Response }>,
+  ): Promise<T> {
+    this.opened ??= this.client
+      .call(
+        `PUT /v1/stores/${this.storeName}`,
+        this.client.api.PUT('/v1/stores/{store}', {
+          params: { path: { store: this.storeName } },
+          body: this.openBody,
         }),
       )
+      .catch((e: unknown) => {
+        this.opened = undefined
+        throw e
+      })
+    await this.opened
+    try {
+      return await this.client.call(request, f())
     } catch (e) {
-      const err = asCheckpointError(e)
-      this.lostError =
-        err instanceof SandboxCheckpointError && err.code === 'SANDBOX_SNAPSHOT_LEASE_LOST'
-          ? err
-          : new SandboxCheckpointError(
-              'SANDBOX_SNAPSHOT_LEASE_LOST',
-              `renewing the writer lease on thread '${this.threadId}' failed: ${
-                e instanceof Error ? e.message : String(e)
-              }`,
-              { cause: e },
-            )
-      this.state = 'lost'
-      throw this.lostError
+      throw asCheckpointError(e)
     }
   }
+}
 
+export interface CasfsCheckpointStoreOptions extends SandboxCheckpointStoreOptions {
+  client: CasfsClient
   /**
-   * Gives the lease up (once; repeats wait for the first). A lease lost to another
-   * writer is not an error to release: there is nothing left to give up.
+   * The store's name on the server (default `default`): one name, one key space of
+   * threads, heads, leases and blob references. Hosts sharing one name share them.
    */
-  release(): Promise<void> {
-    if (this.releasing) return this.releasing
-    const wasHeld = this.state === 'held'
-    this.state = this.state === 'lost' ? 'lost' : 'released'
-    this.releasing = (async () => {
-      if (!wasHeld) return
-      const t = encodeURIComponent(this.threadId)
-      try {
-        await this.client.call(
-          `POST /v1/threads/${t}/writer/release`,
-          this.client.api.POST('/v1/threads/{thread}/writer/release', {
-            params: { path: { thread: this.threadId } },
-            body: this.proof,
+  store?: string
+}
+
+/**
+ * The framework's checkpoint store on `casfs serve`. With `now`, the store is made on
+ * its clients' clock (every lease operation states `now()`: a test's injected clock;
+ * the server must run with `--allow-client-clocks`); without it, on the server's.
+ */
+export class CasfsCheckpointStore extends NamedStore implements SandboxCheckpointStore {
+  private readonly now: (() => number) | undefined
+  readonly leaseDurationMs: number
+  readonly renewAfterMs: number
+
+  constructor(options: CasfsCheckpointStoreOptions) {
+    const body = openBody(options)
+    super(options.client, options.store ?? 'default', body)
+    this.now = options.now
+    this.leaseDurationMs = body.lease_duration_ms
+    this.renewAfterMs = body.renew_after_ms
+    settleEarly(this, [
+      'get',
+      'list',
+      'getHead',
+      'append',
+      'deleteHead',
+      'acquireWriter',
+      'listBlobReferences',
+      'forkFromCheckpoint',
+    ])
+  }
+
+  /** `{ now }` for a request of a lease operation on the clients' clock. */
+  private stated(): { now?: number } {
+    if (!this.now) return {}
+    const now = this.now()
+    if (!Number.isFinite(now)) throw new Error('the injected clock gave a non-finite time')
+    return { now }
+  }
+
+  async get(id: string): Promise<SandboxCheckpoint | null> {
+    validId(id, 'Checkpoint id')
+    const r = await this.call(`GET /v1/stores/${this.storeName}/checkpoints/${enc(id)}`, () =>
+      this.client.api.GET('/v1/stores/{store}/checkpoints/{id}', {
+        params: { path: { store: this.storeName, id } },
+      }),
+    )
+    return (r.checkpoint ?? null) as SandboxCheckpoint | null
+  }
+
+  async list(threadId: string): Promise<Array<SandboxCheckpoint>> {
+    validId(threadId, 'Thread id')
+    const r = await this.call(
+      `GET /v1/stores/${this.storeName}/threads/${enc(threadId)}/checkpoints`,
+      () =>
+        this.client.api.GET('/v1/stores/{store}/threads/{thread}/checkpoints', {
+          params: { path: { store: this.storeName, thread: threadId } },
+        }),
+    )
+    return r as unknown as SandboxCheckpoint[]
+  }
+
+  async getHead(threadId: string): Promise<string | null> {
+    validId(threadId, 'Thread id')
+    const r = await this.call(`GET /v1/stores/${this.storeName}/threads/${enc(threadId)}/head`, () =>
+      this.client.api.GET('/v1/stores/{store}/threads/{thread}/head', {
+        params: { path: { store: this.storeName, thread: threadId } },
+      }),
+    )
+    return r.head ?? null
+  }
+
+  async append(input: {
+    checkpoint: SandboxCheckpoint
+    expectedHeadId: string | null
+    writer: SandboxCheckpointWriter
+  }): Promise<{ headId: string }> {
+    const { checkpoint, expectedHeadId, writer } = input
+    // What JSON cannot carry, checked here in the framework's order; the rest the
+    // server checks.
+    validId(checkpoint.threadId, 'Checkpoint thread id')
+    validId(writer.threadId, 'Writer thread id')
+    validId(checkpoint.id, 'Checkpoint id')
+    if (expectedHeadId !== null) validId(expectedHeadId, 'Expected head id')
+    const parent = checkpoint.parentCheckpointId ?? null
+    if (parent !== null) validId(parent, 'Parent checkpoint id')
+    if (writer.threadId !== checkpoint.threadId) {
+      throw new SandboxCheckpointWriterLostError(
+        'Checkpoint writer thread does not match checkpoint thread',
+      )
+    }
+    if (typeof checkpoint.createdAt !== 'number' || !Number.isFinite(checkpoint.createdAt)) {
+      throw new SandboxCheckpointInvalidEntryError('Checkpoint createdAt must be a finite number')
+    }
+    if (unsendable(checkpoint.files) || unsendable(checkpoint.artifacts)) {
+      throw new SandboxCheckpointInvalidEntryError(
+        'Checkpoint entries must hold well-formed Unicode strings and finite numbers',
+      )
+    }
+    const w = wireWriter(writer)
+    const r = await this.call(`POST /v1/stores/${this.storeName}/checkpoints`, () =>
+      this.client.api.POST('/v1/stores/{store}/checkpoints', {
+        params: { path: { store: this.storeName } },
+        body: {
+          checkpoint: checkpoint as never,
+          expected_head_id: expectedHeadId,
+          writer: w,
+          ...this.stated(),
+        },
+      }),
+    )
+    return { headId: r.head_id }
+  }
+
+  async deleteHead(input: {
+    threadId: string
+    checkpointId: string
+    writer: SandboxCheckpointWriter
+  }): Promise<void> {
+    const { threadId, checkpointId, writer } = input
+    validId(threadId, 'Thread id')
+    validId(checkpointId, 'Checkpoint id')
+    validId(writer.threadId, 'Writer thread id')
+    if (writer.threadId !== threadId) {
+      throw new SandboxCheckpointWriterLostError(
+        'Checkpoint writer thread does not match operation thread',
+      )
+    }
+    const w = wireWriter(writer)
+    await this.call(`POST /v1/stores/${this.storeName}/heads/delete`, () =>
+      this.client.api.POST('/v1/stores/{store}/heads/delete', {
+        params: { path: { store: this.storeName } },
+        body: { thread_id: threadId, checkpoint_id: checkpointId, writer: w, ...this.stated() },
+      }),
+    )
+  }
+
+  async acquireWriter(threadId: string): Promise<SandboxCheckpointWriterLease> {
+    validId(threadId, 'Thread id')
+    const g = await this.call(`POST /v1/stores/${this.storeName}/writers`, () =>
+      this.client.api.POST('/v1/stores/{store}/writers', {
+        params: { path: { store: this.storeName } },
+        body: { thread_id: threadId, ...this.stated() },
+      }),
+    )
+    const state = { expiresAt: g.expires_at }
+    const wire = { thread_id: threadId, owner_token: g.owner_token, fence: g.fence }
+    const lease: SandboxCheckpointWriterLease = {
+      threadId,
+      ownerToken: g.owner_token,
+      fence: g.fence,
+      get expiresAt() {
+        return state.expiresAt
+      },
+      renewAfterMs: g.renew_after_ms,
+      renew: async () => {
+        const r = await this.call(`POST /v1/stores/${this.storeName}/writers/renew`, () =>
+          this.client.api.POST('/v1/stores/{store}/writers/renew', {
+            params: { path: { store: this.storeName } },
+            body: { writer: wire, ...this.stated() },
           }),
         )
-      } catch (e) {
-        if (e instanceof CasfsError && (e.kind === 'lease_lost' || e.kind === 'lease_expired'))
-          return
-        throw asCheckpointError(e)
-      }
-    })()
-    return this.releasing
+        state.expiresAt = r.expires_at
+        return { expiresAt: r.expires_at }
+      },
+      release: async () => {
+        await this.call(`POST /v1/stores/${this.storeName}/writers/release`, () =>
+          this.client.api.POST('/v1/stores/{store}/writers/release', {
+            params: { path: { store: this.storeName } },
+            body: { writer: wire },
+          }),
+        )
+      },
+    }
+    settleEarly(lease, ['renew', 'release'])
+    return lease
   }
 
-  /**
-   * Renews in the background at {@link renewAfterMs} until released or lost; `onLost`
-   * hears a failed renewal once. Returns a function that stops renewing.
-   */
-  keepAlive(onLost?: (e: SandboxCheckpointError) => void): () => void {
-    let timer: ReturnType<typeof setTimeout> | undefined
-    let stopped = false
-    const schedule = (): void => {
-      timer = setTimeout(() => {
-        if (stopped || !this.held) return
-        this.renew().then(schedule, (e: unknown) => {
-          if (!stopped && e instanceof SandboxCheckpointError) onLost?.(e)
-        })
-      }, this.renewAfterMs)
-      timer.unref?.()
+  async listBlobReferences(): Promise<Array<{ key: string; references: number }>> {
+    return this.call(`GET /v1/stores/${this.storeName}/blob-references`, () =>
+      this.client.api.GET('/v1/stores/{store}/blob-references', {
+        params: { path: { store: this.storeName } },
+      }),
+    )
+  }
+
+  async forkFromCheckpoint(
+    input: SandboxCheckpointForkInput,
+  ): Promise<{ checkpoint: SandboxCheckpoint }> {
+    validId(input.sourceThreadId, 'Source thread id')
+    validId(input.sourceCheckpointId, 'Source checkpoint id')
+    validId(input.destinationThreadId, 'Destination thread id')
+    validId(input.destinationCheckpointId, 'Destination checkpoint id')
+    validId(input.writer.threadId, 'Writer thread id')
+    if (typeof input.createdAt !== 'number' || !Number.isFinite(input.createdAt)) {
+      throw new SandboxCheckpointInvalidEntryError('Fork checkpoint createdAt must be a finite number')
     }
-    schedule()
-    return () => {
-      stopped = true
-      if (timer !== undefined) clearTimeout(timer)
-    }
+    const w = wireWriter(input.writer)
+    const r = await this.call(`POST /v1/stores/${this.storeName}/forks`, () =>
+      this.client.api.POST('/v1/stores/{store}/forks', {
+        params: { path: { store: this.storeName } },
+        body: {
+          source_thread_id: input.sourceThreadId,
+          source_checkpoint_id: input.sourceCheckpointId,
+          destination_thread_id: input.destinationThreadId,
+          destination_checkpoint_id: input.destinationCheckpointId,
+          created_at: input.createdAt,
+          writer: w,
+          ...this.stated(),
+        },
+      }),
+    )
+    return { checkpoint: r.checkpoint as unknown as SandboxCheckpoint }
   }
 }
 
-export interface AcquireOptions {
-  /** Who holds it, as a refusal names it (default: the server with a random tag). */
-  holder?: string
-  /** Default: the server's `--lease-ttl`. */
-  ttlMs?: number
+/**
+ * A thread's transcript in a casfs store: the messages a fork of {@link
+ * CasfsCheckpointStore} writes in the same step as the fork root (give both the same
+ * options: client, store name, lease settings and clock).
+ */
+export class CasfsMessageStore extends NamedStore implements MessageStore {
+  constructor(options: CasfsCheckpointStoreOptions) {
+    super(options.client, options.store ?? 'default', openBody(options))
+    settleEarly(this, ['loadThread', 'saveThread'])
+  }
+
+  async loadThread(threadId: string): Promise<Array<ModelMessage>> {
+    validId(threadId, 'Thread id')
+    const r = await this.call(
+      `GET /v1/stores/${this.storeName}/threads/${enc(threadId)}/messages`,
+      () =>
+        this.client.api.GET('/v1/stores/{store}/threads/{thread}/messages', {
+          params: { path: { store: this.storeName, thread: threadId } },
+        }),
+    )
+    return (r.messages ?? []) as ModelMessage[]
+  }
+
+  async saveThread(threadId: string, messages: Array<ModelMessage>): Promise<void> {
+    validId(threadId, 'Thread id')
+    await this.call(`PUT /v1/stores/${this.storeName}/threads/${enc(threadId)}/messages`, () =>
+      this.client.api.PUT('/v1/stores/{store}/threads/{thread}/messages', {
+        params: { path: { store: this.storeName, thread: threadId } },
+        body: messages as never,
+      }),
+    )
+  }
 }
 
-/** The framework's checkpoint store, on `casfs serve`. */
-export class CasfsCheckpointStore {
-  constructor(private readonly client: CasfsClient) {}
-
-  /**
-   * Takes the thread's writer lease. Another live writer: `SANDBOX_SNAPSHOT_LEASE_HELD`.
-   */
-  async acquireWriter(threadId: string, options: AcquireOptions = {}): Promise<CasfsWriterLease> {
-    const body: Schemas['Acquire'] = {}
-    if (options.holder !== undefined) body.holder = options.holder
-    if (options.ttlMs !== undefined) body.ttl_ms = options.ttlMs
-    try {
-      const lease = await this.client.call(
-        `POST /v1/threads/${encodeURIComponent(threadId)}/writer`,
-        this.client.api.POST('/v1/threads/{thread}/writer', {
-          params: { path: { thread: threadId } },
-          body,
-        }),
-      )
-      return new CasfsWriterLease(this.client, lease)
-    } catch (e) {
-      throw asCheckpointError(e)
-    }
+/** The framework's sandbox instance store, durable in a casfs store. */
+export class CasfsInstanceStore extends NamedStore implements SandboxInstanceStore {
+  constructor(options: CasfsCheckpointStoreOptions) {
+    super(options.client, options.store ?? 'default', openBody(options))
+    settleEarly(this, ['get', 'upsert', 'delete'])
   }
 
-  /** The thread's head checkpoint id, or null for a thread with none. */
-  async getHead(threadId: string): Promise<string | null> {
-    try {
-      const h = await this.client.call(
-        `GET /v1/threads/${encodeURIComponent(threadId)}/head`,
-        this.client.api.GET('/v1/threads/{thread}/head', {
-          params: { path: { thread: threadId } },
-        }),
-      )
-      return h.head
-    } catch (e) {
-      throw asCheckpointError(e)
-    }
+  async get(key: string): Promise<SandboxInstanceRecord | null> {
+    validId(key, 'Instance key')
+    const r = await this.call(`GET /v1/stores/${this.storeName}/instances/${enc(key)}`, () =>
+      this.client.api.GET('/v1/stores/{store}/instances/{key}', {
+        params: { path: { store: this.storeName, key } },
+      }),
+    )
+    return (r.record ?? null) as SandboxInstanceRecord | null
   }
 
-  /** A checkpoint by id, or null if the store has none of that id. */
-  async get(checkpointId: string): Promise<Checkpoint | null> {
-    try {
-      return await this.client.call(
-        `GET /v1/checkpoints/${encodeURIComponent(checkpointId)}`,
-        this.client.api.GET('/v1/checkpoints/{id}', {
-          params: { path: { id: checkpointId } },
-        }),
-      )
-    } catch (e) {
-      if (e instanceof CasfsError && e.kind === 'not_found') return null
-      throw asCheckpointError(e)
-    }
+  async upsert(record: SandboxInstanceRecord): Promise<void> {
+    validId(record.key, 'Instance key')
+    await this.call(`PUT /v1/stores/${this.storeName}/instances/${enc(record.key)}`, () =>
+      this.client.api.PUT('/v1/stores/{store}/instances/{key}', {
+        params: { path: { store: this.storeName, key: record.key } },
+        body: record as never,
+      }),
+    )
   }
 
-  /** The thread's checkpoints, newest first. */
-  async log(threadId: string, limit = 100): Promise<Checkpoint[]> {
-    try {
-      return await this.client.call(
-        `GET /v1/threads/${encodeURIComponent(threadId)}/checkpoints`,
-        this.client.api.GET('/v1/threads/{thread}/checkpoints', {
-          params: { path: { thread: threadId }, query: { limit } },
-        }),
-      )
-    } catch (e) {
-      throw asCheckpointError(e)
-    }
+  async delete(key: string): Promise<void> {
+    validId(key, 'Instance key')
+    await this.call(`DELETE /v1/stores/${this.storeName}/instances/${enc(key)}`, () =>
+      this.client.api.DELETE('/v1/stores/{store}/instances/{key}', {
+        params: { path: { store: this.storeName, key } },
+      }),
+    )
   }
+}
 
-  /**
-   * Captures the sandbox and appends it as the thread's head, if the head is still
-   * `expectedHeadId` and `writer` is the thread's current lease. Refusals:
-   * `SANDBOX_SNAPSHOT_LEASE_LOST` (expired, taken over, released, or a renewal failed
-   * here), `SANDBOX_SNAPSHOT_HEAD_MISMATCH` (the head moved).
-   */
-  async append(input: {
-    checkpoint: CheckpointInput
-    expectedHeadId: string | null | undefined
-    writer: CasfsWriterLease
-  }): Promise<Appended> {
-    const { checkpoint: c, writer } = input
-    if (!(writer instanceof CasfsWriterLease)) {
-      throw new SandboxCheckpointError(
-        'SANDBOX_SNAPSHOT_STORE_ERROR',
-        'append needs a writer lease from this store\'s acquireWriter',
-      )
-    }
-    writer.assertHeld()
-    if (writer.threadId !== c.threadId) {
-      throw new SandboxCheckpointError(
-        'SANDBOX_SNAPSHOT_STORE_ERROR',
-        `the lease is for thread '${writer.threadId}', the checkpoint for '${c.threadId}'`,
-      )
-    }
-    const body: Schemas['Append'] = {
-      sandbox: typeof c.sandbox === 'string' ? c.sandbox : c.sandbox.key,
-      expected_head: input.expectedHeadId ?? null,
-      writer: writer.proof,
-    }
-    if (c.reason !== undefined) body.reason = c.reason
-    if (c.sourceRunId !== undefined) body.source_run_id = c.sourceRunId
-    if (c.conversation !== undefined) body.conversation = [...c.conversation]
-    try {
-      const r = await this.client.call(
-        `POST /v1/threads/${encodeURIComponent(c.threadId)}/checkpoints`,
-        this.client.api.POST('/v1/threads/{thread}/checkpoints', {
-          params: { path: { thread: c.threadId } },
-          body,
-        }),
-      )
-      return {
-        checkpoint: r.checkpoint,
-        changedFiles: r.changed_files,
-        skipped: r.skipped,
-        secretFiles: r.secret_files,
-      }
-    } catch (e) {
-      throw asCheckpointError(e)
-    }
+/**
+ * The stores a host hands the framework's portable snapshots, all in one casfs store:
+ * the checkpoint store (with forks), the transcript store a fork writes, and the
+ * sandbox instance store.
+ */
+export function casfsSnapshotStores(options: CasfsCheckpointStoreOptions): {
+  checkpoints: CasfsCheckpointStore
+  messages: CasfsMessageStore
+  instances: CasfsInstanceStore
+} {
+  return {
+    checkpoints: new CasfsCheckpointStore(options),
+    messages: new CasfsMessageStore(options),
+    instances: new CasfsInstanceStore(options),
   }
 }

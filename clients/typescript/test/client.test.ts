@@ -87,7 +87,7 @@ describe('client', () => {
     const token = randomBytes(24).toString('hex')
     const tcp = await serve({ listen: { port, token } })
     try {
-      const store = new CasfsCheckpointStore(tcp.client)
+      const store = new CasfsCheckpointStore({ client: tcp.client, store: 'tcp' })
       const w = await store.acquireWriter('over-tcp')
       expect(await store.getHead('over-tcp')).toBeNull()
       await w.release()
@@ -122,9 +122,12 @@ describe('package', () => {
         'CasfsCheckpointStore',
         'CasfsClient',
         'CasfsError',
-        'CasfsSandboxProvider',
-        'CasfsWriterLease',
+        'CasfsInstanceStore',
+        'CasfsMessageStore',
         'SandboxCheckpointError',
+        'SandboxCheckpointWriterLostError',
+        'casfsSandbox',
+        'casfsSnapshotStores',
         'connect',
         'startCasfsServe',
       ]),
@@ -141,10 +144,11 @@ describe('example', () => {
       ['--import', 'tsx', 'examples/agent-loop.ts'],
       { cwd: root, env: { ...process.env, CASFS_BIN: casfsBin() }, timeout: 120_000 },
     )
-    expect(stdout).toContain('run-1: published')
+    expect(stdout).toContain('run-1: sandbox created')
+    expect(stdout).toContain('run-1: the shell made main.py')
+    expect(stdout).toMatch(/run-1: snapshot [0-9a-f]{12}/)
+    expect(stdout).toMatch(/run-2: sandbox restored [0-9a-f]{12}/)
     expect(stdout).toMatch(/run-2: resumed plan\.md from run-1: .*step one/)
-    expect(stdout).toContain('run-3: refused (SANDBOX_SNAPSHOT_LEASE_HELD)')
-    expect(stdout).toMatch(/run-2: published [0-9a-f]{12}/)
-    expect(stdout).toMatch(/\(after run-2\) <- [0-9a-f]{12} \(after run-1\)/)
+    expect(stdout).toMatch(/latest: [0-9a-f]{12} \(after run-2\)/)
   })
 })

@@ -2,7 +2,7 @@ import { existsSync, mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join, resolve } from 'node:path'
 
-import { startCasfsServe, type ServeOptions, type Served } from '../src/index.js'
+import { startCasfsServe, type CasfsClient, type ServeOptions, type Served } from '../src/index.js'
 
 /** The casfs binary under test: CASFS_BIN, or this repository's build. */
 export function casfsBin(): string {
@@ -17,19 +17,38 @@ export function casfsBin(): string {
   )
 }
 
+export interface TestServer {
+  readonly dir: string
+  /** The client of the server as it runs now. */
+  readonly client: CasfsClient
+  readonly served: Served
+  /** Stops the server (its sandboxes are destroyed) and starts it again on its store. */
+  restart(): Promise<void>
+  cleanup(): Promise<void>
+}
+
 /** A server on its own store, socket and sandboxes, in a fresh temporary directory. */
-export async function serve(
-  extra: Partial<ServeOptions> = {},
-): Promise<Served & { dir: string; cleanup(): Promise<void> }> {
+export async function serve(extra: Partial<ServeOptions> = {}): Promise<TestServer> {
   const dir = mkdtempSync(join(tmpdir(), 'casfs-ts-test-'))
-  const s = await startCasfsServe({ bin: casfsBin(), store: join(dir, 'store'), ...extra })
-  return Object.assign(s, {
+  const options: ServeOptions = { bin: casfsBin(), store: join(dir, 'store'), ...extra }
+  let served = await startCasfsServe(options)
+  return {
     dir,
+    get client() {
+      return served.client
+    },
+    get served() {
+      return served
+    },
+    async restart() {
+      await served.stop()
+      served = await startCasfsServe(options)
+    },
     async cleanup() {
-      await s.stop()
+      await served.stop()
       rmSync(dir, { recursive: true, force: true })
     },
-  })
+  }
 }
 
 export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))

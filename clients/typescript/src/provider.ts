@@ -1,0 +1,387 @@
+/**
+ * casfs as a sandbox provider of TanStack AI's sandbox layer: `casfsSandbox(options)` is
+ * a `SandboxProvider` whose sandboxes are workspaces mounted by `casfs serve` (the
+ * kernel's overlayfs over a lazy casfs lower where the server may, else casfs's FUSE
+ * filesystem), each on a casfs thread of its own.
+ *
+ * - `handle.snapshot(label)` is a casfs checkpoint of the workspace: it stores only what
+ *   changed since the last one (O(changed files), milliseconds), under the thread's
+ *   writer lease.
+ * - `provider.restoreSnapshot({ snapshotId })` is a new sandbox mounted at that
+ *   checkpoint: nothing is copied, contents load as they are read.
+ * - `handle.fork()` is a snapshot, then a new sandbox at it.
+ * - `fs` works on the mounted directory; `fs.watch` follows casfs's own file events.
+ * - `process.exec`/`spawn` run a POSIX shell on this host in the workspace, each in a
+ *   process group of its own (a kill ends what it started). This is no isolation:
+ *   processes are the host's, as the calling user, with the host's network.
+ *
+ * The server and this process must share a filesystem view (the same host), since the
+ * workspace is a directory the server mounted.
+ */
+import { randomBytes } from 'node:crypto'
+import * as fsp from 'node:fs/promises'
+import * as path from 'node:path'
+
+import type { CasfsClient, Schemas } from './client.js'
+import type {
+  ExecResult,
+  SandboxCapabilities,
+  SandboxFsStat,
+  SandboxGit,
+  SandboxHandle,
+  SandboxProvider,
+  SnapshotRef,
+} from './contracts.js'
+import { CasfsError } from './errors.js'
+import { lastEvent, sandboxEvents, type EventsOptions, type FileEvent } from './events.js'
+import { SandboxProcesses } from './process.js'
+
+/** The virtual root the framework names the workspace by. */
+export const WORKSPACE_ROOT = '/workspace'
+
+export interface CasfsSandboxOptions {
+  /** A client of `casfs serve` on this host (see `connect`). */
+  client: CasfsClient
+  /** The server's tenant the sandboxes are made under (default `tanstack`). */
+  tenant?: string
+  /** The provider's name (default `casfs`). */
+  name?: string
+  /** The shell commands run in (default `/bin/sh`). */
+  shell?: string
+  /** Environment every process of every sandbox gets (over this process's). */
+  env?: Record<string, string>
+  /** Start processes from this process's environment (default true). */
+  inheritEnv?: boolean
+}
+
+/** What a casfs sandbox handle has besides the framework's contract. */
+export interface CasfsSandboxHandle extends SandboxHandle {
+  /** The casfs thread the sandbox's snapshots go on. */
+  readonly thread: string
+  /** `overlay` or `fuse`: how the server mounted the workspace. */
+  readonly mode: string | null | undefined
+  /** The workspace's file events as they happen (see `sandboxEvents`). */
+  events: (options?: EventsOptions) => AsyncGenerator<FileEvent, void, undefined>
+}
+
+const CAPABILITIES: SandboxCapabilities = {
+  fs: true,
+  exec: true,
+  env: true,
+  ports: true,
+  backgroundProcesses: true,
+  writableStdin: true,
+  killableProcesses: true,
+  snapshots: true,
+  networkPolicy: false,
+  durableFilesystem: true,
+  fork: true,
+}
+
+/** A fresh casfs thread for a sandbox; `hint` (the framework's key) kept readable. */
+function newThread(hint: string): string {
+  const safe = hint.replace(/[^A-Za-z0-9._:-]/g, '_').slice(0, 150) || 'sandbox'
+  return `tsbx.${safe}.${randomBytes(6).toString('hex')}`
+}
+
+/** Maps a path the framework names (`/workspace/...`, absolute or relative) onto the
+ * workspace, never outside it. */
+function resolveIn(root: string, p: string): string {
+  let rel: string
+  if (p === root || p.startsWith(`${root}/`)) rel = path.relative(root, p)
+  else if (p === WORKSPACE_ROOT) rel = ''
+  else if (p.startsWith(`${WORKSPACE_ROOT}/`)) rel = p.slice(WORKSPACE_ROOT.length + 1)
+  else if (p.startsWith('/')) rel = p.slice(1)
+  else rel = p
+  const resolved = path.resolve(root, rel)
+  if (resolved !== root && !resolved.startsWith(`${root}/`)) {
+    throw new Error(`casfs: path "${p}" resolves outside the sandbox's workspace`)
+  }
+  return resolved
+}
+
+/** A string as one word of a POSIX shell command. */
+function quote(s: string): string {
+  return `'${s.replace(/'/g, `'\\''`)}'`
+}
+
+function abortIf(signal: AbortSignal | undefined): void {
+  if (signal?.aborted) {
+    throw Object.assign(new Error('aborted'), { name: 'AbortError' })
+  }
+}
+
+export function casfsSandbox(options: CasfsSandboxOptions): SandboxProvider {
+  const client = options.client
+  const tenant = options.tenant ?? 'tanstack'
+  const name = options.name ?? 'casfs'
+  const shell = options.shell ?? '/bin/sh'
+  const inherit = options.inheritEnv ?? true
+
+  const make = async (thread: string): Promise<Schemas['CreatedSandbox']> =>
+    client.call(
+      'POST /v1/sandboxes',
+      client.api.POST('/v1/sandboxes', { body: { thread, tenant } }),
+    )
+
+  const drop = async (key: string): Promise<void> => {
+    await client.call(
+      `DELETE /v1/sandboxes/${encodeURIComponent(key)}`,
+      client.api.DELETE('/v1/sandboxes/{key}', { params: { path: { key } } }),
+    )
+  }
+
+  const handleOf = (info: Schemas['CreatedSandbox'], env: Record<string, string>): CasfsSandboxHandle => {
+    const root = info.path
+    const key = info.key
+    const thread = info.thread
+    const envVars: Record<string, string> = { ...(options.env ?? {}), ...env }
+    const resolve = (p: string): string => resolveIn(root, p)
+    const processes = new SandboxProcesses({
+      cwd: (c) => (c === undefined ? root : resolve(c)),
+      env: (extra) => ({ ...(inherit ? process.env : {}), ...envVars, ...(extra ?? {}) }),
+      shell,
+    })
+    const run = async (command: string, dir?: string): Promise<ExecResult> => {
+      const r = await processes.exec(command, dir === undefined ? {} : { cwd: dir })
+      if (r.exitCode !== 0) {
+        throw new Error(`casfs: \`${command}\` exited ${r.exitCode}: ${r.stderr.trim()}`)
+      }
+      return r
+    }
+    const gitEnv =
+      'GIT_AUTHOR_NAME="${GIT_AUTHOR_NAME:-casfs sandbox}" ' +
+      'GIT_AUTHOR_EMAIL="${GIT_AUTHOR_EMAIL:-sandbox@casfs.invalid}" ' +
+      'GIT_COMMITTER_NAME="${GIT_COMMITTER_NAME:-casfs sandbox}" ' +
+      'GIT_COMMITTER_EMAIL="${GIT_COMMITTER_EMAIL:-sandbox@casfs.invalid}"'
+    const git: SandboxGit = {
+      clone: async ({ url, dir, ref, auth, depth }) => {
+        const args = ['git']
+        if (auth) {
+          const basic = Buffer.from(`${auth.username ?? 'x-access-token'}:${auth.token}`).toString(
+            'base64',
+          )
+          args.push('-c', quote(`http.extraHeader=Authorization: Basic ${basic}`))
+        }
+        args.push('clone')
+        if (depth !== undefined && depth !== 'full') args.push('--depth', String(depth))
+        if (ref !== undefined) args.push('--branch', quote(ref))
+        args.push('--', quote(url), quote(dir === undefined ? '.' : resolve(dir)))
+        await run(args.join(' '))
+      },
+      status: async (dir) => (await run('git status --porcelain', dir)).stdout,
+      add: async (paths, dir) => {
+        await run(`git add -- ${paths.map(quote).join(' ')}`, dir)
+      },
+      commit: async (message, dir) => {
+        await run(`${gitEnv} git commit -m ${quote(message)}`, dir)
+      },
+      push: async (dir) => {
+        await run('git push', dir)
+      },
+      pull: async (dir) => {
+        await run('git pull', dir)
+      },
+      branch: async (dir) => (await run('git rev-parse --abbrev-ref HEAD', dir)).stdout.trim(),
+    }
+    let snapshots: Promise<unknown> = Promise.resolve()
+    const snapshot = (label?: string): Promise<SnapshotRef> => {
+      // One at a time: each takes the thread's writer lease.
+      const next = snapshots.then(async () => {
+        const t = encodeURIComponent(thread)
+        const lease = await client.call(
+          `POST /v1/threads/${t}/writer`,
+          client.api.POST('/v1/threads/{thread}/writer', {
+            params: { path: { thread } },
+            body: { holder: `casfs-ts snapshot of ${key}` },
+          }),
+        )
+        const proof = { token: lease.token, owner_token: lease.owner_token }
+        try {
+          const head = await client.call(
+            `GET /v1/threads/${t}/head`,
+            client.api.GET('/v1/threads/{thread}/head', { params: { path: { thread } } }),
+          )
+          const r = await client.call(
+            `POST /v1/threads/${t}/checkpoints`,
+            client.api.POST('/v1/threads/{thread}/checkpoints', {
+              params: { path: { thread } },
+              body: {
+                sandbox: key,
+                expected_head: head.head ?? null,
+                writer: proof,
+                reason: label === undefined ? 'snapshot' : `snapshot: ${label}`,
+                conversation: [],
+              },
+            }),
+          )
+          return label === undefined ? { id: r.checkpoint.id } : { id: r.checkpoint.id, label }
+        } finally {
+          await client
+            .call(
+              `POST /v1/threads/${t}/writer/release`,
+              client.api.POST('/v1/threads/{thread}/writer/release', {
+                params: { path: { thread } },
+                body: proof,
+              }),
+            )
+            .catch(() => {})
+        }
+      })
+      snapshots = next.catch(() => {})
+      return next
+    }
+    const handle: CasfsSandboxHandle = {
+      id: key,
+      provider: name,
+      workspaceRoot: root,
+      capabilities: { ...CAPABILITIES },
+      thread,
+      mode: info.mode,
+      fs: {
+        read: async (p) => fsp.readFile(resolve(p), 'utf8'),
+        readBytes: async (p) => new Uint8Array(await fsp.readFile(resolve(p))),
+        write: async (p, data) => {
+          const target = resolve(p)
+          await fsp.mkdir(path.dirname(target), { recursive: true })
+          await fsp.writeFile(target, typeof data === 'string' ? data : Buffer.from(data))
+        },
+        list: async (p) => {
+          const entries = await fsp.readdir(resolve(p), { withFileTypes: true })
+          const base = p.replace(/\/$/, '')
+          return entries.map((e) => ({
+            name: e.name,
+            path: `${base}/${e.name}`,
+            type: e.isDirectory() ? ('dir' as const) : ('file' as const),
+          }))
+        },
+        mkdir: async (p) => {
+          await fsp.mkdir(resolve(p), { recursive: true })
+        },
+        remove: async (p) => {
+          await fsp.rm(resolve(p), { recursive: true, force: true })
+        },
+        rename: async (from, to) => {
+          await fsp.rename(resolve(from), resolve(to))
+        },
+        exists: async (p) => {
+          try {
+            await fsp.access(resolve(p))
+            return true
+          } catch {
+            return false
+          }
+        },
+        lstat: async (p): Promise<SandboxFsStat | undefined> => {
+          let st: Awaited<ReturnType<typeof fsp.lstat>>
+          try {
+            st = await fsp.lstat(resolve(p))
+          } catch (e) {
+            if ((e as { code?: string }).code === 'ENOENT') return undefined
+            throw e
+          }
+          if (st.isFile()) return { type: 'file', mode: st.mode, size: st.size }
+          if (st.isDirectory()) return { type: 'dir', mode: st.mode }
+          if (st.isSymbolicLink()) return { type: 'symlink', mode: st.mode }
+          return { type: 'other', mode: st.mode }
+        },
+        watch: async (p, onEvent) => {
+          const base = p.replace(/\/+$/, '')
+          const under = path.relative(root, resolve(p))
+          const ac = new AbortController()
+          const after = await lastEvent(client, key)
+          const emit = (rel: string, type: string): void => {
+            if (under !== '' && rel !== under && !rel.startsWith(`${under}/`)) return
+            const tail = under === '' ? rel : rel.slice(under.length + 1)
+            onEvent({ type, path: tail === '' ? base : `${base}/${tail}` })
+          }
+          const done = (async () => {
+            for await (const ev of sandboxEvents(client, key, { after, signal: ac.signal })) {
+              if (ev.kind === 'lost') continue
+              emit(ev.path, ev.kind)
+              if (ev.kind === 'rename' && typeof ev.to === 'string') emit(ev.to, 'rename')
+            }
+          })().catch(() => {})
+          return {
+            stop: async () => {
+              ac.abort()
+              await done
+            },
+          }
+        },
+      },
+      git,
+      process: {
+        exec: (command, opts) => processes.exec(command, opts),
+        spawn: (command, opts) => processes.spawn(command, opts),
+      },
+      ports: {
+        connect: (port) => Promise.resolve({ url: `http://127.0.0.1:${port}` }),
+      },
+      env: {
+        set: (vars) => {
+          Object.assign(envVars, vars)
+          return Promise.resolve()
+        },
+      },
+      events: (o) => sandboxEvents(client, key, o),
+      snapshot,
+      fork: async () => {
+        const snap = await snapshot('fork')
+        return restore(snap.id, envVars)
+      },
+      destroy: async () => {
+        await processes.killAll()
+        await drop(key)
+      },
+    }
+    return handle
+  }
+
+  const restore = async (snapshotId: string, env: Record<string, string>): Promise<CasfsSandboxHandle> => {
+    const thread = newThread('restore')
+    await client.call(
+      `POST /v1/threads/${thread}/fork`,
+      client.api.POST('/v1/threads/{thread}/fork', {
+        params: { path: { thread } },
+        body: { from: snapshotId },
+      }),
+    )
+    return handleOf(await make(thread), env)
+  }
+
+  return {
+    name,
+    capabilities: () => ({ ...CAPABILITIES }),
+    create: async (input) => {
+      abortIf(input.signal)
+      return handleOf(await make(newThread(input.id ?? 'sandbox')), input.env ?? {})
+    },
+    resume: async (input) => {
+      abortIf(input.signal)
+      const live = await client.call('GET /v1/sandboxes', client.api.GET('/v1/sandboxes'))
+      const found = live.find((s) => s.key === input.id)
+      if (!found || typeof found.thread !== 'string') return null
+      const info = await make(found.thread)
+      if (info.outcome !== 'resumed') {
+        // Gone in between (destroyed, evicted): what was made now is not the sandbox.
+        await drop(info.key).catch(() => {})
+        return null
+      }
+      return handleOf(info, {})
+    },
+    restoreSnapshot: async (input) => {
+      abortIf(input.signal)
+      return restore(input.snapshotId, input.env ?? {})
+    },
+    destroy: async (input) => {
+      abortIf(input.signal)
+      try {
+        await drop(input.id)
+      } catch (e) {
+        if (e instanceof CasfsError && e.kind === 'not_found') return
+        throw e
+      }
+    },
+  }
+}

@@ -1,0 +1,238 @@
+// The casfs sandbox provider on a real `casfs serve` (the backend CASFS_MOUNT_MODE
+// names): the framework's provider and handle contract: fs on the mount (lstat, list
+// paths as the framework joins them, watch), a shell that streams, takes stdin and
+// is killed with everything it started, env, ports, git, and native snapshots: a
+// snapshot is a casfs checkpoint, a restore and a fork are new mounts of one.
+import { execFileSync } from 'node:child_process'
+import { existsSync, statSync } from 'node:fs'
+
+import { afterAll, beforeAll, describe, expect, test } from 'vitest'
+
+import {
+  casfsSandbox,
+  connect,
+  type CasfsSandboxHandle,
+  type SandboxHandle,
+  type SandboxProvider,
+} from '../src/index.js'
+import { serve, sleep } from './helpers.js'
+
+let s: Awaited<ReturnType<typeof serve>>
+let provider: SandboxProvider
+const made: SandboxHandle[] = []
+
+beforeAll(async () => {
+  s = await serve()
+  provider = casfsSandbox({ client: s.client })
+})
+afterAll(async () => {
+  for (const h of made) await h.destroy().catch(() => {})
+  await s?.cleanup()
+})
+
+async function create(id = 'test'): Promise<CasfsSandboxHandle> {
+  const h = (await provider.create({ id })) as CasfsSandboxHandle
+  made.push(h)
+  return h
+}
+
+/** Whether process `pid` exists. */
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0)
+    return true
+  } catch {
+    return false
+  }
+}
+
+describe('provider', () => {
+  test('declares what it does and makes mounted workspaces', async () => {
+    expect(provider.name).toBe('casfs')
+    expect(provider.capabilities()).toEqual({
+      fs: true,
+      exec: true,
+      env: true,
+      ports: true,
+      backgroundProcesses: true,
+      writableStdin: true,
+      killableProcesses: true,
+      snapshots: true,
+      networkPolicy: false,
+      durableFilesystem: true,
+      fork: true,
+    })
+    const h = await create('a:key/with spaces')
+    expect(h.provider).toBe('casfs')
+    expect(h.thread).toMatch(/^tsbx\.a:key_with_spaces\.[0-9a-f]{12}$/)
+    expect(h.workspaceRoot && statSync(h.workspaceRoot).isDirectory()).toBe(true)
+    expect(['overlay', 'fuse']).toContain(h.mode)
+    // Own properties: a handle copied with a spread works the same.
+    const copy = { ...h, process: { ...h.process } }
+    expect((await copy.process.exec('echo spread')).stdout).toBe('spread\n')
+    expect(await copy.fs.exists('/workspace')).toBe(true)
+  })
+
+  test('fs maps /workspace, absolute and relative paths into the mount, never out', async () => {
+    const h = await create()
+    await h.fs.write('/workspace/a/b.txt', 'hello')
+    expect(await h.fs.read('a/b.txt')).toBe('hello')
+    expect(await h.fs.read(`${h.workspaceRoot}/a/b.txt`)).toBe('hello')
+    await h.fs.write('/tmp/inside', new Uint8Array([1, 2, 3]))
+    expect([...(await h.fs.readBytes('/workspace/tmp/inside'))]).toEqual([1, 2, 3])
+    await expect(h.fs.read('/workspace/../../etc/passwd')).rejects.toThrow(/outside/)
+    expect(await h.fs.list('/workspace/a')).toEqual([{ name: 'b.txt', path: '/workspace/a/b.txt', type: 'file' }])
+    expect(await h.fs.list('/workspace/')).toEqual(
+      expect.arrayContaining([{ name: 'a', path: '/workspace/a', type: 'dir' }]),
+    )
+    await h.fs.mkdir('/workspace/x/y')
+    await h.fs.rename('/workspace/a/b.txt', '/workspace/x/y/c.txt')
+    expect(await h.fs.exists('/workspace/a/b.txt')).toBe(false)
+    await h.process.exec('ln -s c.txt x/y/link && chmod 755 x/y/c.txt && mkfifo x/p')
+    expect(await h.fs.lstat!('/workspace/x/y/link')).toMatchObject({ type: 'symlink' })
+    const file = await h.fs.lstat!('/workspace/x/y/c.txt')
+    expect(file).toMatchObject({ type: 'file', size: 5 })
+    expect((file!.mode & 0o777).toString(8)).toBe('755')
+    expect(await h.fs.lstat!('/workspace/x')).toMatchObject({ type: 'dir' })
+    expect(await h.fs.lstat!('/workspace/x/p')).toMatchObject({ type: 'other' })
+    expect(await h.fs.lstat!('/workspace/none')).toBeUndefined()
+    await h.fs.remove('/workspace/x')
+    expect(await h.fs.exists('/workspace/x')).toBe(false)
+  })
+
+  test('watch reports changes under the watched path, from casfs events', async () => {
+    const h = await create()
+    await h.fs.mkdir('/workspace/w')
+    const seen: Array<{ type: string; path: string }> = []
+    const w = await h.fs.watch!('/workspace/w', (e) => seen.push(e))
+    await h.fs.write('/workspace/w/one.txt', '1')
+    await h.fs.write('/workspace/elsewhere.txt', '2')
+    for (let i = 0; i < 100 && !seen.some((e) => e.path === '/workspace/w/one.txt'); i++) await sleep(50)
+    await w.stop()
+    expect(seen.some((e) => e.path === '/workspace/w/one.txt')).toBe(true)
+    expect(seen.some((e) => e.path.includes('elsewhere'))).toBe(false)
+  })
+
+  test('exec runs a shell in the workspace with the env, and reports exit codes', async () => {
+    const h = await create()
+    await h.env.set({ GREETING: 'hi there' })
+    const r = await h.process.exec('pwd; echo "$GREETING $EXTRA"; echo err >&2; exit 3', {
+      env: { EXTRA: 'and more' },
+    })
+    expect(r.stdout).toBe(`${h.workspaceRoot}\nhi there and more\n`)
+    expect(r.stderr).toBe('err\n')
+    expect(r.exitCode).toBe(3)
+    await h.fs.mkdir('/workspace/sub')
+    expect((await h.process.exec('pwd', { cwd: '/workspace/sub' })).stdout).toBe(`${h.workspaceRoot}/sub\n`)
+    const ac = new AbortController()
+    const slow = h.process.exec('sleep 30', { signal: ac.signal })
+    setTimeout(() => ac.abort(), 100)
+    await expect(slow).rejects.toThrow(/abort/)
+  })
+
+  test('spawn streams output as it comes, takes stdin, and its kill ends the whole tree', async () => {
+    const h = await create()
+    const p = await h.process.spawn('read line; echo "got $line"; sleep 0.3; echo later')
+    await p.stdin.write('input\n')
+    const it = p.stdout[Symbol.asyncIterator]()
+    const first = await it.next()
+    expect(first.value).toBe('got input\n')
+    expect(await p.wait()).toBe(0)
+    // A background grandchild that would write a heartbeat forever.
+    const beat = `${h.workspaceRoot}/beat`
+    const k = await h.process.spawn(`( while :; do date +%s%N > '${beat}'; sleep 0.1; done ) & echo $!; wait`)
+    const pid = Number((await k.stdout[Symbol.asyncIterator]().next()).value)
+    expect(alive(pid)).toBe(true)
+    await k.kill()
+    expect(await k.wait()).toBeGreaterThan(128)
+    for (let i = 0; i < 50 && alive(pid); i++) await sleep(50)
+    expect(alive(pid)).toBe(false)
+    expect(await p.wait()).toBe(0)
+  })
+
+  test('destroy ends the sandbox processes and unmounts it', async () => {
+    const h = await create()
+    const p = await h.process.spawn('sleep 60 & wait')
+    await h.destroy()
+    expect(await p.wait()).toBeGreaterThan(128)
+    expect(await provider.resume({ id: h.id })).toBeNull()
+    expect(existsSync(h.workspaceRoot!)).toBe(false)
+  })
+
+  test('git runs in the workspace', async () => {
+    const h = await create()
+    await h.process.exec('git init -q -b main .')
+    await h.fs.write('/workspace/readme.md', 'hi')
+    await h.git.add(['readme.md'])
+    await h.git.commit("it's the first")
+    expect(await h.git.branch()).toBe('main')
+    expect(await h.git.status()).toBe('')
+    const log = await h.process.exec('git log --format=%s')
+    expect(log.stdout).toBe("it's the first\n")
+  })
+
+  test('ports are reached on loopback', async () => {
+    const h = await create()
+    expect(await h.ports.connect(8123)).toEqual({ url: 'http://127.0.0.1:8123' })
+  })
+
+  test('a snapshot is a checkpoint; restore and fork mount it', async () => {
+    const h = await create()
+    await h.fs.write('/workspace/src/a.txt', 'one')
+    const snap = await h.snapshot!('first')
+    expect(snap.id).toMatch(/^[0-9a-f]{64}$/)
+    expect(snap.label).toBe('first')
+    await h.fs.write('/workspace/src/a.txt', 'two')
+    await h.fs.write('/workspace/later.txt', 'later')
+    const again = await h.snapshot!()
+    expect(again.id).not.toBe(snap.id)
+    // A restore is a new sandbox at the snapshot; the original goes on as it was.
+    const r = (await provider.restoreSnapshot!({ snapshotId: snap.id, env: { FROM: 'restore' } })) as CasfsSandboxHandle
+    made.push(r)
+    expect(r.id).not.toBe(h.id)
+    expect(await r.fs.read('/workspace/src/a.txt')).toBe('one')
+    expect(await r.fs.exists('/workspace/later.txt')).toBe(false)
+    expect((await r.process.exec('echo $FROM')).stdout).toBe('restore\n')
+    expect(await h.fs.read('/workspace/src/a.txt')).toBe('two')
+    // A fork has this moment's files, then each goes its own way.
+    const f = (await h.fork!()) as CasfsSandboxHandle
+    made.push(f)
+    expect(await f.fs.read('/workspace/later.txt')).toBe('later')
+    await f.fs.write('/workspace/later.txt', 'forked')
+    expect(await h.fs.read('/workspace/later.txt')).toBe('later')
+    // Snapshots of a restored sandbox go on its own thread.
+    const rs = await r.snapshot!()
+    const head = await s.client.call(
+      'head',
+      s.client.api.GET('/v1/threads/{thread}/head', { params: { path: { thread: r.thread } } }),
+    )
+    expect(head.head).toBe(rs.id)
+    const nope = await provider.restoreSnapshot!({ snapshotId: 'f'.repeat(64) }).catch((e: unknown) => e)
+    expect((nope as { kind?: string }).kind).toBe('not_found')
+  })
+
+  test('a sandbox outlives the host process that made it: resume finds it by id', async () => {
+    const h = await create()
+    await h.fs.write('/workspace/kept.txt', 'still here')
+    // Another process of the host (a new client, a new provider).
+    const c2 = connect({ socketPath: s.served.socketPath })
+    try {
+      const p2 = casfsSandbox({ client: c2 })
+      const back = await p2.resume({ id: h.id })
+      expect(back?.id).toBe(h.id)
+      expect(await back!.fs.read('/workspace/kept.txt')).toBe('still here')
+      expect(await p2.resume({ id: 'tanstack+nothing-here' })).toBeNull()
+      await p2.destroy({ id: 'tanstack+nothing-here' })
+    } finally {
+      await c2.close()
+    }
+  })
+
+  test('processes run as the caller, in the mount (no isolation)', async () => {
+    const h = await create()
+    const who = (await h.process.exec('id -u')).stdout.trim()
+    expect(who).toBe(String(process.getuid?.()))
+    const mounts = execFileSync('cat', ['/proc/self/mountinfo'], { encoding: 'utf8' })
+    expect(mounts).toContain(` ${h.workspaceRoot} `)
+  })
+})
