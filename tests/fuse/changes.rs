@@ -92,3 +92,71 @@ fn a_checkpoint_reports_what_differs_from_its_parent() {
     assert_eq!(changes(&fifth), (vec![], vec![]), "{fifth}");
     drop(ws.guard);
 }
+
+/// The content of `path` in checkpoint `id`, as `casfs cat` gives it.
+fn cat(ws: &crate::workspace::Ws, id: &str, path: &str) -> Vec<u8> {
+    let out = std::process::Command::new(crate::common::casfs_bin())
+        .arg("--store")
+        .arg(&ws.store)
+        .args(["cat", id, path])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+#[test]
+fn writes_not_yet_closed_are_in_every_checkpoint() {
+    let ws = mount("writers", &[]);
+    fs::write(ws.p("mapped"), vec![b'a'; 4096]).unwrap();
+    ws.checkpoint();
+    // A writer that keeps its file open, checkpointed twice between its writes.
+    let mut log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(ws.p("log"))
+        .unwrap();
+    log.write_all(b"one\n").unwrap();
+    let first = ws.checkpoint();
+    let id = first["checkpoint"].as_str().unwrap().to_string();
+    assert_eq!(cat(&ws, &id, "log"), b"one\n", "{first}");
+    log.write_all(b"two\n").unwrap();
+    let second = ws.checkpoint();
+    let id = second["checkpoint"].as_str().unwrap().to_string();
+    assert_eq!(cat(&ws, &id, "log"), b"one\ntwo\n", "{second}");
+    assert!(changes(&second).0.contains(&"log".to_string()), "{second}");
+    drop(log);
+    // A write through a shared mapping whose descriptor is closed already.
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(ws.p("mapped"))
+        .unwrap();
+    // SAFETY: a fresh shared mapping of 4096 bytes of an open file, unmapped below.
+    let m = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            0,
+        )
+    };
+    assert_ne!(m, libc::MAP_FAILED);
+    drop(f);
+    // SAFETY: within the mapping made above.
+    unsafe { std::ptr::write_bytes(m.cast::<u8>(), b'm', 8) };
+    // SAFETY: the mapping made above.
+    unsafe { libc::msync(m, 4096, libc::MS_SYNC) };
+    let third = ws.checkpoint();
+    let id = third["checkpoint"].as_str().unwrap().to_string();
+    let got = cat(&ws, &id, "mapped");
+    // SAFETY: the mapping made above, not used after.
+    unsafe { libc::munmap(m, 4096) };
+    assert_eq!(&got[..9], b"mmmmmmmma", "{third}");
+}

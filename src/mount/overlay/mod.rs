@@ -511,7 +511,7 @@ impl OverlayMount {
             (self.upper(&st), st.lower_root, st.generation, st.tag.base)
         };
         let memo = self.memo();
-        let changed = memo.watch.as_ref().map(|w| w.changed());
+        let changed = memo.watch.as_ref().map(|w| w.changed(&self.mountpoint));
         let visit = changed
             .as_ref()
             .and_then(|c| c.dirs.as_ref())
@@ -634,7 +634,10 @@ impl OverlayMount {
             (self.upper(&st), st.lower_root, st.image)
         };
         let memo = self.memo();
-        let dirs = memo.watch.as_ref().and_then(|w| w.changed().dirs);
+        let dirs = memo
+            .watch
+            .as_ref()
+            .and_then(|w| w.changed(&self.mountpoint).dirs);
         let c = changes_since(&upper, &memo.captured, dirs.as_ref(), 20).unwrap_or_default();
         WorkspaceStatus {
             base,

@@ -9,13 +9,22 @@
 //! changed, by directory. A checkpoint then looks again at those entries only, and at the
 //! child on the way in every directory above them.
 //!
+//! What is watched is what changes an entry: creates, removals, renames, attribute and
+//! xattr changes, and the close of a file that was written. A write itself is not
+//! watched: every `write(2)` would be an event (a `git clone` writes its pack in
+//! thousands), and the kernel's cost of queueing them was most of what the watch added
+//! to a create. A file written and closed is its close; a file still open for writing
+//! when a checkpoint starts, or mapped shared and writable, is found in `/proc` then
+//! ([`open_writers`]): its writes may have returned with no close yet to announce them.
+//!
 //! The set is exact for what returned before it is read: inotify queues an event
-//! before the system call that caused it returns, and [`UpperWatch::changed`] reads
-//! the queue empty first. When events are lost (the queue overflowed) every directory
-//! counts as changed until a full walk has been captured; when a directory cannot be
-//! watched (`fs.inotify.max_user_watches`), the upper is walked whole from then on.
-//! A write through a shared writable mapping of a file that has been closed reports
-//! nothing (inotify's limit): it is seen when the file's directory next changes.
+//! before the system call that caused it returns, [`UpperWatch::changed`] reads the
+//! queue empty first, and a write that returned without a close was made through a
+//! descriptor or mapping still open then. When events are lost (the queue overflowed)
+//! every directory counts as changed until a full walk has been captured; when a
+//! directory cannot be watched (`fs.inotify.max_user_watches`), the upper is walked
+//! whole from then on. The reader drains the queue a millisecond after it is woken,
+//! so a burst of creates costs a wakeup per batch rather than per event.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsString;
@@ -32,7 +41,6 @@ use super::upper::{rel_join, rel_path, split_rel, Rel, Visit};
 fn mask() -> WatchMask {
     WatchMask::CREATE
         | WatchMask::DELETE
-        | WatchMask::MODIFY
         | WatchMask::ATTRIB
         | WatchMask::CLOSE_WRITE
         | WatchMask::MOVED_FROM
@@ -158,6 +166,11 @@ fn read_forever(fd: std::os::fd::RawFd) {
             std::thread::sleep(std::time::Duration::from_millis(10));
             continue;
         }
+        // Let a burst gather: one wakeup and one read for many events (a reader that
+        // runs at every event costs the writer a context switch each on two cores).
+        // The queue holds 16,384 events by default; a millisecond of creates is far
+        // fewer. A checkpoint drains the queue itself, so nothing waits on this.
+        std::thread::sleep(std::time::Duration::from_millis(1));
         if let Some(w) = watcher() {
             w.lock().drain();
         }
@@ -365,16 +378,30 @@ impl UpperWatch {
     }
 
     /// The changed directories now (every event of a call that returned is read
-    /// first). They stay marked until [`settle`](Self::settle).
-    pub(super) fn changed(&self) -> Changed {
+    /// first, and every file of the overlay at `mountpoint` open for writing or mapped
+    /// writable counts as changed). They stay marked until [`settle`](Self::settle).
+    pub(super) fn changed(&self, mountpoint: &Path) -> Changed {
         let Some(w) = watcher() else {
             return Changed {
                 upto: 0,
                 dirs: None,
             };
         };
+        // Mappings of an overlay's file name it (kernels before 6.8: its upper file).
+        let root = w.lock().uppers.get(&self.id).map(|u| u.root.clone());
+        let mut under = vec![mountpoint];
+        under.extend(root.as_deref());
+        let writers = open_writers(&under);
         let mut st = w.lock();
         st.drain();
+        st.seq += 1;
+        let seq = st.seq;
+        if let Some(u) = st.uppers.get_mut(&self.id) {
+            for rel in &writers {
+                let (dir, name) = split_rel(rel);
+                u.mark(dir, Some(name), seq);
+            }
+        }
         let upto = st.seq;
         let dirs = st
             .uppers
@@ -410,6 +437,79 @@ impl UpperWatch {
             }
         }
     }
+}
+
+/// The files under any of `dirs` (relative to it) that some process holds open for
+/// writing, or has mapped shared and writable, as `/proc` tells: writes that may have
+/// returned with no close to announce them. Processes this one may not inspect are
+/// passed over (they cannot reach the mount either, unless they are root's, and this
+/// is root's reading then).
+pub(super) fn open_writers(dirs: &[&Path]) -> Vec<Rel> {
+    let prefixes: Vec<Vec<u8>> = dirs
+        .iter()
+        .map(|d| {
+            let mut p = d.as_os_str().as_bytes().to_vec();
+            p.push(b'/');
+            p
+        })
+        .collect();
+    let under = |p: &[u8]| -> Option<Rel> {
+        let rest = prefixes.iter().find_map(|x| p.strip_prefix(x.as_slice()))?;
+        (!rest.is_empty() && !rest.ends_with(b" (deleted)")).then(|| rest.to_vec())
+    };
+    let mut out = std::collections::BTreeSet::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    for p in procs.flatten() {
+        let name = p.file_name();
+        if !name.as_bytes().iter().all(u8::is_ascii_digit) {
+            continue;
+        }
+        let dir = p.path();
+        if let Ok(fds) = std::fs::read_dir(dir.join("fd")) {
+            for fd in fds.flatten() {
+                let Ok(target) = std::fs::read_link(fd.path()) else {
+                    continue;
+                };
+                let Some(rel) = under(target.as_os_str().as_bytes()) else {
+                    continue;
+                };
+                let info = dir.join("fdinfo").join(fd.file_name());
+                let writable = std::fs::read_to_string(info).is_ok_and(|t| {
+                    t.lines()
+                        .find_map(|l| l.strip_prefix("flags:"))
+                        .and_then(|f| i64::from_str_radix(f.trim(), 8).ok())
+                        .is_some_and(|f| f & libc::O_ACCMODE as i64 != libc::O_RDONLY as i64)
+                });
+                if writable {
+                    out.insert(rel);
+                }
+            }
+        }
+        // `address perms offset dev inode path`: a shared writable mapping ("rw?s").
+        if let Ok(maps) = std::fs::read(dir.join("maps")) {
+            for line in maps.split(|b| *b == b'\n') {
+                let mut rest = line;
+                let mut fields = Vec::with_capacity(5);
+                for _ in 0..5 {
+                    let t = rest.iter().position(|b| *b != b' ').unwrap_or(rest.len());
+                    rest = &rest[t..];
+                    let e = rest.iter().position(|b| *b == b' ').unwrap_or(rest.len());
+                    fields.push(&rest[..e]);
+                    rest = &rest[e..];
+                }
+                let perms = fields[1];
+                if perms.len() == 4 && perms[1] == b'w' && perms[3] == b's' {
+                    let t = rest.iter().position(|b| *b != b' ').unwrap_or(rest.len());
+                    if let Some(rel) = under(&rest[t..]) {
+                        out.insert(rel);
+                    }
+                }
+            }
+        }
+    }
+    out.into_iter().collect()
 }
 
 impl Drop for UpperWatch {
