@@ -184,10 +184,21 @@ impl RunInfo {
             }
             .into(),
             env: std::env::vars()
-                .filter(|(k, _)| k.starts_with("CASFS_") && k != "CASFS_BENCH_OUT")
+                .filter(|(k, _)| recorded_var(k))
                 .collect(),
         }
     }
+}
+
+/// Whether a run's file keeps environment variable `name`: the `CASFS_*` settings, but
+/// not the test suite's, the output's own, or anything that may hold a secret.
+fn recorded_var(name: &str) -> bool {
+    name.starts_with("CASFS_")
+        && !name.starts_with("CASFS_TEST_")
+        && name != "CASFS_BENCH_OUT"
+        && !["TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL"]
+            .iter()
+            .any(|w| name.contains(w))
 }
 
 /// The commit checked out at `repo`, and whether tracked files differ from it.
@@ -435,6 +446,15 @@ mod tests {
         assert!(!v["machine"]["kernel"].as_str().unwrap().is_empty());
         assert!(v["machine"]["filesystem"]["type"].is_string(), "{v}");
         assert!(v["date"].as_str().unwrap().ends_with('Z'));
+    }
+
+    #[test]
+    fn no_secret_or_test_setting_is_recorded() {
+        assert!(recorded_var("CASFS_MOUNT_MODE"));
+        assert!(recorded_var("CASFS_BENCH_BIN"));
+        for v in ["CASFS_TOKEN", "CASFS_TEST_PG", "CASFS_BENCH_OUT", "CASFS_S3_KEY", "HOME"] {
+            assert!(!recorded_var(v), "{v}");
+        }
     }
 
     #[test]
