@@ -138,6 +138,16 @@ fn main() {
         res.value(at("mounts at block end"), "mounts", b.mounts_live as f64);
         res.value(at("settled: descriptors"), "descriptors", b.fds as f64);
         res.value(at("settled: resident"), "KiB resident", b.rss_kib as f64);
+        res.value(
+            at("settled: resident, anonymous"),
+            "KiB resident",
+            b.rss_anon_kib as f64,
+        );
+        res.value(
+            at("settled: resident, mapped files"),
+            "KiB resident",
+            b.rss_file_kib as f64,
+        );
         res.value(at("settled: mounts"), "mounts", b.mounts as f64);
         res.value(at("runs per second"), "runs/s", b.runs_per_sec);
         res.value(at("start p50"), "ms", b.start_p50_ms);

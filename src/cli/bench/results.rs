@@ -183,9 +183,7 @@ impl RunInfo {
                 "release"
             }
             .into(),
-            env: std::env::vars()
-                .filter(|(k, _)| recorded_var(k))
-                .collect(),
+            env: std::env::vars().filter(|(k, _)| recorded_var(k)).collect(),
         }
     }
 }
@@ -452,7 +450,13 @@ mod tests {
     fn no_secret_or_test_setting_is_recorded() {
         assert!(recorded_var("CASFS_MOUNT_MODE"));
         assert!(recorded_var("CASFS_BENCH_BIN"));
-        for v in ["CASFS_TOKEN", "CASFS_TEST_PG", "CASFS_BENCH_OUT", "CASFS_S3_KEY", "HOME"] {
+        for v in [
+            "CASFS_TOKEN",
+            "CASFS_TEST_PG",
+            "CASFS_BENCH_OUT",
+            "CASFS_S3_KEY",
+            "HOME",
+        ] {
             assert!(!recorded_var(v), "{v}");
         }
     }
