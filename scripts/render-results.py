@@ -20,11 +20,12 @@ import re
 import sys
 
 FORMAT = "casfs-bench-result/1"
+# A marker stands alone on its line (one quoted in prose is no marker).
 MARKER = re.compile(
-    r"(<!-- results:(?P<name>[A-Za-z0-9_.-]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)",
-    re.S,
+    r"^(<!-- results:(?P<name>[A-Za-z0-9_.-]+) -->\n)(?P<body>.*?)^(<!-- /results:(?P=name) -->)$",
+    re.S | re.M,
 )
-OPEN = re.compile(r"<!-- /?results:([A-Za-z0-9_.-]+) -->")
+OPEN = re.compile(r"^<!-- /?results:([A-Za-z0-9_.-]+) -->$", re.M)
 # Factors from a row's unit to the unit a table asks for.
 UNITS = {
     ("ms", "s"): 1e-3,
@@ -91,7 +92,10 @@ def check_result(path, r):
             bad.append(f"{where}: 'runs' must be a non-empty list of numbers")
             continue
         med = row.get("median")
-        if not isinstance(med, (int, float)) or not math.isclose(med, median(runs), rel_tol=1e-9, abs_tol=1e-9):
+        close = isinstance(med, (int, float)) and math.isclose(
+            med, median(runs), rel_tol=1e-9, abs_tol=1e-9
+        )
+        if not close:
             bad.append(f"{where}: 'median' {med!r} is not the median of its runs ({median(runs)!r})")
         key = json.dumps({k: v for k, v in row.items() if k not in ROW_FIELDS}, sort_keys=True)
         if key in seen:
@@ -200,7 +204,10 @@ def source_line(results, files, from_md, shown_runs):
     for p in files:
         r = results.files[p]
         bench = r.get("bench")
-        older = [q for q in results.runs_of(bench) if q != p and results.files[q].get("date", "") <= r.get("date", "")]
+        date = r.get("date", "")
+        older = [
+            q for q in results.runs_of(bench) if q != p and results.files[q].get("date", "") <= date
+        ]
         s = f"From {link(from_md, p, results.root)} ({describe(r)}): `{r.get('command')}`"
         if older:
             folder = os.path.dirname(p)
@@ -257,7 +264,8 @@ def render_pivot(name, spec, results, from_md):
     names = spec.get("labels", {})
     u = units.pop() if len(units) == 1 else None
     head = [names.get(k, k) for k in rows_by]
-    head += [f"{names.get(str(c), label_text(c))}" + (f" ({u})" if u and spec.get("unit_in_head", True) else "") for c in col_keys]
+    in_head = f" ({u})" if u and spec.get("unit_in_head", True) else ""
+    head += [names.get(str(c), label_text(c)) + in_head for c in col_keys]
     ratio_to = spec.get("ratio_to")
     lines = []
     if spec.get("title"):
@@ -270,7 +278,8 @@ def render_pivot(name, spec, results, from_md):
         for ck in col_keys:
             v = cells.get((rk, ck))
             s = number(v, digits) if isinstance(v, (int, float)) or v is None else str(v)
-            if ratio_to is not None and ck != ratio_to and isinstance(v, (int, float)) and isinstance(ref, (int, float)) and ref:
+            numbers = isinstance(v, (int, float)) and isinstance(ref, (int, float))
+            if ratio_to is not None and ck != ratio_to and numbers and ref:
                 s += f" ({v / ref:.{spec.get('ratio_digits', 2)}f}x)"
             out.append(s)
         lines.append("| " + " | ".join(out) + " |")
@@ -294,7 +303,8 @@ def render_cell(name, cell, results, used, run_counts):
     if each:
         rows = [row for row in rows if each in row]
         if "each_order" in cell:
-            rows.sort(key=lambda row: cell["each_order"].index(row[each]) if row[each] in cell["each_order"] else len(cell["each_order"]))
+            order = cell["each_order"]
+            rows.sort(key=lambda row: order.index(row[each]) if row[each] in order else len(order))
         keys = [row[each] for row in rows]
         if len(set(map(json.dumps, keys))) != len(keys):
             raise Failure(f"table {name}: several rows of {p} per {each!r} match {cell.get('where')}")
@@ -366,7 +376,10 @@ def main():
         opened = OPEN.findall(text)
         pairs = MARKER.findall(text)
         if len(opened) != 2 * len(pairs):
-            problems.append(f"{md}: a <!-- results:NAME --> marker without its <!-- /results:NAME --> (or the other way)")
+            problems.append(
+                f"{md}: a <!-- results:NAME --> marker without its <!-- /results:NAME --> "
+                "(or the other way)"
+            )
             continue
 
         def replace(m):
@@ -385,7 +398,13 @@ def main():
         if new != text:
             stale.append(md)
             if a.check:
-                diff = difflib.unified_diff(text.splitlines(), new.splitlines(), f"{md} (now)", f"{md} (from the result files)", lineterm="")
+                diff = difflib.unified_diff(
+                    text.splitlines(),
+                    new.splitlines(),
+                    f"{md} (now)",
+                    f"{md} (from the result files)",
+                    lineterm="",
+                )
                 sys.stdout.write("\n".join(diff) + "\n")
             else:
                 with open(path, "w", encoding="utf-8") as f:
