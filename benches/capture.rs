@@ -7,13 +7,13 @@
 //!   vs `restic backup` (incremental).
 //!
 //! Every figure is the median of `--reps` runs; ratios are peer / casfs of the medians.
-//! Peers that are not installed are skipped with a note. Results also go to
-//! `target/bench-capture.json`.
+//! Peers that are not installed are skipped with a note. `--out FILE` writes every run
+//! as a result file (docs/results/README.md); `CASFS_BENCH_DIR` is where the trees go.
 //!
-//! Run: `cargo bench --bench capture -- [--sizes 1000,10000,100000] [--reps 3]`
+//! Run: `cargo bench --bench capture -- [--sizes 1000,10000,100000] [--reps 3] [--out F]`
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use std::time::Duration;
 
@@ -30,21 +30,31 @@ struct Row {
 
 fn main() {
     let args = parse_bench_args(3);
+    let mut res = Results::cargo_bench("capture");
+    res.param("sizes", &args.sizes);
+    res.param("reps", args.reps);
     let casfs = env!("CARGO_BIN_EXE_casfs");
     let (git, tar_zstd, restic) = (have("git"), have("tar") && have("zstd"), have("restic"));
     for (ok, name) in [(git, "git"), (tar_zstd, "tar+zstd"), (restic, "restic")] {
         if !ok {
             println!("note: {name} is not installed; skipped");
+            res.note(format!("{name} is not installed; skipped"));
         }
     }
     let base = std::env::var_os("CASFS_BENCH_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
+    res.bench_dir(&base);
     let mut rows = Vec::new();
     for &n in &args.sizes {
         let tmp = tempfile::tempdir_in(&base).unwrap();
         let tree = tmp.path().join("tree");
         let (files, bytes) = generate(&tree, n);
+        res.value(
+            serde_json::json!({"scenario": "workload", "tool": "generated", "files": n}),
+            "B",
+            bytes as f64,
+        );
         println!(
             "\n{n} files, {:.1} MB (median of {} runs)",
             bytes as f64 / 1e6,
@@ -56,7 +66,8 @@ fn main() {
         let out = tmp.path().join("out");
         let out_s = out.to_str().unwrap();
         let mut add = |tool, scenario, v: Vec<Duration>| {
-            let m = median(v);
+            let labels = serde_json::json!({"scenario": scenario, "tool": tool, "files": n});
+            let m = res.times(labels, &v);
             println!("  {scenario:<28} {tool:<10} {:>9.3} s", m.as_secs_f64());
             rows.push(Row {
                 tool,
@@ -195,14 +206,5 @@ fn main() {
             r.median.as_secs_f64() / c.median.as_secs_f64()
         );
     }
-    let json: Vec<_> = rows
-        .iter()
-        .map(|r| {
-            serde_json::json!({"tool": r.tool, "scenario": r.scenario, "files": r.size,
-                "median_s": r.median.as_secs_f64(), "reps": args.reps})
-        })
-        .collect();
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-capture.json");
-    fs::write(&path, serde_json::to_string_pretty(&json).unwrap()).unwrap();
-    println!("\nwrote {}", path.display());
+    res.finish();
 }

@@ -7,10 +7,15 @@
 //! - `insert`: 100 bytes inserted in the middle (an edited text file or archive),
 //! - `append`: 1 MiB appended (logs).
 //!
-//! Run: `cargo bench --bench chunking`
+//! Run: `cargo bench --bench chunking [-- --out FILE]` (`--out`: every run as a result
+//! file, docs/results/README.md)
 
 use std::collections::HashSet;
 use std::time::Instant;
+
+#[path = "../src/cli/bench/results.rs"]
+#[allow(dead_code)]
+mod results;
 
 const FILE_LEN: usize = 256 << 20;
 
@@ -75,6 +80,8 @@ fn new_bytes(base: &HashSet<blake3::Hash>, after: &[(blake3::Hash, usize)]) -> u
 }
 
 fn main() {
+    let mut res = results::Results::cargo_bench("chunking");
+    res.param("file_bytes", FILE_LEN);
     let original = data(FILE_LEN, 7);
     let mut overwrite = original.clone();
     let mut x: u64 = 99;
@@ -109,18 +116,28 @@ fn main() {
             base = c.hashes(&original);
             times.push(t.elapsed().as_secs_f64());
         }
-        times.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        let mbps = FILE_LEN as f64 / 1e6 / times[1];
+        let at = |what: &str| serde_json::json!({"chunker": c.name(), "what": what});
+        let runs: Vec<f64> = times.iter().map(|t| FILE_LEN as f64 / 1e6 / t).collect();
+        let mbps = res.values(at("chunking and hashing"), "MB/s", &runs);
         let set: HashSet<_> = base.iter().map(|(h, _)| *h).collect();
         let kib = |n: usize| format!("{} KiB", n >> 10);
+        res.value(at("chunks"), "chunks", base.len() as f64);
+        let new: Vec<usize> = [&overwrite, &insert, &append]
+            .iter()
+            .map(|after| new_bytes(&set, &c.hashes(after)))
+            .collect();
+        for (edit, n) in ["overwrite", "insert", "append"].iter().zip(&new) {
+            res.value(at(&format!("new bytes after {edit}")), "B", *n as f64);
+        }
         println!(
             "{:<22} {:>10.0} {:>9} {:>13} {:>13} {:>13}",
             c.name(),
             mbps,
             base.len(),
-            kib(new_bytes(&set, &c.hashes(&overwrite))),
-            kib(new_bytes(&set, &c.hashes(&insert))),
-            kib(new_bytes(&set, &c.hashes(&append))),
+            kib(new[0]),
+            kib(new[1]),
+            kib(new[2]),
         );
     }
+    res.finish();
 }

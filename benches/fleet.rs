@@ -17,7 +17,8 @@
 //! Needs root and /dev/fuse (the mount), restic on PATH, and the moto log
 //! (`CASFS_MOTO_LOG`, default /tmp/casfs-moto.log, where scripts/services.sh writes it).
 //! Run: `source scripts/services.sh && cargo bench --bench fleet -- [--sizes 1k,10k,100k]
-//! [--reps 3] [--pack-mib 16]`. Results also go to `target/bench-fleet.json`.
+//! [--reps 3] [--pack-mib 16] [--out FILE]`. `--out` writes every run as a result file
+//! (docs/results/README.md).
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -227,6 +228,9 @@ struct Tool {
 
 fn main() {
     let args = parse_bench_args(3);
+    let mut res = Results::cargo_bench("fleet");
+    res.param("sizes", &args.sizes);
+    res.param("reps", args.reps);
     let pack_mib: usize = args
         .flags
         .iter()
@@ -265,12 +269,14 @@ fn main() {
         .unwrap_or("?"),
         args.reps
     );
+    res.param("pack_mib", pack_mib);
     let mut rows = Vec::new();
     for &n in &sizes {
         // Trees, stores and restores on a fresh journaled ext4 loop filesystem per size:
         // this VM's root ext4 has no journal, and its create times swing tenfold after
         // the mass deletes of a size before (both tools would pay them).
         let lfs = LoopFs::new(16);
+        res.bench_dir(&lfs.mnt);
         let t = tempfile::tempdir_in(&lfs.mnt).unwrap();
         let tree = t.path().join("tree");
         let (files, bytes) = generate(&tree, n);
@@ -331,8 +337,12 @@ fn main() {
             ));
             r.change_upload_requests = log.since();
         }
-        c.change_upload_ms = ms(median(ct));
-        r.change_upload_ms = ms(median(rt));
+        let at = |op: &str, tool: &str| serde_json::json!({"op": op, "tool": tool, "files": n});
+        res.value(at("workload", "generated"), "B", bytes as f64);
+        res.value(at("first upload", "casfs"), "ms", c.first_upload_ms);
+        res.value(at("first upload", "restic"), "ms", r.first_upload_ms);
+        c.change_upload_ms = ms(res.times(at("upload after 10 changes", "casfs"), &ct));
+        r.change_upload_ms = ms(res.times(at("upload after 10 changes", "restic"), &rt));
 
         // Fresh hosts: full restore, and restore-to-first-read.
         let probe = files[files.len() / 2]
@@ -418,10 +428,27 @@ fn main() {
             );
             assert_eq!(out.stdout, want);
         }
-        c.full_restore_ms = ms(median(cf));
-        r.full_restore_ms = ms(median(rf));
-        c.first_read_ms = ms(median(cr));
-        r.first_read_ms = ms(median(rr));
+        c.full_restore_ms = ms(res.times(at("full restore on a fresh host", "casfs"), &cf));
+        r.full_restore_ms = ms(res.times(at("full restore on a fresh host", "restic"), &rf));
+        c.first_read_ms = ms(res.times(at("first read on a fresh host", "casfs"), &cr));
+        r.first_read_ms = ms(res.times(at("first read on a fresh host", "restic"), &rr));
+        res.value(
+            at("first upload, bytes stored", "casfs"),
+            "B",
+            c.uploaded_bytes as f64,
+        );
+        for (tool, t) in [("casfs", &c), ("restic", &r)] {
+            for (op, l) in [
+                ("first upload", &t.first_upload_requests),
+                ("upload after 10 changes", &t.change_upload_requests),
+                ("full restore on a fresh host", &t.full_restore_requests),
+                ("first read on a fresh host", &t.first_read_requests),
+            ] {
+                let labels = serde_json::json!({"op": op, "tool": tool, "files": n,
+                    "breakdown": l.show()});
+                res.value(labels, "requests", l.total() as f64);
+            }
+        }
         rows.push(Row {
             files: n,
             bytes,
@@ -495,7 +522,5 @@ fn main() {
             );
         }
     }
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-fleet.json");
-    let _ = std::fs::write(&path, serde_json::to_vec_pretty(&rows).unwrap());
-    println!("\n(written to {})", path.display());
+    res.finish();
 }

@@ -12,7 +12,8 @@
 //!
 //! Medians of `--reps` runs (default 15). Needs root and /dev/fuse.
 //!
-//! Run: `cargo bench --bench middleware -- [--sizes 10k] [--reps 15]`
+//! Run: `cargo bench --bench middleware -- [--sizes 10k] [--reps 15] [--out FILE]`
+//! (`--out`: every run as a result file, docs/results/README.md)
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -54,6 +55,9 @@ fn main() {
     let asked = std::env::args().any(|a| a == "--sizes");
     let n = if asked { args.sizes[0] } else { 10_000 };
     let reps = args.reps;
+    let mut res = Results::cargo_bench("middleware");
+    res.param("files", n);
+    res.param("reps", reps);
     let t = tempfile::tempdir().unwrap();
     let src = t.path().join("src");
     let (files, bytes) = generate(&src, n);
@@ -190,8 +194,27 @@ fn main() {
     }
     unmount_lazy(&mp);
 
-    let (su, fi, ba) = (median(setups), median(finishes), median(bare));
-    let (fr, bf, ca) = (median(fresh), median(bare_fresh), median(cancels));
+    let at = |step: &str, tool: &str| serde_json::json!({"step": step, "tool": tool, "files": n});
+    res.value(at("workload", "generated"), "B", bytes as f64);
+    let (su, fi, ba) = (
+        res.times(at("live sandbox: setup", "middleware"), &setups),
+        res.times(
+            at("live sandbox: finish (10 changed files)", "middleware"),
+            &finishes,
+        ),
+        res.times(
+            at("live sandbox: checkpoint (10 changed files)", "bare mount"),
+            &bare,
+        ),
+    );
+    let (fr, bf, ca) = (
+        res.times(at("new sandbox: setup", "middleware"), &fresh),
+        res.times(
+            at("new sandbox: mount + restore", "bare mount"),
+            &bare_fresh,
+        ),
+        res.times(at("cancelled run: abort", "middleware"), &cancels),
+    );
     println!("middleware overhead per run, {n}-file workspace, medians of {reps}:");
     println!("| step | middleware | bare mount | added |");
     println!("|---|---|---|---|");
@@ -212,4 +235,5 @@ fn main() {
         "| cancelled run (10 changed files): abort = unmount, discard, purge (secrets set) | {:.1} ms | | |",
         ms(ca)
     );
+    res.finish();
 }

@@ -22,8 +22,9 @@
 //! (`dd bs=1M conv=notrunc`) and 4,096 writes of 4 KiB, on ext4 and through casfs.
 //!
 //! Checkpoint and restore figures are medians of `--reps` runs; ratios are peer / casfs.
-//! Results also go to `target/bench-mount.json`. `CASFS_BENCH_BIN` runs another casfs
-//! binary (an older build, say) in the casfs columns.
+//! `--out FILE` writes every run as a result file (docs/results/README.md).
+//! `CASFS_BENCH_BIN` runs another casfs binary (an older build, say) in the casfs
+//! columns.
 //!
 //! Scale, per size: capture of the plain tree, mount, the first `find` over the mount,
 //! restore after a `find` (the kernel then knows every entry) beside restore without
@@ -33,7 +34,7 @@
 //! and 20 minutes here: run by hand, not in CI).
 //!
 //! Run: `cargo bench --bench mount -- [--sizes 1k,10k,100k] [--reps 5] [--mode fuse|overlay]
-//! [--no-peers] [--no-io] [--no-large]` (`--mode`: the backend of the casfs mounts;
+//! [--no-peers] [--no-io] [--no-large] [--out FILE]` (`--mode`: the backend of the casfs mounts;
 //! default: `casfs mount`'s own choice; `--no-peers`: casfs only)
 
 use std::fs;
@@ -124,12 +125,19 @@ struct Row {
     median: Duration,
 }
 
+/// An I/O or large-file row: scenario, tool and every run.
+type IoRow = (&'static str, &'static str, Vec<Duration>);
+
 fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1000.0)
 }
 
 fn main() {
     let args = parse_bench_args(5);
+    let mut res = Results::cargo_bench("mount");
+    res.param("sizes", &args.sizes);
+    res.param("reps", args.reps);
+    res.param("flags", &args.flags);
     // `--no-peers`: casfs only (the million-file scale run).
     let peers = !args.flags.iter().any(|f| f == "--no-peers");
     let (git, restic, rsync) = (
@@ -140,6 +148,7 @@ fn main() {
     let overlay = have("fuse-overlayfs");
     let base = std::env::temp_dir().join(format!("casfs-bench-mount-{}", std::process::id()));
     fs::create_dir_all(&base).unwrap();
+    res.bench_dir(&base);
     let mut rows: Vec<Row> = Vec::new();
     let mut scale: Vec<Scale> = Vec::new();
     let mut peak_rss_kb = 0u64;
@@ -160,6 +169,8 @@ fn main() {
         fs::create_dir_all(&mp).unwrap();
         let (files, bytes) = generate(&plain, n);
         eprintln!("{n} files, {} MB", bytes / 1_000_000);
+        let at = |what: &str, tool: &str| serde_json::json!({"scenario": what, "tool": tool, "files": n});
+        res.value(at("workload", "generated"), "B", bytes as f64);
         // The tree enters the store once, then is mounted lazily.
         let capture = timed(|| {
             casfs(&store, &["capture", plain.to_str().unwrap(), "-t", "b"]);
@@ -240,15 +251,32 @@ fn main() {
             }
             nodes_after_drop = last;
         }
+        let after_drop = proc_kb(pid, "VmRSS:");
+        res.value(
+            at("daemon peak RSS after a find", "casfs"),
+            "KiB",
+            rss as f64,
+        );
+        res.value(
+            at("daemon RSS after drop_caches", "casfs"),
+            "KiB",
+            after_drop as f64,
+        );
+        res.value(
+            at("nodes loaded after drop_caches", "casfs"),
+            "nodes",
+            nodes_after_drop as f64,
+        );
         scale.push(Scale {
             size: n,
-            capture,
-            mount,
-            first_find,
-            restore_after_find: median(af_times),
-            restore_after_find_daemon: median(af_daemon),
+            capture: res.time(at("capture of the plain tree", "casfs"), capture),
+            mount: res.time(at("mount", "casfs"), mount),
+            first_find: res.time(at("first find", "casfs"), first_find),
+            restore_after_find: res.times(at("restore after find (CLI)", "casfs"), &af_times),
+            restore_after_find_daemon: res
+                .times(at("restore after find (daemon)", "casfs"), &af_daemon),
             peak_rss_kb: rss,
-            rss_after_drop_kb: proc_kb(pid, "VmRSS:"),
+            rss_after_drop_kb: after_drop,
             nodes_after_drop,
         });
         casfs(&store, &["unmount", mp.to_str().unwrap()]);
@@ -256,25 +284,25 @@ fn main() {
             tool: "casfs",
             scenario: "checkpoint (CLI)",
             size: n,
-            median: median(cp_times),
+            median: res.times(at("checkpoint (CLI)", "casfs"), &cp_times),
         });
         rows.push(Row {
             tool: "casfs",
             scenario: "checkpoint (daemon)",
             size: n,
-            median: median(cp_daemon),
+            median: res.times(at("checkpoint (daemon)", "casfs"), &cp_daemon),
         });
         rows.push(Row {
             tool: "casfs",
             scenario: "restore+read (CLI)",
             size: n,
-            median: median(rs_times),
+            median: res.times(at("restore+read (CLI)", "casfs"), &rs_times),
         });
         rows.push(Row {
             tool: "casfs",
             scenario: "restore (daemon)",
             size: n,
-            median: median(rs_daemon),
+            median: res.times(at("restore (daemon)", "casfs"), &rs_daemon),
         });
 
         let changed_plain: Vec<PathBuf> = (0..10).map(|i| files[i * step].clone()).collect();
@@ -292,13 +320,13 @@ fn main() {
                 tool: "git",
                 scenario: "checkpoint (CLI)",
                 size: n,
-                median: median(c),
+                median: res.times(at("checkpoint (CLI)", "git"), &c),
             });
             rows.push(Row {
                 tool: "git",
                 scenario: "restore+read (CLI)",
                 size: n,
-                median: median(r_),
+                median: res.times(at("restore+read (CLI)", "git"), &r_),
             });
         }
         if restic {
@@ -313,7 +341,7 @@ fn main() {
                 tool: "restic",
                 scenario: "checkpoint (CLI)",
                 size: n,
-                median: median(c),
+                median: res.times(at("checkpoint (CLI)", "restic"), &c),
             });
         }
         if rsync {
@@ -334,17 +362,17 @@ fn main() {
                 tool: "rsync",
                 scenario: "restore+read (CLI)",
                 size: n,
-                median: median(r_),
+                median: res.times(at("restore+read (CLI)", "rsync"), &r_),
             });
         }
         let _ = fs::remove_dir_all(&dir);
     }
 
-    let mut io_rows: Vec<(&str, &str, Duration)> = Vec::new();
+    let mut io_rows: Vec<IoRow> = Vec::new();
     if !args.flags.iter().any(|f| f == "--no-io") {
         io_rows = io_bench(&base, overlay);
     }
-    let mut large_rows: Vec<(&str, &str, Duration)> = Vec::new();
+    let mut large_rows: Vec<IoRow> = Vec::new();
     if !args.flags.iter().any(|f| f == "--no-large") {
         large_rows = large_file_bench(&base, args.reps, git, restic);
     }
@@ -410,11 +438,12 @@ fn main() {
     if !io_rows.is_empty() {
         println!();
         println!("I/O (medians of 3; untar, first find and rm -rf once; ratio = time / native)");
-        for (scenario, tool, d) in &io_rows {
+        for (scenario, tool, runs) in &io_rows {
+            let d = &median(runs.clone());
             let native = io_rows
                 .iter()
                 .find(|(s, t, _)| s == scenario && *t == "ext4")
-                .map(|x| x.2)
+                .map(|x| median(x.2.clone()))
                 .unwrap_or(*d);
             println!(
                 "{:<26} {:>16} {:>12} {:>8.2}x",
@@ -431,13 +460,14 @@ fn main() {
             "a 1 GiB file (medians of {}; ratio = time / casfs checkpoint, or / ext4)",
             args.reps
         );
-        for (scenario, tool, d) in &large_rows {
+        for (scenario, tool, runs) in &large_rows {
+            let d = &median(runs.clone());
             let reference = large_rows
                 .iter()
                 .find(|(s, t, _)| {
                     s == scenario && (*t == "ext4" || *t == "casfs" || *t == "casfs (CLI)")
                 })
-                .map(|x| x.2)
+                .map(|x| median(x.2.clone()))
                 .unwrap_or(*d);
             println!(
                 "{:<34} {:>16} {:>12} {:>8.2}x",
@@ -453,27 +483,21 @@ fn main() {
         println!("note: fuse-overlayfs not installed; skipped");
     }
 
-    let json = serde_json::json!({
-        "reps": args.reps,
-        "rows": rows.iter().map(|r| serde_json::json!({
-            "tool": r.tool, "scenario": r.scenario, "size": r.size,
-            "median_ms": r.median.as_secs_f64() * 1000.0,
-        })).collect::<Vec<_>>(),
-        "io": io_rows.iter().map(|(s, t, d)| serde_json::json!({
-            "scenario": s, "tool": t, "ms": d.as_secs_f64() * 1000.0,
-        })).collect::<Vec<_>>(),
-        "large_file": large_rows.iter().map(|(s, t, d)| serde_json::json!({
-            "scenario": s, "tool": t, "ms": d.as_secs_f64() * 1000.0,
-        })).collect::<Vec<_>>(),
-        "daemon_peak_rss_kb": peak_rss_kb,
-    });
-    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-mount.json");
-    let _ = fs::write(&out, serde_json::to_string_pretty(&json).unwrap());
+    for (group, list) in [("io", &io_rows), ("large file", &large_rows)] {
+        for (scenario, tool, runs) in list {
+            let labels = serde_json::json!({"group": group, "scenario": scenario, "tool": tool});
+            res.times(labels, runs);
+        }
+    }
+    if !overlay {
+        res.note("fuse-overlayfs not installed; skipped");
+    }
+    res.finish();
     let _ = fs::remove_dir_all(&base);
 }
 
 /// The I/O workloads on ext4, a casfs mount and fuse-overlayfs.
-fn io_bench(base: &Path, overlay: bool) -> Vec<(&'static str, &'static str, Duration)> {
+fn io_bench(base: &Path, overlay: bool) -> Vec<IoRow> {
     let mut out = Vec::new();
     let src = base.join("io-src");
     fs::create_dir_all(&src).unwrap();
@@ -513,7 +537,7 @@ fn io_bench(base: &Path, overlay: bool) -> Vec<(&'static str, &'static str, Dura
     let env = GIT_ENV.to_vec();
     // The cheap scenarios are repeated (median of 3); untar, the first find and rm -rf
     // run once.
-    let med3 = |f: &dyn Fn() -> Duration| median((0..3).map(|_| f()).collect());
+    let med3 = |f: &dyn Fn() -> Duration| (0..3).map(|_| f()).collect::<Vec<_>>();
     for (tool, dir) in &targets {
         let big = dir.join("big");
         let write = || {
@@ -534,15 +558,15 @@ fn io_bench(base: &Path, overlay: bool) -> Vec<(&'static str, &'static str, Dura
         out.push((
             "untar 30k files",
             *tool,
-            sh(
+            vec![sh(
                 &format!("tar -C {} -xf {}", t.display(), tarball.display()),
                 &[],
-            ),
+            )],
         ));
         // The first find lists every directory for the first time; the next ones may
         // be served from the kernel's caches.
         let find = || sh(&format!("find {} | wc -l", t.display()), &[]);
-        out.push(("find (first)", *tool, find()));
+        out.push(("find (first)", *tool, vec![find()]));
         out.push(("find (again)", *tool, med3(&find)));
         sh(
             &format!(
@@ -558,7 +582,11 @@ fn io_bench(base: &Path, overlay: bool) -> Vec<(&'static str, &'static str, Dura
             )
         };
         out.push(("git status", *tool, med3(&status)));
-        out.push(("rm -rf", *tool, sh(&format!("rm -rf {}", t.display()), &[])));
+        out.push((
+            "rm -rf",
+            *tool,
+            vec![sh(&format!("rm -rf {}", t.display()), &[])],
+        ));
     }
     casfs(&store, &["unmount", cmp.to_str().unwrap()]);
     if overlay {
@@ -569,12 +597,7 @@ fn io_bench(base: &Path, overlay: bool) -> Vec<(&'static str, &'static str, Dura
 
 /// A 1 GiB file changed by 4 KiB per repetition: the checkpoint against git and restic,
 /// and the cost of writing a large file through the daemon against ext4.
-fn large_file_bench(
-    base: &Path,
-    reps: usize,
-    git: bool,
-    restic: bool,
-) -> Vec<(&'static str, &'static str, Duration)> {
+fn large_file_bench(base: &Path, reps: usize, git: bool, restic: bool) -> Vec<IoRow> {
     use std::os::unix::fs::FileExt;
     const MIB: u64 = 1 << 20;
     let dir = base.join("large");
@@ -617,15 +640,15 @@ fn large_file_bench(
             v["stats"]["bytes_hashed"]
         );
     }
-    out.push((scenario, "casfs (CLI)", median(cli)));
-    out.push((scenario, "casfs (daemon)", median(daemon)));
+    out.push((scenario, "casfs (CLI)", cli));
+    out.push((scenario, "casfs (daemon)", daemon));
     // A peer: per round the same 4 KiB write into the plain copy, then its command.
     let peer = |seed: usize, cmd: &str, env: &[(&str, &str)]| {
         let times = (1..=reps).map(|r| {
             write_4k(&plain.join(name), seed + r);
             sh(cmd, env)
         });
-        median(times.collect())
+        times.collect::<Vec<_>>()
     };
     if git {
         let gd = dir.join("git");
@@ -653,7 +676,7 @@ fn large_file_bench(
                 "dd if=/dev/zero of={} {blocks} conv=notrunc status=none",
                 file.display()
             );
-            median((0..3).map(|_| sh(&cmd, &[])).collect())
+            (0..3).map(|_| sh(&cmd, &[])).collect::<Vec<_>>()
         };
         out.push((
             "overwrite 256 MiB in place",

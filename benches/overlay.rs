@@ -32,11 +32,11 @@
 //! 1k/10k/100k files, and `casfs restore` of the previous checkpoint (the daemon's own
 //! `duration_us` and the whole command).
 //!
-//! The real tree is /usr/share/man + /usr/include (about 29k files here). Results also
-//! go to `target/bench-overlay.json`.
+//! The real tree is /usr/share/man + /usr/include (about 29k files here). `--out FILE`
+//! writes every round as a result file (docs/results/README.md).
 //!
 //! Run (root): `cargo bench --bench overlay -- [--reps 2] [--sizes 1k,10k,100k]
-//! [--repo PATH] [--no-ckpt] [--no-io]`
+//! [--repo PATH] [--no-ckpt] [--no-io] [--only a,b] [--out FILE]`
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -397,6 +397,9 @@ fn ten_changes_and_checkpoint(
 
 fn main() {
     let args = parse_bench_args(2);
+    let mut res = Results::cargo_bench("overlay");
+    res.param("reps", args.reps);
+    res.param("sizes", &args.sizes);
     let flag = |f: &str| args.flags.iter().any(|a| a == f);
     let repo = args
         .flags
@@ -411,6 +414,7 @@ fn main() {
     }
     let lfs = LoopFs::new(12);
     let root = lfs.mnt.clone();
+    res.bench_dir(&root);
     eprintln!("loop filesystem at {}", root.display());
     let base = root.join("base");
     fs::create_dir_all(&base).unwrap();
@@ -483,6 +487,13 @@ fn main() {
         b.stores.insert(casfs.to_string(), store);
     }
     eprintln!("base: {} entries", count.trim());
+    if let Ok(n) = count.trim().parse::<f64>() {
+        res.value(
+            serde_json::json!({"op": "base tree", "backend": "native"}),
+            "entries",
+            n,
+        );
+    }
     // A file of the base, for the round trip.
     let probe_rel = PathBuf::from(
         String::from_utf8(
@@ -716,7 +727,6 @@ fn main() {
         v.sort_by(|a, b| a.partial_cmp(b).unwrap());
         v[v.len() / 2]
     };
-    let mut out = serde_json::Map::new();
     let ops: Vec<String> = {
         let mut o: Vec<String> = b.results.keys().map(|(op, _)| op.clone()).collect();
         o.dedup();
@@ -735,7 +745,6 @@ fn main() {
             .get(&(op.clone(), "kernel-overlay".into()))
             .map(med);
         let mut row = format!("| {op} |");
-        let mut jrow = serde_json::Map::new();
         for be in &backends {
             match b.results.get(&(op.clone(), be.to_string())) {
                 Some(v) => {
@@ -749,22 +758,24 @@ fn main() {
                     } else {
                         row.push_str(&format!(" {m:.0} |"));
                     }
-                    jrow.insert(
-                        be.to_string(),
-                        serde_json::json!({"median_ms": m, "runs": v, "vs_native": r, "vs_kernel_overlay": k}),
-                    );
                 }
                 None => row.push_str(" - |"),
             }
         }
         println!("{row}");
-        out.insert(op.clone(), jrow.into());
     }
     println!("(ratios: to native / to the kernel's overlayfs over ext4)");
     for f in &b.failed {
         println!("failed: {f}");
     }
-    out.insert("failed".into(), serde_json::json!(b.failed));
+    for f in &b.failed {
+        res.note(format!("failed: {f}"));
+    }
+    // Every round of every operation, and of the checkpoints and restores.
+    for ((op, be), runs) in b.results.iter().chain(ckpt.iter()) {
+        let unit = if op.contains(", us") { "us" } else { "ms" };
+        res.values(serde_json::json!({"op": op, "backend": be}), unit, runs);
+    }
     if !ckpt.is_empty() {
         println!(
             "\n| casfs (ms, median of {}) | casfs-overlay | casfs-fuse |",
@@ -781,12 +792,10 @@ fn main() {
                 o.unwrap_or(f64::NAN),
                 f.unwrap_or(f64::NAN)
             );
-            out.insert(op, serde_json::json!({"casfs-overlay": o, "casfs-fuse": f}));
         }
     }
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-overlay.json");
-    let _ = fs::write(&path, serde_json::to_vec_pretty(&out).unwrap());
-    eprintln!("wrote {}", path.display());
+    res.param("backends", &backends);
+    res.finish();
     drop(b);
     drop(lfs);
 }

@@ -4,9 +4,12 @@
 # from the teardown of the generation a restore replaced:
 #   benches/restore_loop.sh [--files N] [--rounds R] [--pause SECONDS] [--lower image|view]
 #                           [--dir DIR]   (where the store, tree and mount go; /tmp)
-# Prints each round's checkpoint and restore time as the daemon reports them.
+# Prints each round's checkpoint and restore time as the daemon reports them;
+# CASFS_BENCH_OUT=FILE (or a directory) also writes them as a result file
+# (docs/results/README.md).
 set -euo pipefail
 files=100000 rounds=6 pause=0 lower=image dir=/tmp
+command="benches/restore_loop.sh $*"
 while [ $# -gt 0 ]; do
   case $1 in
     --files) files=$2; shift 2 ;;
@@ -40,6 +43,7 @@ field() { python3 -c "import json,sys; v=json.load(sys.stdin); print($1)"; }
 $B --store "$S" capture "$work/tree" -t t >/dev/null
 $B --store "$S" mount "$M" -t t --mode overlay >/dev/null
 prev=$($B --store "$S" --json status "$M" | field 'v["base"]')
+cks="" rss=""
 for r in $(seq 1 "$rounds"); do
   for k in $(seq 0 9); do
     i=$((k * (files / 10)))
@@ -53,5 +57,17 @@ for r in $(seq 1 "$rounds"); do
   $B --store "$S" --json restore "$M" "$id" --force >/dev/null
   prev=$id
   echo "round $r: checkpoint $ck ms, restore $rs ms"
+  cks="${cks:+$cks,}$ck" rss="${rss:+$rss,}$rs"
   sleep "$pause"
 done
+if [ -n "${CASFS_BENCH_OUT:-}" ]; then
+  {
+    printf '{"param": {"files": %s, "rounds": %s, "pause_s": %s, "lower": "%s"}}\n' \
+      "$files" "$rounds" "$pause" "$lower"
+    printf '{"op": "checkpoint after 10 changes (daemon)", "files": %s, "unit": "ms", "runs": [%s]}\n' \
+      "$files" "$cks"
+    printf '{"op": "restore of the previous checkpoint (daemon)", "files": %s, "unit": "ms", "runs": [%s]}\n' \
+      "$files" "$rss"
+  } | "$B" bench --record restore_loop --command "$command" --bench-dir "$work" \
+        --out "$CASFS_BENCH_OUT"
+fi

@@ -12,8 +12,9 @@
 //! measures: descriptors and mounts must be back to where they started.
 //!
 //! Run: `cargo bench --bench soak -- [--runs 10000] [--clients 8] [--threads 100]
-//! [--block 1000] [--settle 5] [--log FILE] [--serve-arg ARG]...` (`--log`: the
-//! server's standard error). Without serve args the server runs with
+//! [--block 1000] [--settle 5] [--log FILE] [--serve-arg ARG]... [--out FILE]` (`--log`:
+//! the server's standard error; `--out`: every block as a result file,
+//! docs/results/README.md). Without serve args the server runs with
 //! `--run-idle-timeout 1 --sandbox-idle-timeout 1 --max-runs 256` (a sixth of the runs
 //! are abandoned by their client and live until the idle timeout ends them). `CASFS_BENCH_BIN` runs
 //! another casfs build. Needs root and /dev/fuse.
@@ -25,6 +26,10 @@ use std::time::{Duration, Instant};
 #[path = "../tests/common/soak.rs"]
 mod soak;
 use soak::{Soak, ALL_ENDS};
+
+#[path = "../src/cli/bench/results.rs"]
+#[allow(dead_code)]
+mod results;
 
 fn main() {
     let argv: Vec<String> = std::env::args().collect();
@@ -62,10 +67,22 @@ fn main() {
         .map(String::from)
         .to_vec();
     }
+    let mut res = results::Results::cargo_bench("soak");
+    for (k, v) in [
+        ("runs", runs),
+        ("clients", clients),
+        ("threads", threads),
+        ("block", block),
+    ] {
+        res.param(k, v);
+    }
+    res.param("settle_s", settle);
+    res.param("serve_args", &serve_args);
     let bin = std::env::var("CASFS_BENCH_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|_| PathBuf::from(env!("CARGO_BIN_EXE_casfs")));
     let t = tempfile::tempdir().unwrap();
+    res.bench_dir(t.path());
     let store = t.path().join("store");
     let sandboxes = t.path().join("sandboxes");
     let socket = t.path().join("serve.sock");
@@ -91,6 +108,9 @@ fn main() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let (fds0, rss0) = soak::process_usage_apart(child.id(), Some(&store.join("db")));
+    let at_start = serde_json::json!({"after_runs": 0, "what": "at start"});
+    res.value(at_start.clone(), "descriptors", fds0 as f64);
+    res.value(at_start, "KiB resident", rss0 as f64);
     println!(
         "casfs serve ({}), {runs} runs, {clients} clients, {threads} threads, serve args {serve_args:?}",
         bin.display()
@@ -114,6 +134,29 @@ fn main() {
         settle: Duration::from_secs_f64(settle),
     };
     s.run(|b| {
+        let at = |what: &str| serde_json::json!({"after_runs": b.runs, "what": what});
+        res.value(at("mounts at block end"), "mounts", b.mounts_live as f64);
+        res.value(at("settled: descriptors"), "descriptors", b.fds as f64);
+        res.value(at("settled: resident"), "KiB resident", b.rss_kib as f64);
+        res.value(
+            at("settled: resident, anonymous"),
+            "KiB resident",
+            b.rss_anon_kib as f64,
+        );
+        res.value(
+            at("settled: resident, mapped files"),
+            "KiB resident",
+            b.rss_file_kib as f64,
+        );
+        res.value(at("settled: mounts"), "mounts", b.mounts as f64);
+        res.value(at("runs per second"), "runs/s", b.runs_per_sec);
+        res.value(at("start p50"), "ms", b.start_p50_ms);
+        res.value(at("start p99"), "ms", b.start_p99_ms);
+        res.value(at("end p50"), "ms", b.finish_p50_ms);
+        res.value(at("end p99"), "ms", b.finish_p99_ms);
+        for (kind, n) in &b.refused {
+            res.value(at(&format!("refused: {kind}")), "answers", *n as f64);
+        }
         let refused: Vec<String> = b
             .refused
             .iter()
@@ -143,4 +186,10 @@ fn main() {
     let _ = child.wait();
     let left = soak::mounts_under(&sandboxes);
     println!("after the server stopped: {left} mounts under its sandboxes directory");
+    res.value(
+        serde_json::json!({"after_runs": runs, "what": "mounts after the server stopped"}),
+        "mounts",
+        left as f64,
+    );
+    res.finish();
 }

@@ -17,6 +17,11 @@ mod alloc;
 mod workload;
 pub use workload::*;
 
+// Every bench writes its rows as a result file (`--out FILE`): docs/results/README.md.
+#[path = "../../src/cli/bench/results.rs"]
+mod results;
+pub use results::Results;
+
 /// The casfs binary under test: this build's, or `CASFS_BENCH_BIN`.
 pub fn casfs_bin() -> String {
     std::env::var("CASFS_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_casfs").into())
@@ -95,8 +100,8 @@ pub fn git_env<'a>(git_dir: &'a Path, tree: &'a Path) -> Vec<(&'a str, &'a str)>
     env
 }
 
-/// The options every bench binary takes: `--sizes 1k,10k,...`, `--reps N`, and any
-/// other `--flag` (cargo bench adds `--bench`).
+/// The options every bench binary takes: `--sizes 1k,10k,...`, `--reps N`, `--out FILE`
+/// (read by [`Results`]), and any other `--flag` (cargo bench adds `--bench`).
 pub struct BenchArgs {
     pub sizes: Vec<usize>,
     pub reps: usize,
@@ -124,6 +129,7 @@ pub fn parse_bench_args(reps: usize) -> BenchArgs {
                 a.reps = argv[i + 1].parse().expect("--reps N");
                 i += 1;
             }
+            "--out" => i += 1,
             other => a.flags.push(other.to_string()),
         }
         i += 1;

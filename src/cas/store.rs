@@ -1,7 +1,7 @@
-//! The [`ObjectStore`] trait: content-addressed objects, verified on every read. Its
-//! implementations: [`super::RocksObjectStore`] (the embedded default) and
-//! [`super::remote_store::RemoteObjectStore`] (an S3-compatible bucket behind a local
-//! cache).
+//! The [`ObjectStore`] trait: content-addressed objects, verified on every read. It
+//! knows none of its implementations (they depend on it): the embedded RocksDB default
+//! in `rocks_store` and the S3-compatible bucket behind a local cache in
+//! `remote_store`.
 
 use std::collections::HashMap;
 

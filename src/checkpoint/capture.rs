@@ -195,6 +195,9 @@ pub fn capture_dir(
         unsupported: n.unsupported.load(Ordering::Relaxed),
         dirs_reused: n.dirs_reused.load(Ordering::Relaxed),
         watcher,
+        // A capture of a plain directory counts its totals, not what changed.
+        changed: None,
+        removed: None,
         new_objects: o.new_objects,
         new_bytes: o.new_bytes,
         reused_objects: o.reused_objects,

@@ -150,6 +150,15 @@ pub struct CaptureStats {
     /// What the watcher answered ("changes", or "full: why"); absent without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watcher: Option<String>,
+    /// Entries added or modified since the parent (files and other non-directories; a
+    /// moved directory's files at their new paths), as a mount's checkpoint tells them
+    /// (it does not walk the tree, so `files` and the totals above stay 0). Absent from
+    /// captures that do not count them, and from older records (whose ids stay).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changed: Option<u64>,
+    /// Entries of the parent's tree that are gone (a removed directory counts once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub removed: Option<u64>,
     pub new_objects: u64,
     /// Bytes added to the store (compressed).
     pub new_bytes: u64,
@@ -197,7 +206,21 @@ impl NewCheckpoint {
             conversation: src.body.conversation,
             artifacts: src.body.artifacts.clone(),
             workspace_hash: src.body.workspace_hash.clone(),
-            stats: src.body.stats.clone(),
+            // The content's totals are the source's; nothing was read or changed.
+            stats: CaptureStats {
+                changed: Some(0),
+                removed: Some(0),
+                files_hashed: 0,
+                bytes_hashed: 0,
+                files_skipped: 0,
+                dirs_reused: 0,
+                watcher: None,
+                new_objects: 0,
+                new_bytes: 0,
+                reused_objects: 0,
+                duration_ms: 0,
+                ..src.body.stats.clone()
+            },
             secret_files: src.body.secret_files.clone(),
             read_first: src.body.read_first,
             root_meta: src.body.root_meta,

@@ -323,11 +323,12 @@ fn restore(
 
 fn summary_line(cp: &Checkpoint) -> String {
     let st = &cp.body.stats;
-    // A mount's checkpoint never walks the tree, so it counts what changed, not totals.
-    let count = if st.files == 0 && st.dirs == 0 {
-        format!("{} changed", st.files_hashed)
-    } else {
-        format!("{} files", st.files)
+    // A mount's checkpoint never walks the tree, so it counts what changed, not totals
+    // (a record from before it counted them says what it hashed).
+    let count = match (st.changed, st.removed) {
+        (Some(c), Some(r)) => format!("{c} changed, {r} removed"),
+        _ if st.files == 0 && st.dirs == 0 => format!("{} hashed", st.files_hashed),
+        _ => format!("{} files", st.files),
     };
     format!(
         "{}  {}  {:<10} {count}  {}",
@@ -391,17 +392,26 @@ fn show(cli: &Cli, r: &str) -> anyhow::Result<()> {
         println!("run        {run}");
     }
     println!("root       {}", b.root);
+    // A mount's checkpoint reads only what changed: it has no totals to tell.
+    if b.stats.files + b.stats.dirs + b.stats.symlinks + b.stats.special > 0
+        || b.stats.changed.is_none()
+    {
+        println!(
+            "content    {} files ({}), {} dirs, {} symlinks, {} special",
+            b.stats.files,
+            bytes(b.stats.bytes),
+            b.stats.dirs,
+            b.stats.symlinks,
+            b.stats.special
+        );
+    }
+    if let (Some(c), Some(r)) = (b.stats.changed, b.stats.removed) {
+        println!("changes    {c} changed, {r} removed");
+    }
     println!(
-        "content    {} files ({}), {} dirs, {} symlinks, {} special",
-        b.stats.files,
-        bytes(b.stats.bytes),
-        b.stats.dirs,
-        b.stats.symlinks,
-        b.stats.special
-    );
-    println!(
-        "capture    {} hashed, {} unchanged, {} new objects ({}), {}",
+        "capture    {} hashed ({}), {} unchanged, {} new objects ({}), {}",
         b.stats.files_hashed,
+        bytes(b.stats.bytes_hashed),
         b.stats.files_skipped,
         b.stats.new_objects,
         bytes(b.stats.new_bytes),

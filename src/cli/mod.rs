@@ -346,7 +346,8 @@ pub enum Command {
         /// Size of the large file written and read in the I/O scenario, in MiB
         #[arg(long, default_value_t = 256)]
         io_mb: usize,
-        /// Also write the report as JSON to this file
+        /// Also write the report as JSON to this file (a directory: a file in it named
+        /// for the run's date and commit); docs/results/README.md describes it
         #[arg(long)]
         out: Option<PathBuf>,
         /// Draw capture and restore time against workload size (SVG)
@@ -358,6 +359,17 @@ pub enum Command {
         /// Compare two JSON reports (A then B) instead of running
         #[arg(long, num_args = 2, value_names = ["A", "B"])]
         compare: Option<Vec<PathBuf>>,
+        /// Instead of running: write the result file (`--out`) of bench NAME, run by a
+        /// script, from the rows it gives on standard input (one JSON object a line:
+        /// labels, "unit" and "runs"; or {"param": {...}}, or {"note": "..."})
+        #[arg(long, value_name = "NAME", requires = "out")]
+        record: Option<String>,
+        /// With --record: the command line the script was run with
+        #[arg(long, value_name = "TEXT", requires = "record")]
+        command: Option<String>,
+        /// With --record: where the script made its trees (its filesystem is recorded)
+        #[arg(long, value_name = "DIR", requires = "record")]
+        bench_dir: Option<PathBuf>,
     },
 
     /// Delete objects nothing live needs: live is every checkpoint record (see

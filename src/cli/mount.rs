@@ -222,8 +222,14 @@ pub fn checkpoint(cli: &Cli, mountpoint: &Path, reason: &str) -> anyhow::Result<
         return super::output::json(&Replied { ok: true, body: &c });
     }
     println!("{}", c.checkpoint);
+    // Files an overlay mount read when it took over a killed daemon's upper (to tell it
+    // from its base) count as hashed for this checkpoint, and the line says so.
+    let ahead = match c.stats.hashed_ahead {
+        0 => String::new(),
+        n => format!(", {n} of them read ahead by the mount"),
+    };
     println!(
-        "  {} changed ({} removed; {} files hashed, {}), {} dirs written, took {:.1} ms",
+        "  {} changed ({} removed; {} files hashed, {}{ahead}), {} dirs written, took {:.1} ms",
         c.changed_files,
         c.stats.removed_paths.len(),
         c.stats.files_hashed,

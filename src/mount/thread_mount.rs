@@ -321,6 +321,10 @@ impl MountedThread {
                     }
                 } else if let Some(landed) = landed_checkpoint(&store, &f, head, || Ok(merged))? {
                     ov.finish(landed, capture)?;
+                } else {
+                    // Uncaptured work: what of it the base holds already is not counted
+                    // again.
+                    ov.adopt(merged, &capture)?;
                 }
                 ov
             }
@@ -550,6 +554,8 @@ impl MountedThread {
         new.stats.new_bytes = stats.new_bytes;
         new.stats.reused_objects = stats.reused_objects;
         new.stats.unsupported = stats.skipped;
+        new.stats.changed = Some(stats.changed_paths.len() as u64);
+        new.stats.removed = Some(stats.removed_paths.len() as u64);
         new.stats.duration_ms = start.elapsed().as_millis() as u64;
         let lease = before_append(&mut new)?;
         let cp = cps.append(new, tag.expected_head, &lease)?;

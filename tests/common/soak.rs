@@ -97,6 +97,22 @@ pub fn process_usage_apart(pid: u32, apart: Option<&Path>) -> (usize, u64) {
     (fds, rss)
 }
 
+/// Of a process's resident memory, its anonymous pages (heaps, stacks) and its pages
+/// of mapped files (the binary's and libraries' code, read as it runs), in KiB: the
+/// two grow for different reasons.
+pub fn rss_split(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("RssAnon:"), field("RssFile:"))
+}
+
 /// FUSE mounts under `dir`.
 pub fn mounts_under(dir: &Path) -> usize {
     let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
@@ -122,6 +138,9 @@ pub struct Block {
     /// After the block settled (see [`Soak::settle`]).
     pub fds: usize,
     pub rss_kib: u64,
+    /// Of it, anonymous pages and pages of mapped files ([`rss_split`]).
+    pub rss_anon_kib: u64,
+    pub rss_file_kib: u64,
     pub mounts: usize,
     pub runs_per_sec: f64,
     pub start_p50_ms: f64,
@@ -199,11 +218,14 @@ impl Soak {
                 std::thread::sleep(Duration::from_millis(50));
             }
             let (fds, rss_kib) = usage();
+            let (rss_anon_kib, rss_file_kib) = rss_split(self.server_pid);
             let b = Block {
                 runs: upto,
                 mounts_live,
                 fds,
                 rss_kib,
+                rss_anon_kib,
+                rss_file_kib,
                 mounts: mounts_under(&self.sandboxes),
                 runs_per_sec: (upto - done) as f64 / secs,
                 start_p50_ms: percentile(&mut t.starts, 0.5),

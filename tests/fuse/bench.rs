@@ -1,5 +1,6 @@
 //! `casfs bench`: every scenario and every peer runs on a tiny workload and the JSON
-//! report is well formed (its figures are not judged here: benchmarks are not tests).
+//! report is well formed, a result file as docs/results/README.md describes (its
+//! figures are not judged here: benchmarks are not tests).
 
 use std::process::Command;
 
@@ -38,14 +39,34 @@ fn every_scenario_and_peer_runs_and_reports_json() {
         serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     assert_eq!(printed, written);
     let r = &written;
+    // Who ran what, where and when.
+    assert_eq!(r["format"], "casfs-bench-result/1");
+    assert_eq!(r["bench"], "casfs bench");
+    let command = r["command"].as_str().unwrap();
+    assert!(
+        command.starts_with("casfs --json bench --sizes 60,120"),
+        "{command}"
+    );
+    // The commit of this source tree (none outside a git checkout).
+    let git = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(".git")
+        .exists();
+    let commit = r["commit"].as_str().map(str::len);
+    assert_eq!(commit, git.then_some(40), "{}", r["commit"]);
+    assert!(r["date"].as_str().unwrap().ends_with('Z'));
+    let m = &r["machine"];
+    assert!(m["cores"].as_u64().unwrap() >= 1 && m["memory_bytes"].as_u64().unwrap() > 0);
+    assert!(!m["kernel"].as_str().unwrap().is_empty());
+    assert!(m["bench_dir"].as_str().unwrap().ends_with("/work"), "{m}");
+    assert!(!m["filesystem"]["type"].as_str().unwrap().is_empty(), "{m}");
     assert_eq!(r["workloads"].as_array().unwrap().len(), 2);
     assert_eq!(r["workloads"][0]["shape"], serde_json::json!([2, 7, 500]));
-    let results = r["results"].as_array().unwrap();
+    let results = r["rows"].as_array().unwrap();
     let skipped = r["skipped"].as_array().unwrap();
     for sc in ["capture", "recapture", "restore", "loop"] {
         for tool in ["casfs", "git", "restic", "tar+zstd", "rsync"] {
             let ran = results.iter().any(|s| {
-                s["scenario"] == sc && s["tool"] == tool && s["median_ms"].as_f64().unwrap() > 0.0
+                s["scenario"] == sc && s["tool"] == tool && s["median"].as_f64().unwrap() > 0.0
             });
             let noted = skipped.iter().any(|s| s["tool"] == tool);
             assert!(
@@ -66,11 +87,12 @@ fn every_scenario_and_peer_runs_and_reports_json() {
         }
     }
     for s in results {
-        let runs = s["runs_ms"].as_array().unwrap();
+        let runs = s["runs"].as_array().unwrap();
         assert!(
             !runs.is_empty() && runs.iter().all(|x| x.as_f64().unwrap() >= 0.0),
             "{s}"
         );
+        assert_eq!(s["unit"], "ms");
         assert!(s["files"].as_u64().unwrap() > 0);
     }
     // Ratios pair casfs with each peer; slopes exist for the two sizes.
@@ -97,6 +119,41 @@ fn every_scenario_and_peer_runs_and_reports_json() {
         .output()
         .unwrap();
     assert!(c.status.success());
+    assert!(String::from_utf8_lossy(&c.stdout).contains("+0.0%"));
+    // And a report from before result files (`results`, `median_ms`, `runs_ms`, no run).
+    let mut old = written.clone();
+    let o = old.as_object_mut().unwrap();
+    for k in [
+        "format",
+        "bench",
+        "command",
+        "commit",
+        "commit_dirty",
+        "date",
+        "profile",
+        "env",
+    ] {
+        o.remove(k);
+    }
+    let mut rows = o.remove("rows").unwrap();
+    for row in rows.as_array_mut().unwrap() {
+        let row = row.as_object_mut().unwrap();
+        row.remove("unit");
+        let m = row.remove("median").unwrap();
+        row.insert("median_ms".into(), m);
+        let runs = row.remove("runs").unwrap();
+        row.insert("runs_ms".into(), runs);
+    }
+    o.insert("results".into(), rows);
+    let old_path = t.path().join("old.json");
+    std::fs::write(&old_path, serde_json::to_string(&old).unwrap()).unwrap();
+    let c = Command::new(casfs_bin())
+        .args(["bench", "--compare"])
+        .arg(&old_path)
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(c.status.success(), "{}", String::from_utf8_lossy(&c.stderr));
     assert!(String::from_utf8_lossy(&c.stdout).contains("+0.0%"));
     // No mount is left behind.
     assert!(!std::fs::read_to_string("/proc/mounts")

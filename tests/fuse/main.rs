@@ -9,6 +9,7 @@ mod soak_driver;
 
 mod bench;
 mod changes;
+mod counters;
 mod events;
 mod fleet;
 mod forget;

@@ -5,14 +5,21 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use super::results::Machine;
+use super::results::RunInfo;
 use super::{PEERS, SCENARIOS};
 
+/// A result file (docs/results/README.md): the run, the machine, and every sample with
+/// all its repetitions (`rows`; `results` in reports from before).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Report {
+    #[serde(flatten)]
+    pub run: RunInfo,
     pub casfs_version: String,
     pub machine: Machine,
     pub settings: Settings,
     pub workloads: Vec<Workload>,
+    #[serde(rename = "rows", alias = "results")]
     pub results: Vec<Sample>,
     /// casfs / peer, pair by pair (below 1: casfs is faster).
     pub ratios: Vec<Ratio>,
@@ -20,12 +27,6 @@ pub struct Report {
     pub slopes: Vec<Slope>,
     pub skipped: Vec<Skip>,
     pub total_seconds: f64,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Machine {
-    pub cores: usize,
-    pub kernel: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -53,8 +54,18 @@ pub struct Sample {
     pub op: String,
     pub files: u64,
     pub tool: String,
+    /// Always "ms".
+    #[serde(default = "ms")]
+    pub unit: String,
+    #[serde(rename = "median", alias = "median_ms")]
     pub median_ms: f64,
+    /// Every repetition, in the order run.
+    #[serde(rename = "runs", alias = "runs_ms")]
     pub runs_ms: Vec<f64>,
+}
+
+fn ms() -> String {
+    "ms".into()
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

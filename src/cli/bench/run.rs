@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context};
 
 use super::report::{ratios, slopes, Machine, Report, Sample, Settings, Skip, Workload};
+use super::results::{shell_words, RunInfo};
 use super::workload;
 use super::{BenchOpts, PEERS, SCENARIOS};
 
@@ -122,6 +123,7 @@ impl Bench<'_> {
             op: op.into(),
             files,
             tool: tool.into(),
+            unit: "ms".into(),
             median_ms: median(&runs),
             runs_ms: runs,
         });
@@ -655,6 +657,11 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
     };
     fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
     let casfs = std::env::current_exe().context("finding the casfs executable")?;
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let run_info = RunInfo::now("casfs bench", format!("casfs {}", shell_words(&argv)));
+    // Before the work directory is removed.
+    let machine = Machine::probe(&base);
     let mut workloads = Vec::new();
     let plan: Vec<(PathBuf, String)> = match &opts.from {
         Some(dir) => {
@@ -743,13 +750,9 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
     let ratios = ratios(&samples);
     let slopes = slopes(&samples);
     Ok(Report {
+        run: run_info,
         casfs_version: env!("CARGO_PKG_VERSION").into(),
-        machine: Machine {
-            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            kernel: fs::read_to_string("/proc/sys/kernel/osrelease")
-                .map(|s| s.trim().to_string())
-                .unwrap_or_default(),
-        },
+        machine,
         settings: Settings {
             changes: opts.changes,
             reps: opts.reps,

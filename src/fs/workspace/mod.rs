@@ -8,7 +8,7 @@
 //! touched to the dirty set in the same step, so a killed daemon loses nothing the
 //! kernel had been told was done.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ffi::{CString, OsStr};
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -17,7 +17,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
     AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
@@ -29,8 +29,7 @@ use fuser::{
 use super::dirty::{DirtyStore, Kind, MountMeta, NodeRecord, Override, Tag};
 use super::{reply_getxattr, reply_listxattr, ChunkReader, Mounted};
 use crate::cas::file::{
-    load_chunk_list, read_chunk, store_bytes, store_changed_chunks, store_reader_over, ChunkList,
-    CHUNK_SIZE,
+    load_chunk_list, read_chunk, store_bytes, store_changed_chunks, store_reader_over, CHUNK_SIZE,
 };
 use crate::cas::tree::{MAX_NAME_LEN, MAX_SYMLINK_LEN, MAX_XATTR_NAME_LEN, MAX_XATTR_VALUE_LEN};
 use crate::cas::{

@@ -2,7 +2,19 @@
 //! dirty: its content in a local upper file), its attributes, its open handles, and how
 //! nodes are made from tree entries and written to the dirty set.
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{BackingId, Errno, FileType};
+
+use super::{FILE_CAPS, MAX_CHANGED_CHUNKS, ROOT};
+use crate::cas::file::{ChunkList, CHUNK_SIZE};
+use crate::cas::tree::MAX_NAME_LEN;
+use crate::cas::{CasError, EntryContent, FileRef, TreeEntry, TreeId};
+use crate::fs::dirty::{Kind, NodeRecord};
 
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Meta {
@@ -168,7 +180,7 @@ pub(super) enum Upper {
 }
 
 pub(super) struct Node {
-    /// Its inode number (set by [`super::nodes::Nodes::insert`]).
+    /// Its inode number, set when the inode table takes the node in.
     pub(super) ino: u64,
     pub(super) kind: Kind,
     pub(super) meta: Meta,

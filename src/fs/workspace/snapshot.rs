@@ -6,8 +6,13 @@ use super::*;
 /// Counts of what a snapshot did.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct SnapshotStats {
+    /// Files whose content was read and hashed for this snapshot, and the bytes read.
     pub files_hashed: u64,
     pub bytes_hashed: u64,
+    /// Of `files_hashed`, those read ahead of it (an overlay mount reads what a killed
+    /// daemon left when it picks the upper up, to tell it from its base).
+    #[serde(default)]
+    pub hashed_ahead: u64,
     pub dirs_written: u64,
     pub new_objects: u64,
     pub new_bytes: u64,

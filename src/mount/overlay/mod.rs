@@ -20,7 +20,7 @@ mod retire;
 mod upper;
 mod watch;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -40,8 +40,8 @@ use crate::fs::{
 pub(crate) use retire::Busy;
 use retire::Retirements;
 use upper::{
-    changes_since, merge_listings, split_rel, DirTrees, HashCache, Listings, Partial, Rel, Reuse,
-    UpperCapture, UpperError,
+    changes_since, is_dir, mark_in_checkpoint, merge_listings, split_rel, DirTrees, HashCache,
+    Listings, Partial, Rel, Reuse, Stamp, UpperCapture, UpperError,
 };
 pub use watch::start as start_upper_watch;
 use watch::UpperWatch;
@@ -125,6 +125,8 @@ pub(crate) struct Capture {
     trees: DirTrees,
     /// Entries left uncaptured (left out or stored in another form by the filter).
     kept_back: Vec<Rel>,
+    /// The files it counted as hashed.
+    hashed: Vec<Stamp>,
 }
 
 /// A workspace served by overlayfs over a casfs lower.
@@ -530,6 +532,7 @@ impl OverlayMount {
             listings: HashMap::new(),
             partial: HashMap::new(),
             trees: HashMap::new(),
+            hashed: Vec::new(),
         };
         let root = cap.dir(&upper, "", Some(lower_root))?.ok_or_else(|| {
             CheckpointError::Invalid(format!("{}: the upper is gone", upper.display()))
@@ -577,6 +580,7 @@ impl OverlayMount {
             partial,
             trees: std::mem::take(&mut cap.trees),
             kept_back: std::mem::take(&mut cap.kept_back),
+            hashed: std::mem::take(&mut cap.hashed),
         };
         Ok((root, stats, capture))
     }
@@ -599,6 +603,58 @@ impl OverlayMount {
         Ok((merged, merged == base, capture))
     }
 
+    /// Takes what the upper holds that the base checkpoint holds too (files a killed
+    /// daemon's mount wrote before its last checkpoint) as captured, so that `status`
+    /// and the next checkpoint count only what differs from the base, as they would have
+    /// had the daemon lived. `merged` and `capture` are the upper's, from
+    /// [`Self::content`]; nothing is recorded as a checkpoint.
+    pub(crate) fn adopt(&self, merged: TreeId, capture: &Capture) -> CheckpointResult<()> {
+        let base = tree_of(&self.store, self.tag().base)?;
+        let (mut changed, mut removed) = (Vec::new(), Vec::new());
+        crate::cas::paths_between(
+            self.store.objects(),
+            Some(base),
+            merged,
+            "",
+            &mut changed,
+            &mut removed,
+            &mut 0,
+        )?;
+        let differ: HashSet<String> = changed.into_iter().chain(removed).collect();
+        // The directories above a difference.
+        let mut above: HashSet<&str> = HashSet::new();
+        for p in &differ {
+            let mut cur = p.as_str();
+            while let Some(i) = cur.rfind('/') {
+                cur = &cur[..i];
+                if !above.insert(cur) {
+                    break;
+                }
+            }
+        }
+        let mut held: Listings = HashMap::new();
+        let mut same = Vec::new();
+        for (dir, entries) in &capture.listings {
+            let d = String::from_utf8_lossy(dir);
+            for (name, stamp) in entries {
+                let path = crate::cas::join_path(&d, name);
+                if differ.contains(&path) || (is_dir(stamp) && above.contains(path.as_str())) {
+                    continue;
+                }
+                held.entry(dir.clone())
+                    .or_default()
+                    .insert(name.clone(), *stamp);
+                same.push(*stamp);
+            }
+        }
+        let mut memo = self.memo();
+        if memo.generation == capture.generation {
+            mark_in_checkpoint(&self.cache, &same);
+            memo.captured = held;
+        }
+        Ok(())
+    }
+
     /// Records a checkpoint: `tag` is the mount's from now on, `capture` what it holds.
     pub(crate) fn finish(&self, tag: MountTag, capture: Capture) -> CheckpointResult<()> {
         let mut st = self.layers();
@@ -614,6 +670,7 @@ impl OverlayMount {
         if memo.generation != c.generation {
             return;
         }
+        mark_in_checkpoint(&self.cache, &c.hashed);
         let m = &mut *memo;
         if c.full {
             m.captured = c.listings;
@@ -805,6 +862,7 @@ pub(crate) fn release_to_fuse(store: &Store, mountpoint: &Path) -> CheckpointRes
             listings: HashMap::new(),
             partial: HashMap::new(),
             trees: HashMap::new(),
+            hashed: Vec::new(),
         };
         let upper = dir.join(g.to_string()).join("upper");
         let _session = crate::cas::write_session(store.objects());

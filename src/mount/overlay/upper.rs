@@ -57,7 +57,18 @@ impl Stamp {
 
 /// Files already stored from the upper, by stamp: a checkpoint after ten changes reads
 /// ten files, not every file changed since the mount.
-pub(super) type HashCache = Mutex<HashMap<Stamp, (FileId, u64)>>;
+pub(super) type HashCache = Mutex<HashMap<Stamp, Hashed>>;
+
+/// An upper file stored at its stamp.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Hashed {
+    pub id: FileId,
+    pub size: u64,
+    /// Whether a checkpoint holds it: until one does, the read was done for the next
+    /// checkpoint (ahead of it: when a mount looks at what a killed daemon left, or by a
+    /// checkpoint that was refused), which counts the file as hashed.
+    pub in_checkpoint: bool,
+}
 
 /// A directory's path in the upper, as bytes (names need not be UTF-8), `/`-separated,
 /// empty for the root: the key of the maps below.
@@ -199,6 +210,20 @@ pub(super) struct UpperCapture<'a> {
     pub partial: Partial,
     /// The tree of every directory the walk visited.
     pub trees: DirTrees,
+    /// The stamps of the files it counted as hashed (read now, or ahead of it): a
+    /// checkpoint holds them once it is appended ([`mark_in_checkpoint`]).
+    pub hashed: Vec<Stamp>,
+}
+
+/// Marks the files a capture hashed as held by a checkpoint: the next one that finds
+/// them unchanged reads and counts nothing.
+pub(super) fn mark_in_checkpoint(cache: &HashCache, hashed: &[Stamp]) {
+    let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+    for s in hashed {
+        if let Some(h) = c.get_mut(s) {
+            h.in_checkpoint = true;
+        }
+    }
 }
 
 /// Whether `m` (with xattrs `x`) is a whiteout: a removed lower entry.
@@ -532,13 +557,21 @@ impl UpperCapture<'_> {
     ) -> Result<Option<(FileId, u64)>, UpperError> {
         let stamp = Stamp::of(m);
         if self.filter.is_none() {
-            if let Some(hit) = self
+            let hit = self
                 .cache
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .get(&stamp)
-            {
-                return Ok(Some(*hit));
+                .copied();
+            if let Some(hit) = hit {
+                if !hit.in_checkpoint {
+                    // Read for this checkpoint, ahead of it.
+                    self.stats.files_hashed += 1;
+                    self.stats.bytes_hashed += hit.size;
+                    self.stats.hashed_ahead += 1;
+                    self.hashed.push(stamp);
+                }
+                return Ok(Some((hit.id, hit.size)));
             }
         }
         let mut tries = 0;
@@ -582,10 +615,16 @@ impl UpperCapture<'_> {
             self.stats.bytes_hashed += fref.size;
             if after == before || tries == 3 {
                 if after == before && self.filter.is_none() {
+                    let hashed = Hashed {
+                        id: fref.id,
+                        size: fref.size,
+                        in_checkpoint: false,
+                    };
                     self.cache
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
-                        .insert(before, (fref.id, fref.size));
+                        .insert(before, hashed);
+                    self.hashed.push(before);
                 } else if after != before {
                     tracing::warn!("{rel}: changed while it was being captured; stored as read");
                 }
@@ -607,7 +646,7 @@ pub(super) struct UpperChanges {
     pub paths: Vec<String>,
 }
 
-fn is_dir(s: &Stamp) -> bool {
+pub(super) fn is_dir(s: &Stamp) -> bool {
     s.mode & libc::S_IFMT == libc::S_IFDIR
 }
 

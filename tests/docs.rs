@@ -1,0 +1,288 @@
+//! The docs hold what the code and the result files say: every table between
+//! `<!-- results:NAME -->` markers is what `scripts/render-results.py` renders from the
+//! result files under docs/results/ (and the renderer itself works, on the fixture under
+//! tests/fixtures/results/), every relative link and image of README.md and docs/
+//! resolves inside the repository, and docs/architecture.md's code map names every
+//! module under src/.
+
+use std::fs;
+use std::path::{Component, Path, PathBuf};
+use std::process::{Command, Output};
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Runs the renderer (with `args`) on the tree at `dir`.
+fn render(dir: &Path, args: &[&str]) -> Output {
+    Command::new("python3")
+        .arg(root().join("scripts/render-results.py"))
+        .arg("--root")
+        .arg(dir)
+        .args(args)
+        .output()
+        .expect("python3 runs scripts/render-results.py")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn tables_in_the_docs_are_what_the_result_files_give() {
+    let o = render(root(), &["--check"]);
+    assert!(
+        o.status.success(),
+        "a table of README.md or docs/ is not what docs/results/ gives (run \
+         scripts/render-results.py):\n{}",
+        text(&o)
+    );
+}
+
+/// A copy of directory `from` at `to`.
+fn copy_tree(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    for e in fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let p = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &p);
+        } else {
+            fs::copy(e.path(), &p).unwrap();
+        }
+    }
+}
+
+fn only_file(dir: &Path) -> PathBuf {
+    let mut files: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    files.pop().unwrap()
+}
+
+#[test]
+fn the_renderer_finds_a_stale_table_and_shows_the_newest_run() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("tree");
+    copy_tree(&root().join("tests/fixtures/results"), &dir);
+    let doc = dir.join("docs/bench.md");
+    let rendered = fs::read_to_string(&doc).unwrap();
+    let o = render(&dir, &["--check"]);
+    assert!(o.status.success(), "the fixture is rendered: {}", text(&o));
+
+    // A figure typed over by hand is found, and rendering puts it back.
+    let file = only_file(&dir.join("docs/results/capture"));
+    let run: serde_json::Value = serde_json::from_str(&fs::read_to_string(&file).unwrap()).unwrap();
+    let casfs = run["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["scenario"] == "initial capture" && r["tool"] == "casfs")
+        .unwrap()["median"]
+        .as_f64()
+        .unwrap();
+    let shown = format!("| {casfs:.1} |");
+    assert!(rendered.contains(&shown), "{shown} in {rendered}");
+    fs::write(&doc, rendered.replacen(&shown, "| 1.0 |", 1)).unwrap();
+    let o = render(&dir, &["--check"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("docs/bench.md"), "{}", text(&o));
+    assert!(
+        fs::read_to_string(&doc).unwrap().contains("| 1.0 |"),
+        "--check changes nothing"
+    );
+    let o = render(&dir, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(fs::read_to_string(&doc).unwrap(), rendered);
+
+    // A newer run: the tables show it, and say where the earlier one is.
+    let mut newer = run.clone();
+    newer["date"] = "2999-01-01T00:00:00Z".into();
+    for r in newer["rows"].as_array_mut().unwrap() {
+        if r["scenario"] == "initial capture" && r["tool"] == "casfs" {
+            r["runs"] = serde_json::json!([4321.0, 1234.5, 2000.0]);
+            r["median"] = 2000.0.into();
+        }
+    }
+    let newer_name = "2999-01-01T00-00-00Z-0000000.json";
+    let newer_path = dir.join("docs/results/capture").join(newer_name);
+    fs::write(&newer_path, serde_json::to_string_pretty(&newer).unwrap()).unwrap();
+    let o = render(&dir, &["--check"]);
+    assert!(!o.status.success(), "a newer run makes the tables stale");
+    let o = render(&dir, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let now = fs::read_to_string(&doc).unwrap();
+    assert!(now.contains("| 2,000.0 |"), "{now}");
+    let old_name = file.file_name().unwrap().to_str().unwrap();
+    let from = now.find(&format!("From [`docs/results/capture/{newer_name}`]"));
+    let earlier = now.find(&format!(
+        "Earlier runs: [`docs/results/capture/{old_name}`]"
+    ));
+    assert!(from.is_some() && earlier > from, "{now}");
+    let readme = fs::read_to_string(dir.join("README.md")).unwrap();
+    assert!(readme.contains("| 2,000 ms |"), "{readme}");
+
+    // A result file whose median is not its runs' is refused, naming it.
+    newer["rows"][1]["median"] = 1.0.into();
+    fs::write(&newer_path, serde_json::to_string_pretty(&newer).unwrap()).unwrap();
+    let o = render(&dir, &["--check"]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains(newer_name) && text(&o).contains("median"),
+        "{}",
+        text(&o)
+    );
+}
+
+/// The link targets of Markdown `text` (inline links and images, reference
+/// definitions, HTML `src=` and `href=`), outside code spans and fenced blocks.
+fn link_targets(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        // Code spans dropped.
+        let mut plain = String::new();
+        let mut in_code = false;
+        for c in line.chars() {
+            if c == '`' {
+                in_code = !in_code;
+            } else if !in_code {
+                plain.push(c);
+            }
+        }
+        if let Some(def) = plain.trim_start().strip_prefix('[') {
+            if let Some((_, target)) = def.split_once("]:") {
+                out.push(target.split_whitespace().next().unwrap_or("").to_string());
+            }
+        }
+        let b = plain.as_bytes();
+        let mut i = 0;
+        while i + 1 < b.len() {
+            if b[i] == b']' && b[i + 1] == b'(' {
+                let rest = &plain[i + 2..];
+                if let Some(end) = rest.find(')') {
+                    let target = rest[..end].split_whitespace().next().unwrap_or("");
+                    out.push(target.trim_matches(['<', '>']).to_string());
+                }
+            }
+            i += 1;
+        }
+        for attr in ["src=\"", "href=\""] {
+            for (at, _) in plain.match_indices(attr) {
+                let rest = &plain[at + attr.len()..];
+                if let Some(end) = rest.find('"') {
+                    out.push(rest[..end].to_string());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `p` with `.` and `..` resolved lexically (none may climb above the start).
+fn normalize(p: &Path) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::ParentDir => {
+                if !out.pop() {
+                    return None;
+                }
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    Some(out)
+}
+
+#[test]
+fn relative_links_and_images_resolve_inside_the_repository() {
+    let mut docs = vec![root().join("README.md")];
+    let mut stack = vec![root().join("docs")];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "md") {
+                docs.push(p);
+            }
+        }
+    }
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for doc in &docs {
+        let rel_doc = doc.strip_prefix(root()).unwrap();
+        for target in link_targets(&fs::read_to_string(doc).unwrap()) {
+            if target.is_empty()
+                || target.starts_with('#')
+                || target.contains("://")
+                || target.starts_with("mailto:")
+            {
+                continue;
+            }
+            let path = target.split('#').next().unwrap();
+            let joined = rel_doc.parent().unwrap().join(path);
+            checked += 1;
+            match normalize(&joined) {
+                Some(p) if root().join(&p).exists() => {}
+                Some(p) => broken.push(format!(
+                    "{}: {target} ({} does not exist)",
+                    rel_doc.display(),
+                    p.display()
+                )),
+                None => broken.push(format!(
+                    "{}: {target} (outside the repository)",
+                    rel_doc.display()
+                )),
+            }
+        }
+    }
+    assert!(checked > 20, "only {checked} relative links found");
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn the_code_map_names_every_module() {
+    let map = fs::read_to_string(root().join("docs/architecture.md")).unwrap();
+    let mut missing = Vec::new();
+    let mut stack = vec![root().join("src")];
+    let mut n = 0;
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                n += 1;
+                let rel = p.strip_prefix(root().join("src")).unwrap();
+                let name = format!("`{}`", rel.display());
+                if !map.contains(&name) {
+                    missing.push(name);
+                }
+            }
+        }
+    }
+    missing.sort();
+    assert!(n > 50, "{n} modules");
+    assert!(
+        missing.is_empty(),
+        "docs/architecture.md's code map does not name {} module(s) (as `path/under/src.rs`): {}",
+        missing.len(),
+        missing.join(", ")
+    );
+}
