@@ -891,10 +891,20 @@ fn slow_and_idle_clients_are_cut_off_and_connections_capped() {
         200
     );
 
-    // The cap: six open, the seventh is turned away with 503, then served once one
-    // closes.
-    let open: Vec<Conn> = (0..6).map(|_| via.connect()).collect();
-    std::thread::sleep(Duration::from_millis(200));
+    // The cap: six open (each answered once, so the server surely holds it, and kept
+    // alive), the seventh is turned away with 503, then served once one closes.
+    let open: Vec<Conn> = (0..6)
+        .map(|_| {
+            let mut c = via.connect();
+            c.set_timeout(Duration::from_secs(10));
+            c.write_all(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+                .unwrap();
+            let mut b = [0u8; 512];
+            let n = c.read(&mut b).unwrap();
+            assert!(b[..n].starts_with(b"HTTP/1.1 200"));
+            c
+        })
+        .collect();
     let (st, v) = raw(&via, b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n");
     assert_eq!(
         (st, v["error"]["kind"].as_str()),
