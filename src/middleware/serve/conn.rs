@@ -446,7 +446,11 @@ pub(super) fn check_wire(data: &[u8]) {
     let Ok(Some((len, _))) = check_head(data) else {
         return;
     };
-    assert!(len <= data.len(), "a head of {len} bytes in {} bytes", data.len());
+    assert!(
+        len <= data.len(),
+        "a head of {len} bytes in {} bytes",
+        data.len()
+    );
     let start = Chunk::Size {
         digits: 0,
         size: 0,
