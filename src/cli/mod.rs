@@ -3,6 +3,7 @@
 
 mod bench;
 mod commands;
+mod generate;
 mod maintain;
 mod mount;
 mod output;
@@ -20,7 +21,8 @@ use casfs::checkpoint::{Backends, CheckpointId, OpenMode, Store};
 #[derive(Parser)]
 #[command(
     name = "casfs",
-    version,
+    // The commit too (build.rs): `casfs 0.1.0 (commit 0546df917bbc)`.
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("CASFS_COMMIT"), ")"),
     about = "A content-addressed workspace filesystem: capture, checkpoint and restore workspaces",
     propagate_version = true
 )]
@@ -417,6 +419,17 @@ pub enum Command {
         #[arg(long, value_name = "REF")]
         from: Ref,
     },
+
+    /// Print the shell completion script for SHELL (bash, zsh, fish, elvish,
+    /// powershell) on standard output
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+
+    /// Write the man pages (casfs.1 and one casfs-COMMAND.1 per command) into DIR
+    #[command(hide = true)]
+    ManPages { dir: PathBuf },
 }
 
 fn default_store() -> PathBuf {
