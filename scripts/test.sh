@@ -5,6 +5,8 @@
 # lower) and the FUSE backend once more on the classic /dev/fuse transport, then fuzzes
 # every decoder for a short while. It turns on FUSE over io_uring host-wide
 # (scripts/setup.sh --enable-fuse-uring) so that the FUSE passes run on both transports.
+# Then it builds, installs and exercises the Debian package and the npm tarball
+# (scripts/test-package.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh --enable-fuse-uring
@@ -30,5 +32,9 @@ ts_tests overlay
 if [ "$(cat /sys/module/fuse/parameters/enable_uring 2>/dev/null)" = Y ]; then
   CASFS_MOUNT_MODE=fuse CASFS_FUSE_TRANSPORT=classic cargo test --locked --test fuse
 fi
+# The Debian package and the npm tarball, installed and used the way a host does
+# (docs/install.md): build, lintian, install, the unit, a caller in group casfs,
+# upgrade, remove, purge. Most of its time is the release build the package needs.
+scripts/test-package.sh
 # A short run of every fuzz target (FUZZ_SECS each).
 scripts/fuzz.sh

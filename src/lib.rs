@@ -24,6 +24,16 @@ pub mod mount;
 pub fn bind_private_socket(
     path: &std::path::Path,
 ) -> std::io::Result<std::os::unix::net::UnixListener> {
+    bind_socket(path, 0o600, None)
+}
+
+/// [`bind_private_socket`] with permissions `mode` and, if given, group `group`: both
+/// set under the side name, so that nobody connects before the socket has them.
+pub fn bind_socket(
+    path: &std::path::Path,
+    mode: u32,
+    group: Option<u32>,
+) -> std::io::Result<std::os::unix::net::UnixListener> {
     use std::os::unix::fs::PermissionsExt;
     let named =
         |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", path.display()));
@@ -32,7 +42,8 @@ pub fn bind_private_socket(
     let side = std::path::PathBuf::from(side);
     let _ = std::fs::remove_file(&side);
     let l = std::os::unix::net::UnixListener::bind(&side).map_err(named)?;
-    let placed = std::fs::set_permissions(&side, std::fs::Permissions::from_mode(0o600))
+    let placed = std::os::unix::fs::chown(&side, None, group)
+        .and_then(|()| std::fs::set_permissions(&side, std::fs::Permissions::from_mode(mode)))
         .and_then(|()| std::fs::rename(&side, path));
     if let Err(e) = placed {
         let _ = std::fs::remove_file(&side);

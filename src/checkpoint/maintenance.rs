@@ -642,8 +642,10 @@ fn check_images(store: &Store, repair: bool, rep: &mut FsckReport) {
     for e in rd.flatten() {
         let path = e.path();
         let name = e.file_name().to_string_lossy().into_owned();
+        // `<tree>.erofs`, or `<tree>.<uid>-<gid>.erofs` for a workspace of another user.
         let Some(tree) = name
             .strip_suffix(".erofs")
+            .and_then(|n| n.split('.').next())
             .and_then(Hash::from_hex)
             .map(crate::cas::TreeId)
         else {

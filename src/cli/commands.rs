@@ -143,6 +143,8 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         } => super::watch::watch(cli, dir, *foreground, *stop),
         Command::Unmount { mountpoint, lazy } => super::mount::unmount(cli, mountpoint, *lazy),
         Command::Serve { .. } => super::serve::run(cli),
+        Command::Completions { shell } => super::generate::completions(*shell),
+        Command::ManPages { dir } => super::generate::man_pages(dir),
         Command::Bench { .. } => super::bench::main(cli),
     }
 }

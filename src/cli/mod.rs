@@ -3,6 +3,7 @@
 
 mod bench;
 mod commands;
+mod generate;
 mod maintain;
 mod mount;
 mod output;
@@ -20,7 +21,8 @@ use casfs::checkpoint::{Backends, CheckpointId, OpenMode, Store};
 #[derive(Parser)]
 #[command(
     name = "casfs",
-    version,
+    // The commit too (build.rs): `casfs 0.1.0 (commit 0546df917bbc)`.
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("CASFS_COMMIT"), ")"),
     about = "A content-addressed workspace filesystem: capture, checkpoint and restore workspaces",
     propagate_version = true
 )]
@@ -215,6 +217,15 @@ pub enum Command {
         /// Unix socket to listen on [default: <store>/serve.sock]
         #[arg(long)]
         socket: Option<PathBuf>,
+        /// Permissions of the Unix socket, in octal: 0600, the server's user only; 0660,
+        /// the members of --socket-group too, each one's sandboxes theirs
+        /// [default: 0600, or 0660 with --socket-group]
+        #[arg(long, value_name = "MODE", value_parser = parse_socket_mode)]
+        socket_mode: Option<u32>,
+        /// Group of the Unix socket (a name or a number); the sandboxes directory gets
+        /// it too (mode 0750), so that its members reach their workspaces
+        #[arg(long, value_name = "GROUP")]
+        socket_group: Option<String>,
         /// Listen on this loopback TCP address instead (needs CASFS_TOKEN in the
         /// environment or --token-file)
         #[arg(long, value_name = "ADDR")]
@@ -426,6 +437,17 @@ pub enum Command {
         #[arg(long, value_name = "REF")]
         from: Ref,
     },
+
+    /// Print the shell completion script for SHELL (bash, zsh, fish, elvish,
+    /// powershell) on standard output
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+
+    /// Write the man pages (casfs.1 and one casfs-COMMAND.1 per command) into DIR
+    #[command(hide = true)]
+    ManPages { dir: PathBuf },
 }
 
 fn default_store() -> PathBuf {
@@ -475,8 +497,11 @@ pub fn main() -> i32 {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // Colours only on a terminal: a service's log (journalctl -u casfs) or a file gets
+    // plain text.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
     match commands::run(&cli) {
@@ -520,4 +545,17 @@ pub(crate) fn resolve(store: &Store, r: &str) -> anyhow::Result<CheckpointId> {
 
 fn parse_mode(s: &str) -> Result<casfs::mount::MountMode, String> {
     s.parse()
+}
+
+/// A socket's permission bits in octal (`0660`, `660`): read and write bits only.
+fn parse_socket_mode(s: &str) -> Result<u32, String> {
+    let bad = || format!("{s:?}: give the permission bits in octal, like 0600 or 0660");
+    let m = u32::from_str_radix(s.strip_prefix("0o").unwrap_or(s), 8).map_err(|_| bad())?;
+    if m > 0o777 || m & 0o111 != 0 || m & 0o600 != 0o600 {
+        return Err(format!(
+            "{s:?}: a socket's mode gives read and write (6) to its owner at least, and no \
+             execute bits (0600, 0660, 0666)"
+        ));
+    }
+    Ok(m)
 }

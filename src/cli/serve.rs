@@ -10,7 +10,7 @@ use anyhow::{anyhow, bail, Context};
 use super::{Cli, Command};
 use casfs::checkpoint::OpenMode;
 use casfs::fs::WorkspaceOptions;
-use casfs::middleware::serve::{serve, Listen, ServeLimits, Server};
+use casfs::middleware::serve::{serve, Listen, ServeLimits, Server, SocketAccess};
 use casfs::middleware::{
     CasfsProvider, DirProvider, FileEvents, Lifecycle, MiddlewareConfig, Persistence,
     SandboxProvider, Secrets, SnapshotConfig, SnapshotPolicy, StorePersistence,
@@ -19,6 +19,8 @@ use casfs::middleware::{
 pub fn run(cli: &Cli) -> anyhow::Result<()> {
     let Command::Serve {
         socket,
+        socket_mode,
+        socket_group,
         listen,
         token_file,
         sandboxes,
@@ -87,11 +89,22 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         bail!("--lease-ttl {lease_ttl}: give 0.1 to 3600 seconds");
     }
 
+    let socket_bits = socket_mode.unwrap_or(if socket_group.is_some() { 0o660 } else { 0o600 });
+    let access = SocketAccess::new(socket_bits, socket_group.as_deref())
+        .map_err(|e| anyhow!("--socket-group {e}"))?;
+    if listen.is_some() && (socket_mode.is_some() || socket_group.is_some()) {
+        bail!("--socket-mode and --socket-group are for the Unix socket, not --listen");
+    }
+
     let store = Arc::new(cli.open_store(OpenMode::Create)?);
     let root = store.root().to_path_buf();
     let sandboxes = sandboxes.clone().unwrap_or_else(|| root.join("sandboxes"));
     std::fs::create_dir_all(&sandboxes)
         .with_context(|| format!("creating {}", sandboxes.display()))?;
+    // Members of the socket's group reach the workspaces they make.
+    access
+        .open_to_group(&sandboxes)
+        .context("opening the sandboxes directory to --socket-group")?;
     // The host column family keeps conversations and artifacts: scrubbed too.
     let sp = Arc::new(
         StorePersistence::new(store.database().clone())?
@@ -163,11 +176,14 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
     server.set_allow_client_clocks(*allow_client_clocks);
     let where_ = match listen {
         Some(a) => Listen::Tcp(*a),
-        None => Listen::Unix(socket.clone().unwrap_or_else(|| root.join("serve.sock"))),
+        None => Listen::Unix(
+            socket.clone().unwrap_or_else(|| root.join("serve.sock")),
+            access,
+        ),
     };
     let shown = match &where_ {
         Listen::Tcp(a) => format!("http://{a}"),
-        Listen::Unix(p) => format!("unix:{}", p.display()),
+        Listen::Unix(p, _) => format!("unix:{}", p.display()),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -39,6 +39,8 @@ pub struct ViewOptions {
     pub fuse_uring: bool,
     /// Where the files opened are noted (the overlay's lower: what a run read).
     pub reads: Option<std::sync::Arc<crate::fs::ReadLog>>,
+    /// Who every file belongs to.
+    pub owner: crate::fs::Owner,
 }
 
 impl Default for ViewOptions {
@@ -50,6 +52,7 @@ impl Default for ViewOptions {
             read_ahead_dirs: 0,
             fuse_uring: super::transport::default_uring(),
             reads: None,
+            owner: crate::fs::Owner::current(),
         }
     }
 }
@@ -137,10 +140,8 @@ impl TreeView {
             objects,
             inodes: RwLock::new(inodes),
             ahead,
-            // SAFETY: getuid and getgid cannot fail.
-            uid: unsafe { libc::getuid() },
-            // SAFETY: as above.
-            gid: unsafe { libc::getgid() },
+            uid: opts.owner.uid,
+            gid: opts.owner.gid,
             objects_root: false,
             want_uring: opts.fuse_uring,
             reads: opts.reads.clone(),

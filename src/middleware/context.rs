@@ -1,9 +1,10 @@
-//! What a run is: its thread, id, tenant and cancellation.
+//! What a run is: its thread, id, tenant, owner and cancellation.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::checkpoint::ThreadId;
+use crate::fs::Owner;
 
 /// A run's cancellation flag, shared with whoever may cancel it.
 #[derive(Debug, Clone, Default)]
@@ -25,6 +26,10 @@ pub struct RunContext {
     pub thread: ThreadId,
     pub run_id: String,
     pub tenant: Option<String>,
+    /// Whose workspace a sandbox this run makes is (its files and root theirs, the
+    /// mount open to them): `casfs serve` names the caller on its Unix socket. None:
+    /// this process's own user.
+    pub owner: Option<Owner>,
     pub cancel: Cancellation,
 }
 
@@ -34,6 +39,7 @@ impl RunContext {
             thread,
             run_id: run_id.into(),
             tenant: None,
+            owner: None,
             cancel: Cancellation::default(),
         }
     }

@@ -17,7 +17,7 @@ use super::live::{Entry, KeyGuard, KeyLocks, Live};
 use super::{MiddlewareError, MiddlewareResult, RunContext, Secrets};
 use crate::cas::TreeId;
 use crate::checkpoint::{CheckpointId, Store, ThreadId};
-use crate::fs::WorkspaceOptions;
+use crate::fs::{Owner, WorkspaceOptions};
 use crate::mount::{discard_mount_state, MountMode, MountedThread};
 
 /// How [`SandboxProvider::ensure`] got the sandbox.
@@ -53,6 +53,24 @@ pub struct DirWorkspace {
     pub(crate) store: Arc<Store>,
     /// The checkpoint and its root tree.
     base: Mutex<Option<(CheckpointId, TreeId)>>,
+    /// Whose the directory and what is restored into it are.
+    pub(crate) owner: Owner,
+}
+
+/// Makes everything under `root` (itself included, links not followed) `owner`'s:
+/// what a restore wrote into a plain sandbox made for another user. A restore writes
+/// every file of the tree already, so the walk costs no more than it.
+pub(crate) fn chown_tree(root: &Path, owner: Owner) -> std::io::Result<()> {
+    owner.chown(root)?;
+    if !std::fs::symlink_metadata(root)?.is_dir() {
+        return Ok(());
+    }
+    for e in std::fs::read_dir(root)? {
+        let p = e?.path();
+        chown_tree(&p, owner)
+            .map_err(|err| std::io::Error::new(err.kind(), format!("{}: {err}", p.display())))?;
+    }
+    Ok(())
 }
 
 /// A sandbox handle that does not keep the sandbox in use: what a long-lived observer
@@ -439,6 +457,11 @@ impl SandboxProvider for CasfsProvider {
             key: key.clone(),
             detail,
         };
+        // The workspace is the run's owner's, when it names one.
+        let opts = WorkspaceOptions {
+            owner: ctx.owner.unwrap_or(self.opts.owner),
+            ..self.opts.clone()
+        };
         let mp = self.mountpoint(&key);
         if crate::fs::is_dead_mount(&mp) {
             detach_mount(&mp);
@@ -460,7 +483,7 @@ impl SandboxProvider for CasfsProvider {
             &mp,
             ctx.thread.clone(),
             None,
-            &self.opts,
+            &opts,
             self.mode,
         )
         .map_err(|e| sandbox_err(format!("mounting {}: {e}", mp.display())))?;
@@ -634,12 +657,17 @@ impl SandboxProvider for DirProvider {
         };
         std::fs::create_dir_all(&root).map_err(err)?;
         let root = std::fs::canonicalize(&root).map_err(err)?;
+        let owner = ctx.owner.unwrap_or_default();
+        if owner.is_other() {
+            owner.chown(&root).map_err(err)?;
+        }
         let h = SandboxHandle {
             key: key.clone(),
             root,
             workspace: SandboxWorkspace::Dir(Arc::new(DirWorkspace {
                 store: self.store.clone(),
                 base: Mutex::new(None),
+                owner,
             })),
         };
         live.insert(

@@ -355,6 +355,14 @@ impl<'a> Publisher<'a> {
                     &handle.root,
                     &RestoreOptions::default(),
                 )?;
+                if d.owner.is_other() {
+                    super::provider::chown_tree(&handle.root, d.owner).map_err(|e| {
+                        MiddlewareError::Sandbox {
+                            key: handle.key.clone(),
+                            detail: format!("giving the restored files to their owner: {e}"),
+                        }
+                    })?;
+                }
                 handle.set_base(cp.id, cp.body.root);
             }
         }

@@ -303,6 +303,8 @@ impl MountedThread {
             fuse_uring: opts.fuse_uring,
             // The overlay mount makes its own.
             reads: None,
+            // The lower's files are the workspace's owner's, as the upper's root.
+            owner: opts.owner,
         };
         let found = overlay::found_state(&store, mountpoint)?;
         let mount = |lower, tag, generation| {

@@ -95,6 +95,10 @@ pub struct WorkspaceOptions {
     pub local_copies_bytes: u64,
     /// Ask the kernel for FUSE over io_uring (see [`crate::fs::FuseTransport`]).
     pub fuse_uring: bool,
+    /// Who the files the workspace did not see made belong to (the base's, restored
+    /// ones, its root); someone other than this process is let into the mount
+    /// (`allow_other`).
+    pub owner: crate::fs::Owner,
 }
 
 impl Default for WorkspaceOptions {
@@ -106,6 +110,7 @@ impl Default for WorkspaceOptions {
             allow_other: false,
             passthrough: true,
             fuse_uring: super::transport::default_uring(),
+            owner: crate::fs::Owner::current(),
         }
     }
 }
@@ -229,8 +234,7 @@ impl Workspace {
                 (base, tag, Vec::new())
             }
         };
-        // SAFETY: getuid and getgid cannot fail.
-        let owner = unsafe { (libc::getuid(), libc::getgid()) };
+        let owner = (opts.owner.uid, opts.owner.gid);
         let t = now_ns();
         let upper_fd = OwnedFd::from(upper_file);
         let reaper_fd = upper_fd
@@ -677,7 +681,7 @@ pub fn mount_workspace(
         MountOption::Suid,
         MountOption::Dev,
     ];
-    if opts.allow_other {
+    if opts.allow_other || opts.owner.is_other() {
         config.acl = fuser::SessionACL::All;
     }
     config.n_threads = Some(opts.threads.max(1));

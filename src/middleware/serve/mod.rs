@@ -1,5 +1,6 @@
 //! `casfs serve`: the checkpoint store, sandboxes and run lifecycle over HTTP + JSON,
-//! on a Unix socket (owner only) or on loopback TCP with a bearer token, so an agent
+//! on a Unix socket (owner only, or a group's: [`SocketAccess`]; each caller's
+//! sandboxes are theirs, [`Peer`]) or on loopback TCP with a bearer token, so an agent
 //! host in another language can use casfs. `docs/openapi.json` describes every route of
 //! [`ROUTES`]; a test keeps the two equal.
 
@@ -25,6 +26,7 @@ use crate::checkpoint::Store;
 
 mod api;
 mod conn;
+mod peer;
 mod sandboxes;
 mod stores;
 mod writers;
@@ -32,6 +34,7 @@ mod writers;
 pub use api::ApiError;
 use api::{blocking, no_secret, thread_id, to_json, ApiJson, ApiPath, ApiQuery, ApiResult};
 pub use conn::Timeouts;
+pub use peer::{Peer, SocketAccess};
 
 /// The fuzz check of the request framing (`casfs::fuzzing::http_head`).
 #[doc(hidden)]
@@ -605,13 +608,18 @@ struct StartRun {
     tenant: Option<String>,
 }
 
-async fn start_run(State(s): State<Arc<Server>>, ApiJson(b): ApiJson<StartRun>) -> ApiResult {
+async fn start_run(
+    State(s): State<Arc<Server>>,
+    peer: Peer,
+    ApiJson(b): ApiJson<StartRun>,
+) -> ApiResult {
     blocking(move || {
         let thread = thread_id(&s, &b.thread)?;
         // Taken atomically (setup checks the id itself: 1 to 200 bytes, no secret): of two starts with one id, one gets it, the other 409.
         let reserved = Reservation::take(&s, &b.run_id)?;
         let mut ctx = RunContext::new(thread, b.run_id.clone());
         ctx.tenant = b.tenant;
+        ctx.owner = peer.owner();
         let events = Arc::new(Mutex::new(EventRing::new(s.limits().max_events)));
         let sink = events.clone();
         let on_event = FileEvents {
@@ -867,7 +875,8 @@ impl Drop for AbortOnDrop {
 
 /// Where `casfs serve` listens.
 pub enum Listen {
-    Unix(PathBuf),
+    /// A Unix socket, with its permissions.
+    Unix(PathBuf, SocketAccess),
     /// Loopback only; requires a token.
     Tcp(std::net::SocketAddr),
 }
@@ -888,18 +897,22 @@ struct Guarded {
 
 impl axum::serve::Listener for Guarded {
     type Io = conn::GuardedIo;
-    type Addr = ();
+    /// Who connected (handlers take it as [`Peer`]).
+    type Addr = Peer;
 
-    async fn accept(&mut self) -> (conn::GuardedIo, ()) {
+    async fn accept(&mut self) -> (conn::GuardedIo, Peer) {
         loop {
             let got = match &self.socket {
-                Socket::Unix(l) => l.accept().await.map(|(s, _)| conn::Stream::Unix(s)),
+                Socket::Unix(l) => l
+                    .accept()
+                    .await
+                    .map(|(s, _)| (Peer::of_unix(&s), conn::Stream::Unix(s))),
                 Socket::Tcp(l) => l.accept().await.map(|(s, _)| {
                     let _ = s.set_nodelay(true);
-                    conn::Stream::Tcp(s)
+                    (Peer::default(), conn::Stream::Tcp(s))
                 }),
             };
-            let stream = match got {
+            let (peer, stream) = match got {
                 Ok(s) => s,
                 Err(e) => {
                     // Out of descriptors, or a connection reset before it was taken:
@@ -910,7 +923,7 @@ impl axum::serve::Listener for Guarded {
                 }
             };
             match self.open.take(self.max) {
-                Some(slot) => return (conn::GuardedIo::new(stream, slot, self.timeouts), ()),
+                Some(slot) => return (conn::GuardedIo::new(stream, slot, self.timeouts), peer),
                 None => {
                     tokio::spawn(conn::turn_away(stream, self.max));
                 }
@@ -918,8 +931,8 @@ impl axum::serve::Listener for Guarded {
         }
     }
 
-    fn local_addr(&self) -> std::io::Result<()> {
-        Ok(())
+    fn local_addr(&self) -> std::io::Result<Peer> {
+        Ok(Peer::default())
     }
 }
 
@@ -929,7 +942,10 @@ pub async fn serve(
     listen: Listen,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = server.router();
+    // Handlers learn who connected (`Peer`).
+    let app = server
+        .router()
+        .into_make_service_with_connect_info::<Peer>();
     // The reaper: abandoned runs and idle sandboxes, checked every second at most.
     let l = server.limits();
     let tick = (l.run_idle.min(l.sandbox_idle) / 4)
@@ -950,8 +966,8 @@ pub async fn serve(
         timeouts: l.timeouts,
     };
     match listen {
-        Listen::Unix(path) => {
-            let sock = crate::bind_private_socket(&path)?;
+        Listen::Unix(path, access) => {
+            let sock = access.bind(&path)?;
             sock.set_nonblocking(true)?;
             let sock = tokio::net::UnixListener::from_std(sock)?;
             let r = axum::serve(guarded(Socket::Unix(sock)), app)

@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::api::{blocking, thread_id, ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
-use super::{EventRing, Server};
+use super::{EventRing, Peer, Server};
 use crate::checkpoint::ThreadId;
 use crate::middleware::events::Watcher;
 use crate::middleware::{EnsureOutcome, FileEvents, RunContext, SandboxHandle};
@@ -97,7 +97,11 @@ fn outcome_name(o: EnsureOutcome) -> &'static str {
     }
 }
 
-pub(super) async fn create(State(s): State<Arc<Server>>, ApiJson(b): ApiJson<Create>) -> ApiResult {
+pub(super) async fn create(
+    State(s): State<Arc<Server>>,
+    peer: Peer,
+    ApiJson(b): ApiJson<Create>,
+) -> ApiResult {
     blocking(move || {
         let t = thread_id(&s, &b.thread)?;
         if let Some(tenant) = &b.tenant {
@@ -112,6 +116,8 @@ pub(super) async fn create(State(s): State<Arc<Server>>, ApiJson(b): ApiJson<Cre
         let head = s.mw.publisher().head_checkpoint(&t)?;
         let mut ctx = RunContext::new(t.clone(), "sandbox-api");
         ctx.tenant = b.tenant;
+        // The caller's workspace (a member of the socket's group who is not root).
+        ctx.owner = peer.owner();
         let (h, outcome) = s.mw.provider().ensure(&ctx, &s.mw.secrets)?;
         let shown = match &head {
             Some(cp) => s.mw.publisher().show_files(&h, outcome, cp),

@@ -9,7 +9,9 @@
 //! image when there is one and otherwise mounts the tree's view, never building one
 //! (O(1) at any size; an image written in the background meanwhile, fsync included,
 //! made checkpoints and restores on the same filesystem wait for it: 17-39 ms instead
-//! of 3-7 at 100k files). A tree the format cannot hold is marked
+//! of 3-7 at 100k files). An image names the owner of every file in it: a workspace
+//! made for another user (`casfs serve`'s caller) has its own image of the tree,
+//! `<tree id>.<uid>-<gid>.erofs` (root's is `<tree id>.erofs`). A tree the format cannot hold is marked
 //! (`<tree id>.unsupported`, with the reason) and always served by the view.
 //! `CASFS_OVERLAY_LOWER=view` turns images off. Images of trees gc has collected are
 //! removed before the next build.
@@ -21,6 +23,7 @@ use crate::cas::TreeId;
 use crate::checkpoint::Store;
 pub(super) use crate::fs::erofs::mount_image;
 use crate::fs::erofs::{write_image, ImageError};
+use crate::fs::Owner;
 
 /// Whether overlay mounts use images (`CASFS_OVERLAY_LOWER`: `image`, the default, or
 /// `view`).
@@ -33,19 +36,24 @@ fn images_dir(store: &Store) -> PathBuf {
     crate::checkpoint::images_dir(&root)
 }
 
-fn image_path(store: &Store, root: &TreeId) -> PathBuf {
-    images_dir(store).join(format!("{}.erofs", root.0.to_hex()))
+fn image_path(store: &Store, root: &TreeId, owner: Owner) -> PathBuf {
+    let name = match owner {
+        Owner { uid: 0, gid: 0 } => format!("{}.erofs", root.0.to_hex()),
+        Owner { uid, gid } => format!("{}.{uid}-{gid}.erofs", root.0.to_hex()),
+    };
+    images_dir(store).join(name)
 }
 
 fn unsupported_path(store: &Store, root: &TreeId) -> PathBuf {
     images_dir(store).join(format!("{}.unsupported", root.0.to_hex()))
 }
 
-/// Builds the image of `root` unless it exists or is known impossible; returns whether
-/// it exists afterwards. Two builds of one tree at once (two sandboxes mounted from one
-/// head) each write their own temporary file and rename it into place.
-fn build(store: &Store, root: TreeId) -> bool {
-    let path = image_path(store, &root);
+/// Builds the image of `root` with its files `owner`'s unless it exists or is known
+/// impossible; returns whether it exists afterwards. Two builds of one tree at once
+/// (two sandboxes mounted from one head) each write their own temporary file and rename
+/// it into place.
+fn build(store: &Store, root: TreeId, owner: Owner) -> bool {
+    let path = image_path(store, &root, owner);
     if path.exists() {
         return true;
     }
@@ -60,11 +68,7 @@ fn build(store: &Store, root: TreeId) -> bool {
             path: dir.display().to_string(),
             source,
         })
-        .and_then(|_| {
-            // SAFETY: getuid and getgid cannot fail.
-            let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-            write_image(store.objects(), &root, &path, uid, gid)
-        });
+        .and_then(|_| write_image(store.objects(), &root, &path, owner.uid, owner.gid));
     match made {
         Ok(s) => {
             tracing::info!(
@@ -88,14 +92,19 @@ fn build(store: &Store, root: TreeId) -> bool {
     }
 }
 
-/// The image of `root`, built now if missing and `build` (None when it is missing and
-/// not to be built, or the tree cannot be one).
-pub(super) fn image_for(store: &Store, root: TreeId, build_missing: bool) -> Option<PathBuf> {
-    let path = image_path(store, &root);
+/// The image of `root` with its files `owner`'s, built now if missing and `build` (None
+/// when it is missing and not to be built, or the tree cannot be one).
+pub(super) fn image_for(
+    store: &Store,
+    root: TreeId,
+    owner: Owner,
+    build_missing: bool,
+) -> Option<PathBuf> {
+    let path = image_path(store, &root, owner);
     if path.exists() {
         return Some(path);
     }
-    (build_missing && build(store, root)).then_some(path)
+    (build_missing && build(store, root, owner)).then_some(path)
 }
 
 /// Removes the images of trees the store no longer holds (collected by gc), and

@@ -447,8 +447,13 @@ impl OverlayMount {
         for d in [&lower, &meta, &upper, &work] {
             std::fs::create_dir_all(d).map_err(io_err(d))?;
         }
+        // The merged root is the upper's: the workspace's owner's, like every file of
+        // the lower (whose image or view says so), so that copy-up keeps them theirs.
+        if self.view.owner.is_other() {
+            self.view.owner.chown(&upper).map_err(io_err(&upper))?;
+        }
         let image = if image::images_enabled() {
-            image::image_for(&self.store, st.lower_root, build)
+            image::image_for(&self.store, st.lower_root, self.view.owner, build)
         } else {
             None
         };

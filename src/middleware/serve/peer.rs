@@ -1,0 +1,195 @@
+//! Who may use the Unix socket of `casfs serve`, and who is at the other end of each
+//! connection. [`SocketAccess`]: the socket's permissions and group (0600 by default,
+//! its owner only; 0660 with a group, such as the Debian package's `casfs`, lets that
+//! group's members in without root). [`Peer`]: the credentials the kernel gives for
+//! a connection (`SO_PEERCRED`), taken as it is accepted; a sandbox made on it (a run's
+//! or one a client makes) is the caller's: the workspace's root and every file it did
+//! not see made are theirs, and its mount lets them in ([`crate::fs::Owner`]), so a
+//! member of the group who is not root can work in it.
+//!
+//! A connection over TCP has no credentials: its sandboxes are the server's user's.
+
+use std::path::Path;
+
+use axum::extract::connect_info::{ConnectInfo, Connected};
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::serve::IncomingStream;
+
+use crate::fs::Owner;
+
+/// The Unix socket's permissions and group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SocketAccess {
+    /// Permission bits (0600: the server's user only).
+    pub mode: u32,
+    /// The socket's group (None: the server's).
+    pub group: Option<u32>,
+}
+
+impl Default for SocketAccess {
+    fn default() -> SocketAccess {
+        SocketAccess {
+            mode: 0o600,
+            group: None,
+        }
+    }
+}
+
+impl SocketAccess {
+    /// Mode `mode`, group `group` (a name or a number; None: the server's).
+    pub fn new(mode: u32, group: Option<&str>) -> Result<SocketAccess, String> {
+        Ok(SocketAccess {
+            mode,
+            group: group.map(group_id).transpose()?,
+        })
+    }
+
+    /// Binds the socket at `path` with these permissions (see [`crate::bind_socket`]).
+    pub(super) fn bind(&self, path: &Path) -> std::io::Result<std::os::unix::net::UnixListener> {
+        crate::bind_socket(path, self.mode, self.group)
+    }
+
+    /// Opens `dir` (where sandboxes are mounted) to the socket's group: theirs, 0750.
+    /// Without a group it is left as it is.
+    pub fn open_to_group(&self, dir: &Path) -> std::io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let Some(g) = self.group else {
+            return Ok(());
+        };
+        let named =
+            |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", dir.display()));
+        std::os::unix::fs::chown(dir, None, Some(g)).map_err(named)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750)).map_err(named)
+    }
+}
+
+/// The id of group `name` (or `name` itself, a number).
+fn group_id(name: &str) -> Result<u32, String> {
+    if let Ok(n) = name.parse::<u32>() {
+        return Ok(n);
+    }
+    let c = std::ffi::CString::new(name).map_err(|_| format!("group {name:?}: a NUL in it"))?;
+    // SAFETY: a plain C struct, all zeroes a valid value (filled by the call).
+    let mut grp: libc::group = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0u8; 16 << 10];
+    let mut found: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: valid pointers to a group record, a buffer of the length given and the
+    // result slot, all alive for the call.
+    let r = unsafe {
+        libc::getgrnam_r(
+            c.as_ptr(),
+            &mut grp,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut found,
+        )
+    };
+    if r != 0 {
+        return Err(format!(
+            "group {name:?}: {}",
+            std::io::Error::from_raw_os_error(r)
+        ));
+    }
+    if found.is_null() {
+        return Err(format!(
+            "group {name:?}: no such group (create it: groupadd --system {name})"
+        ));
+    }
+    Ok(grp.gr_gid)
+}
+
+/// The process at the other end of a connection, as the kernel saw it connect (none
+/// over TCP). A handler takes it as an argument; one served without connection info
+/// (a router called directly) gets none.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Peer {
+    owner: Option<Owner>,
+}
+
+impl Peer {
+    /// The peer of a Unix connection (none if the kernel does not say).
+    pub(super) fn of_unix(s: &tokio::net::UnixStream) -> Peer {
+        match s.peer_cred() {
+            Ok(c) => Peer {
+                owner: Some(Owner {
+                    uid: c.uid(),
+                    gid: c.gid(),
+                }),
+            },
+            Err(e) => {
+                tracing::warn!("the peer of a connection: {e}");
+                Peer::default()
+            }
+        }
+    }
+
+    /// Whose a sandbox this peer makes is: the peer's, unless it is the server's own
+    /// user (or unknown), whose sandboxes are the server's as always.
+    pub fn owner(&self) -> Option<Owner> {
+        // SAFETY: geteuid cannot fail.
+        let me = unsafe { libc::geteuid() };
+        self.owner.filter(|o| o.uid != me)
+    }
+}
+
+impl Connected<IncomingStream<'_, super::Guarded>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, super::Guarded>) -> Peer {
+        *stream.remote_addr()
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Peer {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Peer, Self::Rejection> {
+        Ok(parts
+            .extensions
+            .get::<ConnectInfo<Peer>>()
+            .map(|c| c.0)
+            .unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    #[test]
+    fn groups_are_named_or_numbered_and_an_unknown_one_is_named() {
+        assert_eq!(
+            SocketAccess::new(0o660, Some("root")).unwrap().group,
+            Some(0)
+        );
+        assert_eq!(
+            SocketAccess::new(0o660, Some("4242")).unwrap().group,
+            Some(4242)
+        );
+        assert_eq!(
+            SocketAccess::new(0o600, None).unwrap(),
+            SocketAccess::default()
+        );
+        let e = SocketAccess::new(0o660, Some("no-such-group-casfs")).unwrap_err();
+        assert!(
+            e.contains("\"no-such-group-casfs\"") && e.contains("no such group"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_socket_has_its_mode_and_group_when_it_appears() {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("s.sock");
+        // The process's own group: any user may give a file to it.
+        let gid = crate::fs::Owner::current().gid;
+        let a = SocketAccess::new(0o660, Some(&gid.to_string())).unwrap();
+        let _l = a.bind(&path).unwrap();
+        let m = std::fs::metadata(&path).unwrap();
+        assert_eq!((m.permissions().mode() & 0o777, m.gid()), (0o660, gid));
+        std::os::unix::net::UnixStream::connect(&path).unwrap();
+        a.open_to_group(t.path()).unwrap();
+        let m = std::fs::metadata(t.path()).unwrap();
+        assert_eq!((m.permissions().mode() & 0o777, m.gid()), (0o750, gid));
+    }
+}
