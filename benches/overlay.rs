@@ -17,6 +17,13 @@
 //!   /sys/module/fuse/parameters/enable_uring is Y: the bench does not turn it on);
 //! - `fuse-overlayfs` (when installed): the userspace overlay over a plain copy.
 //!
+//! Fairness: the inputs (tar files, the repository cloned, the C project, npm's cache)
+//! live on a tmpfs of their own; every step starts after a `sync` with the page cache
+//! dropped (the warm `find` after a `sync` only), so no backend pays for another's (or
+//! its own setup's) writeback; the order of the backends alternates between rounds;
+//! the table gives the median and the spread of at least 3 rounds, and the native
+//! untar is cross-checked against a plain shell `tar -xf` into a fresh directory.
+//!
 //! Operations (medians of `--reps` rounds, each round on a fresh workspace):
 //! cold `find` of the base (caches dropped), warm `find`, `rm -rf` of the base tree;
 //! untar of 30,000 files of 100 B ("small") and of the real tree; `rm -rf` of the new
@@ -35,7 +42,7 @@
 //! The real tree is /usr/share/man + /usr/include (about 29k files here). `--out FILE`
 //! writes every round as a result file (docs/results/README.md).
 //!
-//! Run (root): `cargo bench --bench overlay -- [--reps 2] [--sizes 1k,10k,100k]
+//! Run (root): `cargo bench --bench overlay -- [--reps 3] [--sizes 1k,10k,100k]
 //! [--repo PATH] [--no-ckpt] [--no-io] [--only a,b] [--out FILE]`
 
 use std::collections::BTreeMap;
@@ -61,6 +68,34 @@ fn casfs_json_env(store: &Path, args: &[&str], env: &[(&str, &str)]) -> serde_js
 
 fn drop_caches() {
     let _ = sh("sync; echo 3 > /proc/sys/vm/drop_caches", &[]);
+}
+
+/// A tmpfs mounted for the bench's inputs, unmounted when dropped.
+struct Tmpfs {
+    _t: tempfile::TempDir,
+    dir: PathBuf,
+}
+
+impl Tmpfs {
+    fn new(gib: u64) -> Tmpfs {
+        let t = tempfile::Builder::new()
+            .prefix("casfs-ovb-in")
+            .tempdir()
+            .unwrap();
+        let dir = t.path().join("in");
+        fs::create_dir(&dir).unwrap();
+        sh(
+            &format!("mount -t tmpfs -o size={gib}g tmpfs {}", q(&dir)),
+            &[],
+        );
+        Tmpfs { _t: t, dir }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+    }
 }
 
 fn ms(d: Duration) -> f64 {
@@ -176,8 +211,22 @@ impl Bench {
             .push(v);
     }
 
-    /// Times `cmd`; a failure is noted (and reported) instead of a figure.
+    /// Times `cmd` after a `sync` and with the page cache dropped, so every backend
+    /// starts every step with nothing of an earlier step still being written back and
+    /// the same (cold) cache; a failure is noted (and reported) instead of a figure.
     fn timed(&mut self, op: &str, backend: &str, cmd: &str, env: &[(&str, &str)]) {
+        drop_caches();
+        self.run_timed(op, backend, cmd, env)
+    }
+
+    /// [`Bench::timed`] with the cache as the last step left it (after a `sync`): for
+    /// the warm `find`.
+    fn timed_warm(&mut self, op: &str, backend: &str, cmd: &str, env: &[(&str, &str)]) {
+        let _ = sh("sync", &[]);
+        self.run_timed(op, backend, cmd, env)
+    }
+
+    fn run_timed(&mut self, op: &str, backend: &str, cmd: &str, env: &[(&str, &str)]) {
         let t = std::time::Instant::now();
         let out = Command::new("sh")
             .args(["-c", cmd])
@@ -396,7 +445,7 @@ fn ten_changes_and_checkpoint(
 }
 
 fn main() {
-    let args = parse_bench_args(2);
+    let args = parse_bench_args(3);
     let mut res = Results::cargo_bench("overlay");
     res.param("reps", args.reps);
     res.param("sizes", &args.sizes);
@@ -432,12 +481,16 @@ fn main() {
             .stdout,
     )
     .unwrap();
-    let tars = root.join("tars");
+    // The inputs (tar files, the repository cloned, the C project, npm's cache) on a
+    // tmpfs of their own: reading them costs every backend the same and nothing of
+    // them is written back to the filesystem measured.
+    let inputs = Tmpfs::new(6);
+    let tars = inputs.dir.join("tars");
     fs::create_dir_all(&tars).unwrap();
     let small = small_tar(&tars);
     let real = tars.join("real.tar");
     sh(&format!("tar -C {} -cf {} .", q(&base), q(&real)), &[]);
-    let bare = root.join("repo.git");
+    let bare = inputs.dir.join("repo.git");
     sh(
         &format!(
             "git clone -q --bare --no-hardlinks {} {}",
@@ -446,9 +499,9 @@ fn main() {
         ),
         &[],
     );
-    let cproj = root.join("cproj");
+    let cproj = inputs.dir.join("cproj");
     c_project(&cproj, 120);
-    let npm = npm_project(&root);
+    let npm = npm_project(&inputs.dir);
 
     let mut backends = vec![
         "native",
@@ -512,11 +565,16 @@ fn main() {
 
     if !flag("--no-io") {
         for r in 0..args.reps {
-            for be in &backends {
+            // Order alternated between rounds: no backend always goes first (or last).
+            let order: Vec<&str> = if r % 2 == 0 {
+                backends.clone()
+            } else {
+                backends.iter().rev().copied().collect()
+            };
+            for be in &order {
                 eprintln!("round {}: {be}", r + 1);
                 let ws = b.workspace(be);
                 let w = ws.root.clone();
-                drop_caches();
                 b.timed(
                     "cold find (base)",
                     be,
@@ -532,7 +590,7 @@ fn main() {
                     us.sort_by(f64::total_cmp);
                     b.add(op, be, us[1]);
                 }
-                b.timed(
+                b.timed_warm(
                     "warm find (base)",
                     be,
                     &format!("find {} | wc -l", q(&w)),
@@ -625,7 +683,6 @@ fn main() {
                     ),
                     &[],
                 );
-                drop_caches();
                 b.timed(
                     "cold read 1 GiB",
                     be,
@@ -640,6 +697,22 @@ fn main() {
                     let _ = fs::remove_dir_all(store.join("mounts"));
                 }
             }
+        }
+    }
+
+    // The native untar cross-checked: a plain `tar -xf` in a shell into a fresh
+    // directory right under the loop filesystem's root, as one would time it by hand.
+    if !flag("--no-io") && backends.contains(&"native") {
+        for i in 0..args.reps {
+            let d = root.join(format!("plain-{i}"));
+            fs::create_dir_all(&d).unwrap();
+            b.timed(
+                "untar small (plain shell tar, fresh directory)",
+                "native",
+                &format!("tar -xf {} -C {}", q(&small), q(&d)),
+                &[],
+            );
+            let _ = fs::remove_dir_all(&d);
         }
     }
 
@@ -751,12 +824,15 @@ fn main() {
                     let m = med(v);
                     let r = native.map(|n| m / n).unwrap_or(f64::NAN);
                     let k = kovl.map(|n| m / n).unwrap_or(f64::NAN);
+                    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+                    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let spread = format!("{lo:.0}-{hi:.0}");
                     if native.is_some() && kovl.is_some() {
-                        row.push_str(&format!(" {m:.0} ({r:.2}x / {k:.2}x) |"));
+                        row.push_str(&format!(" {m:.0} [{spread}] ({r:.2}x / {k:.2}x) |"));
                     } else if native.is_some() {
-                        row.push_str(&format!(" {m:.0} ({r:.2}x) |"));
+                        row.push_str(&format!(" {m:.0} [{spread}] ({r:.2}x) |"));
                     } else {
-                        row.push_str(&format!(" {m:.0} |"));
+                        row.push_str(&format!(" {m:.0} [{spread}] |"));
                     }
                 }
                 None => row.push_str(" - |"),
@@ -764,7 +840,32 @@ fn main() {
         }
         println!("{row}");
     }
-    println!("(ratios: to native / to the kernel's overlayfs over ext4)");
+    println!(
+        "(median [min-max] of the rounds; ratios: to native / to the kernel's overlayfs \
+         over ext4, the overlay design's floor)"
+    );
+    // The overlay backend against its floor, operation by operation.
+    for (op, target) in [
+        ("untar small", 1.15),
+        ("untar real", 1.15),
+        ("rm -rf (new files)", 1.15),
+        ("rm -rf (base tree)", 1.15),
+        ("git clone", 1.15),
+        ("cold find (base)", 1.3),
+    ] {
+        let get = |be: &str| b.results.get(&(op.to_string(), be.to_string())).map(med);
+        if let (Some(c), Some(k), Some(n)) =
+            (get("casfs-overlay"), get("kernel-overlay"), get("native"))
+        {
+            println!(
+                "{op}: casfs-overlay {:.2}x the floor (target {target}x), {:.2}x native; \
+                 the floor is {:.2}x native",
+                c / k,
+                c / n,
+                k / n
+            );
+        }
+    }
     for f in &b.failed {
         println!("failed: {f}");
     }
