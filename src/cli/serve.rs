@@ -142,6 +142,10 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
                     fuse_uring: casfs::fs::FuseTransport::from_env()
                         .and_then(|t| t.wants_uring())
                         .map_err(|e| anyhow!(e))?,
+                    // A sandbox is made at the thread's head, which each run moves: a
+                    // mount of it is O(1) on the tree's view rather than O(entries)
+                    // building an image that the next run's tree will not use.
+                    build_lower_image: false,
                     ..WorkspaceOptions::default()
                 },
             )

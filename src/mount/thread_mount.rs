@@ -308,7 +308,15 @@ impl MountedThread {
         };
         let found = overlay::found_state(&store, mountpoint)?;
         let mount = |lower, tag, generation| {
-            OverlayMount::start(store.clone(), mountpoint, lower, tag, generation, &view)
+            OverlayMount::start(
+                store.clone(),
+                mountpoint,
+                lower,
+                tag,
+                generation,
+                &view,
+                opts.build_lower_image,
+            )
         };
         let ov = match found {
             // Work of the same thread (on the base it was made on) is picked up.

@@ -99,6 +99,11 @@ pub struct WorkspaceOptions {
     /// ones, its root); someone other than this process is let into the mount
     /// (`allow_other`).
     pub owner: crate::fs::Owner,
+    /// An overlay mount of a tree with no metadata image yet builds one before it
+    /// mounts (O(entries) once; lookups never reach casfs after), or (false) mounts
+    /// the tree's view at once, O(1): what a sandbox restored at a new checkpoint
+    /// wants, since the next run's tree is another.
+    pub build_lower_image: bool,
 }
 
 impl Default for WorkspaceOptions {
@@ -111,6 +116,7 @@ impl Default for WorkspaceOptions {
             passthrough: true,
             fuse_uring: super::transport::default_uring(),
             owner: crate::fs::Owner::current(),
+            build_lower_image: true,
         }
     }
 }

@@ -316,7 +316,9 @@ fn remove_generations(dir: &Path, keep: Option<u64>) {
 impl OverlayMount {
     /// Mounts generation `generation` (made if new: an empty upper) over tree
     /// `lower_root` at `mountpoint` (canonical), replacing whatever overlay of this
-    /// mount was there (left by a killed daemon).
+    /// mount was there (left by a killed daemon). With `build_image`, a tree with no
+    /// metadata image gets one first; without, its view is the lower until an image
+    /// exists.
     pub(crate) fn start(
         store: Arc<Store>,
         mountpoint: &Path,
@@ -324,6 +326,7 @@ impl OverlayMount {
         tag: MountTag,
         generation: u64,
         view: &ViewOptions,
+        build_image: bool,
     ) -> CheckpointResult<OverlayMount> {
         let dir = overlay_dir(&store, mountpoint);
         // A killed daemon leaves its overlay mounted (its lower dead): detach it.
@@ -370,7 +373,7 @@ impl OverlayMount {
         };
         {
             let mut st = m.layers();
-            m.mount_generation(&mut st, true)?;
+            m.mount_generation(&mut st, build_image)?;
             // Whatever the upper holds already (a daemon's uncaptured work) counts as
             // changed until a checkpoint.
             *m.memo() = Memo::new(generation, &m.upper(&st));
