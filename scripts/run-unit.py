@@ -447,6 +447,7 @@ def check(unit, state):
             if not any(d == a or (a.endswith("/") and d.startswith(a)) for a in allow):
                 problems.append(f"DevicePolicy=closed: opened {d}")
     report = {"system_calls": len(calls), "calls": sum(calls.values()),
+              "names": " ".join(sorted(calls)),
               "socket_families": sorted(families), "devices_opened": sorted(devices),
               "problems": problems}
     print(json.dumps(report, indent=1))

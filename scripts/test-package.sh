@@ -44,6 +44,10 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# The group the package makes is left by a purge, by design; this test removes it
+# again if it was not there before.
+had_group=no
+getent group casfs >/dev/null && had_group=yes
 command -v npm >/dev/null 2>&1 || fail "npm (Node.js 20.18 or later) is needed: scripts/setup.sh installs it"
 
 work="$(mktemp -d)"
@@ -101,6 +105,7 @@ cleanup() {
   userdel "$outsider" 2>/dev/null
   groupdel "$user" 2>/dev/null
   groupdel "$outsider" 2>/dev/null
+  [ $had_group = no ] && groupdel casfs 2>/dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
