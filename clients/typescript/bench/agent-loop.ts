@@ -7,11 +7,11 @@
 //
 // This file measures casfs's native path (casfsSandbox: a restore is a mount of the
 // last snapshot, a capture is a casfs checkpoint). `runLoop` takes other paths too.
-// Run: `npm run bench -- --sizes 1k,10k --runs 5 --out result.json` (a built casfs:
+// Run: `npm run bench -- --sizes 1k,10k --runs 5 --out DIR/` (a built casfs:
 // CASFS_BIN, else ../../target/release/casfs; root with /dev/fuse; CASFS_MOUNT_MODE).
 import { execFileSync } from 'node:child_process'
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
-import { cpus, release, tmpdir } from 'node:os'
+import { mkdtempSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
 import { join, resolve } from 'node:path'
 
 import { casfsSandbox, startCasfsServe, type SandboxHandle } from '../src/index.js'
@@ -42,11 +42,8 @@ export interface LoopRow {
   total_median_ms: number
 }
 
-const median = (xs: number[]): number => {
-  const s = [...xs].sort((a, b) => a - b)
-  const m = s.length >> 1
-  return s.length % 2 ? (s[m] as number) : ((s[m - 1] as number) + (s[m] as number)) / 2
-}
+/** The middle of the sorted runs (the upper of the two middles for an even count). */
+const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[xs.length >> 1] as number
 
 /** The workspace of `n` files of 300 bytes, 100 to a directory. */
 export function workspace(n: number): Array<[string, string]> {
@@ -126,32 +123,33 @@ function sizeOf(s: string): number {
   return Number(m[1]) * (m[2] === 'k' ? 1000 : m[2] === 'm' ? 1_000_000 : 1)
 }
 
-/** The bench's result file: what ran, where, and every run of every row. */
-export function result(argv: string[], rows: LoopRow[], runs: number): Record<string, unknown> {
-  const repo = resolve(import.meta.dirname, '../../..')
-  const git = (args: string[]): string => {
-    try {
-      return execFileSync('git', ['-C', repo, ...args], { encoding: 'utf8' }).trim()
-    } catch {
-      return 'unknown'
+/**
+ * Writes the bench's result file (docs/results/README.md: every run of every row, the
+ * machine, the commit) through `casfs bench --record agent-loop`, which `bin` is.
+ */
+export function record(
+  bin: string,
+  command: string,
+  benchDir: string,
+  rows: LoopRow[],
+  params: Record<string, unknown>,
+  out: string,
+): void {
+  const lines = [JSON.stringify({ param: params })]
+  for (const r of rows) {
+    for (const [phase, runs] of [
+      ['restore at setup', r.restore_ms],
+      ['capture at finish', r.capture_ms],
+      ['total', r.total_ms],
+    ] as const) {
+      lines.push(JSON.stringify({ path: r.path, files: r.files, phase, unit: 'ms', runs }))
     }
   }
-  return {
-    bench: 'agent-loop',
-    command: argv.join(' '),
-    commit: git(['rev-parse', 'HEAD']),
-    date: new Date().toISOString(),
-    machine: {
-      cores: cpus().length,
-      kernel: release(),
-      mount_mode: process.env.CASFS_MOUNT_MODE ?? 'auto',
-      node: process.version,
-    },
-    runs_per_row: runs,
-    changed_files_per_run: 10,
-    file_bytes: 300,
-    rows,
-  }
+  execFileSync(
+    bin,
+    ['bench', '--record', 'agent-loop', '--command', command, '--bench-dir', benchDir, '--out', out],
+    { input: `${lines.join('\n')}\n`, stdio: ['pipe', 'inherit', 'inherit'] },
+  )
 }
 
 export function printRows(rows: LoopRow[]): void {
@@ -185,7 +183,16 @@ async function main(): Promise<void> {
     }
   }
   printRows(rows)
-  if (out) writeFileSync(out, `${JSON.stringify(result(['npm run bench --', ...args], rows, runs), null, 2)}\n`)
+  if (out) {
+    record(bin, ['npm run bench --', ...args].join(' '), tmpdir(), rows, {
+      sizes,
+      runs,
+      changed_files_per_run: 10,
+      file_bytes: 300,
+      mount_mode: process.env.CASFS_MOUNT_MODE ?? 'auto',
+      node: process.version,
+    }, out)
+  }
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) await main()
