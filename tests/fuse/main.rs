@@ -21,6 +21,7 @@ mod peer;
 mod read_only;
 mod reliability;
 mod serve;
+mod sandbox_events;
 mod serve_writers;
 mod soak;
 mod transport;

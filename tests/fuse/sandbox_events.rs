@@ -1,0 +1,149 @@
+//! A sandbox's file events for changes to what its base holds, on either backend: the
+//! same events whether the FUSE workspace announces them or the overlay's upper tells
+//! them (where overlayfs's own moves, copy-ups and whiteouts are not the workspace's
+//! events). Through `casfs serve`, as a client reads them.
+
+use std::fs;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::serve::{call, start};
+use crate::serve_writers::proof;
+use crate::MountGuard;
+
+/// The events of sandbox `key` after number `after`, as (kind, path, to).
+fn events(s: &crate::serve::Served, key: &str, after: u64) -> Vec<(String, String, Option<String>)> {
+    // The writes returned; their events are queued: a short wait finds them all.
+    std::thread::sleep(Duration::from_millis(300));
+    let (st, v) = call(
+        s,
+        "GET",
+        &format!("/v1/sandboxes/{key}/events?after={after}&wait_ms=2000"),
+        None,
+    );
+    assert_eq!(st, 200, "{v}");
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["kind"].as_str().unwrap().to_string(),
+                e["path"].as_str().unwrap().to_string(),
+                e["to"].as_str().map(String::from),
+            )
+        })
+        .collect()
+}
+
+fn last_seq(s: &crate::serve::Served, key: &str) -> u64 {
+    let (_, v) = call(s, "GET", &format!("/v1/sandboxes/{key}/events?after=0"), None);
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .max()
+        .unwrap_or(0)
+}
+
+fn sandbox(s: &crate::serve::Served, thread: &str) -> (String, PathBuf) {
+    let (st, v) = call(s, "POST", "/v1/sandboxes", Some(&json!({"thread": thread})));
+    assert_eq!(st, 200, "{v}");
+    (
+        v["key"].as_str().unwrap().to_string(),
+        PathBuf::from(v["path"].as_str().unwrap()),
+    )
+}
+
+#[test]
+fn changes_to_the_base_are_told_as_the_workspace_sees_them() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    let sb = t.path().join("sb");
+    let _g = MountGuard::new(&sb.join("base"));
+    let s = start(&store, &sb, &[], &[]);
+    // A base: files and directories, published.
+    let (key, root) = sandbox(&s, "base");
+    fs::create_dir_all(root.join("dir/sub")).unwrap();
+    for f in ["a.txt", "gone.txt", "moved.txt", "dir/one", "dir/sub/two", "keep/x"] {
+        if let Some(p) = root.join(f).parent() {
+            fs::create_dir_all(p).unwrap();
+        }
+        fs::write(root.join(f), f).unwrap();
+    }
+    let (st, lease) = call(&s, "POST", "/v1/threads/base/writer", Some(&json!({})));
+    assert_eq!(st, 200);
+    let body = json!({"sandbox": key, "expected_head": null, "writer": proof(&lease)});
+    let (st, v) = call(&s, "POST", "/v1/threads/base/checkpoints", Some(&body));
+    assert_eq!(st, 200, "{v}");
+    call(&s, "POST", "/v1/threads/base/writer/release", Some(&proof(&lease)));
+    // A new sandbox at that head: everything is the lower's now.
+    let (st, _) = call(&s, "DELETE", &format!("/v1/sandboxes/{key}"), None);
+    assert_eq!(st, 200);
+    let (key, root) = sandbox(&s, "base");
+    assert_eq!(fs::read_to_string(root.join("a.txt")).unwrap(), "a.txt");
+    let s0 = last_seq(&s, &key);
+    let ev = |kind: &str, path: &str, to: Option<&str>| {
+        (kind.to_string(), path.to_string(), to.map(String::from))
+    };
+
+    // A base file written: one modify (a copy-up is no event).
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(root.join("a.txt"))
+        .unwrap();
+    std::io::Write::write_all(&mut f, b" more").unwrap();
+    drop(f);
+    assert_eq!(events(&s, &key, s0), vec![ev("modify", "a.txt", None)]);
+
+    // Removed, renamed, a directory removed whole.
+    let s1 = last_seq(&s, &key);
+    fs::remove_file(root.join("gone.txt")).unwrap();
+    fs::rename(root.join("moved.txt"), root.join("here.txt")).unwrap();
+    fs::remove_dir_all(root.join("dir")).unwrap();
+    let got = events(&s, &key, s1);
+    assert_eq!(got[0], ev("delete", "gone.txt", None), "{got:?}");
+    assert_eq!(got[1], ev("rename", "moved.txt", Some("here.txt")), "{got:?}");
+    let mut rest: Vec<_> = got[2..].to_vec();
+    rest.sort();
+    assert_eq!(
+        rest,
+        vec![
+            ev("delete", "dir", None),
+            ev("delete", "dir/one", None),
+            ev("delete", "dir/sub", None),
+            ev("delete", "dir/sub/two", None),
+        ],
+        "{got:?}"
+    );
+
+    // Made again where they were: creates.
+    let s2 = last_seq(&s, &key);
+    fs::create_dir(root.join("dir")).unwrap();
+    fs::write(root.join("gone.txt"), "back").unwrap();
+    let got = events(&s, &key, s2);
+    assert_eq!(
+        got,
+        vec![
+            ev("create", "dir", None),
+            ev("create", "gone.txt", None),
+            ev("modify", "gone.txt", None),
+        ]
+    );
+    // A base directory renamed, and a new directory with a file.
+    let s3 = last_seq(&s, &key);
+    fs::rename(root.join("keep"), root.join("kept")).unwrap();
+    fs::create_dir(root.join("new")).unwrap();
+    fs::write(root.join("new/f"), "f").unwrap();
+    let got = events(&s, &key, s3);
+    assert_eq!(got[0], ev("rename", "keep", Some("kept")), "{got:?}");
+    assert_eq!(got[1], ev("create", "new", None), "{got:?}");
+    assert!(got[2..].contains(&ev("create", "new/f", None)), "{got:?}");
+    assert!(
+        got.iter().all(|e| e.1 != "keep" || e.0 == "rename"),
+        "a rename is told once: {got:?}"
+    );
+    let (st, v): (u16, Value) = call(&s, "DELETE", &format!("/v1/sandboxes/{key}"), None);
+    assert_eq!(st, 200, "{v}");
+}
