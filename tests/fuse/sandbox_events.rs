@@ -14,7 +14,11 @@ use crate::serve_writers::proof;
 use crate::MountGuard;
 
 /// The events of sandbox `key` after number `after`, as (kind, path, to).
-fn events(s: &crate::serve::Served, key: &str, after: u64) -> Vec<(String, String, Option<String>)> {
+fn events(
+    s: &crate::serve::Served,
+    key: &str,
+    after: u64,
+) -> Vec<(String, String, Option<String>)> {
     // The writes returned; their events are queued: a short wait finds them all.
     std::thread::sleep(Duration::from_millis(300));
     let (st, v) = call(
@@ -38,7 +42,12 @@ fn events(s: &crate::serve::Served, key: &str, after: u64) -> Vec<(String, Strin
 }
 
 fn last_seq(s: &crate::serve::Served, key: &str) -> u64 {
-    let (_, v) = call(s, "GET", &format!("/v1/sandboxes/{key}/events?after=0"), None);
+    let (_, v) = call(
+        s,
+        "GET",
+        &format!("/v1/sandboxes/{key}/events?after=0"),
+        None,
+    );
     v.as_array()
         .unwrap()
         .iter()
@@ -66,7 +75,14 @@ fn changes_to_the_base_are_told_as_the_workspace_sees_them() {
     // A base: files and directories, published.
     let (key, root) = sandbox(&s, "base");
     fs::create_dir_all(root.join("dir/sub")).unwrap();
-    for f in ["a.txt", "gone.txt", "moved.txt", "dir/one", "dir/sub/two", "keep/x"] {
+    for f in [
+        "a.txt",
+        "gone.txt",
+        "moved.txt",
+        "dir/one",
+        "dir/sub/two",
+        "keep/x",
+    ] {
         if let Some(p) = root.join(f).parent() {
             fs::create_dir_all(p).unwrap();
         }
@@ -77,7 +93,12 @@ fn changes_to_the_base_are_told_as_the_workspace_sees_them() {
     let body = json!({"sandbox": key, "expected_head": null, "writer": proof(&lease)});
     let (st, v) = call(&s, "POST", "/v1/threads/base/checkpoints", Some(&body));
     assert_eq!(st, 200, "{v}");
-    call(&s, "POST", "/v1/threads/base/writer/release", Some(&proof(&lease)));
+    call(
+        &s,
+        "POST",
+        "/v1/threads/base/writer/release",
+        Some(&proof(&lease)),
+    );
     // A new sandbox at that head: everything is the lower's now.
     let (st, _) = call(&s, "DELETE", &format!("/v1/sandboxes/{key}"), None);
     assert_eq!(st, 200);
@@ -104,7 +125,11 @@ fn changes_to_the_base_are_told_as_the_workspace_sees_them() {
     fs::remove_dir_all(root.join("dir")).unwrap();
     let got = events(&s, &key, s1);
     assert_eq!(got[0], ev("delete", "gone.txt", None), "{got:?}");
-    assert_eq!(got[1], ev("rename", "moved.txt", Some("here.txt")), "{got:?}");
+    assert_eq!(
+        got[1],
+        ev("rename", "moved.txt", Some("here.txt")),
+        "{got:?}"
+    );
     let mut rest: Vec<_> = got[2..].to_vec();
     rest.sort();
     assert_eq!(
