@@ -97,11 +97,6 @@ impl Watcher {
         })
     }
 
-    /// Whether this watches the very sandbox `h`.
-    pub fn watches(&self, h: &SandboxHandle) -> bool {
-        self.handle.is(h)
-    }
-
     /// Delivers every change made so far, then stops. Gives up after `limit` (a host
     /// callback that never returns), saying what was not delivered.
     pub fn drain(mut self, limit: Duration) -> Result<(), String> {

@@ -172,3 +172,65 @@ fn changes_to_the_base_are_told_as_the_workspace_sees_them() {
     let (st, v): (u16, Value) = call(&s, "DELETE", &format!("/v1/sandboxes/{key}"), None);
     assert_eq!(st, 200, "{v}");
 }
+
+#[test]
+fn events_false_records_from_the_first_events_request() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    let sb = t.path().join("sb");
+    let _g = MountGuard::new(&sb.join("lazy"));
+    let s = start(&store, &sb, &[], &[]);
+    let body = json!({"thread": "lazy", "events": false});
+    let (st, v) = call(&s, "POST", "/v1/sandboxes", Some(&body));
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["events"], "from_first_read", "{v}");
+    let key = v["key"].as_str().unwrap().to_string();
+    let root = PathBuf::from(v["path"].as_str().unwrap());
+    // Before any events request: not recorded.
+    fs::write(root.join("before.txt"), "b").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        last_seq(&s, &key),
+        0,
+        "nothing recorded before the first read"
+    );
+    // From the first request on, everything is.
+    fs::write(root.join("after.txt"), "a").unwrap();
+    fs::remove_file(root.join("before.txt")).unwrap();
+    let got = events(&s, &key, 0);
+    let got: Vec<_> = got.iter().map(|e| (e.0.as_str(), e.1.as_str())).collect();
+    assert_eq!(
+        got,
+        vec![
+            ("create", "after.txt"),
+            ("modify", "after.txt"),
+            ("delete", "before.txt")
+        ]
+    );
+    // Resumed (asking for events from now): it goes on recording, numbers unbroken.
+    let (st, v) = call(
+        &s,
+        "POST",
+        "/v1/sandboxes",
+        Some(&json!({"thread": "lazy"})),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        (v["key"].as_str(), &v["events"]),
+        (Some(key.as_str()), &json!("recording"))
+    );
+    fs::write(root.join("third.txt"), "c").unwrap();
+    let more = events(&s, &key, 3);
+    assert_eq!(more[0].1, "third.txt", "{more:?}");
+    // A bad value of the option is refused, naming it.
+    let (st, v) = call(
+        &s,
+        "POST",
+        "/v1/sandboxes",
+        Some(&json!({"thread": "lazy", "events": "no"})),
+    );
+    assert_eq!(st, 400, "{v}");
+    assert!(v.to_string().contains("events"), "{v}");
+    let (st, v) = call(&s, "DELETE", &format!("/v1/sandboxes/{key}"), None);
+    assert_eq!(st, 200, "{v}");
+}

@@ -10,7 +10,10 @@ export type FileEvent = Schemas['FileEvent']
 export type FileChange = Schemas['FileChange']
 
 export interface EventsOptions {
-  /** Start after this sequence number (default 0: every event the server kept). */
+  /**
+   * Start after this sequence number (default 0: every event the server kept since it
+   * began recording, at creation or at the first events request).
+   */
   after?: number
   /** How long one request waits for new events (default 10,000 ms; at most 30,000). */
   waitMs?: number

@@ -52,6 +52,12 @@ export interface CasfsSandboxOptions {
   env?: Record<string, string>
   /** Start processes from this process's environment (default true). */
   inheritEnv?: boolean
+  /**
+   * Record each sandbox's file events from its creation, so that `events({ after: 0 })`
+   * sees every one (default false: from the first `fs.watch` or `events()` call, which
+   * keeps creating and restoring a sandbox on overlay from walking its whole tree).
+   */
+  eventsFromCreate?: boolean
 }
 
 /** What a casfs sandbox handle has besides the framework's contract. */
@@ -121,7 +127,9 @@ export function casfsSandbox(options: CasfsSandboxOptions): SandboxProvider {
   const make = async (thread: string): Promise<Schemas['CreatedSandbox']> =>
     client.call(
       'POST /v1/sandboxes',
-      client.api.POST('/v1/sandboxes', { body: { thread, tenant } }),
+      client.api.POST('/v1/sandboxes', {
+        body: { thread, tenant, events: options.eventsFromCreate ?? false },
+      }),
     )
 
   const drop = async (key: string): Promise<void> => {

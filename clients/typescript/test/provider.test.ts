@@ -113,6 +113,30 @@ describe('provider', () => {
     expect(seen.some((e) => e.path.includes('elsewhere'))).toBe(false)
   })
 
+  test('events are recorded from the first watch, or from creation when asked', async () => {
+    const seqs = async (h: CasfsSandboxHandle): Promise<string[]> => {
+      const got: string[] = []
+      const ac = new AbortController()
+      setTimeout(() => ac.abort(), 500)
+      for await (const e of h.events({ after: 0, signal: ac.signal, waitMs: 200 })) {
+        if ('path' in e) got.push(`${e.kind} ${e.path}`)
+      }
+      return got
+    }
+    // By default: what happened before the first read is not recorded.
+    const lazy = await create('events-lazy')
+    await lazy.fs.write('/workspace/early.txt', 'e')
+    await sleep(200)
+    expect(await seqs(lazy)).toEqual([])
+    // Asked for: every event since creation.
+    const eager = casfsSandbox({ client: s.client, eventsFromCreate: true })
+    const h = (await eager.create({ id: 'events-eager' })) as CasfsSandboxHandle
+    made.push(h)
+    await h.fs.write('/workspace/early.txt', 'e')
+    await sleep(300)
+    expect(await seqs(h)).toContain('create early.txt')
+  })
+
   test('exec runs a shell in the workspace with the env, and reports exit codes', async () => {
     const h = await create()
     await h.env.set({ GREETING: 'hi there' })

@@ -2,6 +2,11 @@
 //! resume the casfs-mounted workspace of a thread, showing the thread's head; destroy
 //! it; and read its file events, numbered without gaps, waiting for new ones if asked.
 //! Such a sandbox is the same one a run on the thread gets (one per sandbox key).
+//!
+//! Its events are recorded from its creation, or, when the client asks for
+//! `"events": false`, from the first events request: watching an overlay sandbox walks
+//! its whole tree (inotify watches every directory), which a client that watches later,
+//! or never, need not wait for when it restores.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,7 +22,7 @@ use super::api::{blocking, thread_id, ApiError, ApiJson, ApiPath, ApiQuery, ApiR
 use super::{EventRing, Peer, Server};
 use crate::checkpoint::ThreadId;
 use crate::middleware::events::Watcher;
-use crate::middleware::{EnsureOutcome, FileEvents, RunContext, SandboxHandle};
+use crate::middleware::{EnsureOutcome, FileEvents, RunContext, SandboxHandle, WeakSandboxHandle};
 
 /// The longest an events request waits for a first new event.
 const MAX_WAIT: Duration = Duration::from_secs(30);
@@ -30,7 +35,12 @@ pub(super) struct ApiSandbox {
     notify: Arc<tokio::sync::Notify>,
     /// Set when the sandbox is gone (destroyed, evicted, the server stopping).
     gone: Arc<AtomicBool>,
-    watcher: Watcher,
+    /// The sandbox watched (weak: watching keeps no sandbox in use).
+    handle: WeakSandboxHandle,
+    /// Where its events go.
+    cfg: FileEvents,
+    /// Its watcher, once started (at creation, or at the first events request).
+    watcher: Arc<Mutex<Option<Watcher>>>,
 }
 
 impl Drop for ApiSandbox {
@@ -87,6 +97,9 @@ impl Server {
 pub(super) struct Create {
     thread: String,
     tenant: Option<String>,
+    /// Record file events from now (the default), or, when false, from the first
+    /// events request.
+    events: Option<bool>,
 }
 
 fn outcome_name(o: EnsureOutcome) -> &'static str {
@@ -135,7 +148,8 @@ pub(super) async fn create(
                 return Err(e.into());
             }
         };
-        s.register(&h, &t)?;
+        let eager = b.events.unwrap_or(true);
+        s.register(&h, &t, eager)?;
         Ok(Json(json!({
             "key": h.key,
             "path": h.root,
@@ -145,55 +159,92 @@ pub(super) async fn create(
             "base": h.expected_head().map(|c| c.to_hex()),
             "kind": if h.mount().is_some() { "mount" } else { "dir" },
             "mode": h.mount().map(|m| m.mode()),
+            "events": if s.watching(&h.key) { "recording" } else { "from_first_read" },
         })))
     })
     .await
 }
 
 impl Server {
-    /// Starts the file events of API sandbox `h` (once per sandbox).
-    fn register(&self, h: &SandboxHandle, thread: &ThreadId) -> Result<(), ApiError> {
-        let mut m = self.sandboxes.lock();
-        // Resumed: its watcher goes on. One of an earlier sandbox of the key (evicted,
-        // reaped) is replaced.
-        if m.get(&h.key)
-            .is_some_and(|s| &s.thread == thread && s.watcher.watches(h))
-        {
-            return Ok(());
-        }
-        let events = Arc::new(Mutex::new(EventRing::new(self.limits().max_events)));
-        let notify = Arc::new(tokio::sync::Notify::new());
-        let (sink, wake) = (events.clone(), notify.clone());
-        let cfg = FileEvents {
-            on_event: Arc::new(move |e| {
-                sink.lock().unwrap_or_else(|p| p.into_inner()).push(e);
-                wake.notify_waiters();
-            }),
-            diff: self
-                .mw
-                .config()
-                .file_events
-                .as_ref()
-                .is_some_and(|f| f.diff),
+    /// Keeps the file events of API sandbox `h`: recorded from now when `eager`, else
+    /// from the first events request (a sandbox already recording goes on).
+    fn register(&self, h: &SandboxHandle, thread: &ThreadId, eager: bool) -> Result<(), ApiError> {
+        let known = {
+            let m = self.sandboxes.lock();
+            // Resumed: its events go on. One of an earlier sandbox of the key (evicted,
+            // reaped) is replaced.
+            m.get(&h.key)
+                .filter(|s| &s.thread == thread && s.handle.is(h))
+                .map(|s| s.watcher.clone())
         };
-        let watcher = Watcher::start(h, &cfg).map_err(|detail| {
+        let watcher = match known {
+            Some(w) => w,
+            None => {
+                let events = Arc::new(Mutex::new(EventRing::new(self.limits().max_events)));
+                let notify = Arc::new(tokio::sync::Notify::new());
+                let (sink, wake) = (events.clone(), notify.clone());
+                let cfg = FileEvents {
+                    on_event: Arc::new(move |e| {
+                        sink.lock().unwrap_or_else(|p| p.into_inner()).push(e);
+                        wake.notify_waiters();
+                    }),
+                    diff: self
+                        .mw
+                        .config()
+                        .file_events
+                        .as_ref()
+                        .is_some_and(|f| f.diff),
+                };
+                let watcher = Arc::new(Mutex::new(None));
+                let was = self.sandboxes.lock().insert(
+                    h.key.clone(),
+                    ApiSandbox {
+                        thread: thread.clone(),
+                        events,
+                        notify,
+                        gone: Arc::new(AtomicBool::new(false)),
+                        handle: h.downgrade(),
+                        cfg,
+                        watcher: watcher.clone(),
+                    },
+                );
+                // The earlier sandbox's watcher is joined outside the lock.
+                drop(was);
+                watcher
+            }
+        };
+        if eager {
+            let cfg = self.sandboxes.lock().get(&h.key).map(|s| s.cfg.clone());
+            if let Some(cfg) = cfg {
+                start_watcher(&watcher, h, &cfg)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether API sandbox `key` records its events now.
+    fn watching(&self, key: &str) -> bool {
+        let w = self.sandboxes.lock().get(key).map(|s| s.watcher.clone());
+        w.is_some_and(|w| w.lock().unwrap_or_else(|p| p.into_inner()).is_some())
+    }
+}
+
+/// Starts the watcher of sandbox `h` unless it runs already.
+fn start_watcher(
+    slot: &Mutex<Option<Watcher>>,
+    h: &SandboxHandle,
+    cfg: &FileEvents,
+) -> Result<(), ApiError> {
+    let mut w = slot.lock().unwrap_or_else(|p| p.into_inner());
+    if w.is_none() {
+        *w = Some(Watcher::start(h, cfg).map_err(|detail| {
             ApiError::from(crate::middleware::MiddlewareError::Sandbox {
                 key: h.key.clone(),
                 detail,
             })
-        })?;
-        m.insert(
-            h.key.clone(),
-            ApiSandbox {
-                thread: thread.clone(),
-                events,
-                notify,
-                gone: Arc::new(AtomicBool::new(false)),
-                watcher,
-            },
-        );
-        Ok(())
+        })?);
     }
+    Ok(())
 }
 
 pub(super) async fn destroy(
@@ -251,12 +302,23 @@ pub(super) async fn events(
     ApiPath(key): ApiPath<String>,
     ApiQuery(q): ApiQuery<EventsQuery>,
 ) -> ApiResult {
-    let (events, notify, gone) = {
+    let (events, notify, gone, watch) = {
         let m = s.sandboxes.lock();
         let sb = m.get(&key).ok_or_else(|| no_sandbox(&key))?;
-        (sb.events.clone(), sb.notify.clone(), sb.gone.clone())
+        let watch = (sb.watcher.clone(), sb.handle.clone(), sb.cfg.clone());
+        (sb.events.clone(), sb.notify.clone(), sb.gone.clone(), watch)
     };
     s.mw.provider().touch(&key);
+    // Made with `"events": false`: its events are recorded from this request on.
+    if watch.0.lock().unwrap_or_else(|p| p.into_inner()).is_none() {
+        let k = key.clone();
+        blocking(move || {
+            let (slot, weak, cfg) = watch;
+            let h = weak.upgrade().ok_or_else(|| no_sandbox(&k))?;
+            start_watcher(&slot, &h, &cfg)
+        })
+        .await?;
+    }
     let after = q.after.unwrap_or(0);
     let wait = Duration::from_millis(q.wait_ms.unwrap_or(0)).min(MAX_WAIT);
     let deadline = tokio::time::Instant::now() + wait;
