@@ -18,6 +18,7 @@ import math
 import os
 import re
 import sys
+import textwrap
 
 FORMAT = "casfs-bench-result/1"
 # A marker stands alone on its line (one quoted in prose is no marker).
@@ -43,6 +44,8 @@ UNITS = {
     ("KiB", "GiB"): 1 / 2**20,
 }
 ROW_FIELDS = ("unit", "runs", "median")
+# The width the line under a table is wrapped to.
+WIDTH = 100
 
 
 class Failure(Exception):
@@ -111,6 +114,7 @@ class Results:
         self.root = root
         self.dir = os.path.join(root, "docs", "results")
         self.files = {}  # relative path -> parsed file
+        self.selection = {}  # a picked file -> the runs it was picked from, oldest first
         self.problems = []
         for d, _, names in os.walk(self.dir):
             for n in sorted(names):
@@ -143,8 +147,23 @@ class Results:
         if not bench:
             raise Failure(f"{what}: names neither 'bench' nor 'file'")
         runs = self.runs_of(bench)
+        # Runs of one benchmark with different settings (a backend, a workload): only
+        # those whose command has every one of these words, and none of `command_lacks`.
+        has = spec.get("command_has", [])
+        lacks = spec.get("command_lacks", [])
+        has, lacks = ([has] if isinstance(has, str) else has), ([lacks] if isinstance(lacks, str) else lacks)
+        runs = [
+            q for q in runs
+            if all(w in self.files[q].get("command", "") for w in has)
+            and not any(w in self.files[q].get("command", "") for w in lacks)
+        ]
         if not runs:
-            raise Failure(f"{what}: no result file of bench {bench!r} under docs/results/")
+            raise Failure(
+                f"{what}: no result file of bench {bench!r} under docs/results/"
+                + (f" whose command has {has} and not {lacks}" if has or lacks else "")
+            )
+        # The earlier runs a table names are those of the same selection.
+        self.selection[runs[-1]] = runs
         return runs[-1]
 
 
@@ -182,7 +201,7 @@ def label_text(v):
 def link(from_md, rel, root):
     """A Markdown link to `rel` (relative to the root) from the file `from_md`."""
     target = os.path.relpath(os.path.join(root, rel), os.path.dirname(os.path.join(root, from_md)))
-    return f"[`{rel}`]({target})"
+    return f"[`{os.path.basename(rel)}`]({target})"
 
 
 def describe(r):
@@ -206,7 +225,9 @@ def source_line(results, files, from_md, shown_runs):
         bench = r.get("bench")
         date = r.get("date", "")
         older = [
-            q for q in results.runs_of(bench) if q != p and results.files[q].get("date", "") <= date
+            q
+            for q in results.selection.get(p, results.runs_of(bench))
+            if q != p and results.files[q].get("date", "") <= date
         ]
         s = f"From {link(from_md, p, results.root)} ({describe(r)}): `{r.get('command')}`"
         if older:
@@ -219,7 +240,8 @@ def source_line(results, files, from_md, shown_runs):
         lo, hi = min(shown_runs), max(shown_runs)
         reps = f"{lo}" if lo == hi else f"{lo}-{hi}"
         out.append(f"Medians of {reps} run{'s' if hi > 1 else ''} each.")
-    return " ".join(out)
+    # Wrapped like the prose around it (a link or a word is never split).
+    return textwrap.fill(" ".join(out), WIDTH, break_long_words=False, break_on_hyphens=False)
 
 
 def render_pivot(name, spec, results, from_md):

@@ -120,10 +120,10 @@ fn the_renderer_finds_a_stale_table_and_shows_the_newest_run() {
     let now = fs::read_to_string(&doc).unwrap();
     assert!(now.contains("| 2,000.0 |"), "{now}");
     let old_name = file.file_name().unwrap().to_str().unwrap();
-    let from = now.find(&format!("From [`docs/results/capture/{newer_name}`]"));
-    let earlier = now.find(&format!(
-        "Earlier runs: [`docs/results/capture/{old_name}`]"
-    ));
+    // The line under a table is wrapped: compare its words.
+    let words = now.split_whitespace().collect::<Vec<_>>().join(" ");
+    let from = words.find(&format!("From [`{newer_name}`]"));
+    let earlier = words.find(&format!("Earlier runs: [`{old_name}`]"));
     assert!(from.is_some() && earlier > from, "{now}");
     let readme = fs::read_to_string(dir.join("README.md")).unwrap();
     assert!(readme.contains("| 2,000 ms |"), "{readme}");
@@ -285,4 +285,71 @@ fn the_code_map_names_every_module() {
         missing.len(),
         missing.join(", ")
     );
+}
+
+#[test]
+fn a_table_shows_the_newest_run_of_its_own_settings() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("tree");
+    copy_tree(&root().join("tests/fixtures/results"), &dir);
+    let doc = dir.join("docs/bench.md");
+    let rendered = fs::read_to_string(&doc).unwrap();
+    // A newer run of the same benchmark with other settings.
+    let file = only_file(&dir.join("docs/results/capture"));
+    let mut other: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&file).unwrap()).unwrap();
+    other["date"] = "2999-01-01T00:00:00Z".into();
+    other["command"] = "cargo bench --bench capture -- --mode overlay".into();
+    for r in other["rows"].as_array_mut().unwrap() {
+        r["runs"] = serde_json::json!([7777.0]);
+        r["median"] = 7777.0.into();
+    }
+    let other_name = "2999-01-01T00-00-00Z-0000000.json";
+    fs::write(
+        dir.join("docs/results/capture").join(other_name),
+        serde_json::to_string_pretty(&other).unwrap(),
+    )
+    .unwrap();
+    // Tables that leave those settings out show the run they showed, and do not
+    // name the other as an earlier run.
+    let tables_path = dir.join("docs/results/tables.json");
+    let mut tables: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&tables_path).unwrap()).unwrap();
+    for name in ["capture-initial", "capture-seconds"] {
+        tables[name]["command_lacks"] = "--mode overlay".into();
+    }
+    fs::write(&tables_path, tables.to_string()).unwrap();
+    let o = render(&dir, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let now = fs::read_to_string(&doc).unwrap();
+    let table = |s: &str| {
+        s.split("<!-- /results:capture-seconds -->")
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(
+        table(&now),
+        table(&rendered),
+        "the table of the other settings is unchanged"
+    );
+    assert!(!table(&now).contains(other_name), "{now}");
+    // A table that asks for them shows the other run.
+    for name in ["capture-initial", "capture-seconds"] {
+        tables[name]
+            .as_object_mut()
+            .unwrap()
+            .remove("command_lacks");
+        tables[name]["command_has"] = serde_json::json!(["--mode", "overlay"]);
+    }
+    fs::write(&tables_path, tables.to_string()).unwrap();
+    let o = render(&dir, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(fs::read_to_string(&doc).unwrap().contains("| 7,777.0 |"));
+    // None matching: an error that names what was asked.
+    tables["capture-initial"]["command_has"] = "--no-such-flag".into();
+    fs::write(&tables_path, tables.to_string()).unwrap();
+    let o = render(&dir, &["--check"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("--no-such-flag"), "{}", text(&o));
 }
