@@ -7,9 +7,11 @@ set -euo pipefail
 # bindgen, pkg-config and a C toolchain. Mount: fuse3 (fusermount3). Benchmarks and
 # tests compare with git, zstd, tar, rsync, restic and fuse-overlayfs; attr gives
 # getfattr/setfattr; libacl1-dev is for building pjdfstest (below); curl talks to
-# `casfs serve` in the demo; fonts-dejavu-core labels `casfs bench --plot`.
+# `casfs serve` in the demo and fetches rustup (with ca-certificates) where Rust is
+# missing; fonts-dejavu-core labels `casfs bench --plot`.
 PACKAGES=(librocksdb-dev libclang-dev clang pkg-config build-essential fuse3
-          git zstd tar rsync restic attr fuse-overlayfs libacl1-dev curl fonts-dejavu-core)
+          git zstd tar rsync restic attr fuse-overlayfs libacl1-dev curl ca-certificates
+          fonts-dejavu-core)
 
 # The FUSE tests' POSIX probe is a Python script; any python3 on PATH will do.
 command -v python3 >/dev/null 2>&1 || PACKAGES+=(python3)
@@ -31,8 +33,34 @@ if ! command -v cargo >/dev/null 2>&1; then
     [ -x "$d/cargo" ] && export PATH="$d:$PATH"
   done
 fi
-command -v cargo >/dev/null 2>&1 || {
-  echo "casfs setup: cargo (Rust >= 1.85) is required and was not found on PATH" >&2
+# No Rust (Debian 12's own is too old for casfs): rustup's stable toolchain, from
+# static.rust-lang.org, checked against its published SHA-256, into ~/.cargo.
+if ! command -v cargo >/dev/null 2>&1; then
+  arch="$(uname -m)-unknown-linux-gnu"
+  url="https://static.rust-lang.org/rustup/dist/$arch/rustup-init"
+  tmp="$(mktemp -d)"
+  echo "casfs setup: no cargo on PATH; installing Rust (stable) with rustup from $url" >&2
+  curl --proto '=https' --tlsv1.2 -sSf -o "$tmp/rustup-init" "$url"
+  want="$(curl --proto '=https' --tlsv1.2 -sSf "$url.sha256" | cut -d' ' -f1)"
+  got="$(sha256sum "$tmp/rustup-init" | cut -d' ' -f1)"
+  if [ "$want" != "$got" ]; then
+    echo "casfs setup: rustup-init from $url has SHA-256 $got, not the published $want" >&2
+    exit 1
+  fi
+  chmod +x "$tmp/rustup-init"
+  "$tmp/rustup-init" -y --no-modify-path --profile minimal --default-toolchain stable \
+    --component clippy,rustfmt >/dev/null
+  rm -rf "$tmp"
+  export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+fi
+rust_ok() {
+  local v
+  v="$(rustc --version 2>/dev/null | cut -d' ' -f2)"
+  [ -n "$v" ] && [ "$(printf '%s\n1.85.0\n' "$v" | sort -V | head -1)" = 1.85.0 ]
+}
+rust_ok || {
+  echo "casfs setup: casfs needs Rust >= 1.85; found $(rustc --version 2>/dev/null || echo none)" \
+    "(rustup update stable)" >&2
   exit 1
 }
 
