@@ -2,8 +2,9 @@
 # Runs every benchmark the docs cite, one after another, each writing its result file
 # under docs/results/<bench>/ (docs/results/README.md); then renders the docs' tables
 # from them (scripts/render-results.py). As root, on a machine with nothing else
-# running (the benchmarks mount loop filesystems, FUSE and overlays). Takes a couple
-# of hours. `scripts/bench-all.sh NAME...` runs only those (names as below).
+# running (the benchmarks mount loop filesystems, FUSE and overlays). Takes about two
+# hours on 2 cores; the benchmarks the docs lean on most run first.
+# `scripts/bench-all.sh NAME...` runs only those (names as below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
@@ -23,18 +24,18 @@ only=("$@")
 cargo build --release --locked
 casfs=target/release/casfs
 run capture cargo bench --bench capture -- --sizes 1000,10000,100000 --reps 3 --out "$(out capture)"
-run chunking cargo bench --bench chunking -- --out "$(out chunking)"
-run mount-fuse cargo bench --bench mount -- --sizes 1k,10k,100k --reps 5 --mode fuse --out "$(out mount)"
-run mount-overlay cargo bench --bench mount -- --sizes 1k,10k,100k --reps 5 --mode overlay --out "$(out mount)"
-run middleware cargo bench --bench middleware -- --sizes 10k --reps 15 --out "$(out middleware)"
-run fleet cargo bench --bench fleet -- --sizes 1k,10k,100k --reps 3 --out "$(out fleet)"
-run soak cargo bench --bench soak -- --runs 10000 --clients 8 --threads 100 --out "$(out soak)"
+run mount-fuse cargo bench --bench mount -- --sizes 1k,10k,100k --reps 3 --mode fuse --out "$(out mount)"
+run mount-overlay cargo bench --bench mount -- --sizes 1k,10k,100k --reps 3 --mode overlay --out "$(out mount)"
 run overlay cargo bench --bench overlay -- --reps 3 --sizes 1k,10k,100k --out "$(out overlay)"
-run casfs-bench "$casfs" bench --sizes 1k,10k,100k --reps 3 --runs 3 --out "$(out casfs-bench)"
-run casfs-bench-real "$casfs" bench --from /usr/share --reps 3 --runs 3 --out "$(out casfs-bench)"
-run real_tree env CASFS_BENCH_OUT="$(out real_tree)" benches/real_tree.sh
-run restore_loop env CASFS_BENCH_OUT="$(out restore_loop)" benches/restore_loop.sh --files 100000
-run gc-bench env CASFS_BENCH_OUT="$(out gc-bench)" scripts/gc-bench.sh
+run soak cargo bench --bench soak -- --runs 10000 --clients 8 --threads 100 --out "$(out soak)"
+run fleet cargo bench --bench fleet -- --sizes 1k,10k,100k --reps 3 --out "$(out fleet)"
+run casfs-bench "$casfs" bench --sizes 1k,10k,100k --reps 3 --runs 3 --plot docs/bench.svg --out "$(out casfs-bench)"
+run middleware cargo bench --bench middleware -- --sizes 10k --reps 15 --out "$(out middleware)"
 run agent-loop bash -c "cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error >/dev/null && \
   CASFS_BIN=$PWD/$casfs npm run bench -- --sizes 1k,10k,100k --runs 3 --out $PWD/$(out agent-loop)"
+run restore_loop env CASFS_BENCH_OUT="$(out restore_loop)" benches/restore_loop.sh --files 100000
+run real_tree env CASFS_BENCH_OUT="$(out real_tree)" benches/real_tree.sh
+run gc-bench env CASFS_BENCH_OUT="$(out gc-bench)" scripts/gc-bench.sh
+run chunking cargo bench --bench chunking -- --out "$(out chunking)"
+run casfs-bench-real "$casfs" bench --from /usr/share --reps 3 --runs 3 --out "$(out casfs-bench)"
 python3 scripts/render-results.py
