@@ -288,7 +288,9 @@ def render_pivot(name, spec, results, from_md):
     head = [names.get(k, k) for k in rows_by]
     in_head = f" ({u})" if u and spec.get("unit_in_head", True) else ""
     head += [names.get(str(c), label_text(c)) + in_head for c in col_keys]
+    # One column or several: a cell shows its ratio to each of them (but itself).
     ratio_to = spec.get("ratio_to")
+    ratio_cols = ratio_to if isinstance(ratio_to, list) else ([] if ratio_to is None else [ratio_to])
     lines = []
     if spec.get("title"):
         lines += [spec["title"], ""]
@@ -296,13 +298,16 @@ def render_pivot(name, spec, results, from_md):
     lines.append("|" + "---|" * len(rows_by) + "---:|" * len(col_keys))
     for rk in row_keys:
         out = [label_text(x) for x in rk]
-        ref = cells.get((rk, ratio_to)) if ratio_to is not None else None
         for ck in col_keys:
             v = cells.get((rk, ck))
             s = number(v, digits) if isinstance(v, (int, float)) or v is None else str(v)
-            numbers = isinstance(v, (int, float)) and isinstance(ref, (int, float))
-            if ratio_to is not None and ck != ratio_to and numbers and ref:
-                s += f" ({v / ref:.{spec.get('ratio_digits', 2)}f}x)"
+            ratios = []
+            for t in ratio_cols:
+                ref = cells.get((rk, t))
+                if ck != t and isinstance(v, (int, float)) and isinstance(ref, (int, float)) and ref:
+                    ratios.append(f"{v / ref:.{spec.get('ratio_digits', 2)}f}x")
+            if ratios:
+                s += f" ({', '.join(ratios)})"
             out.append(s)
         lines.append("| " + " | ".join(out) + " |")
     lines += ["", source_line(results, [p], from_md, run_counts if value == "median" else [])]
