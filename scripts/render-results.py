@@ -254,6 +254,7 @@ def render_pivot(name, spec, results, from_md):
     unit = spec.get("unit")
     cells = {}
     row_keys, col_keys, run_counts, units = [], [], [], set()
+    row_units = {}
     for row in r["rows"]:
         if not matches(row, spec.get("where")):
             continue
@@ -269,6 +270,7 @@ def render_pivot(name, spec, results, from_md):
         v = row.get(value)
         cells[(rk, ck)] = v * f if isinstance(v, (int, float)) else v
         units.add(unit or row.get("unit"))
+        row_units.setdefault(rk, unit or row.get("unit"))
         run_counts.append(len(row["runs"]))
         if rk not in row_keys:
             row_keys.append(rk)
@@ -286,7 +288,7 @@ def render_pivot(name, spec, results, from_md):
     names = spec.get("labels", {})
     u = units.pop() if len(units) == 1 else None
     head = [names.get(k, k) for k in rows_by]
-    in_head = f" ({u})" if u and spec.get("unit_in_head", True) else ""
+    in_head = f" ({u})" if u and spec.get("unit_in_head", True) and not spec.get("unit_in_rows") else ""
     head += [names.get(str(c), label_text(c)) + in_head for c in col_keys]
     # One column or several: a cell shows its ratio to each of them (but itself).
     ratio_to = spec.get("ratio_to")
@@ -298,6 +300,8 @@ def render_pivot(name, spec, results, from_md):
     lines.append("|" + "---|" * len(rows_by) + "---:|" * len(col_keys))
     for rk in row_keys:
         out = [label_text(x) for x in rk]
+        if spec.get("unit_in_rows") and out:
+            out[-1] += f" ({row_units[rk]})"
         for ck in col_keys:
             v = cells.get((rk, ck))
             s = number(v, digits) if isinstance(v, (int, float)) or v is None else str(v)
