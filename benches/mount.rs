@@ -34,7 +34,8 @@
 //! and 20 minutes here: run by hand, not in CI).
 //!
 //! Run: `cargo bench --bench mount -- [--sizes 1k,10k,100k] [--reps 5] [--mode fuse|overlay]
-//! [--no-peers] [--no-io] [--no-large] [--out FILE]` (`--mode`: the backend of the casfs mounts;
+//! [--no-peers] [--no-io] [--no-large] [--out FILE]` (`--mode`: the backend of every casfs mount,
+//! the I/O and large-file ones included;
 //! default: `casfs mount`'s own choice; `--no-peers`: casfs only)
 
 use std::fs;
@@ -370,11 +371,11 @@ fn main() {
 
     let mut io_rows: Vec<IoRow> = Vec::new();
     if !args.flags.iter().any(|f| f == "--no-io") {
-        io_rows = io_bench(&base, overlay);
+        io_rows = io_bench(&base, overlay, &mode);
     }
     let mut large_rows: Vec<IoRow> = Vec::new();
     if !args.flags.iter().any(|f| f == "--no-large") {
-        large_rows = large_file_bench(&base, args.reps, git, restic);
+        large_rows = large_file_bench(&base, args.reps, git, restic, &mode);
     }
 
     println!();
@@ -497,7 +498,7 @@ fn main() {
 }
 
 /// The I/O workloads on ext4, a casfs mount and fuse-overlayfs.
-fn io_bench(base: &Path, overlay: bool) -> Vec<IoRow> {
+fn io_bench(base: &Path, overlay: bool, mode: &[&str]) -> Vec<IoRow> {
     let mut out = Vec::new();
     let src = base.join("io-src");
     fs::create_dir_all(&src).unwrap();
@@ -516,7 +517,9 @@ fn io_bench(base: &Path, overlay: bool) -> Vec<IoRow> {
     let store = base.join("io-store");
     let cmp = base.join("casfs-mnt");
     fs::create_dir_all(&cmp).unwrap();
-    casfs(&store, &["mount", cmp.to_str().unwrap(), "-t", "io"]);
+    let mut mount = vec!["mount", cmp.to_str().unwrap(), "-t", "io"];
+    mount.extend(mode);
+    casfs(&store, &mount);
     targets.push(("casfs", cmp.clone()));
     let omp = base.join("overlay-mnt");
     if overlay {
@@ -597,7 +600,13 @@ fn io_bench(base: &Path, overlay: bool) -> Vec<IoRow> {
 
 /// A 1 GiB file changed by 4 KiB per repetition: the checkpoint against git and restic,
 /// and the cost of writing a large file through the daemon against ext4.
-fn large_file_bench(base: &Path, reps: usize, git: bool, restic: bool) -> Vec<IoRow> {
+fn large_file_bench(
+    base: &Path,
+    reps: usize,
+    git: bool,
+    restic: bool,
+    mode: &[&str],
+) -> Vec<IoRow> {
     use std::os::unix::fs::FileExt;
     const MIB: u64 = 1 << 20;
     let dir = base.join("large");
@@ -616,7 +625,9 @@ fn large_file_bench(base: &Path, reps: usize, git: bool, restic: bool) -> Vec<Io
         &[],
     );
     casfs(&store, &["capture", plain.to_str().unwrap(), "-t", "large"]);
-    casfs(&store, &["mount", mp.to_str().unwrap(), "-t", "large"]);
+    let mut mount = vec!["mount", mp.to_str().unwrap(), "-t", "large"];
+    mount.extend(mode);
+    casfs(&store, &mount);
     // 4 KiB at a new place each round (round 0 also copies the file up, untimed).
     let write_4k = |file: &Path, round: usize| {
         let f = fs::OpenOptions::new().write(true).open(file).unwrap();
