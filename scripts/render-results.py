@@ -100,7 +100,9 @@ def check_result(path, r):
         )
         if not close:
             bad.append(f"{where}: 'median' {med!r} is not the median of its runs ({median(runs)!r})")
-        key = json.dumps({k: v for k, v in row.items() if k not in ROW_FIELDS}, sort_keys=True)
+        # Labels and unit: one thing may be measured in two units (descriptors and KiB
+        # at start).
+        key = json.dumps({k: v for k, v in row.items() if k not in ("runs", "median")}, sort_keys=True)
         if key in seen:
             bad.append(f"{where}: the same labels as an earlier row ({key})")
         seen.add(key)
@@ -308,7 +310,9 @@ def render_pivot(name, spec, results, from_md):
             v = cells.get((rk, ck))
             s = number(v, digits) if isinstance(v, (int, float)) or v is None else str(v)
             ratios = []
-            for t in ratio_cols:
+            # A reference column shows its ratio to the references before it only.
+            refs = ratio_cols[: ratio_cols.index(ck)] if ck in ratio_cols else ratio_cols
+            for t in refs:
                 ref = cells.get((rk, t))
                 if ck != t and isinstance(v, (int, float)) and isinstance(ref, (int, float)) and ref:
                     ratios.append(f"{v / ref:.{spec.get('ratio_digits', 2)}f}x")
