@@ -181,6 +181,10 @@ def convert(row, unit, what):
     have = row.get("unit")
     if not unit or unit == have:
         return 1.0
+    # A unit with a word after it ("KiB resident") converts as its unit.
+    have = have.split(" ")[0] if isinstance(have, str) else have
+    if have == unit:
+        return 1.0
     if (have, unit) not in UNITS:
         raise Failure(f"{what}: cannot convert {have!r} to {unit!r}")
     return UNITS[(have, unit)]
