@@ -7,6 +7,8 @@
 //!   vs `restic backup` (incremental).
 //!
 //! Every figure is the median of `--reps` runs; ratios are peer / casfs of the medians.
+//! The tools take turns within a round, in an order that rotates between rounds, and a
+//! `sync` (untimed) comes before every timed step.
 //! Peers that are not installed are skipped with a note. `--out FILE` writes every run
 //! as a result file (docs/results/README.md); `CASFS_BENCH_DIR` is where the trees go.
 //!
@@ -77,50 +79,64 @@ fn main() {
             });
         };
 
-        // Initial capture, each run into a fresh store / repo.
-        let mut t = Vec::new();
-        for _ in 0..args.reps {
-            let _ = fs::remove_dir_all(&out);
-            t.push(sh(
-                &format!("{casfs} --store {out_s} capture {tree_s} -t b"),
-                &[],
-            ));
-        }
-        add("casfs", "initial capture", t);
+        // Initial capture, each run into a fresh store / repo, the tools in turn: the
+        // order rotates every round and a `sync` (untimed) comes before each step, so
+        // no tool pays for another's writeback or its own set-up's.
+        let mut tools = vec!["casfs"];
         if tar_zstd {
-            let mut t = Vec::new();
-            for _ in 0..args.reps {
-                let _ = fs::remove_dir_all(&out);
-                fs::create_dir_all(&out).unwrap();
-                t.push(sh(
-                    &format!("tar -cf - -C {tree_s} . | zstd -T0 -3 -q -o {out_s}/t.tar.zst"),
-                    &[],
-                ));
-            }
-            add("tar+zstd", "initial capture", t);
+            tools.push("tar+zstd");
         }
         if restic {
-            let mut t = Vec::new();
-            for _ in 0..args.reps {
-                let _ = fs::remove_dir_all(&out);
-                sh(&format!("restic init -q -r {out_s}"), GIT_ENV);
-                t.push(sh(
-                    &format!("cd {tree_s} && restic backup -q -r {out_s} ."),
-                    GIT_ENV,
-                ));
-            }
-            add("restic", "initial capture", t);
+            tools.push("restic");
         }
         if git {
-            // The repository lives outside the tree, so no tool ever sees another's files.
-            let mut t = Vec::new();
-            for _ in 0..args.reps {
+            tools.push("git");
+        }
+        let mut times: Vec<Vec<Duration>> = vec![Vec::new(); tools.len()];
+        for rep in 0..args.reps {
+            for k in 0..tools.len() {
+                let i = (k + rep) % tools.len();
                 let _ = fs::remove_dir_all(&out);
-                let env = git_env(&out, &tree);
-                sh("git init -q && git config gc.auto 0", &env);
-                t.push(sh("git add -A && git commit -q -m initial", &env));
+                let t = match tools[i] {
+                    "casfs" => {
+                        sh("sync", &[]);
+                        sh(
+                            &format!("{casfs} --store {out_s} capture {tree_s} -t b"),
+                            &[],
+                        )
+                    }
+                    "tar+zstd" => {
+                        fs::create_dir_all(&out).unwrap();
+                        sh("sync", &[]);
+                        sh(
+                            &format!(
+                                "tar -cf - -C {tree_s} . | zstd -T0 -3 -q -o {out_s}/t.tar.zst"
+                            ),
+                            &[],
+                        )
+                    }
+                    "restic" => {
+                        sh(&format!("restic init -q -r {out_s}"), GIT_ENV);
+                        sh("sync", &[]);
+                        sh(
+                            &format!("cd {tree_s} && restic backup -q -r {out_s} ."),
+                            GIT_ENV,
+                        )
+                    }
+                    _ => {
+                        // The repository lives outside the tree, so no tool ever sees
+                        // another's files.
+                        let env = git_env(&out, &tree);
+                        sh("git init -q && git config gc.auto 0", &env);
+                        sh("sync", &[]);
+                        sh("git add -A && git commit -q -m initial", &env)
+                    }
+                };
+                times[i].push(t);
             }
-            add("git", "initial capture", t);
+        }
+        for (tool, t) in tools.iter().zip(times) {
+            add(tool, "initial capture", t);
         }
 
         // Fresh stores that hold the tree, then re-captures after 10 changes each.
@@ -154,18 +170,21 @@ fn main() {
                 data.extend_from_slice(format!("\n// change {rep} {k}\n").as_bytes());
                 fs::write(f, data).unwrap();
             }
-            tc.push(sh(
-                &format!("{casfs} --store {store_s} capture {tree_s} -t b"),
-                &[],
-            ));
-            if git {
-                tg.push(sh("git add -A && git commit -q -m change", &genv));
-            }
-            if restic {
-                tr.push(sh(
-                    &format!("cd {tree_s} && restic backup -q -r {restic_s} ."),
-                    GIT_ENV,
-                ));
+            // The same changes for every tool; the order rotates, a sync before each.
+            for k in 0..3 {
+                sh("sync", &[]);
+                match (k + rep) % 3 {
+                    0 => tc.push(sh(
+                        &format!("{casfs} --store {store_s} capture {tree_s} -t b"),
+                        &[],
+                    )),
+                    1 if git => tg.push(sh("git add -A && git commit -q -m change", &genv)),
+                    2 if restic => tr.push(sh(
+                        &format!("cd {tree_s} && restic backup -q -r {restic_s} ."),
+                        GIT_ENV,
+                    )),
+                    _ => {}
+                }
             }
         }
         add("casfs", "re-capture after 10 changes", tc);
