@@ -2,8 +2,8 @@
 # Runs every benchmark the docs cite, one after another, each writing its result file
 # under docs/results/<bench>/ (docs/results/README.md); then renders the docs' tables
 # from them (scripts/render-results.py). As root, on a machine with nothing else
-# running (the benchmarks mount loop filesystems, FUSE and overlays). Takes about two
-# hours on 2 cores; the benchmarks the docs lean on most run first.
+# running (the benchmarks mount loop filesystems, FUSE and overlays). Took about an
+# hour on 2 cores (2026-12-04); the benchmarks the docs lean on most run first.
 # `scripts/bench-all.sh NAME...` runs only those (names as below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
