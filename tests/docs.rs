@@ -353,3 +353,103 @@ fn a_table_shows_the_newest_run_of_its_own_settings() {
     assert!(!o.status.success());
     assert!(text(&o).contains("--no-such-flag"), "{}", text(&o));
 }
+
+/// The measured figures of `line`: a number followed by a time unit finer than a second
+/// (`12 ms`, `30 us`), a rate (`690 runs/s`, `95 MB/s`) or a ratio (`1.4x`).
+fn figures_in(line: &str) -> Vec<String> {
+    const TIMES: [&str; 3] = ["ms", "us", "µs"];
+    const RATES: [&str; 6] = ["runs/s", "MB/s", "GB/s", "MiB/s", "GiB/s", "files/s"];
+    let word = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < line.len() {
+        let c = line[i..].chars().next().unwrap();
+        if !c.is_ascii_digit() || word(line[..i].chars().next_back()) {
+            i += c.len_utf8();
+            continue;
+        }
+        let len = line[i..]
+            .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == ','))
+            .unwrap_or(line.len() - i);
+        let number = line[i..i + len].trim_end_matches(['.', ',']);
+        let after = &line[i + number.len()..];
+        let unit = if let Some(rest) = after.strip_prefix('x') {
+            (!word(rest.chars().next())).then_some("x")
+        } else {
+            let spaced = after.strip_prefix(' ').unwrap_or(after);
+            TIMES
+                .iter()
+                .chain(RATES.iter())
+                .find(|u| spaced.starts_with(**u) && !word(spaced[u.len()..].chars().next()))
+                .copied()
+        };
+        if let Some(u) = unit {
+            out.push(format!("{number} {u}"));
+        }
+        i += len.max(1);
+    }
+    out
+}
+
+#[test]
+fn figures_in_finds_times_rates_and_ratios_only() {
+    assert_eq!(
+        figures_in("took 12.5 ms, 1,020 runs/s and 1.4x native; 30us"),
+        ["12.5 ms", "1,020 runs/s", "1.4 x", "30 us"]
+    );
+    assert!(figures_in("0x1f, 4 KiB, 30 s, v2 msg, 3 xattrs, 1 MiB chunks, 2 user").is_empty());
+}
+
+/// Numbers with a unit that are settings or constants, not measurements: the doc, and
+/// the text around the number.
+const NOT_MEASURED: &[(&str, &str)] = &[
+    ("docs/checkpoints.md", "more than 100 ms"),
+    ("docs/checkpoints.md", "every 15 ms"),
+    ("docs/middleware.md", "leases of 100 ms"),
+    ("docs/mount.md", "250 ms (`QUIET`)"),
+];
+
+#[test]
+fn no_measured_figure_stands_outside_a_rendered_table() {
+    let mut docs = vec![root().join("README.md")];
+    docs.extend(
+        fs::read_dir(root().join("docs"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "md")),
+    );
+    let mut found = Vec::new();
+    for doc in &docs {
+        let rel = doc
+            .strip_prefix(root())
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let mut table = false;
+        for (n, line) in fs::read_to_string(doc).unwrap().lines().enumerate() {
+            if line.starts_with("<!-- results:") {
+                table = true;
+            } else if line.starts_with("<!-- /results:") {
+                table = false;
+            }
+            // A rendered table, or a sentence citing its result file.
+            if table || line.contains("results/") {
+                continue;
+            }
+            let allowed = |f: &String| {
+                NOT_MEASURED.iter().any(|(d, text)| {
+                    *d == rel && line.contains(text) && text.contains(f.split(' ').next().unwrap())
+                })
+            };
+            for f in figures_in(line).into_iter().filter(|f| !allowed(f)) {
+                found.push(format!("{rel}:{}: {f}: {}", n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "measured figures typed by hand (render them from a result file, see \
+         docs/results/README.md, or cite the file; a setting belongs in NOT_MEASURED):\n{}",
+        found.join("\n")
+    );
+}
