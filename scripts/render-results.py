@@ -307,12 +307,16 @@ def render_pivot(name, spec, results, from_md):
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(rows_by) + "---:|" * len(col_keys))
     for rk in row_keys:
-        out = [label_text(x) for x in rk]
-        if spec.get("unit_in_rows") and out:
+        out = [names.get(str(x), label_text(x)) for x in rk]
+        # A label that names its unit already ("chunks") is not given it again.
+        if spec.get("unit_in_rows") and out and row_units[rk] not in out[-1].replace(",", " ").split():
             out[-1] += f" ({row_units[rk]})"
         for ck in col_keys:
             v = cells.get((rk, ck))
-            s = number(v, digits) if isinstance(v, (int, float)) or v is None else str(v)
+            # Counts need no decimals: `digits_for` sets them by row or column label.
+            per = spec.get("digits_for", {})
+            d = per.get(str(ck), per.get(str(rk[-1]) if rk else "", digits))
+            s = number(v, d) if isinstance(v, (int, float)) or v is None else str(v)
             ratios = []
             # A reference column shows its ratio to the references before it only.
             refs = ratio_cols[: ratio_cols.index(ck)] if ck in ratio_cols else ratio_cols
