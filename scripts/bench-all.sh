@@ -32,7 +32,7 @@ run fleet cargo bench --bench fleet -- --sizes 1k,10k,100k --reps 3 --out "$(out
 run casfs-bench "$casfs" bench --sizes 1k,10k,100k --reps 3 --runs 3 --plot docs/bench.svg --out "$(out casfs-bench)"
 run middleware cargo bench --bench middleware -- --sizes 10k --reps 15 --out "$(out middleware)"
 run agent-loop bash -c "cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error >/dev/null && \
-  CASFS_BIN=$PWD/$casfs npm run bench -- --sizes 1k,10k,100k --runs 3 --out $PWD/$(out agent-loop)"
+  npm run bench -- --sizes 1k,10k,100k --runs 3 --out ../../$(out agent-loop)"
 run restore_loop env CASFS_BENCH_OUT="$(out restore_loop)" benches/restore_loop.sh --files 100000
 run real_tree env CASFS_BENCH_OUT="$(out real_tree)" benches/real_tree.sh
 run gc-bench env CASFS_BENCH_OUT="$(out gc-bench)" scripts/gc-bench.sh
