@@ -453,3 +453,58 @@ fn no_measured_figure_stands_outside_a_rendered_table() {
         found.join("\n")
     );
 }
+
+#[test]
+fn ratios_to_several_columns_units_in_rows_and_own_decimals() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path();
+    fs::create_dir_all(dir.join("docs/results/ovl")).unwrap();
+    let row = |op: &str, backend: &str, unit: &str, v: f64| serde_json::json!({"op": op, "backend": backend, "unit": unit, "runs": [v], "median": v});
+    let run = serde_json::json!({
+        "format": "casfs-bench-result/1", "bench": "ovl", "command": "ovl --reps 1",
+        "commit": null, "date": "2026-01-01T00:00:00Z",
+        "machine": {"cores": 2, "kernel": "6.1", "filesystem": {}},
+        "rows": [
+            row("untar", "native", "ms", 100.0),
+            row("untar", "floor", "ms", 150.0),
+            row("untar", "casfs", "ms", 165.0),
+            row("files", "casfs", "files", 3.0),
+            // One thing in two units: two rows, not a duplicate.
+            row("at start", "casfs", "KiB resident", 2048.0),
+            row("at start", "casfs", "descriptors", 17.0),
+        ],
+    });
+    fs::write(dir.join("docs/results/ovl/run.json"), run.to_string()).unwrap();
+    let tables = serde_json::json!({
+        "t": {"bench": "ovl", "where": {"op": ["untar", "files"]}, "rows": ["op"],
+              "columns": "backend", "ratio_to": ["native", "floor"], "unit_in_rows": true,
+              "digits": 1, "digits_for": {"files": 0}, "labels": {"untar": "untar small"}},
+        "m": {"kind": "figures", "rows": [{"label": "memory", "cells": [
+              {"bench": "ovl", "where": {"op": "at start", "unit": "KiB resident"},
+               "unit": "MB", "digits": 1, "suffix": " MB"}]}]}
+    });
+    fs::write(dir.join("docs/results/tables.json"), tables.to_string()).unwrap();
+    let doc = dir.join("docs/t.md");
+    fs::write(
+        &doc,
+        "<!-- results:t -->\n<!-- /results:t -->\n\n<!-- results:m -->\n<!-- /results:m -->\n",
+    )
+    .unwrap();
+    let o = render(dir, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = fs::read_to_string(&doc).unwrap();
+    for line in [
+        "| op | native | floor | casfs |",
+        // The second reference shows its ratio to the first; the rest to both.
+        "| untar small (ms) | 100.0 | 150.0 (1.50x) | 165.0 (1.65x, 1.10x) |",
+        // A label naming its unit is not given it again; a count has no decimals.
+        "| files | - | - | 3 |",
+        // "KiB resident" converts as KiB: 2,048 KiB is 2.1 MB.
+        "| memory | 2.1 MB |",
+    ] {
+        assert!(
+            out.lines().any(|l| l == line),
+            "no line {line:?} in:\n{out}"
+        );
+    }
+}
