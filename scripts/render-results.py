@@ -289,10 +289,13 @@ def render_pivot(name, spec, results, from_md):
         col_keys = [c for c in order if c in col_keys] + [c for c in col_keys if c not in order]
     rorder = spec.get("row_order")
     if rorder:
-        # An entry is a row's labels in `rows` order, or its one label.
-        pos = {json.dumps(k if isinstance(k, list) and len(k) > 1 else k[0] if isinstance(k, list) else k): i
-               for i, k in enumerate(rorder)}
-        row_keys.sort(key=lambda k: pos.get(json.dumps(list(k) if len(k) > 1 else k[0]), len(pos)))
+        # An entry is a row's labels in `rows` order, or its one label (bare or in a list).
+        def key(labels):
+            labels = list(labels) if isinstance(labels, (list, tuple)) else [labels]
+            return json.dumps(labels if len(labels) > 1 else labels[0])
+
+        pos = {key(k): i for i, k in enumerate(rorder)}
+        row_keys.sort(key=lambda k: pos.get(key(k), len(pos)))
     names = spec.get("labels", {})
     u = units.pop() if len(units) == 1 else None
     head = [names.get(k, k) for k in rows_by]
