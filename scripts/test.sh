@@ -2,7 +2,8 @@
 # The whole test suite: installs what it needs, checks formatting and lints, then runs
 # every unit and integration test (integration tests mount real filesystems), the mount
 # tests and the TypeScript client's once per backend (FUSE, then overlayfs over a casfs
-# lower) and the FUSE backend once more on the classic /dev/fuse transport, then fuzzes
+# lower), the FUSE backend once more on the classic /dev/fuse transport and both again as
+# an ordinary user (rootless overlay, scripts/test-rootless.sh), then fuzzes
 # every decoder for a short while. It turns on FUSE over io_uring host-wide
 # (scripts/setup.sh --enable-fuse-uring) so that the FUSE passes run on both transports.
 # Then it builds, installs and exercises the Debian package and the npm tarball
@@ -32,6 +33,10 @@ ts_tests overlay
 if [ "$(cat /sys/module/fuse/parameters/enable_uring 2>/dev/null)" = Y ]; then
   CASFS_MOUNT_MODE=fuse CASFS_FUSE_TRANSPORT=classic cargo test --locked --test fuse
 fi
+# ...and as an ordinary user: the mount suite on rootless overlay (in that user's own
+# namespace), the TypeScript client's against that user's `casfs serve`, the commands
+# from outside the namespace, and a host that forbids user namespaces.
+scripts/test-rootless.sh
 # The Debian package and the npm tarball, installed and used the way a host does
 # (docs/install.md): build, lintian, install, the unit, a caller in group casfs,
 # upgrade, remove, purge. Most of its time is the release build the package needs.

@@ -142,6 +142,26 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
             stop,
         } => super::watch::watch(cli, dir, *foreground, *stop),
         Command::Unmount { mountpoint, lazy } => super::mount::unmount(cli, mountpoint, *lazy),
+        Command::Exec {
+            mountpoint,
+            cwd,
+            namespace,
+            keep_mount_rights,
+            command,
+        } => super::mount::exec(
+            mountpoint,
+            cwd.as_deref(),
+            *namespace,
+            *keep_mount_rights,
+            command,
+        ),
+        Command::Shell { mountpoint, cwd } => {
+            let shell = std::env::var_os("SHELL")
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| "/bin/sh".into());
+            super::mount::exec(mountpoint, cwd.as_deref(), false, false, &[shell])
+        }
+        Command::NamespaceHolder => Ok(casfs::mount::namespace::run_holder()?),
         Command::Serve { .. } => super::serve::run(cli),
         Command::Completions { shell } => super::generate::completions(*shell),
         Command::ManPages { dir } => super::generate::man_pages(dir),

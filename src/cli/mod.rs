@@ -156,7 +156,8 @@ pub enum Command {
         #[arg(long)]
         no_passthrough: bool,
         /// Backend: `overlay` (the kernel's overlayfs over a read-only casfs lower:
-        /// native-speed metadata; needs root), `fuse` (every request through casfs:
+        /// native-speed metadata; as a user other than root, inside that user's own
+        /// namespace, entered with `casfs exec`), `fuse` (every request through casfs:
         /// per-write events, chunk-exact large-file checkpoints) or `auto` (overlay where
         /// the host allows it)
         #[arg(long, env = "CASFS_MOUNT_MODE", default_value = "auto", value_parser = parse_mode)]
@@ -202,6 +203,41 @@ pub enum Command {
         #[arg(long, conflicts_with = "foreground")]
         stop: bool,
     },
+
+    /// Run a command where the casfs mount at MOUNTPOINT is seen: in the caller's user
+    /// and mount namespace, or (for a rootless overlay mount, which lives in the user's
+    /// own namespace) inside that namespace, with the caller's uid, groups and working
+    /// directory and no extra capabilities. `casfs exec ws -- make -j4`
+    Exec {
+        mountpoint: PathBuf,
+        /// Working directory of the command [default: the caller's]
+        #[arg(long, short = 'C', value_name = "DIR")]
+        cwd: Option<PathBuf>,
+        /// Enter the user's namespace (started if none runs) whatever MOUNTPOINT is
+        #[arg(long, hide = true)]
+        namespace: bool,
+        /// With --namespace: let the command and what it runs mount there (for a test
+        /// harness that starts casfs mounts from inside; never for an agent)
+        #[arg(long, hide = true)]
+        keep_mount_rights: bool,
+        /// The command and its arguments (after `--`)
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<std::ffi::OsString>,
+    },
+
+    /// An interactive shell ($SHELL, else /bin/sh) where the casfs mount at MOUNTPOINT is
+    /// seen (see `casfs exec`)
+    Shell {
+        mountpoint: PathBuf,
+        /// Working directory of the shell [default: the caller's]
+        #[arg(long, short = 'C', value_name = "DIR")]
+        cwd: Option<PathBuf>,
+    },
+
+    /// The process that holds the user's namespace of rootless mounts (started by
+    /// casfs when needed; runs until SIGTERM)
+    #[command(hide = true)]
+    NamespaceHolder,
 
     /// Unmount a casfs mount
     Unmount {

@@ -14,6 +14,7 @@ use casfs::checkpoint::{mount_dir, CheckpointId, OpenMode, Store, ThreadId};
 use casfs::fs::{is_dead_mount, is_fuse_mount, is_overlay_mount, ViewOptions, WorkspaceOptions};
 use casfs::mount::control::{control_socket, request, MountStatus, Request, Restored};
 use casfs::mount::daemon::{self, DAEMON_WAIT};
+use casfs::mount::namespace::{self, Holder};
 use casfs::mount::{MountCheckpoint, MountMode};
 
 use super::output::bytes;
@@ -44,7 +45,7 @@ pub fn mount(
     if is_fuse_mount(mountpoint) {
         bail!("{}: already a FUSE mount", mountpoint.display());
     }
-    if is_overlay_mount(mountpoint) && socket_of(cli, mountpoint).is_some_and(|s| answers(&s)) {
+    if socket_of(cli, mountpoint).is_some_and(|s| answers(&s)) {
         bail!("{}: already a casfs overlay mount", mountpoint.display());
     }
     let mountpoint = &std::fs::canonicalize(mountpoint)
@@ -62,6 +63,7 @@ pub fn mount(
             &format!("{} read-only", id.short()),
             None,
             &tempfile_path(mountpoint),
+            None,
         );
     }
     casfs::ignore_broken_pipes();
@@ -97,6 +99,17 @@ fn mount_writable(
     if thread.is_none() && at.is_none() {
         bail!("mount needs --thread (or --at CHECKPOINT) unless --read-only");
     }
+    // An overlay mount by a user who is not root lives in the user's namespace.
+    let rootless = mode == MountMode::Overlay && namespace::rootless();
+    if rootless {
+        if let Some(why) = namespace::rootless_overlay_blocked() {
+            bail!(
+                "--mode overlay as uid {}: {why}; mount with --mode fuse (or auto, which \
+                 falls back to it)",
+                namespace::euid()
+            );
+        }
+    }
     if !foreground {
         let socket = control_socket(&cli.store_root(), mountpoint);
         let what = format!("thread {}", thread.or(at).unwrap_or("?"));
@@ -111,7 +124,19 @@ fn mount_writable(
         if socket.exists() && !answers(&socket) {
             let _ = std::fs::remove_file(&socket);
         }
-        return spawn_background(mountpoint, &what, Some(&socket), &dir.join("daemon.log"));
+        let holder = rootless.then(namespace::ensure_holder).transpose()?;
+        return spawn_background(
+            mountpoint,
+            &what,
+            Some(&socket),
+            &dir.join("daemon.log"),
+            holder,
+        );
+    }
+    if rootless {
+        // Before the store starts a thread: the kernel lets only a single-threaded
+        // process join a user namespace.
+        namespace::join_for_mounting()?;
     }
     casfs::ignore_broken_pipes();
     // A daemon does not wait long for a store another process holds: the command that
@@ -144,9 +169,26 @@ fn mount_writable(
     .with_context(|| format!("serving {}", mountpoint.display()))
 }
 
-/// The control socket of the casfs mount at `path`, if it is one.
+/// Whether `path` is a casfs mount's root (or in a FUSE mount) as this process sees it.
+fn is_mount(path: &Path) -> bool {
+    is_fuse_mount(path) || is_overlay_mount(path)
+}
+
+/// The holder of the user's namespace when `path` is a mount in it that this process,
+/// outside it, does not see.
+fn mounted_in_namespace(path: &Path) -> Option<Holder> {
+    if is_mount(path) {
+        return None;
+    }
+    let h = Holder::find().filter(|h| !h.contains_self())?;
+    let canon = std::fs::canonicalize(path).ok()?;
+    is_mount(&h.outside(&canon)).then_some(h)
+}
+
+/// The control socket of the casfs mount at `path`, if it is one (here, or in the
+/// user's namespace).
 pub fn socket_of(cli: &Cli, path: &Path) -> Option<std::path::PathBuf> {
-    if !is_fuse_mount(path) && !is_overlay_mount(path) {
+    if !is_mount(path) && mounted_in_namespace(path).is_none() {
         return None;
     }
     let canon = std::fs::canonicalize(path).ok()?;
@@ -188,6 +230,20 @@ pub fn status(cli: &Cli, mountpoint: &Path) -> anyhow::Result<()> {
         bytes(st.dirty_bytes)
     );
     println!("  mode:       {}", st.mode.as_str());
+    if let Some(why) = &st.mode_fallback {
+        println!("              (auto chose fuse: {why})");
+    }
+    if let Some(ns) = &st.namespace {
+        println!(
+            "  namespace:  uid {}'s own (held by pid {}): enter it with `casfs exec {} -- CMD` \
+             or `casfs shell {}`; outside it, the files are at {}",
+            ns.uid,
+            ns.holder,
+            mountpoint.display(),
+            mountpoint.display(),
+            ns.outside.display()
+        );
+    }
     println!("  transport:  {}", st.fuse_transport);
     println!(
         "  reads:      {}",
@@ -299,18 +355,78 @@ struct Replied<'a, T> {
 /// Starts `casfs mount --foreground` as a detached process and waits until the mount
 /// answers (and its control socket, if it has one, exists).
 /// The daemon's stderr (its log) goes to `log`.
+/// With `holder`, the mount is made in the user's namespace (and looked for there).
 fn spawn_background(
     mountpoint: &Path,
     what: &str,
     socket: Option<&Path>,
     log: &Path,
+    holder: Option<Holder>,
 ) -> anyhow::Result<()> {
+    let outside = holder.filter(|h| !h.contains_self());
+    let seen = outside.map_or_else(|| mountpoint.to_path_buf(), |h| h.outside(mountpoint));
     let pid = daemon::start_detached(log, "the mount process", DAEMON_WAIT, || {
-        (is_fuse_mount(mountpoint) || is_overlay_mount(mountpoint))
-            && socket.is_none_or(|s| s.exists())
+        is_mount(&seen) && socket.is_none_or(|s| s.exists())
     })?;
     println!("mounted {what} at {} (pid {pid})", mountpoint.display());
+    if let Some(h) = outside {
+        println!(
+            "  in uid {}'s own namespace: enter it with `casfs exec {} -- CMD` or `casfs shell \
+             {}`; from outside, the files are at {}",
+            namespace::euid(),
+            mountpoint.display(),
+            mountpoint.display(),
+            seen.display()
+        );
+        let _ = h;
+    }
     Ok(())
+}
+
+/// `casfs exec` and `casfs shell`: runs `command` in place of this process where the
+/// mount at `mountpoint` is seen. With `in_namespace`, the user's namespace is entered
+/// (started if none runs) whatever `mountpoint` is; with `keep_mount_rights`, the
+/// command may mount there.
+pub fn exec(
+    mountpoint: &Path,
+    cwd: Option<&Path>,
+    in_namespace: bool,
+    keep_mount_rights: bool,
+    command: &[std::ffi::OsString],
+) -> anyhow::Result<()> {
+    if keep_mount_rights && !in_namespace {
+        bail!("--keep-mount-rights goes with --namespace");
+    }
+    let holder = if in_namespace {
+        let h = namespace::ensure_holder()?;
+        (!h.contains_self()).then_some(h)
+    } else if is_mount(mountpoint) {
+        None
+    } else {
+        match mounted_in_namespace(mountpoint) {
+            Some(h) => Some(h),
+            None => bail!(
+                "{}: not a casfs mount (neither here nor in the namespace of uid {})",
+                mountpoint.display(),
+                namespace::euid()
+            ),
+        }
+    };
+    if let Some(h) = &holder {
+        namespace::enter(h)?;
+    }
+    if let Some(d) = cwd {
+        std::env::set_current_dir(d).with_context(|| format!("entering {}", d.display()))?;
+    }
+    if keep_mount_rights {
+        if holder.is_none() && !namespace::can_mount() {
+            bail!(
+                "--keep-mount-rights: this process is inside the namespace already, without them"
+            );
+        }
+        namespace::keep_mount_rights()?;
+    }
+    Err(namespace::exec(command).into())
 }
 
 /// Where a read-only mount's daemon logs (it does not write to the store).
@@ -320,6 +436,11 @@ fn tempfile_path(mountpoint: &Path) -> std::path::PathBuf {
 }
 
 pub fn unmount(cli: &Cli, mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
+    // A rootless mount is unmounted from inside the user's namespace, where this
+    // process (its user's) may.
+    if let Some(h) = mounted_in_namespace(mountpoint) {
+        namespace::enter(&h)?;
+    }
     if !is_fuse_mount(mountpoint) && !is_dead_mount(mountpoint) && !is_overlay_mount(mountpoint) {
         bail!("{}: not a casfs mount", mountpoint.display());
     }
@@ -343,6 +464,15 @@ pub fn unmount(cli: &Cli, mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
     }
     let e = std::io::Error::last_os_error();
     match e.raw_os_error() {
+        Some(libc::EPERM) | Some(libc::EACCES)
+            if is_overlay_mount(mountpoint) && namespace::inside().is_some() =>
+        {
+            bail!(
+                "{}: a process inside casfs's namespace (entered by `casfs exec`) may not \
+                 unmount; run `casfs unmount` outside it",
+                mountpoint.display()
+            )
+        }
         Some(libc::EPERM) | Some(libc::EACCES) => {
             // Not root: the setuid helper can unmount the user's own FUSE mounts.
             let mut cmd = Command::new("fusermount3");

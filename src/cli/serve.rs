@@ -47,6 +47,18 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
     else {
         unreachable!("dispatched on Serve")
     };
+    // Sandboxes on overlay, served by a user who is not root, live in the user's
+    // namespace: joined now, before anything starts a thread.
+    if *mode == casfs::mount::MountMode::Overlay && casfs::mount::namespace::rootless() {
+        if let Some(why) = casfs::mount::namespace::rootless_overlay_blocked() {
+            bail!(
+                "--mode overlay as uid {}: {why}; serve with --mode fuse (or auto, which \
+                 falls back to it)",
+                casfs::mount::namespace::euid()
+            );
+        }
+        casfs::mount::namespace::join_for_mounting()?;
+    }
     // A client that goes away mid-reply must not take the server (and every
     // sandbox's mount) with it.
     casfs::ignore_broken_pipes();

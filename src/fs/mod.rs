@@ -267,6 +267,23 @@ pub fn low_priority() {
 }
 
 /// Whether `path` is the root of a FUSE mount (used to wait for a mount to answer).
+/// Whether the kernel lets this process register passthrough backing files: it wants
+/// `CAP_SYS_ADMIN` in the initial user namespace (fs/fuse/backing.c), which a user
+/// other than root, or root inside a user namespace, lacks. FUSE would accept the
+/// passthrough flag at init and then refuse every backing file.
+pub fn passthrough_permitted() -> bool {
+    const CAP_SYS_ADMIN: u32 = 21;
+    let initial_ns = std::fs::read_to_string("/proc/self/uid_map")
+        .is_ok_and(|m| m.split_whitespace().collect::<Vec<_>>() == ["0", "0", "4294967295"]);
+    let sys_admin = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+            .is_some_and(|c| c & (1 << CAP_SYS_ADMIN) != 0)
+    });
+    initial_ns && sys_admin
+}
+
 pub fn is_fuse_mount(path: &std::path::Path) -> bool {
     statfs(path).is_ok_and(|st| st.f_type == FUSE_SUPER_MAGIC)
 }

@@ -64,6 +64,39 @@ pub struct MountStatus {
     pub fuse_transport: String,
     /// The base tree.
     pub root: TreeId,
+    /// Why `auto` chose FUSE (none: it did not, or the mode was asked for).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode_fallback: Option<String>,
+    /// A rootless overlay mount's namespace: where it is seen and how to reach it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<NamespaceInfo>,
+}
+
+/// The user namespace a rootless mount lives in ([`super::namespace`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NamespaceInfo {
+    /// The user whose namespace it is.
+    pub uid: u32,
+    /// The pid of the process holding it (`casfs exec` enters its namespaces).
+    pub holder: i32,
+    /// The mountpoint as a process outside the namespace reaches it.
+    pub outside: PathBuf,
+}
+
+impl NamespaceInfo {
+    /// The namespace of a mount at `mountpoint` made by this process, if it is a
+    /// rootless one.
+    pub fn of_mount(mode: MountMode, mountpoint: &std::path::Path) -> Option<NamespaceInfo> {
+        if mode != MountMode::Overlay || !super::namespace::rootless() {
+            return None;
+        }
+        let h = super::namespace::inside()?;
+        Some(NamespaceInfo {
+            uid: super::namespace::euid(),
+            holder: h.pid,
+            outside: h.outside(mountpoint),
+        })
+    }
 }
 
 /// What a restore did.
@@ -236,6 +269,11 @@ fn answer(mount: &MountedThread, req: Request) -> Vec<u8> {
                 mode: mount.mode(),
                 fuse_transport: mount.fuse_transport().to_string(),
                 root: st.base,
+                mode_fallback: (mount.mode() == MountMode::Fuse)
+                    .then(MountMode::auto_fallback)
+                    .flatten()
+                    .map(str::to_string),
+                namespace: NamespaceInfo::of_mount(mount.mode(), mount.mountpoint()),
             }))
         }
         Request::Checkpoint { reason } => {

@@ -55,25 +55,41 @@ pub enum MountMode {
     /// events, chunk-exact checkpoints of large files).
     Fuse,
     /// The kernel's overlayfs over a read-only casfs lower: native-speed metadata and
-    /// writes on a local upper directory. Needs root.
+    /// writes on a local upper directory. As root, in the host's mount namespace; as
+    /// any other user, in that user's namespace ([`super::namespace`]).
     Overlay,
 }
 
+/// Why `auto` chose FUSE in this process, if it did for a reason the user can change.
+static AUTO_FALLBACK: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
 impl MountMode {
-    /// The faster mode this host allows: overlay for root where the kernel has
-    /// overlayfs, else FUSE.
+    /// The faster mode this host allows: overlay where the kernel has overlayfs and
+    /// the caller is root, or may make a user namespace and open `/dev/fuse`; else FUSE
+    /// (and [`MountMode::auto_fallback`] says why).
     pub fn default_for_host() -> MountMode {
-        // SAFETY: geteuid cannot fail.
-        let root = unsafe { libc::geteuid() } == 0;
-        let overlay = std::fs::read_to_string("/proc/filesystems").is_ok_and(|f| {
-            f.lines()
-                .any(|l| l.split_whitespace().last() == Some("overlay"))
-        });
-        if root && overlay {
-            MountMode::Overlay
+        let why = if super::namespace::rootless() {
+            super::namespace::rootless_overlay_blocked()
         } else {
-            MountMode::Fuse
+            let overlay = std::fs::read_to_string("/proc/filesystems").is_ok_and(|f| {
+                f.lines()
+                    .any(|l| l.split_whitespace().last() == Some("overlay"))
+            });
+            (!overlay).then(|| "the kernel has no overlayfs (modprobe overlay)".to_string())
+        };
+        match why {
+            None => MountMode::Overlay,
+            Some(w) => {
+                let _ = AUTO_FALLBACK.set(w);
+                MountMode::Fuse
+            }
         }
+    }
+
+    /// Why `auto` chose FUSE over overlay in this process (None: it did not, or it was
+    /// not asked).
+    pub fn auto_fallback() -> Option<&'static str> {
+        AUTO_FALLBACK.get().map(String::as_str)
     }
 
     pub fn as_str(self) -> &'static str {
@@ -279,6 +295,17 @@ impl MountedThread {
         at: Option<CheckpointId>,
         opts: &WorkspaceOptions,
     ) -> CheckpointResult<MountedThread> {
+        if super::namespace::rootless()
+            && !(super::namespace::inside().is_some() && super::namespace::can_mount())
+        {
+            return Err(CheckpointError::Refused(format!(
+                "{}: an overlay mount by uid {} is made in the user's own namespace, which \
+                 this process has not joined with the right to mount (casfs mount and casfs \
+                 serve join it before they start)",
+                mountpoint.display(),
+                super::namespace::euid()
+            )));
+        }
         let objects = store.objects_shared();
         let _session = crate::cas::write_session(objects.as_ref());
         // FUSE work left at this mountpoint is not the overlay's to drop.

@@ -97,6 +97,28 @@ pub fn overlay() -> bool {
     mount_mode() == casfs::mount::MountMode::Overlay
 }
 
+/// Whether this run is root's. The rootless pass (scripts/test-rootless.sh) runs the
+/// suite as an ordinary user inside casfs's namespace of that user: its overlay mounts
+/// have no image, no mount has passthrough, and no test may act as another user.
+pub fn root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Whether this run's overlay mounts are rootless ones (in a user namespace).
+pub fn rootless() -> bool {
+    overlay() && !root()
+}
+
+/// Skips the calling test (returns true, having said why) in a run that is not root's.
+pub fn needs_root(why: &str) -> bool {
+    if root() {
+        return false;
+    }
+    eprintln!("skipped: not root ({why})");
+    true
+}
+
 /// Whether `p` is a writable casfs mount of this run's backend.
 pub fn is_mounted(p: &Path) -> bool {
     if overlay() {

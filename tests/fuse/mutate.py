@@ -6,7 +6,9 @@ the store). Afterwards the two trees must be the same, entry by entry.
 usage: mutate.py DIR
 """
 
+import errno
 import os
+import subprocess
 import sys
 
 D = sys.argv[1]
@@ -14,6 +16,17 @@ D = sys.argv[1]
 
 def p(*parts):
     return os.path.join(D, *parts)
+
+
+def move_dir(a, b):
+    """rename(2), or what mv(1) does where the filesystem refuses it with EXDEV (a
+    rootless overlay, which cannot rename a directory of its lower): copy, then remove."""
+    try:
+        os.rename(a, b)
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+        subprocess.run(["mv", "-T", a, b], check=True)
 
 
 # Metadata of clean files and directories.
@@ -35,7 +48,7 @@ os.truncate(p("empty-file"), 5000)
 # Names: rename a clean file across directories, a clean directory with its content,
 # replace a clean file by rename, remove a clean file and a clean empty directory.
 os.rename(p("secret"), p("src", "secret-moved"))
-os.rename(p("src", "deep"), p("deep-moved"))
+move_dir(p("src", "deep"), p("deep-moved"))
 os.rename(p("script.sh"), p("README.md"))
 os.unlink(p("name with spaces & ünïcödé"))
 os.rmdir(p("empty", "nested-empty"))

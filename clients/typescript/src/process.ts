@@ -18,6 +18,12 @@ export interface ProcessHost {
   /** The environment of a process with `extra` over the sandbox's. */
   env: (extra: Record<string, string> | undefined) => NodeJS.ProcessEnv
   shell: string
+  /**
+   * The program that runs a shell command in `cwd` (default: the shell itself there). A
+   * sandbox in a user namespace (a non-root server's overlay mount) runs it through
+   * `casfs exec`, which enters the namespace first.
+   */
+  launch?: (command: string, cwd: string) => { file: string; args: string[]; cwd: string }
 }
 
 const signals: Record<string, number> = { SIGHUP: 1, SIGINT: 2, SIGKILL: 9, SIGTERM: 15 }
@@ -99,8 +105,14 @@ export class SandboxProcesses {
         name: 'AbortError',
       })
     }
-    const child = spawn(this.host.shell, ['-c', command], {
-      cwd: this.host.cwd(options?.cwd),
+    const cwd = this.host.cwd(options?.cwd)
+    const how = this.host.launch?.(command, cwd) ?? {
+      file: this.host.shell,
+      args: ['-c', command],
+      cwd,
+    }
+    const child = spawn(how.file, how.args, {
+      cwd: how.cwd,
       env: this.host.env(options?.env),
       detached: true,
       stdio: ['pipe', 'pipe', 'pipe'],

@@ -58,6 +58,12 @@ export interface CasfsSandboxOptions {
    * keeps creating and restoring a sandbox on overlay from walking its whole tree).
    */
   eventsFromCreate?: boolean
+  /**
+   * The casfs binary, for sandboxes of a server run by a user who is not root, whose
+   * mounts live in that user's namespace: their processes start through `casfs exec`
+   * (default: `$CASFS_BIN`, else `casfs` on PATH).
+   */
+  casfsBin?: string
 }
 
 /** What a casfs sandbox handle has besides the framework's contract. */
@@ -145,10 +151,25 @@ export function casfsSandbox(options: CasfsSandboxOptions): SandboxProvider {
     const thread = info.thread
     const envVars: Record<string, string> = { ...(options.env ?? {}), ...env }
     const resolve = (p: string): string => resolveIn(root, p)
+    // A mount in the server user's namespace is reached from here through its holder's
+    // root, and its processes run inside the namespace (`casfs exec`).
+    const ns = info.namespace ?? null
+    const io = (p: string): string =>
+      ns === null ? resolve(p) : path.join(ns.outside, path.relative(root, resolve(p)))
+    const casfsBin = options.casfsBin ?? process.env.CASFS_BIN ?? 'casfs'
     const processes = new SandboxProcesses({
       cwd: (c) => (c === undefined ? root : resolve(c)),
       env: (extra) => ({ ...(inherit ? process.env : {}), ...envVars, ...(extra ?? {}) }),
       shell,
+      ...(ns === null
+        ? {}
+        : {
+            launch: (command: string, cwd: string) => ({
+              file: casfsBin,
+              args: ['exec', '--cwd', cwd, root, '--', shell, '-c', command],
+              cwd: '/',
+            }),
+          }),
     })
     const run = async (command: string, dir?: string): Promise<ExecResult> => {
       const r = await processes.exec(command, dir === undefined ? {} : { cwd: dir })
@@ -247,15 +268,15 @@ export function casfsSandbox(options: CasfsSandboxOptions): SandboxProvider {
       thread,
       mode: info.mode,
       fs: {
-        read: async (p) => fsp.readFile(resolve(p), 'utf8'),
-        readBytes: async (p) => new Uint8Array(await fsp.readFile(resolve(p))),
+        read: async (p) => fsp.readFile(io(p), 'utf8'),
+        readBytes: async (p) => new Uint8Array(await fsp.readFile(io(p))),
         write: async (p, data) => {
-          const target = resolve(p)
+          const target = io(p)
           await fsp.mkdir(path.dirname(target), { recursive: true })
           await fsp.writeFile(target, typeof data === 'string' ? data : Buffer.from(data))
         },
         list: async (p) => {
-          const entries = await fsp.readdir(resolve(p), { withFileTypes: true })
+          const entries = await fsp.readdir(io(p), { withFileTypes: true })
           const base = p.replace(/\/$/, '')
           return entries.map((e) => ({
             name: e.name,
@@ -264,17 +285,17 @@ export function casfsSandbox(options: CasfsSandboxOptions): SandboxProvider {
           }))
         },
         mkdir: async (p) => {
-          await fsp.mkdir(resolve(p), { recursive: true })
+          await fsp.mkdir(io(p), { recursive: true })
         },
         remove: async (p) => {
-          await fsp.rm(resolve(p), { recursive: true, force: true })
+          await fsp.rm(io(p), { recursive: true, force: true })
         },
         rename: async (from, to) => {
-          await fsp.rename(resolve(from), resolve(to))
+          await fsp.rename(io(from), io(to))
         },
         exists: async (p) => {
           try {
-            await fsp.access(resolve(p))
+            await fsp.access(io(p))
             return true
           } catch {
             return false
@@ -283,7 +304,7 @@ export function casfsSandbox(options: CasfsSandboxOptions): SandboxProvider {
         lstat: async (p): Promise<SandboxFsStat | undefined> => {
           let st: Awaited<ReturnType<typeof fsp.lstat>>
           try {
-            st = await fsp.lstat(resolve(p))
+            st = await fsp.lstat(io(p))
           } catch (e) {
             if ((e as { code?: string }).code === 'ENOENT') return undefined
             throw e

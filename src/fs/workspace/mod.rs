@@ -288,7 +288,7 @@ impl Workspace {
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             next_tmp: AtomicU64::new(1),
-            want_passthrough: opts.passthrough,
+            want_passthrough: opts.passthrough && crate::fs::passthrough_permitted(),
             want_uring: opts.fuse_uring,
             passthrough: AtomicBool::new(false),
             notifier: OnceLock::new(),

@@ -23,6 +23,7 @@ use super::{
 };
 use crate::checkpoint::maintenance::MaintainOp;
 use crate::checkpoint::Store;
+use crate::mount::control::NamespaceInfo;
 
 mod api;
 mod conn;
@@ -825,6 +826,7 @@ async fn list_sandboxes(State(s): State<Arc<Server>>) -> ApiResult {
                         let (tag, st) = m.status();
                         v["thread"] = json!(tag.thread);
                         v["mode"] = json!(m.mode());
+                        v["namespace"] = json!(NamespaceInfo::of_mount(m.mode(), &h.root));
                         v["dirty_files"] = json!(st.dirty_files);
                         v["dirty_bytes"] = json!(st.dirty_bytes);
                     }

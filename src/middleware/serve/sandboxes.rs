@@ -23,6 +23,7 @@ use super::{EventRing, Peer, Server};
 use crate::checkpoint::ThreadId;
 use crate::middleware::events::Watcher;
 use crate::middleware::{EnsureOutcome, FileEvents, RunContext, SandboxHandle, WeakSandboxHandle};
+use crate::mount::control::NamespaceInfo;
 
 /// The longest an events request waits for a first new event.
 const MAX_WAIT: Duration = Duration::from_secs(30);
@@ -159,6 +160,7 @@ pub(super) async fn create(
             "base": h.expected_head().map(|c| c.to_hex()),
             "kind": if h.mount().is_some() { "mount" } else { "dir" },
             "mode": h.mount().map(|m| m.mode()),
+            "namespace": h.mount().and_then(|m| NamespaceInfo::of_mount(m.mode(), &h.root)),
             "events": if s.watching(&h.key) { "recording" } else { "from_first_read" },
         })))
     })

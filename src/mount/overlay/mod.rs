@@ -53,6 +53,10 @@ struct OverlayTag {
     #[serde(flatten)]
     tag: MountTag,
     overlay_generation: u64,
+    /// Whether the overlay keeps its own attributes as `user.overlay.*` (a rootless
+    /// mount, made in the user's namespace) rather than `trusted.overlay.*`.
+    #[serde(default)]
+    userxattr: bool,
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
@@ -132,6 +136,9 @@ pub(crate) struct Capture {
 /// A workspace served by overlayfs over a casfs lower.
 pub struct OverlayMount {
     store: Arc<Store>,
+    /// Mounted by a user who is not root, in the user's namespace
+    /// ([`crate::mount::namespace`]): `userxattr`, no redirects, no image.
+    rootless: bool,
     mountpoint: PathBuf,
     /// `<store>/mounts/<key>/overlay`.
     dir: PathBuf,
@@ -150,6 +157,10 @@ pub(crate) fn found_state(
     store: &Store,
     mountpoint: &Path,
 ) -> CheckpointResult<Option<(TreeId, MountTag, u64)>> {
+    Ok(found(store, mountpoint)?.map(|(lower, t)| (lower, t.tag, t.overlay_generation)))
+}
+
+fn found(store: &Store, mountpoint: &Path) -> CheckpointResult<Option<(TreeId, OverlayTag)>> {
     let dirty = DirtyStore::new(store.database().clone(), mount_key(mountpoint));
     let Some(meta) = dirty.meta()? else {
         return Ok(None);
@@ -165,7 +176,7 @@ pub(crate) fn found_state(
     {
         return Ok(None);
     }
-    Ok(Some((meta.base, t.tag, t.overlay_generation)))
+    Ok(Some((meta.base, t)))
 }
 
 /// `<store>/mounts/<key>/overlay`, absolute (overlayfs keeps the paths it was given;
@@ -256,16 +267,31 @@ fn detach_lowers(g: &Path) {
     detach(&g.join("lower"));
 }
 
-/// Mounts overlayfs at `target` over `lowerdir` (an option value, escaped).
-fn mount_overlay(lowerdir: &str, upper: &Path, work: &Path, target: &Path) -> std::io::Result<()> {
+/// Mounts overlayfs at `target` over `lowerdir` (an option value, escaped); with
+/// `userxattr`, as a user namespace allows it.
+fn mount_overlay(
+    lowerdir: &str,
+    upper: &Path,
+    work: &Path,
+    target: &Path,
+    userxattr: bool,
+) -> std::io::Result<()> {
     // redirect_dir: a directory of the lower can be renamed (a redirect in the upper,
     // read back by the checkpoint); xino: inode numbers unique and stable across
     // copy-up; index off. metacopy is needed by an image's data-only layer (`::`); a
     // file of it whose metadata changes is then a metacopy file in the upper (read back
     // by the checkpoint); without an image a changed file is a whole file in the upper.
+    // In a user namespace overlayfs keeps its attributes as `user.overlay.*` and allows
+    // neither redirects nor metacopy: renaming a directory of the lower fails with EXDEV
+    // there (`mv` then copies it), and there is no image.
     let metacopy = if lowerdir.contains("::") { "on" } else { "off" };
+    let features = if userxattr {
+        "userxattr".to_string()
+    } else {
+        format!("redirect_dir=on,metacopy={metacopy}")
+    };
     let opts = format!(
-        "lowerdir={lowerdir},upperdir={},workdir={},redirect_dir=on,xino=auto,index=off,metacopy={metacopy}",
+        "lowerdir={lowerdir},upperdir={},workdir={},{features},xino=auto,index=off",
         escape(upper),
         escape(work)
     );
@@ -339,8 +365,10 @@ impl OverlayMount {
             }
             detach(mountpoint);
         }
+        let rootless = crate::mount::namespace::rootless();
         let m = OverlayMount {
             store,
+            rootless,
             mountpoint: mountpoint.to_path_buf(),
             dir,
             view: ViewOptions {
@@ -421,6 +449,7 @@ impl OverlayMount {
         let tag = OverlayTag {
             tag: st.tag.clone(),
             overlay_generation: st.generation,
+            userxattr: self.rootless,
         };
         let meta = MountMeta {
             base: st.lower_root,
@@ -455,7 +484,8 @@ impl OverlayMount {
         if self.view.owner.is_other() {
             self.view.owner.chown(&upper).map_err(io_err(&upper))?;
         }
-        let image = if image::images_enabled() {
+        // An image needs root (EROFS mounts, metacopy); a rootless lower is the view.
+        let image = if image::images_enabled() && !self.rootless {
             image::image_for(&self.store, st.lower_root, self.view.owner, build)
         } else {
             None
@@ -482,12 +512,14 @@ impl OverlayMount {
         st.lowerdir = lowerdir;
         st.image = image.is_some();
         let mounted = self.record(st).and_then(|()| {
-            mount_overlay(&st.lowerdir, &upper, &work, &self.mountpoint).map_err(|e| {
-                CheckpointError::io(
-                    &self.mountpoint,
-                    std::io::Error::new(e.kind(), format!("mounting overlayfs: {e}")),
-                )
-            })
+            mount_overlay(&st.lowerdir, &upper, &work, &self.mountpoint, self.rootless).map_err(
+                |e| {
+                    CheckpointError::io(
+                        &self.mountpoint,
+                        std::io::Error::new(e.kind(), format!("mounting overlayfs: {e}")),
+                    )
+                },
+            )
         });
         if let Err(e) = mounted {
             // The view unmounts as it drops; the image's mount goes with it.
@@ -498,6 +530,15 @@ impl OverlayMount {
         st.mounted = true;
         st.id = mount_identity(&self.mountpoint);
         Ok(())
+    }
+
+    /// The xattr prefix of overlayfs's own attributes on this mount's upper.
+    fn prefix(&self) -> &'static [u8] {
+        if self.rootless {
+            upper::USER_PREFIX
+        } else {
+            upper::TRUSTED_PREFIX
+        }
     }
 
     fn upper(&self, st: &Layers) -> PathBuf {
@@ -541,6 +582,7 @@ impl OverlayMount {
             partial: HashMap::new(),
             trees: HashMap::new(),
             hashed: Vec::new(),
+            prefix: self.prefix(),
         };
         let root = cap.dir(&upper, "", Some(lower_root))?.ok_or_else(|| {
             CheckpointError::Invalid(format!("{}: the upper is gone", upper.display()))
@@ -761,6 +803,7 @@ impl OverlayMount {
                 &g.join("upper"),
                 &g.join("work"),
                 &self.mountpoint,
+                self.rootless,
             )
             .is_ok()
             {
@@ -852,9 +895,10 @@ impl Drop for OverlayMount {
 /// it holds uncaptured work (its content is not its base checkpoint's); otherwise
 /// removes the overlay's layers and record, so the FUSE mount starts from a checkpoint.
 pub(crate) fn release_to_fuse(store: &Store, mountpoint: &Path) -> CheckpointResult<bool> {
-    let Some((lower, tag, g)) = found_state(store, mountpoint)? else {
+    let Some((lower, t)) = found(store, mountpoint)? else {
         return Ok(true);
     };
+    let (tag, g) = (t.tag, t.overlay_generation);
     let dir = overlay_dir(store, mountpoint);
     if !upper_is_empty(&dir, g) {
         // The content, computed from the upper and the lower's trees (no mount needed).
@@ -871,6 +915,11 @@ pub(crate) fn release_to_fuse(store: &Store, mountpoint: &Path) -> CheckpointRes
             partial: HashMap::new(),
             trees: HashMap::new(),
             hashed: Vec::new(),
+            prefix: if t.userxattr {
+                upper::USER_PREFIX
+            } else {
+                upper::TRUSTED_PREFIX
+            },
         };
         let upper = dir.join(g.to_string()).join("upper");
         let _session = crate::cas::write_session(store.objects());

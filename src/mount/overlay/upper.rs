@@ -28,8 +28,10 @@ use crate::checkpoint::xattr;
 use crate::fs::erofs::parse_data_name;
 use crate::fs::{EntryKind, FilterError, SnapshotFilter, SnapshotStats};
 
-/// The prefix of the xattrs overlayfs keeps on upper entries (mounted by root).
-const OVL_PREFIX: &[u8] = b"trusted.overlay.";
+/// The prefix of the xattrs overlayfs keeps on upper entries, mounted by root.
+pub(super) const TRUSTED_PREFIX: &[u8] = b"trusted.overlay.";
+/// The same for an overlay mounted with `userxattr` (in a user namespace).
+pub(super) const USER_PREFIX: &[u8] = b"user.overlay.";
 
 /// What identifies an unchanged upper file: if any differs, it is read again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -213,6 +215,9 @@ pub(super) struct UpperCapture<'a> {
     /// The stamps of the files it counted as hashed (read now, or ahead of it): a
     /// checkpoint holds them once it is appended ([`mark_in_checkpoint`]).
     pub hashed: Vec<Stamp>,
+    /// The xattr prefix of overlayfs's own attributes: [`TRUSTED_PREFIX`], or
+    /// [`USER_PREFIX`] for a rootless overlay.
+    pub prefix: &'static [u8],
 }
 
 /// Marks the files a capture hashed as held by a checkpoint: the next one that finds
@@ -227,24 +232,22 @@ pub(super) fn mark_in_checkpoint(cache: &HashCache, hashed: &[Stamp]) {
 }
 
 /// Whether `m` (with xattrs `x`) is a whiteout: a removed lower entry.
-fn is_whiteout(m: &std::fs::Metadata, x: &[(Vec<u8>, Vec<u8>)]) -> bool {
+fn is_whiteout(m: &std::fs::Metadata, x: &[(Vec<u8>, Vec<u8>)], prefix: &[u8]) -> bool {
     use std::os::unix::fs::FileTypeExt;
     (m.file_type().is_char_device() && m.rdev() == 0)
-        || (m.file_type().is_file()
-            && m.size() == 0
-            && x.iter().any(|(k, _)| k == b"trusted.overlay.whiteout"))
+        || (m.file_type().is_file() && m.size() == 0 && ovl_attr(x, prefix, "whiteout").is_some())
 }
 
-fn ovl_attr<'x>(x: &'x [(Vec<u8>, Vec<u8>)], name: &str) -> Option<&'x [u8]> {
+fn ovl_attr<'x>(x: &'x [(Vec<u8>, Vec<u8>)], prefix: &[u8], name: &str) -> Option<&'x [u8]> {
     x.iter()
-        .find(|(k, _)| k.strip_prefix(OVL_PREFIX) == Some(name.as_bytes()))
+        .find(|(k, _)| k.strip_prefix(prefix) == Some(name.as_bytes()))
         .map(|(_, v)| v.as_slice())
 }
 
-/// The user's xattrs: overlayfs's own left out.
-fn user_xattrs(x: Vec<(Vec<u8>, Vec<u8>)>) -> Vec<(Vec<u8>, Vec<u8>)> {
+/// The user's xattrs: overlayfs's own (under `prefix`) left out.
+fn user_xattrs(x: Vec<(Vec<u8>, Vec<u8>)>, prefix: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
     x.into_iter()
-        .filter(|(k, _)| !k.starts_with(OVL_PREFIX))
+        .filter(|(k, _)| !k.starts_with(prefix))
         .collect()
 }
 
@@ -429,7 +432,7 @@ impl UpperCapture<'_> {
         };
         let stamp = Some(Stamp::of(&m));
         let before = lower.and_then(|t| t.get(&name).cloned());
-        if is_whiteout(&m, &x) {
+        if is_whiteout(&m, &x, self.prefix) {
             return Ok((stamp, Step::Removed));
         }
         let ft = m.file_type();
@@ -458,9 +461,9 @@ impl UpperCapture<'_> {
             xattrs,
         };
         let new = if ft.is_dir() {
-            let sub_lower = if ovl_attr(&x, "opaque") == Some(b"y") {
+            let sub_lower = if ovl_attr(&x, self.prefix, "opaque") == Some(b"y") {
                 None
-            } else if let Some(r) = ovl_attr(&x, "redirect") {
+            } else if let Some(r) = ovl_attr(&x, self.prefix, "redirect") {
                 self.redirected(r, lower)?.and_then(|e| e.tree_id())
             } else {
                 before.as_ref().and_then(|e| e.tree_id())
@@ -470,11 +473,11 @@ impl UpperCapture<'_> {
                 return Ok((stamp, Step::Lower));
             };
             self.stats.dirs_written += 1;
-            entry(EntryContent::Dir(id), 0, user_xattrs(x))
+            entry(EntryContent::Dir(id), 0, user_xattrs(x, self.prefix))
         } else if ft.is_file() {
-            if ovl_attr(&x, "metacopy").is_some() {
+            if ovl_attr(&x, self.prefix, "metacopy").is_some() {
                 // Metadata changed, data still the lower's (where it came from).
-                let redirect = ovl_attr(&x, "redirect");
+                let redirect = ovl_attr(&x, self.prefix, "redirect");
                 // Straight to a content in an image's data layer, or a path of the lower.
                 let data = redirect
                     .and_then(|r| r.strip_prefix(b"/"))
@@ -498,13 +501,13 @@ impl UpperCapture<'_> {
                     )));
                 };
                 let size = from.map(|e| e.size).unwrap_or(0);
-                entry(EntryContent::File(id), size, user_xattrs(x))
+                entry(EntryContent::File(id), size, user_xattrs(x, self.prefix))
             } else {
                 let child_key = rel_join(key, &name);
                 let Some((id, size)) = self.file(&path, &child_rel, &child_key, &m)? else {
                     return Ok((stamp, Step::Lower));
                 };
-                entry(EntryContent::File(id), size, user_xattrs(x))
+                entry(EntryContent::File(id), size, user_xattrs(x, self.prefix))
             }
         } else if ft.is_symlink() {
             let target = match std::fs::read_link(&path) {
@@ -514,7 +517,7 @@ impl UpperCapture<'_> {
             };
             let t = target.as_os_str().as_bytes().to_vec();
             let len = t.len() as u64;
-            entry(EntryContent::Symlink(t), len, user_xattrs(x))
+            entry(EntryContent::Symlink(t), len, user_xattrs(x, self.prefix))
         } else {
             use std::os::unix::fs::FileTypeExt;
             let content = if ft.is_fifo() {
@@ -528,7 +531,7 @@ impl UpperCapture<'_> {
                 self.stats.skipped += 1;
                 return Ok((stamp, Step::Lower));
             };
-            entry(content, 0, user_xattrs(x))
+            entry(content, 0, user_xattrs(x, self.prefix))
         };
         if let Some(f) = self.filter {
             f.vet(rel, &new).map_err(|e| match e {

@@ -1,0 +1,593 @@
+//! Rootless mounts: the kernel's overlayfs for a user who is not root, inside a user and
+//! mount namespace of that user's own.
+//!
+//! An ordinary user may create a user namespace, in which it holds every capability
+//! over what the namespace owns, and a mount namespace owned by it; there, FUSE and
+//! overlayfs (with `userxattr`) can be mounted. So each user gets **one** such
+//! namespace, made and kept by a small holder process (`casfs namespace-holder`, in
+//! the manner of rootless Podman's pause process): it maps the user's uid and gid to
+//! themselves, then waits. Every rootless casfs mount of that user is made inside it
+//! (the mount daemon joins it before it starts a thread), and so is every sandbox of a
+//! `casfs serve` the user runs. `casfs exec` and `casfs shell` enter it with the
+//! caller's uid, groups and working directory, and without the namespace's
+//! capabilities: a program inside sees every casfs mount of its user at its
+//! mountpoint. A process outside sees the mountpoint as the plain directory it was;
+//! the same files are reachable from outside, at kernel speed, under
+//! `/proc/<holder>/root/<mountpoint>` (for the same user or root, as
+//! `/proc/<pid>/root` always is).
+//!
+//! The holder's pid, with the identities of its two namespaces, is kept in the user's
+//! runtime directory (`$XDG_RUNTIME_DIR/casfs`, else `/tmp/casfs-<uid>`), which must be
+//! the user's own and closed to others: a pid file another user could write would let
+//! them choose the namespace our mounts are made in.
+//!
+//! Depends on nothing of casfs; every function is safe to call from a process with
+//! threads except [`enter`], which the kernel allows only to a single-threaded one.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Why the user's namespace cannot be made, entered or used.
+#[derive(Debug, thiserror::Error)]
+pub enum NamespaceError {
+    /// The host forbids unprivileged user namespaces; names the setting.
+    #[error("this host does not let an ordinary user create a user namespace ({0})")]
+    Forbidden(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// What a process that mounts overlayfs in the namespace needs of it: to mount
+/// (`CAP_SYS_ADMIN`), and what overlayfs does with the mounter's credentials — its work
+/// directory is mode 0, and copy-up keeps owners, modes and times (`CAP_CHOWN`,
+/// `CAP_DAC_OVERRIDE`, `CAP_DAC_READ_SEARCH`, `CAP_FOWNER`, `CAP_FSETID`), whiteouts are
+/// character devices (`CAP_MKNOD`). All of them bear only on what the namespace owns
+/// (the user's own files and mounts).
+const MOUNTER_CAPS: u64 = 0b1_1111 | (1 << 21) | (1 << 27);
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> NamespaceError {
+    let what = what.into();
+    move |source| NamespaceError::Io { what, source }
+}
+
+/// The effective uid of this process.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Whether mounts of this process are rootless ones (made in the user's namespace).
+pub fn rootless() -> bool {
+    euid() != 0
+}
+
+/// The user's runtime directory for casfs: `$XDG_RUNTIME_DIR/casfs` when that is the
+/// user's, else `/tmp/casfs-<uid>`; made (mode 0700) if missing, refused unless it is
+/// a directory of this user that no one else may write.
+pub fn runtime_dir() -> Result<PathBuf, NamespaceError> {
+    runtime_dir_from(std::env::var_os("XDG_RUNTIME_DIR"))
+}
+
+fn runtime_dir_from(xdg: Option<std::ffi::OsString>) -> Result<PathBuf, NamespaceError> {
+    let uid = euid();
+    let xdg = xdg
+        .map(PathBuf::from)
+        .filter(|x| x.is_absolute())
+        .filter(|x| std::fs::metadata(x).is_ok_and(|m| m.is_dir() && m.uid() == uid));
+    let dir = match xdg {
+        Some(x) => x.join("casfs"),
+        None => std::env::temp_dir().join(format!("casfs-{uid}")),
+    };
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io(format!("creating {}", dir.display()))(e)),
+    }
+    let m = std::fs::symlink_metadata(&dir).map_err(io(format!("reading {}", dir.display())))?;
+    if !m.is_dir() || m.uid() != uid || m.permissions().mode() & 0o022 != 0 {
+        return Err(NamespaceError::Refused(format!(
+            "{}: not a directory of uid {uid} closed to others (it holds the pid of casfs's \
+             namespace); remove it or set XDG_RUNTIME_DIR",
+            dir.display()
+        )));
+    }
+    Ok(dir)
+}
+
+/// The identity of namespace `kind` (`user`, `mnt`) of process `pid` ("self" for this
+/// one): the inode of its nsfs file.
+fn ns_id(pid: &str, kind: &str) -> Option<u64> {
+    std::fs::metadata(format!("/proc/{pid}/ns/{kind}"))
+        .ok()
+        .map(|m| m.ino())
+}
+
+/// The holder of the user's namespace, as its pid file names it: verified alive and
+/// still in the namespaces it recorded (a reused pid is in other ones).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Holder {
+    pub pid: i32,
+    user_ns: u64,
+    mnt_ns: u64,
+}
+
+impl Holder {
+    /// The holder named by the user's pid file, if it is alive.
+    pub fn find() -> Option<Holder> {
+        let dir = runtime_dir().ok()?;
+        let text = std::fs::read_to_string(dir.join("namespace.pid")).ok()?;
+        let mut f = text.split_whitespace().map(|w| w.parse::<u64>().ok());
+        let (pid, user_ns, mnt_ns) = (f.next()??, f.next()??, f.next()??);
+        let h = Holder {
+            pid: i32::try_from(pid).ok()?,
+            user_ns,
+            mnt_ns,
+        };
+        h.alive().then_some(h)
+    }
+
+    fn alive(&self) -> bool {
+        let p = self.pid.to_string();
+        ns_id(&p, "user") == Some(self.user_ns) && ns_id(&p, "mnt") == Some(self.mnt_ns)
+    }
+
+    /// Whether this process is in the holder's namespaces.
+    pub fn contains_self(&self) -> bool {
+        ns_id("self", "user") == Some(self.user_ns) && ns_id("self", "mnt") == Some(self.mnt_ns)
+    }
+
+    /// `path` (absolute) as a process outside the namespace reaches it.
+    pub fn outside(&self, path: &Path) -> PathBuf {
+        let rel = path.strip_prefix("/").unwrap_or(path);
+        PathBuf::from(format!("/proc/{}/root", self.pid)).join(rel)
+    }
+}
+
+/// Whether this process is inside the user's casfs namespace, and the holder if so.
+pub fn inside() -> Option<Holder> {
+    Holder::find().filter(|h| h.contains_self())
+}
+
+/// Whether this process may mount overlayfs in its mount namespace: it holds
+/// [`MOUNTER_CAPS`] (in the user namespace owning it; outside any, only root does).
+pub fn can_mount() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+        })
+        .is_some_and(|caps| caps & MOUNTER_CAPS == MOUNTER_CAPS)
+}
+
+/// Why this host keeps an ordinary user from making a user namespace (the setting that
+/// does, where one says so), or None if it lets them: the settings are read, then a
+/// child process tries.
+pub fn userns_blocked() -> Option<String> {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .ok()
+            .and_then(|s| s.trim().parse::<i64>().ok())
+    };
+    if read("/proc/sys/user/max_user_namespaces") == Some(0) {
+        return Some("sysctl user.max_user_namespaces = 0".into());
+    }
+    if read("/proc/sys/kernel/unprivileged_userns_clone") == Some(0) {
+        return Some("sysctl kernel.unprivileged_userns_clone = 0".into());
+    }
+    let apparmor = read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == Some(1);
+    match try_unshare() {
+        Ok(()) => None,
+        Err(_) if apparmor => Some(
+            "sysctl kernel.apparmor_restrict_unprivileged_userns = 1, and no AppArmor profile \
+             lets casfs"
+                .into(),
+        ),
+        Err(e) => Some(format!("unshare(CLONE_NEWUSER) fails: {e}")),
+    }
+}
+
+/// Makes a user namespace in a child process that exits at once.
+fn try_unshare() -> std::io::Result<()> {
+    // SAFETY: the child calls only unshare and _exit (async-signal-safe), so forking a
+    // process with threads is sound.
+    unsafe {
+        let pid = libc::fork();
+        if pid < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if pid == 0 {
+            let r = libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS);
+            let errno = if r == 0 { 0 } else { *libc::__errno_location() };
+            libc::_exit(errno.clamp(0, 255));
+        }
+        let mut status = 0;
+        while libc::waitpid(pid, &mut status, 0) < 0 {
+            if *libc::__errno_location() != libc::EINTR {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        match libc::WEXITSTATUS(status) {
+            0 => Ok(()),
+            e => Err(std::io::Error::from_raw_os_error(e)),
+        }
+    }
+}
+
+/// Why the user cannot have rootless overlay mounts here (None: they can): overlayfs
+/// and a `/dev/fuse` the user may open are needed, and a user namespace, made now or
+/// already held.
+pub fn rootless_overlay_blocked() -> Option<String> {
+    let overlay = std::fs::read_to_string("/proc/filesystems").is_ok_and(|f| {
+        f.lines()
+            .any(|l| l.split_whitespace().last() == Some("overlay"))
+    });
+    if !overlay {
+        return Some("the kernel has no overlayfs (modprobe overlay)".into());
+    }
+    let fuse = CString::new("/dev/fuse").expect("no NUL");
+    // SAFETY: a NUL-terminated path.
+    if unsafe { libc::access(fuse.as_ptr(), libc::R_OK | libc::W_OK) } != 0 {
+        return Some(format!(
+            "/dev/fuse is not readable and writable by uid {} ({})",
+            euid(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    if Holder::find().is_some() {
+        return None;
+    }
+    userns_blocked().map(|why| format!("no user namespace: {why}"))
+}
+
+/// The user's namespace holder: the one running, or one started now (and waited for).
+pub fn ensure_holder() -> Result<Holder, NamespaceError> {
+    if let Some(h) = Holder::find() {
+        return Ok(h);
+    }
+    let dir = runtime_dir()?;
+    // One starter at a time: two would make two namespaces.
+    let lock = File::create(dir.join("namespace.lock")).map_err(io(format!(
+        "creating {}",
+        dir.join("namespace.lock").display()
+    )))?;
+    // SAFETY: a valid descriptor; the lock goes with it.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(io("locking casfs's namespace")(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    if let Some(h) = Holder::find() {
+        return Ok(h);
+    }
+    if let Some(why) = userns_blocked() {
+        return Err(NamespaceError::Forbidden(why));
+    }
+    let exe = std::env::current_exe().map_err(io("finding the casfs executable"))?;
+    let log = dir.join("namespace.log");
+    let err = File::create(&log).map_err(io(format!("creating {}", log.display())))?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("namespace-holder")
+        .current_dir("/")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(err);
+    // SAFETY: setsid in the child before exec: the holder outlives our session.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(io("starting casfs's namespace holder"))?;
+    let start = Instant::now();
+    loop {
+        if let Some(h) = Holder::find().filter(|h| h.pid as u32 == child.id()) {
+            // Reaped by init once we are gone; until then it is ours, and a zombie of
+            // it would be harmless (it never exits while it holds the namespace).
+            std::mem::forget(child);
+            return Ok(h);
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            let msg = std::fs::read_to_string(&log).unwrap_or_default();
+            return Err(NamespaceError::Refused(format!(
+                "casfs's namespace holder exited ({status}): {}",
+                msg.trim()
+            )));
+        }
+        if start.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            return Err(NamespaceError::Refused(
+                "casfs's namespace holder did not start within 10 s".into(),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// `casfs namespace-holder`: makes the user and mount namespace (uid and gid mapped to
+/// themselves), records itself, and waits until SIGTERM or SIGINT. Must run in a fresh,
+/// single-threaded process.
+pub fn run_holder() -> Result<(), NamespaceError> {
+    let (uid, gid) = (euid(), unsafe { libc::getegid() });
+    if uid == 0 {
+        return Err(NamespaceError::Refused(
+            "root mounts need no namespace of their own".into(),
+        ));
+    }
+    single_threaded()?;
+    // SAFETY: no arguments beyond flags.
+    if unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(match userns_blocked() {
+            Some(why) => NamespaceError::Forbidden(why),
+            None => io("unshare(CLONE_NEWUSER | CLONE_NEWNS)")(e),
+        });
+    }
+    let write = |file: &str, text: String| {
+        std::fs::write(format!("/proc/self/{file}"), text)
+            .map_err(io(format!("writing /proc/self/{file}")))
+    };
+    write("setgroups", "deny".into())?;
+    write("uid_map", format!("{uid} {uid} 1\n"))?;
+    write("gid_map", format!("{gid} {gid} 1\n"))?;
+    let dir = runtime_dir()?;
+    let me = Holder {
+        pid: std::process::id() as i32,
+        user_ns: ns_id("self", "user").unwrap_or(0),
+        mnt_ns: ns_id("self", "mnt").unwrap_or(0),
+    };
+    let tmp = dir.join(format!("namespace.pid.{}", me.pid));
+    let mut f = File::create(&tmp).map_err(io(format!("creating {}", tmp.display())))?;
+    writeln!(f, "{} {} {}", me.pid, me.user_ns, me.mnt_ns)
+        .map_err(io(format!("writing {}", tmp.display())))?;
+    drop(f);
+    let pid_file = dir.join("namespace.pid");
+    std::fs::rename(&tmp, &pid_file).map_err(io(format!("writing {}", pid_file.display())))?;
+    // The holder needs none of the capabilities the namespace gave it. Holding them
+    // would also keep the processes inside, which have fewer, from reading its
+    // /proc/<pid>/ns (the kernel lets a process inspect one of the same namespace only
+    // if it has every capability that one has).
+    set_capabilities(0, 0)?;
+    eprintln!(
+        "casfs: holding the user and mount namespace of uid {uid} (pid {})",
+        me.pid
+    );
+    // SAFETY: a local signal set; the signals are blocked in this (only) thread.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, s);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        loop {
+            let sig = libc::sigwaitinfo(&set, std::ptr::null_mut());
+            if sig == libc::SIGINT || sig == libc::SIGTERM {
+                break;
+            }
+        }
+    }
+    // Only our own record goes: a newer holder's stays.
+    if Holder::find().is_some_and(|h| h == me) {
+        let _ = std::fs::remove_file(&pid_file);
+    }
+    Ok(())
+}
+
+fn single_threaded() -> Result<(), NamespaceError> {
+    let threads = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Threads:"))
+                .and_then(|n| n.trim().parse::<u32>().ok())
+        });
+    if threads != Some(1) {
+        return Err(NamespaceError::Refused(format!(
+            "entering casfs's namespace needs a single-threaded process (this one has {})",
+            threads.map_or("?".into(), |t| t.to_string())
+        )));
+    }
+    Ok(())
+}
+
+/// Moves this process into the namespaces of `holder` (its working directory kept by
+/// path). Outside them, the caller gets every capability over what the user namespace
+/// owns (it is the user's); inside already, nothing changes. The kernel allows this only
+/// to a single-threaded process: call it before anything starts a thread.
+pub fn enter(holder: &Holder) -> Result<(), NamespaceError> {
+    if holder.contains_self() {
+        return Ok(());
+    }
+    single_threaded()?;
+    let cwd = std::env::current_dir().ok();
+    for (kind, flag) in [("user", libc::CLONE_NEWUSER), ("mnt", libc::CLONE_NEWNS)] {
+        if ns_id("self", kind) == ns_id(&holder.pid.to_string(), kind) {
+            continue;
+        }
+        let path = format!("/proc/{}/ns/{kind}", holder.pid);
+        let f = File::open(&path).map_err(io(format!("opening {path}")))?;
+        // SAFETY: a valid namespace descriptor.
+        if unsafe { libc::setns(f.as_raw_fd(), flag) } != 0 {
+            return Err(io(format!("joining {path}"))(
+                std::io::Error::last_os_error(),
+            ));
+        }
+    }
+    if !holder.contains_self() {
+        return Err(NamespaceError::Refused(format!(
+            "the holder (pid {}) left its namespaces while we joined them",
+            holder.pid
+        )));
+    }
+    // Joining a mount namespace moves the working directory to its root.
+    if let Some(c) = cwd {
+        std::env::set_current_dir(&c).map_err(io(format!("returning to {}", c.display())))?;
+    }
+    Ok(())
+}
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const CAP_VERSION_3: u32 = 0x2008_0522;
+
+/// This process's capability sets (the first 32 capabilities; casfs needs no other).
+fn capabilities() -> Result<[CapData; 2], NamespaceError> {
+    let mut h = CapHeader {
+        version: CAP_VERSION_3,
+        pid: 0,
+    };
+    let mut d = [CapData::default(); 2];
+    // SAFETY: capget with a version-3 header and two data words, as the ABI wants.
+    if unsafe { libc::syscall(libc::SYS_capget, &mut h, d.as_mut_ptr()) } != 0 {
+        return Err(io("capget")(std::io::Error::last_os_error()));
+    }
+    Ok(d)
+}
+
+fn set_cap_data(d: &[CapData; 2]) -> Result<(), NamespaceError> {
+    let h = CapHeader {
+        version: CAP_VERSION_3,
+        pid: 0,
+    };
+    // SAFETY: capset with a version-3 header and two data words, as the ABI wants.
+    if unsafe { libc::syscall(libc::SYS_capset, &h, d.as_ptr()) } != 0 {
+        return Err(io("capset")(std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Sets this process's effective and permitted capabilities to `effective` and
+/// `permitted` (bit masks of the first 32), none inheritable.
+fn set_capabilities(effective: u32, permitted: u32) -> Result<(), NamespaceError> {
+    set_cap_data(&[
+        CapData {
+            effective,
+            permitted,
+            inheritable: 0,
+        },
+        CapData::default(),
+    ])
+}
+
+/// Raises [`MOUNTER_CAPS`] (held over the user's namespace once [`enter`] joined it)
+/// into the ambient set, so that the programs this process runs may mount there too: what a
+/// test harness needs whose tests start mount daemons from inside. Never for an agent's
+/// programs: they could move mounts under the daemons.
+pub fn keep_mount_rights() -> Result<(), NamespaceError> {
+    let mut d = capabilities()?;
+    d[0].inheritable |= MOUNTER_CAPS as u32;
+    set_cap_data(&d)?;
+    for cap in (0..32).filter(|c| MOUNTER_CAPS & (1 << c) != 0) {
+        // SAFETY: a prctl with integer arguments.
+        let r = unsafe {
+            libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_RAISE,
+                cap as libc::c_ulong,
+                0,
+                0,
+            )
+        };
+        if r != 0 {
+            return Err(io(format!("raising capability {cap} to the ambient set"))(
+                std::io::Error::last_os_error(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The user's namespace for a process that is to mount there: entered (the holder
+/// started first if none runs) when outside it; refused when inside it without the
+/// right to mount. Returns the holder.
+pub fn join_for_mounting() -> Result<Holder, NamespaceError> {
+    if let Some(h) = inside() {
+        if can_mount() {
+            return Ok(h);
+        }
+        return Err(NamespaceError::Refused(
+            "this process runs inside casfs's namespace (entered by `casfs exec` or `casfs \
+             shell`), where it may not mount; start casfs mounts and `casfs serve` outside it"
+                .into(),
+        ));
+    }
+    let h = ensure_holder()?;
+    enter(&h)?;
+    // Of the capabilities joining gave, only those a mounter needs are kept.
+    set_capabilities(MOUNTER_CAPS as u32, MOUNTER_CAPS as u32)?;
+    Ok(h)
+}
+
+/// The program `argv` run in place of this process (execvp): only returns on failure.
+pub fn exec(argv: &[std::ffi::OsString]) -> NamespaceError {
+    let Some(first) = argv.first() else {
+        return NamespaceError::Refused("no command to run".into());
+    };
+    let c: Result<Vec<CString>, _> = argv.iter().map(|a| CString::new(a.as_bytes())).collect();
+    let Ok(c) = c else {
+        return NamespaceError::Refused("a NUL byte in the command".into());
+    };
+    let mut ptrs: Vec<*const libc::c_char> = c.iter().map(|a| a.as_ptr()).collect();
+    ptrs.push(std::ptr::null());
+    // SAFETY: a NUL-terminated array of NUL-terminated strings that outlive the call.
+    unsafe { libc::execvp(ptrs[0], ptrs.as_ptr()) };
+    io(format!("running {}", Path::new(first).display()))(std::io::Error::last_os_error())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outside_paths_go_through_the_holders_root() {
+        let h = Holder {
+            pid: 42,
+            user_ns: 1,
+            mnt_ns: 2,
+        };
+        assert_eq!(
+            h.outside(Path::new("/tmp/ws")),
+            PathBuf::from("/proc/42/root/tmp/ws")
+        );
+    }
+
+    #[test]
+    fn a_runtime_dir_others_may_write_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let x = t.path().join("xdg");
+        std::fs::create_dir(&x).unwrap();
+        std::fs::create_dir(x.join("casfs")).unwrap();
+        std::fs::set_permissions(x.join("casfs"), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let r = runtime_dir_from(Some(x.into_os_string()));
+        assert!(matches!(r, Err(NamespaceError::Refused(_))), "{r:?}");
+    }
+}
