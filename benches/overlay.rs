@@ -53,6 +53,7 @@ use std::time::Duration;
 
 #[path = "common/mod.rs"]
 mod common;
+use common::work::*;
 use common::*;
 
 /// casfs with `--json`; the overlay's lower is an image unless `env` says otherwise.
@@ -64,38 +65,6 @@ fn casfs_json_env(store: &Path, args: &[&str], env: &[(&str, &str)]) -> serde_js
     let mut e = vec![("CASFS_OVERLAY_LOWER", "image")];
     e.extend_from_slice(env);
     casfs_json_with(store, args, &e)
-}
-
-fn drop_caches() {
-    let _ = sh("sync; echo 3 > /proc/sys/vm/drop_caches", &[]);
-}
-
-/// A tmpfs mounted for the bench's inputs, unmounted when dropped.
-struct Tmpfs {
-    _t: tempfile::TempDir,
-    dir: PathBuf,
-}
-
-impl Tmpfs {
-    fn new(gib: u64) -> Tmpfs {
-        let t = tempfile::Builder::new()
-            .prefix("casfs-ovb-in")
-            .tempdir()
-            .unwrap();
-        let dir = t.path().join("in");
-        fs::create_dir(&dir).unwrap();
-        sh(
-            &format!("mount -t tmpfs -o size={gib}g tmpfs {}", q(&dir)),
-            &[],
-        );
-        Tmpfs { _t: t, dir }
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
-    }
 }
 
 fn ms(d: Duration) -> f64 {
@@ -291,27 +260,6 @@ fn round_trip_us(path: &Path, cpu: Option<usize>) -> f64 {
     }
 }
 
-/// 30,000 files of 100 B in 300 directories, as a tar file.
-fn small_tar(dir: &Path) -> PathBuf {
-    let src = dir.join("small-src");
-    for d in 0..300 {
-        let dd = src.join(format!("d{d:03}"));
-        fs::create_dir_all(&dd).unwrap();
-        for f in 0..100 {
-            fs::write(
-                dd.join(format!("f{f:03}.txt")),
-                [b'a' + (f % 26) as u8; 100],
-            )
-            .unwrap();
-        }
-    }
-    let tar = dir.join("small.tar");
-    sh(&format!("tar -C {} -cf {} .", q(&src), q(&tar)), &[]);
-    fs::remove_dir_all(&src).unwrap();
-    tar
-}
-
-/// A C project of `n` files and its Makefile.
 /// A node project (eslint, webpack and jest: about 10k files in node_modules) with its
 /// lock file and a warm npm cache beside it, so that `npm ci --offline` installs it with
 /// no network; None (and the step skipped) without npm or the registry.
@@ -360,52 +308,6 @@ fn npm_project(root: &Path) -> Option<PathBuf> {
     );
     fs::remove_dir_all(d.join("node_modules")).unwrap();
     Some(d)
-}
-
-fn c_project(dir: &Path, n: usize) {
-    fs::create_dir_all(dir).unwrap();
-    let mut objs = Vec::new();
-    for i in 0..n {
-        fs::write(
-            dir.join(format!("u{i}.c")),
-            format!(
-                "#include <stdio.h>\n#include <string.h>\nint f{i}(int x) {{ char b[64]; \
-                 snprintf(b, sizeof b, \"%d\", x * {i}); return (int)strlen(b) + x; }}\n"
-            ),
-        )
-        .unwrap();
-        objs.push(format!("u{i}.o"));
-    }
-    let calls: String = (0..n).map(|i| format!("s += f{i}(s);")).collect();
-    let decls: String = (0..n).map(|i| format!("int f{i}(int);")).collect();
-    fs::write(
-        dir.join("main.c"),
-        format!("{decls}\nint main(void) {{ int s = 1; {calls} return s == 0; }}\n"),
-    )
-    .unwrap();
-    fs::write(
-        dir.join("Makefile"),
-        format!(
-            "prog: main.o {o}\n\tcc -o $@ $^\n%.o: %.c\n\tcc -O1 -c $< -o $@\n",
-            o = objs.join(" ")
-        ),
-    )
-    .unwrap();
-}
-
-/// Makes `n` small files under `dir`, 100 per directory `dNNN`.
-fn make_files(dir: &Path, n: usize) {
-    for i in 0..n {
-        let d = dir.join(format!("d{:03}", i / 100));
-        if i % 100 == 0 {
-            fs::create_dir_all(&d).unwrap();
-        }
-        fs::write(
-            d.join(format!("f{i}.txt")),
-            format!("file {i}\n").repeat(10),
-        )
-        .unwrap();
-    }
 }
 
 /// Notes one round of `op` by `casfs`: the daemon's time under `op`, the command's

@@ -22,6 +22,8 @@ pub use workload::*;
 mod results;
 pub use results::Results;
 
+pub mod work;
+
 /// The casfs binary under test: this build's, or `CASFS_BENCH_BIN`.
 pub fn casfs_bin() -> String {
     std::env::var("CASFS_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_casfs").into())
