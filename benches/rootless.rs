@@ -299,7 +299,8 @@ fn main() {
     );
     let cproj = inputs.dir.join("cproj");
     c_project(&cproj, 120);
-    sh(&format!("chmod -R a+rX {}", q(&inputs.dir)), &[]);
+    // The user's own (git refuses a repository of another owner).
+    sh(&format!("chown -R {name}: {}", q(&inputs.dir)), &[]);
     user.in_namespace(false, &["true"]);
 
     let fuse = if casfs::fs::fuse_uring_enabled() {
@@ -403,21 +404,27 @@ fn main() {
             run(&["capture", tree.to_str().unwrap(), "-t", &th]);
             run(&["mount", mp.to_str().unwrap(), "-t", &th, "--mode", mode]);
             let st = run(&["status", mp.to_str().unwrap()]);
-            // Where this (root) process reaches the files: a rootless mount through its
-            // holder's root.
-            let seen = st["namespace"]["outside"]
-                .as_str()
-                .map(PathBuf::from)
-                .unwrap_or_else(|| mp.clone());
+            // Changes (and the look before a restore) are made by the mount's user, where
+            // the mount is seen: in the namespace for the rootless one.
+            let shell = |script: &str| {
+                if as_root {
+                    sh(script, &[]);
+                } else if casfs == "casfs-rootless" {
+                    b.user.in_namespace(false, &["sh", "-c", script]);
+                } else {
+                    b.user.run(&["sh", "-c", script]);
+                }
+            };
             let mut prev = st["base"].as_str().unwrap().to_string();
             for r in 0..args.reps.max(3) {
-                for k in 0..10 {
-                    let i = k * (n / 10);
-                    let f = seen.join(format!("d{:03}/f{i}.txt", i / 100));
-                    let mut s = fs::read_to_string(&f).unwrap_or_default();
-                    s.push_str(&format!("change {r}\n"));
-                    fs::write(&f, s).unwrap();
-                }
+                let changes: String = (0..10)
+                    .map(|k| {
+                        let i = k * (n / 10);
+                        let f = mp.join(format!("d{:03}/f{i}.txt", i / 100));
+                        format!("echo 'change {r}' >> {} && ", q(&f))
+                    })
+                    .collect();
+                shell(&format!("{changes}true"));
                 let t = std::time::Instant::now();
                 let cp = run(&["checkpoint", mp.to_str().unwrap()]);
                 let whole = t.elapsed().as_secs_f64() * 1000.0;
@@ -427,7 +434,7 @@ fn main() {
                 add(op.clone(), cp["duration_us"].as_f64().unwrap() / 1000.0);
                 add(format!("{op} (command)"), whole);
                 let id = cp["checkpoint"].as_str().unwrap().to_string();
-                let _ = sh(&format!("find {} > /dev/null", q(&seen)), &[]);
+                shell(&format!("find {} > /dev/null", q(&mp)));
                 let t = std::time::Instant::now();
                 let rs = run(&["restore", mp.to_str().unwrap(), &prev, "--force"]);
                 let whole = t.elapsed().as_secs_f64() * 1000.0;

@@ -27,6 +27,9 @@ run capture cargo bench --bench capture -- --sizes 1000,10000,100000 --reps 3 --
 run mount-fuse cargo bench --bench mount -- --sizes 1k,10k,100k --reps 3 --mode fuse --out "$(out mount)"
 run mount-overlay cargo bench --bench mount -- --sizes 1k,10k,100k --reps 3 --mode overlay --out "$(out mount)"
 run overlay cargo bench --bench overlay -- --reps 3 --sizes 1k,10k,100k --out "$(out overlay)"
+# As an ordinary user (made here if missing, as scripts/test-rootless.sh makes it).
+id casfs-rootless >/dev/null 2>&1 || useradd --create-home --shell /bin/bash casfs-rootless
+run rootless cargo bench --bench rootless -- --user casfs-rootless --reps 3 --sizes 1k,10k,100k --out "$(out rootless)"
 run soak cargo bench --bench soak -- --runs 10000 --clients 8 --threads 100 --out "$(out soak)"
 run fleet cargo bench --bench fleet -- --sizes 1k,10k,100k --reps 3 --out "$(out fleet)"
 run casfs-bench "$casfs" bench --sizes 1k,10k,100k --reps 3 --runs 3 --plot docs/bench.svg --out "$(out casfs-bench)"

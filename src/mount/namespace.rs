@@ -76,10 +76,14 @@ pub fn rootless() -> bool {
 /// user's, else `/tmp/casfs-<uid>`; made (mode 0700) if missing, refused unless it is
 /// a directory of this user that no one else may write.
 pub fn runtime_dir() -> Result<PathBuf, NamespaceError> {
-    runtime_dir_from(std::env::var_os("XDG_RUNTIME_DIR"))
+    runtime_dir_from(std::env::var_os("XDG_RUNTIME_DIR"), true)
 }
 
-fn runtime_dir_from(xdg: Option<std::ffi::OsString>) -> Result<PathBuf, NamespaceError> {
+/// [`runtime_dir`] where `xdg` is `$XDG_RUNTIME_DIR`; made only if `create`.
+fn runtime_dir_from(
+    xdg: Option<std::ffi::OsString>,
+    create: bool,
+) -> Result<PathBuf, NamespaceError> {
     let uid = euid();
     let xdg = xdg
         .map(PathBuf::from)
@@ -89,10 +93,12 @@ fn runtime_dir_from(xdg: Option<std::ffi::OsString>) -> Result<PathBuf, Namespac
         Some(x) => x.join("casfs"),
         None => std::env::temp_dir().join(format!("casfs-{uid}")),
     };
-    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(io(format!("creating {}", dir.display()))(e)),
+    if create {
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io(format!("creating {}", dir.display()))(e)),
+        }
     }
     let m = std::fs::symlink_metadata(&dir).map_err(io(format!("reading {}", dir.display())))?;
     if !m.is_dir() || m.uid() != uid || m.permissions().mode() & 0o022 != 0 {
@@ -125,7 +131,11 @@ pub struct Holder {
 impl Holder {
     /// The holder named by the user's pid file, if it is alive.
     pub fn find() -> Option<Holder> {
-        let dir = runtime_dir().ok()?;
+        // Root's mounts are never in a namespace of casfs's.
+        if !rootless() {
+            return None;
+        }
+        let dir = runtime_dir_from(std::env::var_os("XDG_RUNTIME_DIR"), false).ok()?;
         let text = std::fs::read_to_string(dir.join("namespace.pid")).ok()?;
         let mut f = text.split_whitespace().map(|w| w.parse::<u64>().ok());
         let (pid, user_ns, mnt_ns) = (f.next()??, f.next()??, f.next()??);
@@ -587,7 +597,7 @@ mod tests {
         std::fs::create_dir(&x).unwrap();
         std::fs::create_dir(x.join("casfs")).unwrap();
         std::fs::set_permissions(x.join("casfs"), std::fs::Permissions::from_mode(0o777)).unwrap();
-        let r = runtime_dir_from(Some(x.into_os_string()));
+        let r = runtime_dir_from(Some(x.into_os_string()), false);
         assert!(matches!(r, Err(NamespaceError::Refused(_))), "{r:?}");
     }
 }
