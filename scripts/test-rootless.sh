@@ -4,7 +4,8 @@
 #     namespace of that user, where each test's `casfs mount` makes a rootless overlay;
 #  2. the TypeScript client's tests against a `casfs serve` that user runs;
 #  3. the commands as a user runs them from outside the namespace: mount, exec, status,
-#     checkpoint, restore, a killed daemon's work adopted, unmount;
+#     checkpoint, restore, a killed daemon's work adopted, unmount; and what a program
+#     inside can get at (the holder's environment, capabilities, a forged pid file);
 #  4. a host that forbids user namespaces (scripts/without-userns.py): `auto` falls back
 #     to FUSE and says why, `--mode overlay` refuses and names the setting.
 # Run as root (it makes the user and gives it /dev/fuse) after scripts/setup.sh and with
@@ -50,7 +51,7 @@ trap cleanup EXIT
 stop_holder
 
 echo "== the mount suite as $user (uid $uid), rootless overlay"
-as_user CASFS_MOUNT_MODE=overlay "$casfs" exec --namespace --keep-mount-rights \
+[ -n "${CASFS_ROOTLESS_SKIP_SUITE:-}" ] || as_user CASFS_MOUNT_MODE=overlay "$casfs" exec --namespace --keep-mount-rights \
   --cwd "$repo" / -- "$suite"
 
 echo "== the TypeScript client's tests against a casfs serve of $user"
@@ -91,6 +92,44 @@ c mount --mode overlay -t rl "$mp" >/dev/null
 [ "$(c exec "$mp" -- cat "$mp/u")" = uncaptured ] || fail "a killed daemon's write was lost"
 c unmount "$mp" >/dev/null
 if c exec "$mp" -- true 2>/dev/null; then fail "exec after unmount should fail"; fi
+
+echo "== what a program inside the namespace can get at"
+stop_holder
+sleep 0.2
+mp3=$work/ws3
+as_user mkdir "$mp3"
+as_user env CASFS_TEST_SECRET=do-not-leak "$casfs" --store "$work/store3" mount --mode overlay \
+  -t rl3 "$mp3" >/dev/null
+pidfile=
+for f in "/run/user/$uid/casfs/namespace.pid" "/tmp/casfs-$uid/namespace.pid"; do
+  if [ -f "$f" ]; then pidfile=$f; break; fi
+done
+[ -n "$pidfile" ] || fail "no pid file of the user's namespace"
+holder=$(cut -d' ' -f1 "$pidfile")
+if tr '\0' '\n' < "/proc/$holder/environ" | grep -q do-not-leak; then
+  fail "the holder kept its starter's environment"
+fi
+# A program run by casfs exec: no capabilities, none in its bounding set, none to gain.
+caps=$(as_user "$casfs" exec "$mp3" -- grep -E '^(CapEff|CapPrm|CapBnd|NoNewPrivs)' \
+  /proc/self/status | tr -s '\t ' ' ')
+echo "$caps" | grep -q "CapEff: 0000000000000000" || fail "exec: capabilities: $caps"
+echo "$caps" | grep -q "CapBnd: 0000000000000000" || fail "exec: bounding set: $caps"
+echo "$caps" | grep -q "NoNewPrivs: 1" || fail "exec: no_new_privs: $caps"
+# A program inside names a namespace of its own in the pid file: a mount made from outside
+# must not join it.
+as_user "$casfs" exec "$mp3" -- sh -c 'unshare -Um sleep 60 & sleep 0.5
+  p=$(pgrep -n -u "$(id -u)" -x sleep)
+  printf "%s %s %s\n" "$p" "$(stat -L -c %i /proc/$p/ns/user)" "$(stat -L -c %i /proc/$p/ns/mnt)" \
+    > '"$pidfile"
+forged=$(cut -d' ' -f2 "$pidfile")
+mp4=$work/ws4
+as_user mkdir "$mp4"
+c mount --mode overlay -t rl4 "$mp4" >/dev/null
+joined=$(as_user "$casfs" exec "$mp4" -- stat -L -c %i /proc/self/ns/user)
+[ "$joined" != "$forged" ] || fail "a mount joined the namespace a program inside made"
+c unmount "$mp4" >/dev/null
+as_user "$casfs" --store "$work/store3" unmount "$mp3" >/dev/null
+pkill -u "$user" -x sleep 2>/dev/null || true
 
 echo "== a host without user namespaces"
 # In a namespace of its own whose user.max_user_namespaces is 0 (scripts/without-userns.py).

@@ -146,20 +146,30 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
             mountpoint,
             cwd,
             namespace,
+            holder,
             keep_mount_rights,
             command,
         } => super::mount::exec(
+            cli,
             mountpoint,
             cwd.as_deref(),
-            *namespace,
-            *keep_mount_rights,
+            super::mount::ExecVia {
+                namespace: *namespace,
+                holder: *holder,
+                keep_mount_rights: *keep_mount_rights,
+            },
             command,
         ),
         Command::Shell { mountpoint, cwd } => {
             let shell = std::env::var_os("SHELL")
                 .filter(|s| !s.is_empty())
                 .unwrap_or_else(|| "/bin/sh".into());
-            super::mount::exec(mountpoint, cwd.as_deref(), false, false, &[shell])
+            let via = super::mount::ExecVia {
+                namespace: false,
+                holder: None,
+                keep_mount_rights: false,
+            };
+            super::mount::exec(cli, mountpoint, cwd.as_deref(), via, &[shell])
         }
         Command::NamespaceHolder => Ok(casfs::mount::namespace::run_holder()?),
         Command::Serve { .. } => super::serve::run(cli),

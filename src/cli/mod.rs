@@ -216,6 +216,10 @@ pub enum Command {
         /// Enter the user's namespace (started if none runs) whatever MOUNTPOINT is
         #[arg(long, hide = true)]
         namespace: bool,
+        /// Enter the namespaces of process PID (the mount's daemon, or the `casfs serve`
+        /// of a sandbox: `casfs status` and the API name it as the namespace's holder)
+        #[arg(long, value_name = "PID", conflicts_with = "namespace")]
+        holder: Option<i32>,
         /// With --namespace: let the command and what it runs mount there (for a test
         /// harness that starts casfs mounts from inside; never for an agent)
         #[arg(long, hide = true)]

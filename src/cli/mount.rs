@@ -174,21 +174,29 @@ fn is_mount(path: &Path) -> bool {
     is_fuse_mount(path) || is_overlay_mount(path)
 }
 
-/// The holder of the user's namespace when `path` is a mount in it that this process,
-/// outside it, does not see.
-fn mounted_in_namespace(path: &Path) -> Option<Holder> {
-    if is_mount(path) {
+/// A process in the user's namespace through which this process, outside it, reaches
+/// the mount at `path` it does not see: the namespace's holder, else the mount's own
+/// daemon (by its pid file in `cli`'s store: a holder replaced since the mount was
+/// made holds another namespace).
+fn mounted_in_namespace(cli: &Cli, path: &Path) -> Option<Holder> {
+    if !namespace::rootless() || is_mount(path) {
         return None;
     }
-    let h = Holder::find().filter(|h| !h.contains_self())?;
     let canon = std::fs::canonicalize(path).ok()?;
-    is_mount(&h.outside(&canon)).then_some(h)
+    let shows = |h: &Holder| !h.contains_self() && is_mount(&h.outside(&canon));
+    if let Some(h) = Holder::find().filter(shows) {
+        return Some(h);
+    }
+    let pid = std::fs::read_to_string(daemon::pid_file(&cli.store_root(), &canon)).ok()?;
+    Holder::of_process(pid.trim().parse().ok()?)
+        .ok()
+        .filter(shows)
 }
 
 /// The control socket of the casfs mount at `path`, if it is one (here, or in the
 /// user's namespace).
 pub fn socket_of(cli: &Cli, path: &Path) -> Option<std::path::PathBuf> {
-    if !is_mount(path) && mounted_in_namespace(path).is_none() {
+    if !is_mount(path) && mounted_in_namespace(cli, path).is_none() {
         return None;
     }
     let canon = std::fs::canonicalize(path).ok()?;
@@ -369,7 +377,7 @@ fn spawn_background(
         is_mount(&seen) && socket.is_none_or(|s| s.exists())
     })?;
     println!("mounted {what} at {} (pid {pid})", mountpoint.display());
-    if let Some(h) = outside {
+    if outside.is_some() {
         println!(
             "  in uid {}'s own namespace: enter it with `casfs exec {} -- CMD` or `casfs shell \
              {}`; from outside, the files are at {}",
@@ -378,32 +386,43 @@ fn spawn_background(
             mountpoint.display(),
             seen.display()
         );
-        let _ = h;
     }
     Ok(())
 }
 
+/// How `casfs exec` finds the namespace to enter.
+pub struct ExecVia {
+    /// The user's namespace (started if none runs), whatever the mountpoint is.
+    pub namespace: bool,
+    /// The namespaces of this process (a mount's daemon, a `casfs serve`).
+    pub holder: Option<i32>,
+    /// With `namespace`: the command may mount there.
+    pub keep_mount_rights: bool,
+}
+
 /// `casfs exec` and `casfs shell`: runs `command` in place of this process where the
-/// mount at `mountpoint` is seen. With `in_namespace`, the user's namespace is entered
-/// (started if none runs) whatever `mountpoint` is; with `keep_mount_rights`, the
-/// command may mount there.
+/// mount at `mountpoint` is seen: here, or inside the namespace it lives in, with no
+/// capabilities (and none to gain) unless `via.keep_mount_rights`.
 pub fn exec(
+    cli: &Cli,
     mountpoint: &Path,
     cwd: Option<&Path>,
-    in_namespace: bool,
-    keep_mount_rights: bool,
+    via: ExecVia,
     command: &[std::ffi::OsString],
 ) -> anyhow::Result<()> {
-    if keep_mount_rights && !in_namespace {
+    if via.keep_mount_rights && !via.namespace {
         bail!("--keep-mount-rights goes with --namespace");
     }
-    let holder = if in_namespace {
+    let holder = if via.namespace {
         let h = namespace::ensure_holder()?;
+        (!h.contains_self()).then_some(h)
+    } else if let Some(pid) = via.holder {
+        let h = Holder::of_process(pid)?;
         (!h.contains_self()).then_some(h)
     } else if is_mount(mountpoint) {
         None
     } else {
-        match mounted_in_namespace(mountpoint) {
+        match mounted_in_namespace(cli, mountpoint) {
             Some(h) => Some(h),
             None => bail!(
                 "{}: not a casfs mount (neither here nor in the namespace of uid {})",
@@ -412,19 +431,29 @@ pub fn exec(
             ),
         }
     };
+    let entered = holder.is_some() || namespace::inside().is_some();
     if let Some(h) = &holder {
         namespace::enter(h)?;
+        if via.holder.is_some() && !is_mount(mountpoint) {
+            bail!(
+                "{}: not a mount in the namespace of process {}",
+                mountpoint.display(),
+                h.pid
+            );
+        }
     }
     if let Some(d) = cwd {
         std::env::set_current_dir(d).with_context(|| format!("entering {}", d.display()))?;
     }
-    if keep_mount_rights {
+    if via.keep_mount_rights {
         if holder.is_none() && !namespace::can_mount() {
             bail!(
                 "--keep-mount-rights: this process is inside the namespace already, without them"
             );
         }
         namespace::keep_mount_rights()?;
+    } else if entered {
+        namespace::drop_privileges()?;
     }
     Err(namespace::exec(command).into())
 }
@@ -438,7 +467,7 @@ fn tempfile_path(mountpoint: &Path) -> std::path::PathBuf {
 pub fn unmount(cli: &Cli, mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
     // A rootless mount is unmounted from inside the user's namespace, where this
     // process (its user's) may.
-    if let Some(h) = mounted_in_namespace(mountpoint) {
+    if let Some(h) = mounted_in_namespace(cli, mountpoint) {
         namespace::enter(&h)?;
     }
     if !is_fuse_mount(mountpoint) && !is_dead_mount(mountpoint) && !is_overlay_mount(mountpoint) {

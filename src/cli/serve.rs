@@ -57,6 +57,16 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
                 casfs::mount::namespace::euid()
             );
         }
+        // Inside the namespace only the user's own ids are mapped: other users' peer
+        // credentials read as 65534, and a group cannot be given the socket.
+        if socket_group.is_some() || socket_mode.is_some_and(|m| m != 0o600) {
+            bail!(
+                "--socket-group and --socket-mode let other users in, which a server of uid {} \
+                 with rootless overlay sandboxes cannot tell apart; serve them as root, or \
+                 with --mode fuse",
+                casfs::mount::namespace::euid()
+            );
+        }
         casfs::mount::namespace::join_for_mounting()?;
     }
     // A client that goes away mid-reply must not take the server (and every

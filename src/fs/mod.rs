@@ -266,15 +266,17 @@ pub fn low_priority() {
     };
 }
 
-/// Whether `path` is the root of a FUSE mount (used to wait for a mount to answer).
 /// Whether the kernel lets this process register passthrough backing files: it wants
 /// `CAP_SYS_ADMIN` in the initial user namespace (fs/fuse/backing.c), which a user
 /// other than root, or root inside a user namespace, lacks. FUSE would accept the
 /// passthrough flag at init and then refuse every backing file.
 pub fn passthrough_permitted() -> bool {
+    use std::os::unix::fs::MetadataExt;
     const CAP_SYS_ADMIN: u32 = 21;
-    let initial_ns = std::fs::read_to_string("/proc/self/uid_map")
-        .is_ok_and(|m| m.split_whitespace().collect::<Vec<_>>() == ["0", "0", "4294967295"]);
+    // The initial user namespace's nsfs inode (PROC_USER_INIT_INO).
+    const INITIAL_USER_NS: u64 = 0xEFFF_FFFD;
+    let initial_ns =
+        std::fs::metadata("/proc/self/ns/user").is_ok_and(|m| m.ino() == INITIAL_USER_NS);
     let sys_admin = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
         s.lines()
             .find_map(|l| l.strip_prefix("CapEff:"))
@@ -284,6 +286,7 @@ pub fn passthrough_permitted() -> bool {
     initial_ns && sys_admin
 }
 
+/// Whether `path` is the root of a FUSE mount (used to wait for a mount to answer).
 pub fn is_fuse_mount(path: &std::path::Path) -> bool {
     statfs(path).is_ok_and(|st| st.f_type == FUSE_SUPER_MAGIC)
 }

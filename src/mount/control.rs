@@ -77,7 +77,8 @@ pub struct MountStatus {
 pub struct NamespaceInfo {
     /// The user whose namespace it is.
     pub uid: u32,
-    /// The pid of the process holding it (`casfs exec` enters its namespaces).
+    /// A process in it that lives as long as the mount: its daemon, or the `casfs serve`
+    /// whose sandbox it is (`casfs exec --holder PID` enters its namespaces).
     pub holder: i32,
     /// The mountpoint as a process outside the namespace reaches it.
     pub outside: PathBuf,
@@ -85,16 +86,18 @@ pub struct NamespaceInfo {
 
 impl NamespaceInfo {
     /// The namespace of a mount at `mountpoint` made by this process, if it is a
-    /// rootless one.
+    /// rootless one. It is entered, and reached from outside, through this process
+    /// (the mount's daemon, or `casfs serve`), which lives as long as the mount does,
+    /// rather than through the namespace's holder, which may have been replaced.
     pub fn of_mount(mode: MountMode, mountpoint: &std::path::Path) -> Option<NamespaceInfo> {
         if mode != MountMode::Overlay || !super::namespace::rootless() {
             return None;
         }
-        let h = super::namespace::inside()?;
+        let me = super::namespace::Holder::of_process(std::process::id() as i32).ok()?;
         Some(NamespaceInfo {
             uid: super::namespace::euid(),
-            holder: h.pid,
-            outside: h.outside(mountpoint),
+            holder: me.pid,
+            outside: me.outside(mountpoint),
         })
     }
 }

@@ -27,7 +27,7 @@
 use std::ffi::CString;
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -72,9 +72,12 @@ pub fn rootless() -> bool {
     euid() != 0
 }
 
-/// The user's runtime directory for casfs: `$XDG_RUNTIME_DIR/casfs` when that is the
-/// user's, else `/tmp/casfs-<uid>`; made (mode 0700) if missing, refused unless it is
-/// a directory of this user that no one else may write.
+/// The user's runtime directory for casfs: `/run/user/<uid>/casfs` where systemd-logind
+/// made that directory for the user, else `$XDG_RUNTIME_DIR/casfs` when that is the
+/// user's, else `/tmp/casfs-<uid>`. So every session of a user (a desktop, ssh, cron, a
+/// service started with an empty environment) finds the same namespace wherever logind
+/// runs. Made (mode 0700) if missing, refused unless it is a directory of this user
+/// that no one else may write.
 pub fn runtime_dir() -> Result<PathBuf, NamespaceError> {
     runtime_dir_from(std::env::var_os("XDG_RUNTIME_DIR"), true)
 }
@@ -85,10 +88,15 @@ fn runtime_dir_from(
     create: bool,
 ) -> Result<PathBuf, NamespaceError> {
     let uid = euid();
-    let xdg = xdg
-        .map(PathBuf::from)
-        .filter(|x| x.is_absolute())
-        .filter(|x| std::fs::metadata(x).is_ok_and(|m| m.is_dir() && m.uid() == uid));
+    let private = |x: &PathBuf| {
+        x.is_absolute()
+            && std::fs::symlink_metadata(x)
+                .is_ok_and(|m| m.is_dir() && m.uid() == uid && m.permissions().mode() & 0o077 == 0)
+    };
+    let logind = PathBuf::from(format!("/run/user/{uid}"));
+    let xdg = Some(logind)
+        .filter(private)
+        .or_else(|| xdg.map(PathBuf::from).filter(private));
     let dir = match xdg {
         Some(x) => x.join("casfs"),
         None => std::env::temp_dir().join(format!("casfs-{uid}")),
@@ -119,8 +127,35 @@ fn ns_id(pid: &str, kind: &str) -> Option<u64> {
         .map(|m| m.ino())
 }
 
+/// Whether process `pid`'s user namespace was made by this user from this process's own
+/// user namespace: its owner is our euid and its parent our namespace (the
+/// `NS_GET_OWNER_UID` and `NS_GET_PARENT` ioctls of nsfs). A process inside casfs's
+/// namespace (an agent) can make a namespace of its own inside it and name it in the pid
+/// file; that one's parent is casfs's, not ours, and it is never joined from here.
+fn made_here(pid: i32) -> bool {
+    const NS_GET_PARENT: libc::c_ulong = 0xb702;
+    const NS_GET_OWNER_UID: libc::c_ulong = 0xb704;
+    let Ok(f) = File::open(format!("/proc/{pid}/ns/user")) else {
+        return false;
+    };
+    let mut owner: libc::uid_t = u32::MAX;
+    // SAFETY: an nsfs descriptor and a pointer to a uid_t, as the ioctl wants.
+    if unsafe { libc::ioctl(f.as_raw_fd(), NS_GET_OWNER_UID, &mut owner) } != 0 || owner != euid() {
+        return false;
+    }
+    // SAFETY: an nsfs descriptor; the ioctl returns a new descriptor or -1.
+    let parent = unsafe { libc::ioctl(f.as_raw_fd(), NS_GET_PARENT) };
+    if parent < 0 {
+        return false;
+    }
+    // SAFETY: a descriptor the ioctl just opened, owned from here on.
+    let parent = File::from(unsafe { std::os::fd::OwnedFd::from_raw_fd(parent) });
+    parent.metadata().ok().map(|m| m.ino()) == ns_id("self", "user")
+}
+
 /// The holder of the user's namespace, as its pid file names it: verified alive and
-/// still in the namespaces it recorded (a reused pid is in other ones).
+/// still in the namespaces it recorded (a reused pid is in other ones), and, seen from
+/// outside, made by this user from here ([`made_here`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Holder {
     pub pid: i32,
@@ -144,7 +179,31 @@ impl Holder {
             user_ns,
             mnt_ns,
         };
-        h.alive().then_some(h)
+        (h.alive() && (h.contains_self() || made_here(h.pid))).then_some(h)
+    }
+
+    /// The namespaces process `pid` is in, as a holder to enter: a mount's daemon (or a
+    /// `casfs serve`), which lives as long as its mounts do. Refused unless it is in
+    /// this process's namespaces already or in ones this user made from here.
+    pub fn of_process(pid: i32) -> Result<Holder, NamespaceError> {
+        let p = pid.to_string();
+        let (Some(user_ns), Some(mnt_ns)) = (ns_id(&p, "user"), ns_id(&p, "mnt")) else {
+            return Err(NamespaceError::Refused(format!(
+                "process {pid}: gone, or not this user's"
+            )));
+        };
+        let h = Holder {
+            pid,
+            user_ns,
+            mnt_ns,
+        };
+        if h.contains_self() || made_here(pid) {
+            Ok(h)
+        } else {
+            Err(NamespaceError::Refused(format!(
+                "process {pid} is not in a namespace this user made from here"
+            )))
+        }
     }
 
     fn alive(&self) -> bool {
@@ -205,29 +264,81 @@ pub fn userns_blocked() -> Option<String> {
              lets casfs"
                 .into(),
         ),
-        Err(e) => Some(format!("unshare(CLONE_NEWUSER) fails: {e}")),
+        Err(e) => Some(format!(
+            "a user namespace of this user's cannot be made and used: {e}"
+        )),
     }
 }
 
-/// Makes a user namespace in a child process that exits at once.
+/// Overlayfs can be mounted in a user namespace since Linux 5.11.
+fn kernel_too_old() -> Option<String> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
+    let mut v = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (v.next()?, v.next().unwrap_or(0));
+    ((major, minor) < (5, 11)).then(|| {
+        format!(
+            "kernel {}: overlayfs can be mounted in a user namespace from 5.11 on",
+            release.trim()
+        )
+    })
+}
+
+/// Does in a child process what the holder does, then exits: a user and mount
+/// namespace, this user's uid and gid mapped, and a tmpfs mounted in it (where a
+/// namespace is made but given no rights, as under AppArmor's restriction, that fails).
 fn try_unshare() -> std::io::Result<()> {
-    // SAFETY: the child calls only unshare and _exit (async-signal-safe), so forking a
-    // process with threads is sound.
+    // SAFETY: getegid cannot fail.
+    let (uid, gid) = (euid(), unsafe { libc::getegid() });
+    // Everything the child uses is made before the fork: it may only make system calls.
+    let files = [
+        (c"/proc/self/setgroups", "deny".to_string()),
+        (c"/proc/self/uid_map", format!("{uid} {uid} 1\n")),
+        (c"/proc/self/gid_map", format!("{gid} {gid} 1\n")),
+    ];
+    let (tmpfs, target) = (c"tmpfs", c"/tmp");
+    // SAFETY: the child makes only system calls (unshare, open, write, close, mount,
+    // _exit: async-signal-safe) on memory made before the fork, so forking a process
+    // with threads is sound.
     unsafe {
         let pid = libc::fork();
         if pid < 0 {
             return Err(std::io::Error::last_os_error());
         }
         if pid == 0 {
-            let r = libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS);
-            let errno = if r == 0 { 0 } else { *libc::__errno_location() };
-            libc::_exit(errno.clamp(0, 255));
+            let fail = || libc::_exit((*libc::__errno_location()).clamp(1, 255));
+            if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
+                fail();
+            }
+            for (path, text) in &files {
+                let fd = libc::open(path.as_ptr(), libc::O_WRONLY);
+                if fd < 0 || libc::write(fd, text.as_ptr().cast(), text.len()) < 0 {
+                    fail();
+                }
+                libc::close(fd);
+            }
+            if libc::mount(
+                tmpfs.as_ptr(),
+                target.as_ptr(),
+                tmpfs.as_ptr(),
+                0,
+                std::ptr::null(),
+            ) != 0
+            {
+                fail();
+            }
+            libc::_exit(0);
         }
         let mut status = 0;
         while libc::waitpid(pid, &mut status, 0) < 0 {
             if *libc::__errno_location() != libc::EINTR {
                 return Err(std::io::Error::last_os_error());
             }
+        }
+        if !libc::WIFEXITED(status) {
+            return Err(std::io::Error::other("the probe was killed"));
         }
         match libc::WEXITSTATUS(status) {
             0 => Ok(()),
@@ -256,8 +367,14 @@ pub fn rootless_overlay_blocked() -> Option<String> {
             std::io::Error::last_os_error()
         ));
     }
+    if let Err(e) = runtime_dir() {
+        return Some(e.to_string());
+    }
     if Holder::find().is_some() {
         return None;
+    }
+    if let Some(why) = kernel_too_old() {
+        return Some(why);
     }
     userns_blocked().map(|why| format!("no user namespace: {why}"))
 }
@@ -289,16 +406,27 @@ pub fn ensure_holder() -> Result<Holder, NamespaceError> {
     let log = dir.join("namespace.log");
     let err = File::create(&log).map_err(io(format!("creating {}", log.display())))?;
     let mut cmd = std::process::Command::new(exe);
+    // Nothing of the starter's environment (a `casfs serve`'s token, a fleet's
+    // passwords): the holder has no capabilities, so a program inside the namespace may
+    // read its /proc/<pid>/environ.
     cmd.arg("namespace-holder")
+        .env_clear()
+        .envs(
+            ["XDG_RUNTIME_DIR", "TMPDIR", "LANG"]
+                .iter()
+                .filter_map(|k| std::env::var_os(k).map(|v| (*k, v))),
+        )
         .current_dir("/")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(err);
-    // SAFETY: setsid in the child before exec: the holder outlives our session.
+    // SAFETY: in the child before exec: setsid (the holder outlives our session), and
+    // every descriptor above stderr closed (close_range is async-signal-safe).
     unsafe {
         use std::os::unix::process::CommandExt;
         cmd.pre_exec(|| {
             libc::setsid();
+            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
             Ok(())
         });
     }
@@ -426,7 +554,7 @@ pub fn enter(holder: &Holder) -> Result<(), NamespaceError> {
         return Ok(());
     }
     single_threaded()?;
-    let cwd = std::env::current_dir().ok();
+    let cwd = std::env::current_dir().map_err(io("reading the working directory"))?;
     for (kind, flag) in [("user", libc::CLONE_NEWUSER), ("mnt", libc::CLONE_NEWNS)] {
         if ns_id("self", kind) == ns_id(&holder.pid.to_string(), kind) {
             continue;
@@ -447,9 +575,7 @@ pub fn enter(holder: &Holder) -> Result<(), NamespaceError> {
         )));
     }
     // Joining a mount namespace moves the working directory to its root.
-    if let Some(c) = cwd {
-        std::env::set_current_dir(&c).map_err(io(format!("returning to {}", c.display())))?;
-    }
+    std::env::set_current_dir(&cwd).map_err(io(format!("returning to {}", cwd.display())))?;
     Ok(())
 }
 
@@ -523,8 +649,8 @@ pub fn keep_mount_rights() -> Result<(), NamespaceError> {
                 libc::PR_CAP_AMBIENT,
                 libc::PR_CAP_AMBIENT_RAISE,
                 cap as libc::c_ulong,
-                0,
-                0,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
             )
         };
         if r != 0 {
@@ -555,6 +681,26 @@ pub fn join_for_mounting() -> Result<Holder, NamespaceError> {
     // Of the capabilities joining gave, only those a mounter needs are kept.
     set_capabilities(MOUNTER_CAPS as u32, MOUNTER_CAPS as u32)?;
     Ok(h)
+}
+
+/// Gives up, for good, every capability this process holds and any it could gain:
+/// the bounding set emptied, no new privileges (a program's file capabilities are not
+/// granted on exec), nothing effective, permitted or inheritable. For a program run in
+/// the namespace on an agent's behalf.
+pub fn drop_privileges() -> Result<(), NamespaceError> {
+    let last = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse::<libc::c_ulong>().ok())
+        .unwrap_or(40);
+    for cap in 0..=last {
+        // SAFETY: a prctl with integer arguments; a capability not in the set is fine.
+        unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0 as libc::c_ulong) };
+    }
+    // SAFETY: a prctl with integer arguments.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0) } != 0 {
+        return Err(io("setting no_new_privs")(std::io::Error::last_os_error()));
+    }
+    set_capabilities(0, 0)
 }
 
 /// The program `argv` run in place of this process (execvp): only returns on failure.

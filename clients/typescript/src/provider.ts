@@ -19,6 +19,7 @@
  * workspace is a directory the server mounted.
  */
 import { randomBytes } from 'node:crypto'
+import * as fs from 'node:fs'
 import * as fsp from 'node:fs/promises'
 import * as path from 'node:path'
 
@@ -90,6 +91,23 @@ const CAPABILITIES: SandboxCapabilities = {
   fork: true,
 }
 
+/** `bin` as an absolute path, looked up on this process's `PATH` when it names no
+ * directory (a sandbox's processes may get an environment without one). */
+function onPath(bin: string): string {
+  if (bin.includes('/')) return path.resolve(bin)
+  for (const dir of (process.env.PATH ?? '').split(':')) {
+    if (dir === '') continue
+    const p = path.join(dir, bin)
+    try {
+      fs.accessSync(p, fs.constants.X_OK)
+      return p
+    } catch {
+      // Not here.
+    }
+  }
+  return bin
+}
+
 /** A fresh casfs thread for a sandbox; `hint` (the framework's key) kept readable. */
 function newThread(hint: string): string {
   const safe = hint.replace(/[^A-Za-z0-9._:-]/g, '_').slice(0, 150) || 'sandbox'
@@ -156,7 +174,7 @@ export function casfsSandbox(options: CasfsSandboxOptions): SandboxProvider {
     const ns = info.namespace ?? null
     const io = (p: string): string =>
       ns === null ? resolve(p) : path.join(ns.outside, path.relative(root, resolve(p)))
-    const casfsBin = options.casfsBin ?? process.env.CASFS_BIN ?? 'casfs'
+    const casfsBin = onPath(options.casfsBin ?? process.env.CASFS_BIN ?? 'casfs')
     const processes = new SandboxProcesses({
       cwd: (c) => (c === undefined ? root : resolve(c)),
       env: (extra) => ({ ...(inherit ? process.env : {}), ...envVars, ...(extra ?? {}) }),
@@ -166,7 +184,18 @@ export function casfsSandbox(options: CasfsSandboxOptions): SandboxProvider {
         : {
             launch: (command: string, cwd: string) => ({
               file: casfsBin,
-              args: ['exec', '--cwd', cwd, root, '--', shell, '-c', command],
+              args: [
+                'exec',
+                '--holder',
+                String(ns.holder),
+                '--cwd',
+                cwd,
+                root,
+                '--',
+                shell,
+                '-c',
+                command,
+              ],
               cwd: '/',
             }),
           }),

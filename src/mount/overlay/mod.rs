@@ -355,6 +355,23 @@ impl OverlayMount {
         build_image: bool,
     ) -> CheckpointResult<OverlayMount> {
         let dir = overlay_dir(&store, mountpoint);
+        let rootless = crate::mount::namespace::rootless();
+        // An upper keeps overlayfs's attributes in one namespace of xattrs: one made by
+        // root (trusted.overlay.*) is not read by a rootless mount, nor the reverse.
+        if let Some((_, t)) = found(&store, mountpoint)? {
+            if t.userxattr != rootless && !upper_is_empty(&dir, t.overlay_generation) {
+                return Err(CheckpointError::Invalid(format!(
+                    "{} has uncaptured changes from an overlay mount made {}; mount it that \
+                     way and checkpoint them first",
+                    mountpoint.display(),
+                    if t.userxattr {
+                        "by a user other than root"
+                    } else {
+                        "by root"
+                    }
+                )));
+            }
+        }
         // A killed daemon leaves its overlay mounted (its lower dead): detach it.
         if is_overlay_mount(mountpoint) {
             if !Self::ours(&dir, mountpoint) {
@@ -365,7 +382,6 @@ impl OverlayMount {
             }
             detach(mountpoint);
         }
-        let rootless = crate::mount::namespace::rootless();
         let m = OverlayMount {
             store,
             rootless,

@@ -244,6 +244,16 @@ fn ovl_attr<'x>(x: &'x [(Vec<u8>, Vec<u8>)], prefix: &[u8], name: &str) -> Optio
         .map(|(_, v)| v.as_slice())
 }
 
+/// overlayfs's attribute `name` of an upper entry, as the kernel reads it: a rootless
+/// overlay (`user.overlay.*`) follows no redirect and has no metacopy, so those two are
+/// not read there (any process of the user could set them on the upper directly).
+fn followed<'x>(x: &'x [(Vec<u8>, Vec<u8>)], prefix: &[u8], name: &str) -> Option<&'x [u8]> {
+    if prefix == USER_PREFIX && matches!(name, "redirect" | "metacopy") {
+        return None;
+    }
+    ovl_attr(x, prefix, name)
+}
+
 /// The user's xattrs: overlayfs's own (under `prefix`) left out.
 fn user_xattrs(x: Vec<(Vec<u8>, Vec<u8>)>, prefix: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
     x.into_iter()
@@ -463,7 +473,7 @@ impl UpperCapture<'_> {
         let new = if ft.is_dir() {
             let sub_lower = if ovl_attr(&x, self.prefix, "opaque") == Some(b"y") {
                 None
-            } else if let Some(r) = ovl_attr(&x, self.prefix, "redirect") {
+            } else if let Some(r) = followed(&x, self.prefix, "redirect") {
                 self.redirected(r, lower)?.and_then(|e| e.tree_id())
             } else {
                 before.as_ref().and_then(|e| e.tree_id())
@@ -475,9 +485,9 @@ impl UpperCapture<'_> {
             self.stats.dirs_written += 1;
             entry(EntryContent::Dir(id), 0, user_xattrs(x, self.prefix))
         } else if ft.is_file() {
-            if ovl_attr(&x, self.prefix, "metacopy").is_some() {
+            if followed(&x, self.prefix, "metacopy").is_some() {
                 // Metadata changed, data still the lower's (where it came from).
-                let redirect = ovl_attr(&x, self.prefix, "redirect");
+                let redirect = followed(&x, self.prefix, "redirect");
                 // Straight to a content in an image's data layer, or a path of the lower.
                 let data = redirect
                     .and_then(|r| r.strip_prefix(b"/"))
