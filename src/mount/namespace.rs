@@ -79,12 +79,25 @@ pub fn rootless() -> bool {
 /// runs. Made (mode 0700) if missing, refused unless it is a directory of this user
 /// that no one else may write.
 pub fn runtime_dir() -> Result<PathBuf, NamespaceError> {
-    runtime_dir_from(std::env::var_os("XDG_RUNTIME_DIR"), true)
+    this_users_runtime_dir(true)
 }
 
-/// [`runtime_dir`] where `xdg` is `$XDG_RUNTIME_DIR`; made only if `create`.
+/// [`runtime_dir`], made only if `create`.
+fn this_users_runtime_dir(create: bool) -> Result<PathBuf, NamespaceError> {
+    runtime_dir_from(
+        Path::new(&format!("/run/user/{}", euid())),
+        std::env::var_os("XDG_RUNTIME_DIR"),
+        &std::env::temp_dir(),
+        create,
+    )
+}
+
+/// [`runtime_dir`] where `logind` is `/run/user/<uid>`, `xdg` is `$XDG_RUNTIME_DIR` and
+/// `tmp` the temporary directory; made only if `create`.
 fn runtime_dir_from(
+    logind: &Path,
     xdg: Option<std::ffi::OsString>,
+    tmp: &Path,
     create: bool,
 ) -> Result<PathBuf, NamespaceError> {
     let uid = euid();
@@ -93,13 +106,12 @@ fn runtime_dir_from(
             && std::fs::symlink_metadata(x)
                 .is_ok_and(|m| m.is_dir() && m.uid() == uid && m.permissions().mode() & 0o077 == 0)
     };
-    let logind = PathBuf::from(format!("/run/user/{uid}"));
-    let xdg = Some(logind)
+    let base = Some(logind.to_path_buf())
         .filter(private)
         .or_else(|| xdg.map(PathBuf::from).filter(private));
-    let dir = match xdg {
+    let dir = match base {
         Some(x) => x.join("casfs"),
-        None => std::env::temp_dir().join(format!("casfs-{uid}")),
+        None => tmp.join(format!("casfs-{uid}")),
     };
     if create {
         match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
@@ -170,7 +182,7 @@ impl Holder {
         if !rootless() {
             return None;
         }
-        let dir = runtime_dir_from(std::env::var_os("XDG_RUNTIME_DIR"), false).ok()?;
+        let dir = this_users_runtime_dir(false).ok()?;
         let text = std::fs::read_to_string(dir.join("namespace.pid")).ok()?;
         let mut f = text.split_whitespace().map(|w| w.parse::<u64>().ok());
         let (pid, user_ns, mnt_ns) = (f.next()??, f.next()??, f.next()??);
@@ -736,14 +748,45 @@ mod tests {
         );
     }
 
+    /// A directory of this user's, mode `mode`, at `path`.
+    fn dir(path: &Path, mode: u32) -> PathBuf {
+        std::fs::create_dir(path).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+        path.to_path_buf()
+    }
+
     #[test]
     fn a_runtime_dir_others_may_write_is_refused() {
         let t = tempfile::tempdir().unwrap();
-        let x = t.path().join("xdg");
-        std::fs::create_dir(&x).unwrap();
-        std::fs::create_dir(x.join("casfs")).unwrap();
-        std::fs::set_permissions(x.join("casfs"), std::fs::Permissions::from_mode(0o777)).unwrap();
-        let r = runtime_dir_from(Some(x.into_os_string()), false);
+        let xdg = dir(&t.path().join("xdg"), 0o700);
+        dir(&xdg.join("casfs"), 0o777);
+        let no_logind = t.path().join("no-logind");
+        let r = runtime_dir_from(&no_logind, Some(xdg.into_os_string()), t.path(), false);
         assert!(matches!(r, Err(NamespaceError::Refused(_))), "{r:?}");
+        // The same in the temporary directory, where nothing better is found.
+        dir(&t.path().join(format!("casfs-{}", euid())), 0o777);
+        let r = runtime_dir_from(&no_logind, None, t.path(), false);
+        assert!(matches!(r, Err(NamespaceError::Refused(_))), "{r:?}");
+    }
+
+    #[test]
+    fn the_runtime_dir_is_logind_s_then_xdg_s_then_a_temporary_one() {
+        let t = tempfile::tempdir().unwrap();
+        let logind = dir(&t.path().join("logind"), 0o700);
+        let xdg = dir(&t.path().join("xdg"), 0o700);
+        let tmp = dir(&t.path().join("tmp"), 0o755);
+        let xdg_os = || Some(xdg.clone().into_os_string());
+        let got = runtime_dir_from(&logind, xdg_os(), &tmp, true).unwrap();
+        assert_eq!(got, logind.join("casfs"));
+        assert_eq!(
+            std::fs::metadata(&got).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        // logind's directory open to others is passed over, and so is a relative XDG.
+        std::fs::set_permissions(&logind, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let got = runtime_dir_from(&logind, xdg_os(), &tmp, true).unwrap();
+        assert_eq!(got, xdg.join("casfs"));
+        let got = runtime_dir_from(&logind, Some("run/rel".into()), &tmp, true).unwrap();
+        assert_eq!(got, tmp.join(format!("casfs-{}", euid())));
     }
 }
