@@ -7,16 +7,17 @@
 //! contents go through a bounded [`ChunkCache`]. Content never changes under a view, so
 //! the kernel may cache attributes and pages freely.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::{
     Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyData,
+    InitFlags, KernelConfig, LockOwner, MountOption, Notifier, OpenFlags, ReplyAttr, ReplyData,
     ReplyDirectory, ReplyDirectoryPlus, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
 };
 
@@ -41,6 +42,9 @@ pub struct ViewOptions {
     pub reads: Option<std::sync::Arc<crate::fs::ReadLog>>,
     /// Who every file belongs to.
     pub owner: crate::fs::Owner,
+    /// List files by name only until lookups show their attributes are wanted (see
+    /// `Listings`); false: every listing with every entry's attributes.
+    pub sparse_listings: bool,
 }
 
 impl Default for ViewOptions {
@@ -53,6 +57,7 @@ impl Default for ViewOptions {
             fuse_uring: super::transport::default_uring(),
             reads: None,
             owner: crate::fs::Owner::current(),
+            sparse_listings: true,
         }
     }
 }
@@ -95,6 +100,84 @@ pub struct TreeView {
     objects_root: bool,
     want_uring: bool,
     reads: Option<Arc<crate::fs::ReadLog>>,
+    listings: Listings,
+}
+
+/// Whether listings carry their files' attributes.
+///
+/// A `READDIRPLUS` entry with attributes makes the kernel build an inode and a dentry
+/// for it; one without (`nodeid` 0) is only a name, looked up if a path walk needs it.
+/// A walk that only lists (`find`, overlayfs reading the lower) is then about twice as
+/// fast cold (what instantiating an inode costs the kernel), and one that looks at every
+/// file (`ls -l`, `git status`, `rm -rf`, `grep -r`) pays a lookup per file. So a view
+/// starts by listing directories with their attributes and files by name only, counts
+/// the lookups that land in a directory so listed, and once there are
+/// [`SPARSE_LOOKUPS`] of them lists everything with attributes and has the kernel drop
+/// the listings it holds (a cached listing is not asked for again), so that the next
+/// walk of a directory brings its entries in one request again.
+#[derive(Default)]
+struct Listings {
+    /// Every entry with its attributes from now on.
+    full: AtomicBool,
+    /// Directories listed with files by name only (while not `full`).
+    sparse: Mutex<HashSet<u64>>,
+    /// Lookups of entries of such directories.
+    lookups: AtomicU32,
+    /// The session's, to drop listings the kernel caches.
+    notifier: Arc<OnceLock<Notifier>>,
+}
+
+/// Lookups into directories listed without their files' attributes after which a view
+/// lists everything with attributes (see [`Listings`]): a workload that looks at every
+/// file reaches it within a directory or two; a few `cat`s after a `find` do not.
+const SPARSE_LOOKUPS: u32 = 64;
+
+impl Listings {
+    /// Whether the entries of directory `ino` now listed carry their attributes; if not,
+    /// `ino` is noted.
+    fn full_for(&self, ino: u64) -> bool {
+        if self.full.load(Ordering::Relaxed) {
+            return true;
+        }
+        self.sparse
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(ino);
+        false
+    }
+
+    /// A lookup found an entry of directory `parent`.
+    fn looked_up(&self, parent: u64) {
+        if self.full.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut sparse = self.sparse.lock().unwrap_or_else(|p| p.into_inner());
+        if !sparse.contains(&parent)
+            || self.lookups.fetch_add(1, Ordering::Relaxed) + 1 < SPARSE_LOOKUPS
+        {
+            return;
+        }
+        self.full.store(true, Ordering::Relaxed);
+        let dirs = std::mem::take(&mut *sparse);
+        drop(sparse);
+        let Some(n) = self.notifier.get().cloned() else {
+            return;
+        };
+        tracing::debug!(
+            "view: lookups after listings, {} listings dropped",
+            dirs.len()
+        );
+        // Not from the request's thread: the kernel may wait on this very request to
+        // drop a listing's pages.
+        let _ = std::thread::Builder::new()
+            .name("casfs-listings".into())
+            .spawn(move || {
+                for ino in dirs {
+                    // ENOENT: the kernel holds no inode of it (forgotten).
+                    let _ = n.inval_inode(INodeNo(ino), 0, 0);
+                }
+            });
+    }
 }
 
 fn eio(e: CasError) -> Errno {
@@ -145,6 +228,10 @@ impl TreeView {
             objects_root: false,
             want_uring: opts.fuse_uring,
             reads: opts.reads.clone(),
+            listings: Listings {
+                full: AtomicBool::new(!opts.sparse_listings),
+                ..Listings::default()
+            },
         }
     }
 
@@ -325,8 +412,8 @@ impl TreeView {
 
 impl Filesystem for TreeView {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // Every listing with its attributes (not adaptively: whoever lists a view, `find`
-        // or overlayfs, looks the names up next).
+        // Every listing as READDIRPLUS (not adaptively): which entries carry their
+        // attributes is the view's choice (`Listings`).
         let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS);
         super::transport::ask_for_uring(config, self.want_uring);
         Ok(())
@@ -357,6 +444,9 @@ impl Filesystem for TreeView {
             let ino = self.child(parent, e);
             Ok(self.attr(ino, e))
         });
+        if result.is_ok() {
+            self.listings.looked_up(parent);
+        }
         match result {
             Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
             Err(e) => reply.error(e),
@@ -449,8 +539,9 @@ impl Filesystem for TreeView {
         }
     }
 
-    /// A listing with every entry's attributes: one request per directory instead of
-    /// one lookup per name (a cold `find`, overlayfs's readdir of the lower).
+    /// A listing with its entries' attributes: one request per directory instead of
+    /// one lookup per name (a cold `find`, overlayfs's readdir of the lower). Files'
+    /// attributes only once lookups show they are wanted ([`Listings`]).
     fn readdirplus(
         &self,
         _req: &Request,
@@ -459,7 +550,12 @@ impl Filesystem for TreeView {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        let full = self.listings.full_for(ino.0);
         let r = self.list(ino.0, offset, |child, next, name, e| {
+            if !full && !matches!(e.content, EntryContent::Dir(_)) {
+                let kind = kind_of(&e.content);
+                return reply.add_name_only(INodeNo(child), next, kind, OsStr::from_bytes(name));
+            }
             let attr = self.attr(child, e);
             reply.add(
                 INodeNo(child),
@@ -577,6 +673,8 @@ fn serve(view: TreeView, mountpoint: &Path, opts: &ViewOptions) -> std::io::Resu
         config.acl = fuser::SessionACL::All;
     }
     config.n_threads = Some(opts.threads.max(1));
+    let notifier = view.listings.notifier.clone();
     let session = fuser::spawn_mount(view, mountpoint, &config)?;
+    let _ = notifier.set(session.notifier());
     Ok(Mounted::new(session, mountpoint))
 }

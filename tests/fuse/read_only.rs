@@ -124,3 +124,88 @@ fn a_corrupt_object_reads_as_eio_not_wrong_bytes() {
         !casfs::fs::is_fuse_mount(&mp)
     }));
 }
+
+/// A view lists files by name only until lookups show their attributes are wanted, then
+/// lists everything with attributes and has the kernel drop the listings it holds
+/// (`Listings` in src/fs/view.rs). Whatever the order of walks, from one thread or
+/// several, every name, kind, size, mode, mtime and byte is the captured one.
+#[test]
+fn listings_then_lookups_see_the_captured_tree() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    let work = t.path().join("work");
+    let mp = t.path().join("mnt");
+    fs::create_dir(&mp).unwrap();
+    // More files in each directory than the lookups that switch a view to full
+    // listings, odd names among them, and directories among the files.
+    for d in 0..6 {
+        let dir = work.join(format!("d{d}")).join("inner dir");
+        fs::create_dir_all(&dir).unwrap();
+        for f in 0..150 {
+            let p = dir.parent().unwrap().join(format!("f {f}\n\u{e9}"));
+            fs::write(&p, pattern(f * 7 + d, f as u64)).unwrap();
+            if f % 10 == 0 {
+                fs::write(dir.join(format!("g{f}")), format!("{d}/{f}")).unwrap();
+                std::os::unix::fs::symlink(format!("../f {f}"), dir.join(format!("l{f}"))).unwrap();
+            }
+        }
+    }
+    ok(&store, &["capture", work.to_str().unwrap(), "-t", "main"]);
+    let _guard = MountGuard::new(&mp);
+    ok(
+        &store,
+        &["mount", mp.to_str().unwrap(), "-t", "main", "--read-only"],
+    );
+    // Names and kinds only, as `find` reads them (d_type): every directory listed
+    // before any file is looked at.
+    fn names(root: &std::path::Path, dir: &std::path::Path, out: &mut Vec<(String, bool)>) {
+        let mut here: Vec<_> = fs::read_dir(dir).unwrap().map(|e| e.unwrap()).collect();
+        here.sort_by_key(|e| e.file_name());
+        for e in here {
+            let is_dir = e.file_type().unwrap().is_dir();
+            let rel = e.path().strip_prefix(root).unwrap().display().to_string();
+            out.push((rel, is_dir));
+            if is_dir {
+                names(root, &e.path(), out);
+            }
+        }
+    }
+    let (mut want, mut got) = (Vec::new(), Vec::new());
+    names(&work, &work, &mut want);
+    names(&mp, &mp, &mut got);
+    assert_eq!(got, want);
+    // Then every file looked at, from two threads at once (the switch to full
+    // listings happens during it), then the whole tree compared again.
+    std::thread::scope(|s| {
+        for half in 0..2 {
+            let (work, mp, want) = (&work, &mp, &want);
+            s.spawn(move || {
+                for (i, (rel, _)) in want.iter().enumerate() {
+                    if i % 2 != half {
+                        continue;
+                    }
+                    let (a, b) = (work.join(rel), mp.join(rel));
+                    let (ma, mb) = (
+                        fs::symlink_metadata(&a).unwrap(),
+                        fs::symlink_metadata(&b).unwrap(),
+                    );
+                    assert_eq!(ma.file_type(), mb.file_type(), "{rel}");
+                    if !ma.is_dir() {
+                        assert_eq!(ma.len(), mb.len(), "{rel}");
+                    }
+                    use std::os::unix::fs::MetadataExt;
+                    assert_eq!(ma.mode(), mb.mode(), "{rel}");
+                    assert_eq!(ma.mtime(), mb.mtime(), "{rel}");
+                    if ma.is_file() {
+                        assert_eq!(fs::read(&a).unwrap(), fs::read(&b).unwrap(), "{rel}");
+                    }
+                }
+            });
+        }
+    });
+    let mut again = Vec::new();
+    names(&mp, &mp, &mut again);
+    assert_eq!(again, want);
+    assert_same_tree(&work, &mp);
+    ok(&store, &["unmount", mp.to_str().unwrap()]);
+}

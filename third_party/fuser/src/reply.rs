@@ -790,6 +790,21 @@ impl ReplyDirectoryPlus {
         ))
     }
 
+    /// casfs patch 0007: adds an entry without its attributes (a `nodeid` of 0): the
+    /// kernel lists the name but instantiates no inode or dentry for it, and looks the
+    /// name up if a path walk needs it. Returns true if the buffer is full.
+    pub fn add_name_only<T: AsRef<OsStr>>(
+        &mut self,
+        ino: INodeNo,
+        offset: u64,
+        kind: FileType,
+        name: T,
+    ) -> bool {
+        let name = name.as_ref();
+        self.buf
+            .push_name_only(&DirEntry::new(ino, DirEntOffset(offset), kind, name))
+    }
+
     /// Reply to a request with the filled directory buffer
     pub fn ok(self) {
         let response: ll::ResponseData = self.buf.into();

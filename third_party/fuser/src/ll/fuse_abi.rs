@@ -44,7 +44,8 @@ pub(crate) const FUSE_KERNEL_MINOR_VERSION: u32 = if cfg!(target_os = "macos") {
 };
 
 #[repr(C)]
-#[derive(Debug, IntoBytes, Clone, Copy, KnownLayout, Immutable)]
+// casfs patch 0007: FromZeros, for an entry sent without attributes.
+#[derive(Debug, IntoBytes, zerocopy::FromZeros, Clone, Copy, KnownLayout, Immutable)]
 pub(crate) struct fuse_attr {
     pub(crate) ino: u64,
     pub(crate) size: u64,

@@ -535,6 +535,31 @@ impl DirEntPlusList {
         };
         self.0.push([header.as_bytes(), name])
     }
+
+    /// casfs patch 0007: an entry without its attributes (`nodeid` 0): the kernel lists
+    /// the name and instantiates no inode for it; a later path walk looks it up.
+    #[must_use]
+    pub(crate) fn push_name_only<T: AsRef<Path>>(&mut self, ent: &DirEntry<T>) -> bool {
+        let name = ent.name.as_ref().as_os_str().as_bytes();
+        let header = abi::fuse_direntplus {
+            entry_out: abi::fuse_entry_out {
+                nodeid: 0,
+                generation: 0,
+                entry_valid: 0,
+                attr_valid: 0,
+                entry_valid_nsec: 0,
+                attr_valid_nsec: 0,
+                attr: zerocopy::FromZeros::new_zeroed(),
+            },
+            dirent: abi::fuse_dirent {
+                ino: ent.ino.into(),
+                off: ent.offset.0,
+                namelen: name.len().try_into().expect("Name too long"),
+                typ: mode_from_kind_and_perm(ent.kind, 0) >> 12,
+            },
+        };
+        self.0.push([header.as_bytes(), name])
+    }
 }
 
 #[cfg(test)]
