@@ -19,7 +19,7 @@
 //! backends that live there, nor `runuser` for the others). Untars keep no owners
 //! (`--no-same-owner`: the namespace maps the user alone).
 //!
-//! Operations: cold `find` of the base, `rm -rf` of the base, untar of 30,000 files of
+//! Operations: cold `find` and `ls -lR` of the base, `rm -rf` of the base, untar of 30,000 files of
 //! 100 B ("small") and of the base ("real"), `rm -rf` of the small tree, `git clone
 //! --no-hardlinks` of a local repository and the first `git status`, a C build (`make
 //! -j2` of 121 files). Then `casfs checkpoint` after 10 changed files on trees of
@@ -346,6 +346,8 @@ fn main() {
             eprintln!("round {}: {be}", r + 1);
             let w = b.workspace(be);
             b.timed("cold find (base)", be, &w, "find . | wc -l", &[]);
+            // Every file's attributes and an extended attribute of each (`ls -l`).
+            b.timed("cold ls -lR (base)", be, &w, "ls -lR . | wc -l", &[]);
             b.timed("rm -rf (base tree)", be, &w, "rm -rf ./*", &[]);
             let st = format!(
                 "mkdir small && tar --no-same-owner -xf {} -C small",
