@@ -139,10 +139,12 @@ impl Listings {
         if self.full.load(Ordering::Relaxed) {
             return true;
         }
-        self.sparse
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(ino);
+        let mut sparse = self.sparse.lock().unwrap_or_else(|p| p.into_inner());
+        // Switched meanwhile: the directories noted are gone to be dropped already.
+        if self.full.load(Ordering::Relaxed) {
+            return true;
+        }
+        sparse.insert(ino);
         false
     }
 
@@ -168,7 +170,8 @@ impl Listings {
             dirs.len()
         );
         // Not from the request's thread: the kernel may wait on this very request to
-        // drop a listing's pages.
+        // drop a listing's pages. A listing answered by name only after its drop stays
+        // cached so: its files cost a lookup each, nothing worse.
         let _ = std::thread::Builder::new()
             .name("casfs-listings".into())
             .spawn(move || {
