@@ -59,7 +59,15 @@ fn a_writers_close_is_announced_whether_or_not_anyone_listened_at_its_open() {
     )
     .unwrap();
     let ws = m.workspace().expect("a FUSE mount has a workspace").clone();
+    // The file to read, written while someone listens: its close is announced by its
+    // flush, which close waits for. Written with nobody listening, its close would be
+    // announced at its release, which the kernel sends after close returns, maybe
+    // after the subscription below.
+    let (pre, _) = ws.subscribe();
     fs::write(mp.join("read.txt"), "r\n").unwrap();
+    drop(pre);
+    // The next change announced drops the subscription gone: nobody listens from here.
+    fs::create_dir(mp.join("settled")).unwrap();
 
     // Opened before anyone listens: no flush; its close comes with its release.
     let mut early = fs::File::create(mp.join("early.txt")).unwrap();
