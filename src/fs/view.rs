@@ -107,8 +107,8 @@ pub struct TreeView {
 ///
 /// A `READDIRPLUS` entry with attributes makes the kernel build an inode and a dentry
 /// for it; one without (`nodeid` 0) is only a name, looked up if a path walk needs it.
-/// A walk that only lists (`find`, overlayfs reading the lower) is then about twice as
-/// fast cold (what instantiating an inode costs the kernel), and one that looks at every
+/// A walk that only lists (`find`, overlayfs reading the lower) is then faster cold by
+/// what instantiating an inode per file costs the kernel, and one that looks at every
 /// file (`ls -l`, `git status`, `rm -rf`, `grep -r`) pays a lookup per file. So a view
 /// starts by listing directories with their attributes and files by name only, counts
 /// the lookups that land in a directory so listed, and once there are
