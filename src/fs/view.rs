@@ -11,7 +11,7 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -42,9 +42,6 @@ pub struct ViewOptions {
     pub reads: Option<std::sync::Arc<crate::fs::ReadLog>>,
     /// Who every file belongs to.
     pub owner: crate::fs::Owner,
-    /// List files by name only until lookups show their attributes are wanted (see
-    /// `Listings`); false: every listing with every entry's attributes.
-    pub sparse_listings: bool,
 }
 
 impl Default for ViewOptions {
@@ -57,7 +54,6 @@ impl Default for ViewOptions {
             fuse_uring: super::transport::default_uring(),
             reads: None,
             owner: crate::fs::Owner::current(),
-            sparse_listings: true,
         }
     }
 }
@@ -119,10 +115,9 @@ pub struct TreeView {
 struct Listings {
     /// Every entry with its attributes from now on.
     full: AtomicBool,
-    /// Directories listed with files by name only (while not `full`).
-    sparse: Mutex<HashSet<u64>>,
-    /// Lookups of entries of such directories.
-    lookups: AtomicU32,
+    /// While not `full`: the directories listed with files by name only, and how many
+    /// lookups found an entry of one.
+    sparse: Mutex<(HashSet<u64>, u32)>,
     /// The session's, to drop listings the kernel caches.
     notifier: Arc<OnceLock<Notifier>>,
 }
@@ -144,7 +139,7 @@ impl Listings {
         if self.full.load(Ordering::Relaxed) {
             return true;
         }
-        sparse.insert(ino);
+        sparse.0.insert(ino);
         false
     }
 
@@ -154,13 +149,16 @@ impl Listings {
             return;
         }
         let mut sparse = self.sparse.lock().unwrap_or_else(|p| p.into_inner());
-        if !sparse.contains(&parent)
-            || self.lookups.fetch_add(1, Ordering::Relaxed) + 1 < SPARSE_LOOKUPS
-        {
+        let (dirs, lookups) = &mut *sparse;
+        if !dirs.contains(&parent) {
+            return;
+        }
+        *lookups += 1;
+        if *lookups < SPARSE_LOOKUPS {
             return;
         }
         self.full.store(true, Ordering::Relaxed);
-        let dirs = std::mem::take(&mut *sparse);
+        let dirs = std::mem::take(dirs);
         drop(sparse);
         let Some(n) = self.notifier.get().cloned() else {
             return;
@@ -231,10 +229,7 @@ impl TreeView {
             objects_root: false,
             want_uring: opts.fuse_uring,
             reads: opts.reads.clone(),
-            listings: Listings {
-                full: AtomicBool::new(!opts.sparse_listings),
-                ..Listings::default()
-            },
+            listings: Listings::default(),
         }
     }
 

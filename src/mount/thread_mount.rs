@@ -332,7 +332,6 @@ impl MountedThread {
             reads: None,
             // The lower's files are the workspace's owner's, as the upper's root.
             owner: opts.owner,
-            sparse_listings: true,
         };
         let found = overlay::found_state(&store, mountpoint)?;
         let mount = |lower, tag, generation| {
