@@ -20,6 +20,9 @@ use super::{CasError, CasResult};
 /// The column family holding content-addressed objects.
 pub const OBJECTS_CF: &str = "objects";
 
+/// The column family holding what is known of trees ([`super::TreeFacts`]), by tree id.
+pub const TREE_FACTS_CF: &str = "tree_facts";
+
 /// A RocksDB database with its column families created at open.
 pub struct Database {
     db: DB,
@@ -133,7 +136,10 @@ impl Database {
         // It holds a few hundred bytes per table file: cheap to write.
         opts.set_max_manifest_file_size(1);
 
-        let mut names: Vec<String> = extra_cfs.iter().map(|s| s.to_string()).collect();
+        let mut names: Vec<String> = std::iter::once(TREE_FACTS_CF)
+            .chain(extra_cfs.iter().copied())
+            .map(String::from)
+            .collect();
         // Column families a store already has must be opened too (RocksDB refuses to open
         // a database otherwise), even ones this version does not use.
         if let Ok(existing) = DB::list_cf(&opts, path) {
@@ -220,6 +226,11 @@ impl Database {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Opened with [`Database::open_read_only`].
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
     }
 
     /// Runs the read `f` on this database. One opened read-only beside a writer sees

@@ -61,10 +61,57 @@ pub fn file_at(store: &dyn ObjectStore, root: &TreeId, path: &str) -> CasResult<
     Ok(None)
 }
 
-/// Encodes and stores a tree object.
+/// Encodes and stores a tree object, and notes its [`TreeFacts`] where those of the
+/// trees below it are known.
 pub fn store_tree(store: &dyn ObjectStore, tree: &Tree) -> CasResult<(TreeId, PutOutcome)> {
     let p = store.put_metadata(&tree.encode())?;
-    Ok((TreeId(p.id.0), p))
+    let id = TreeId(p.id.0);
+    if let Some(facts) = TreeFacts::of(tree, |sub| store.tree_facts(sub)) {
+        store.note_tree_facts(&id, facts);
+    }
+    Ok((id, p))
+}
+
+/// What holds of a tree and every tree below it, noted when it is stored (see
+/// [`ObjectStore::tree_facts`]): a read-only view of a tree without extended attributes
+/// tells the kernel it has none, which then stops asking for them (two requests less
+/// per file an overlay looks at in its lower).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TreeFacts {
+    /// Some entry of the tree or of a tree below has extended attributes.
+    pub xattrs: bool,
+}
+
+impl TreeFacts {
+    /// The facts of `tree`, given those of the trees below it (`sub`); unknown when
+    /// they depend on a subtree's that are.
+    pub fn of(tree: &Tree, sub: impl Fn(&TreeId) -> Option<TreeFacts>) -> Option<TreeFacts> {
+        if tree.entries().iter().any(|e| !e.xattrs.is_empty()) {
+            return Some(TreeFacts { xattrs: true });
+        }
+        let mut unknown = false;
+        for id in tree.entries().iter().filter_map(|e| e.tree_id()) {
+            match sub(&id) {
+                Some(f) if f.xattrs => return Some(f),
+                Some(_) => {}
+                None => unknown = true,
+            }
+        }
+        (!unknown).then_some(TreeFacts { xattrs: false })
+    }
+
+    /// The stored form: one byte of flags.
+    pub fn encode(self) -> [u8; 1] {
+        [self.xattrs as u8]
+    }
+
+    /// The facts a stored value says; None for a value this version does not know.
+    pub fn decode(v: &[u8]) -> Option<TreeFacts> {
+        match v {
+            [f] if *f <= 1 => Some(TreeFacts { xattrs: *f == 1 }),
+            _ => None,
+        }
+    }
 }
 
 /// The paths that differ from tree `a` to tree `b`, as a checkpoint reports them:
@@ -169,6 +216,71 @@ mod tests {
             EntryContent::Dir(id) => id,
             _ => unreachable!(),
         }
+    }
+
+    /// Facts follow from content: a tree is without extended attributes when none of
+    /// its entries nor of any tree below has any; unknown when a subtree's facts are;
+    /// kept across a reopen; forgotten with their tree by a collection.
+    #[test]
+    fn stored_trees_note_their_facts() {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("db");
+        let s = RocksObjectStore::new(Arc::new(Database::open(&path, &[]).unwrap()));
+        let no = Some(TreeFacts { xattrs: false });
+        let yes = Some(TreeFacts { xattrs: true });
+        let plain = root(
+            &s,
+            vec![dir(&s, "d", vec![file("x", "x", 1)]), file("f", "f", 1)],
+        );
+        assert_eq!(s.tree_facts(&plain), no);
+        let mut tagged = file("x", "x", 1);
+        tagged.xattrs = vec![(b"user.k".to_vec(), b"v".to_vec())];
+        let deep = dir(&s, "c", vec![tagged]);
+        let deep = dir(&s, "b", vec![deep]);
+        let top = root(&s, vec![dir(&s, "a", vec![deep]), file("f", "f", 1)]);
+        assert_eq!(s.tree_facts(&top), yes);
+        // A directory's own attributes count (they are its entry's, in its parent).
+        let mut d = dir(&s, "d", vec![]);
+        d.xattrs = vec![(b"user.d".to_vec(), b"1".to_vec())];
+        assert_eq!(s.tree_facts(&root(&s, vec![d])), yes);
+        // A subtree stored without facts (by an older version, say) leaves its parents
+        // unknown, unless another subtree settles it.
+        let bare = Tree::from_sorted_entries(vec![file("y", "y", 1)]).unwrap();
+        let bare_id = TreeId(s.put_metadata(&bare.encode()).unwrap().id.0);
+        let sub = |name: &str, id: TreeId| TreeEntry {
+            name: name.as_bytes().to_vec(),
+            content: EntryContent::Dir(id),
+            mode: 0o755,
+            mtime_ns: 0,
+            size: 0,
+            xattrs: Vec::new(),
+        };
+        assert_eq!(s.tree_facts(&bare_id), None);
+        assert_eq!(s.tree_facts(&root(&s, vec![sub("u", bare_id)])), None);
+        let settled = root(&s, vec![sub("u", bare_id), sub("v", top)]);
+        assert_eq!(s.tree_facts(&settled), yes);
+
+        drop(s);
+        let s = RocksObjectStore::new(Arc::new(Database::open(&path, &[]).unwrap()));
+        assert_eq!(s.tree_facts(&plain), no);
+        let r = Database::open_read_only(&path).unwrap();
+        assert_eq!(RocksObjectStore::new(Arc::new(r)).tree_facts(&top), yes);
+        // A collection keeping only `plain`'s objects forgets the other trees' facts.
+        let keep: std::collections::HashSet<Hash> = [plain.0]
+            .into_iter()
+            .chain(
+                load_tree(&s, &plain)
+                    .unwrap()
+                    .entries()
+                    .iter()
+                    .filter_map(|e| e.tree_id().map(|t| t.0)),
+            )
+            .collect();
+        let c = s.fence_ref().collect().unwrap();
+        s.sweep(&keep, &c, false).unwrap();
+        drop(c);
+        assert_eq!(s.tree_facts(&plain), no);
+        assert_eq!(s.tree_facts(&top), None);
     }
 
     /// Every kind of difference, in both orders of the merge: entries only before,

@@ -868,6 +868,16 @@ impl ObjectStore for RemoteObjectStore {
         }
     }
 
+    /// This host's: facts are noted where trees are stored, not shipped (a tree
+    /// another host stored is not known here).
+    fn tree_facts(&self, id: &crate::cas::TreeId) -> Option<crate::cas::TreeFacts> {
+        self.local.tree_facts(id)
+    }
+
+    fn note_tree_facts(&self, id: &crate::cas::TreeId, facts: crate::cas::TreeFacts) {
+        self.local.note_tree_facts(id, facts)
+    }
+
     fn contains(&self, id: &ObjectId) -> CasResult<bool> {
         if self.local.contains(id)? || self.locate(&id.0)?.is_some() {
             return Ok(true);

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use rocksdb::{BottommostLevelCompaction, CompactOptions, WriteBatch, WriteOptions};
 
 use super::gc::{Collecting, Fence};
-use super::kv::{Database, OBJECTS_CF};
+use super::kv::{Database, OBJECTS_CF, TREE_FACTS_CF};
 use super::object::{decode_stored, encode_stored_into, MAX_OBJECT_LEN};
 use super::store::{ObjectStore, PutOutcome, SweepReport};
-use super::{CasError, CasResult, Hash, ObjectId};
+use super::{CasError, CasResult, Hash, ObjectId, TreeFacts, TreeId};
 
 thread_local! {
     static ENCODE_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -118,6 +118,7 @@ impl RocksObjectStore {
         let cf = self.db.cf(OBJECTS_CF);
         let mut report = SweepReport::default();
         let mut dead: Vec<(Hash, u64)> = Vec::new();
+        let mut freed: HashSet<Hash> = HashSet::new();
         let mut it = self.db.raw().raw_iterator_cf(cf);
         it.seek_to_first();
         while it.valid() {
@@ -145,6 +146,7 @@ impl RocksObjectStore {
                     report.objects_freed += 1;
                     report.bytes_freed += len;
                     b.delete_cf(cf, h.as_bytes());
+                    freed.insert(*h);
                 }
                 if !dry_run && !b.is_empty() {
                     let mut o = WriteOptions::default();
@@ -155,7 +157,35 @@ impl RocksObjectStore {
                 Ok(())
             })?;
         }
+        if !dry_run {
+            self.forget_facts(&freed)?;
+        }
         Ok(report)
+    }
+
+    /// Deletes the facts of the trees in `freed` (after their objects: facts left by a
+    /// crash between the two stay true, and are deleted by the next collection).
+    fn forget_facts(&self, freed: &HashSet<Hash>) -> CasResult<()> {
+        if freed.is_empty() || !self.db.has_column(TREE_FACTS_CF) {
+            return Ok(());
+        }
+        let cf = self.db.cf(TREE_FACTS_CF);
+        let mut b = WriteBatch::default();
+        let mut it = self.db.raw().raw_iterator_cf(cf);
+        it.seek_to_first();
+        while it.valid() {
+            let key = it.key().expect("valid iterator");
+            if Hash::from_slice(key).is_some_and(|h| freed.contains(&h)) {
+                b.delete_cf(cf, key);
+            }
+            it.next();
+        }
+        it.status().map_err(|e| self.db.err(e))?;
+        drop(it);
+        if b.is_empty() {
+            return Ok(());
+        }
+        self.db.raw().write(b).map_err(|e| self.db.err(e))
     }
 
     /// Compacts the objects column family with blob garbage collection over every
@@ -318,6 +348,35 @@ impl ObjectStore for RocksObjectStore {
                 });
             })
         });
+    }
+
+    /// From the `tree_facts` column family (absent from a store no version that keeps
+    /// facts has opened for writing: then nothing is known).
+    fn tree_facts(&self, id: &TreeId) -> Option<TreeFacts> {
+        self.db
+            .reading(|db| {
+                if !db.has_column(TREE_FACTS_CF) {
+                    return Ok(None);
+                }
+                db.raw()
+                    .get_pinned_cf(db.cf(TREE_FACTS_CF), id.0.as_bytes())
+                    .map(|v| v.and_then(|v| TreeFacts::decode(&v)))
+                    .map_err(|e| db.err(e))
+            })
+            .ok()
+            .flatten()
+    }
+
+    /// Through the write-ahead log, not synced: facts lost to a crash are only not
+    /// known (and a tree lost with them is stored again with them).
+    fn note_tree_facts(&self, id: &TreeId, facts: TreeFacts) {
+        if self.db.is_read_only() || !self.db.has_column(TREE_FACTS_CF) {
+            return;
+        }
+        let cf = self.db.cf(TREE_FACTS_CF);
+        if let Err(e) = self.db.raw().put_cf(cf, id.0.as_bytes(), facts.encode()) {
+            tracing::debug!("noting the facts of tree {}: {e}", id.0);
+        }
     }
 
     fn contains(&self, id: &ObjectId) -> CasResult<bool> {

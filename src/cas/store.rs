@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use super::gc::Fence;
-use super::{CasResult, Hash, ObjectId};
+use super::{CasResult, Hash, ObjectId, TreeFacts, TreeId};
 
 /// What a `put` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +33,17 @@ pub trait ObjectStore: Send + Sync {
 
     /// Reads and verifies an object. `what` names its type for the not-found error.
     fn get(&self, id: &ObjectId, what: &'static str) -> CasResult<Vec<u8>>;
+
+    /// What is known of tree `id` and the trees below it, if it was noted
+    /// ([`crate::cas::store_tree`] notes it for the trees it stores).
+    fn tree_facts(&self, _id: &TreeId) -> Option<TreeFacts> {
+        None
+    }
+
+    /// Notes `facts` of tree `id`. They follow from the tree's content, so they hold
+    /// for ever (whatever becomes of the tree object). Best effort: a store may keep
+    /// nothing.
+    fn note_tree_facts(&self, _id: &TreeId, _facts: TreeFacts) {}
 
     /// Whether the object is present (not verified).
     fn contains(&self, id: &ObjectId) -> CasResult<bool>;
@@ -115,6 +126,14 @@ impl ObjectStore for StagedReader<'_> {
             Some(data) => Ok(data.clone()),
             None => self.store.get(id, what),
         }
+    }
+
+    fn tree_facts(&self, id: &TreeId) -> Option<TreeFacts> {
+        self.store.tree_facts(id)
+    }
+
+    fn note_tree_facts(&self, id: &TreeId, facts: TreeFacts) {
+        self.store.note_tree_facts(id, facts)
     }
 
     fn contains(&self, id: &ObjectId) -> CasResult<bool> {

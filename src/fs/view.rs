@@ -97,6 +97,12 @@ pub struct TreeView {
     want_uring: bool,
     reads: Option<Arc<crate::fs::ReadLog>>,
     listings: Listings,
+    /// No entry of the tree has extended attributes ([`crate::cas::TreeFacts`]): the
+    /// view says it has no xattr support, and the kernel asks no more (overlayfs asks a
+    /// lower for its own attributes of every directory and file it looks up, `ls -l`
+    /// for `security.selinux`: a round trip each). `getxattr` and `listxattr` are then
+    /// ENOTSUP instead of ENODATA and an empty list.
+    no_xattrs: bool,
 }
 
 /// Whether listings carry their files' attributes.
@@ -215,6 +221,7 @@ impl TreeView {
             }],
             by_name: HashMap::new(),
         };
+        let no_xattrs = objects.tree_facts(&root).is_some_and(|f| !f.xattrs);
         let ahead = Arc::new(RwLock::new(HashMap::new()));
         if opts.read_ahead_dirs > 0 {
             read_ahead(objects.clone(), root, ahead.clone(), opts.read_ahead_dirs);
@@ -230,6 +237,7 @@ impl TreeView {
             want_uring: opts.fuse_uring,
             reads: opts.reads.clone(),
             listings: Listings::default(),
+            no_xattrs,
         }
     }
 
@@ -241,6 +249,8 @@ impl TreeView {
         let g = v.inodes.get_mut().unwrap_or_else(|p| p.into_inner());
         g.nodes[0].loaded = Some(Loaded::Tree(Arc::new(empty)));
         v.objects_root = true;
+        // Its files are contents: none has extended attributes.
+        v.no_xattrs = true;
         v
     }
 
@@ -581,6 +591,10 @@ impl Filesystem for TreeView {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        // ENOSYS: the kernel answers ENOTSUP itself from now on.
+        if self.no_xattrs {
+            return reply.error(Errno::ENOSYS);
+        }
         match self.entry(ino.0) {
             Ok((e, _)) => reply_getxattr(&e.xattrs, name, size, reply),
             Err(e) => reply.error(e),
@@ -588,6 +602,9 @@ impl Filesystem for TreeView {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        if self.no_xattrs {
+            return reply.error(Errno::ENOSYS);
+        }
         match self.entry(ino.0) {
             Ok((e, _)) => reply_listxattr(&e.xattrs, size, reply),
             Err(e) => reply.error(e),

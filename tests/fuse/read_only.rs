@@ -209,3 +209,60 @@ fn listings_then_lookups_see_the_captured_tree() {
     assert_same_tree(&work, &mp);
     ok(&store, &["unmount", mp.to_str().unwrap()]);
 }
+
+/// `getxattr(path, name)`: the value, or the errno.
+fn get_xattr(path: &std::path::Path, name: &str) -> Result<Vec<u8>, i32> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    let mut buf = vec![0u8; 256];
+    // SAFETY: NUL-terminated strings and a buffer of the length passed.
+    let rc = unsafe { libc::getxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
+    }
+    buf.truncate(rc as usize);
+    Ok(buf)
+}
+
+/// A checkpoint without extended attributes anywhere is served as a filesystem without
+/// xattr support (ENOTSUP, which the kernel then answers itself); one with an extended
+/// attribute anywhere below (here three directories down) serves them all as captured,
+/// and ENODATA for the others.
+#[test]
+fn a_view_says_whether_its_tree_has_extended_attributes() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    let work = t.path().join("work");
+    fs::create_dir_all(work.join("a/b/c")).unwrap();
+    fs::write(work.join("top.txt"), b"top").unwrap();
+    fs::write(work.join("a/b/c/deep.txt"), b"deep").unwrap();
+    ok(&store, &["capture", work.to_str().unwrap(), "-t", "plain"]);
+    set_xattr(&work.join("a/b/c/deep.txt"), "user.k", b"v");
+    ok(&store, &["capture", work.to_str().unwrap(), "-t", "xattrs"]);
+
+    for (thread, has) in [("plain", false), ("xattrs", true), ("plain", false)] {
+        let mp = t.path().join(format!("mnt-{thread}-{has}"));
+        fs::create_dir_all(&mp).unwrap();
+        let _guard = MountGuard::new(&mp);
+        ok(
+            &store,
+            &["mount", mp.to_str().unwrap(), "-t", thread, "--read-only"],
+        );
+        let deep = mp.join("a/b/c/deep.txt");
+        assert_eq!(fs::read(&deep).unwrap(), b"deep");
+        if has {
+            assert_eq!(get_xattr(&deep, "user.k"), Ok(b"v".to_vec()));
+            assert_eq!(get_xattr(&deep, "user.none"), Err(libc::ENODATA));
+            assert_eq!(get_xattr(&mp.join("top.txt"), "user.k"), Err(libc::ENODATA));
+        } else {
+            for p in [&deep, &mp.join("top.txt"), &mp.join("a")] {
+                // Twice: the first asks the daemon, the second only the kernel.
+                for _ in 0..2 {
+                    assert_eq!(get_xattr(p, "user.k"), Err(libc::EOPNOTSUPP), "{p:?}");
+                }
+            }
+        }
+        ok(&store, &["unmount", mp.to_str().unwrap()]);
+    }
+}
