@@ -210,10 +210,14 @@ impl Tree {
 
     /// Looks an entry up by name (binary search).
     pub fn get(&self, name: &[u8]) -> Option<&TreeEntry> {
+        self.position(name).map(|i| &self.entries[i])
+    }
+
+    /// The index of the entry named `name` (binary search).
+    pub fn position(&self, name: &[u8]) -> Option<usize> {
         self.entries
             .binary_search_by(|e| e.name.as_slice().cmp(name))
             .ok()
-            .map(|i| &self.entries[i])
     }
 
     /// This tree's entries beside `other`'s, in name order, in one pass over both.

@@ -1,8 +1,9 @@
 //! A read-only FUSE view of a stored tree: the inode table answers each request and
 //! loads what it needs from the object store on demand.
 //!
-//! Inode numbers are handed out the first time a name is looked up or listed and stay
-//! stable for the life of the mount (same parent and name, same number). Directories'
+//! Inode numbers are handed out, to all of a directory's entries at once and in order,
+//! the first time its tree is loaded, and stay stable for the life of the mount (same
+//! parent and name, same number). Directories'
 //! trees and large files' chunk lists are loaded once and kept with their inode; chunk
 //! contents go through a bounded [`ChunkCache`]. Content never changes under a view, so
 //! the kernel may cache attributes and pages freely.
@@ -64,22 +65,51 @@ const TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
 struct Node {
     parent: u64,
-    entry: Arc<TreeEntry>,
+    place: Place,
     /// What was loaded for it: a directory's tree or a large file's chunk list.
     loaded: Option<Loaded>,
 }
 
+/// Where a node's entry is.
+enum Place {
+    /// At this index in its parent's tree (loaded before the node was numbered).
+    In(u32),
+    /// Its own: the root's, and the files of the objects view (in no tree).
+    Own(Arc<TreeEntry>),
+}
+
 #[derive(Clone)]
 enum Loaded {
-    Tree(Arc<Tree>),
+    /// A directory's tree and the inode of its first entry: its entries are numbered
+    /// together, in order, when it is loaded (one step per directory, not a hash of
+    /// each name).
+    Tree(Arc<Tree>, u64),
     Chunks(Arc<ChunkList>),
+}
+
+/// A node's entry, shared with the tree that holds it.
+enum EntryRef {
+    In(Arc<Tree>, usize),
+    Own(Arc<TreeEntry>),
+}
+
+impl std::ops::Deref for EntryRef {
+    type Target = TreeEntry;
+
+    fn deref(&self) -> &TreeEntry {
+        match self {
+            EntryRef::In(t, i) => &t.entries()[*i],
+            EntryRef::Own(e) => e,
+        }
+    }
 }
 
 #[derive(Default)]
 struct Inodes {
     /// Index `ino - 1`.
     nodes: Vec<Node>,
-    by_name: HashMap<(u64, Vec<u8>), u64>,
+    /// The objects view's files looked up, by name.
+    objects: HashMap<Vec<u8>, u64>,
 }
 
 /// The filesystem: a stored tree, its inode table and a chunk cache.
@@ -216,10 +246,10 @@ impl TreeView {
         let inodes = Inodes {
             nodes: vec![Node {
                 parent: 1,
-                entry: Arc::new(root_entry),
+                place: Place::Own(Arc::new(root_entry)),
                 loaded: None,
             }],
-            by_name: HashMap::new(),
+            objects: HashMap::new(),
         };
         let no_xattrs = objects.tree_facts(&root).is_some_and(|f| !f.xattrs);
         let ahead = Arc::new(RwLock::new(HashMap::new()));
@@ -247,20 +277,28 @@ impl TreeView {
         let empty = Tree::default();
         let mut v = TreeView::new(objects, empty.id(), opts);
         let g = v.inodes.get_mut().unwrap_or_else(|p| p.into_inner());
-        g.nodes[0].loaded = Some(Loaded::Tree(Arc::new(empty)));
+        g.nodes[0].loaded = Some(Loaded::Tree(Arc::new(empty), 2));
         v.objects_root = true;
         // Its files are contents: none has extended attributes.
         v.no_xattrs = true;
         v
     }
 
-    fn entry(&self, ino: u64) -> Result<(Arc<TreeEntry>, u64), Errno> {
+    fn entry(&self, ino: u64) -> Result<(EntryRef, u64), Errno> {
         let g = self.inodes.read().unwrap_or_else(|p| p.into_inner());
         let n = g
             .nodes
             .get((ino as usize).wrapping_sub(1))
             .ok_or(Errno::ENOENT)?;
-        Ok((n.entry.clone(), n.parent))
+        let e = match &n.place {
+            Place::Own(e) => EntryRef::Own(e.clone()),
+            Place::In(i) => match &g.nodes[n.parent as usize - 1].loaded {
+                Some(Loaded::Tree(t, _)) => EntryRef::In(t.clone(), *i as usize),
+                // Numbered only once its parent's tree is loaded.
+                _ => return Err(Errno::EIO),
+            },
+        };
+        Ok((e, n.parent))
     }
 
     /// What inode `ino` needs loaded, loaded (and verified) on first use; `load` runs
@@ -279,54 +317,65 @@ impl TreeView {
         Ok(g.nodes[i].loaded.get_or_insert(l).clone())
     }
 
-    /// The tree of directory `ino`.
-    fn dir_tree(&self, ino: u64) -> Result<Arc<Tree>, Errno> {
+    /// The tree of directory `ino` and the inode of its first entry; on first use
+    /// loaded (and verified) without the table locked, and its entries numbered.
+    fn dir_tree(&self, ino: u64) -> Result<(Arc<Tree>, u64), Errno> {
+        let i = (ino as usize).wrapping_sub(1);
+        let known = |g: &Inodes| match g.nodes.get(i).map(|n| &n.loaded) {
+            Some(Some(Loaded::Tree(t, first))) => Some((t.clone(), *first)),
+            _ => None,
+        };
+        if let Some(t) = known(&self.inodes.read().unwrap_or_else(|p| p.into_inner())) {
+            return Ok(t);
+        }
         let (entry, _) = self.entry(ino)?;
         let EntryContent::Dir(id) = entry.content else {
             return Err(Errno::ENOTDIR);
         };
-        let load = || {
-            let ahead = self
-                .ahead
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(&id)
-                .cloned();
-            if let Some(t) = ahead {
-                return Ok(Loaded::Tree(t));
-            }
-            let tree = load_tree(self.objects.as_ref(), &id).map_err(eio)?;
-            Ok(Loaded::Tree(Arc::new(tree)))
-        };
-        match self.loaded(ino, load)? {
-            Loaded::Tree(t) => Ok(t),
-            Loaded::Chunks(_) => Err(Errno::ENOTDIR),
-        }
-    }
-
-    /// The inode of `entry` in directory `parent`, allocated on first sight.
-    fn child(&self, parent: u64, entry: &TreeEntry) -> u64 {
-        let key = (parent, entry.name.clone());
-        if let Some(&ino) = self
-            .inodes
+        let ahead = self
+            .ahead
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .by_name
-            .get(&key)
-        {
-            return ino;
-        }
+            .get(&id)
+            .cloned();
+        let tree = match ahead {
+            Some(t) => t,
+            None => Arc::new(load_tree(self.objects.as_ref(), &id).map_err(eio)?),
+        };
         let mut g = self.inodes.write().unwrap_or_else(|p| p.into_inner());
-        if let Some(&ino) = g.by_name.get(&key) {
+        // Loaded by another request meanwhile.
+        if let Some(t) = known(&g) {
+            return Ok(t);
+        }
+        let first = g.nodes.len() as u64 + 1;
+        g.nodes.extend((0..tree.len()).map(|k| Node {
+            parent: ino,
+            place: Place::In(k as u32),
+            loaded: None,
+        }));
+        g.nodes[i].loaded = Some(Loaded::Tree(tree.clone(), first));
+        Ok((tree, first))
+    }
+
+    /// The inode of the objects view's file `entry`, numbered on first sight.
+    fn object_file(&self, entry: TreeEntry) -> u64 {
+        let g = self.inodes.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(&ino) = g.objects.get(&entry.name) {
             return ino;
         }
+        drop(g);
+        let mut g = self.inodes.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(&ino) = g.objects.get(&entry.name) {
+            return ino;
+        }
+        let name = entry.name.clone();
         g.nodes.push(Node {
-            parent,
-            entry: Arc::new(entry.clone()),
+            parent: 1,
+            place: Place::Own(Arc::new(entry)),
             loaded: None,
         });
         let ino = g.nodes.len() as u64;
-        g.by_name.insert(key, ino);
+        g.objects.insert(name, ino);
         ino
     }
 
@@ -369,7 +418,7 @@ impl TreeView {
         };
         match self.loaded(ino, load)? {
             Loaded::Chunks(c) => Ok(c),
-            Loaded::Tree(_) => Err(Errno::EISDIR),
+            Loaded::Tree(..) => Err(Errno::EISDIR),
         }
     }
 
@@ -399,10 +448,10 @@ impl TreeView {
         offset: u64,
         mut add: impl FnMut(u64, u64, &[u8], &TreeEntry) -> bool,
     ) -> Result<(), Errno> {
-        let tree = self.dir_tree(ino)?;
+        let (tree, first) = self.dir_tree(ino)?;
         let (own, parent) = self.entry(ino)?;
         let parent_entry = self.entry(parent)?.0;
-        let dots = [(ino, &b"."[..], &own), (parent, b"..", &parent_entry)];
+        let dots = [(ino, &b"."[..], &*own), (parent, b"..", &*parent_entry)];
         for (i, (child, name, e)) in dots.into_iter().enumerate().skip(offset as usize) {
             if add(child, i as u64 + 1, name, e) {
                 return Ok(());
@@ -410,7 +459,7 @@ impl TreeView {
         }
         let skip = (offset as usize).saturating_sub(2);
         for (i, e) in tree.entries().iter().enumerate().skip(skip) {
-            if add(self.child(ino, e), i as u64 + 3, &e.name, e) {
+            if add(first + i as u64, i as u64 + 3, &e.name, e) {
                 break;
             }
         }
@@ -444,13 +493,12 @@ impl Filesystem for TreeView {
                 size: f.size,
                 xattrs: Vec::new(),
             };
-            let ino = self.child(parent, &e);
-            return reply.entry(&TTL, &self.attr(ino, &e), Generation(0));
+            let attr = self.attr(self.object_file(e.clone()), &e);
+            return reply.entry(&TTL, &attr, Generation(0));
         }
-        let result = self.dir_tree(parent).and_then(|tree| {
-            let e = tree.get(name.as_bytes()).ok_or(Errno::ENOENT)?;
-            let ino = self.child(parent, e);
-            Ok(self.attr(ino, e))
+        let result = self.dir_tree(parent).and_then(|(tree, first)| {
+            let k = tree.position(name.as_bytes()).ok_or(Errno::ENOENT)?;
+            Ok(self.attr(first + k as u64, &tree.entries()[k]))
         });
         if result.is_ok() {
             self.listings.looked_up(parent);
