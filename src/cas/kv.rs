@@ -116,8 +116,8 @@ impl SpaceGuard {
 }
 
 impl Database {
-    /// Opens (creating if needed) the database at `path` with the objects column family
-    /// and the extra ones named.
+    /// Opens (creating if needed) the database at `path` with the objects and tree facts
+    /// column families and the extra ones named.
     pub fn open(path: &Path, extra_cfs: &[&str]) -> CasResult<Database> {
         let mut opts = Options::default();
         opts.create_if_missing(true);

@@ -67,15 +67,16 @@ pub fn store_tree(store: &dyn ObjectStore, tree: &Tree) -> CasResult<(TreeId, Pu
     let p = store.put_metadata(&tree.encode())?;
     let id = TreeId(p.id.0);
     if let Some(facts) = TreeFacts::of(tree, |sub| store.tree_facts(sub)) {
-        store.note_tree_facts(&id, facts);
+        if p.new || store.tree_facts(&id) != Some(facts) {
+            store.note_tree_facts(&id, facts);
+        }
     }
     Ok((id, p))
 }
 
 /// What holds of a tree and every tree below it, noted when it is stored (see
-/// [`ObjectStore::tree_facts`]): a read-only view of a tree without extended attributes
-/// tells the kernel it has none, which then stops asking for them (two requests less
-/// per file an overlay looks at in its lower).
+/// [`ObjectStore::tree_facts`]), for readers that would otherwise walk the tree to know
+/// (a read-only view of a tree without extended attributes says it supports none).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TreeFacts {
     /// Some entry of the tree or of a tree below has extended attributes.
@@ -280,7 +281,12 @@ mod tests {
         s.sweep(&keep, &c, false).unwrap();
         drop(c);
         assert_eq!(s.tree_facts(&plain), no);
+        let d = load_tree(&s, &plain).unwrap().entries()[0]
+            .tree_id()
+            .unwrap();
+        assert_eq!(s.tree_facts(&d), no);
         assert_eq!(s.tree_facts(&top), None);
+        assert_eq!(s.tree_facts(&settled), None);
     }
 
     /// Every kind of difference, in both orders of the merge: entries only before,

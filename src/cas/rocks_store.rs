@@ -118,7 +118,6 @@ impl RocksObjectStore {
         let cf = self.db.cf(OBJECTS_CF);
         let mut report = SweepReport::default();
         let mut dead: Vec<(Hash, u64)> = Vec::new();
-        let mut freed: HashSet<Hash> = HashSet::new();
         let mut it = self.db.raw().raw_iterator_cf(cf);
         it.seek_to_first();
         while it.valid() {
@@ -146,7 +145,6 @@ impl RocksObjectStore {
                     report.objects_freed += 1;
                     report.bytes_freed += len;
                     b.delete_cf(cf, h.as_bytes());
-                    freed.insert(*h);
                 }
                 if !dry_run && !b.is_empty() {
                     let mut o = WriteOptions::default();
@@ -158,34 +156,44 @@ impl RocksObjectStore {
             })?;
         }
         if !dry_run {
-            self.forget_facts(&freed)?;
+            self.forget_facts(keep, collecting)?;
         }
         Ok(report)
     }
 
-    /// Deletes the facts of the trees in `freed` (after their objects: facts left by a
-    /// crash between the two stay true, and are deleted by the next collection).
-    fn forget_facts(&self, freed: &HashSet<Hash>) -> CasResult<()> {
-        if freed.is_empty() || !self.db.has_column(TREE_FACTS_CF) {
+    /// Deletes the facts of trees not in `keep` (the ones this collection deleted, and
+    /// any an earlier one left behind, by a crash between the two deletes), except
+    /// those of trees put since it began, which may be stored again with their facts.
+    fn forget_facts(&self, keep: &HashSet<Hash>, collecting: &Collecting<'_>) -> CasResult<()> {
+        if !self.db.has_column(TREE_FACTS_CF) {
             return Ok(());
         }
         let cf = self.db.cf(TREE_FACTS_CF);
-        let mut b = WriteBatch::default();
+        let mut gone: Vec<Hash> = Vec::new();
         let mut it = self.db.raw().raw_iterator_cf(cf);
         it.seek_to_first();
         while it.valid() {
-            let key = it.key().expect("valid iterator");
-            if Hash::from_slice(key).is_some_and(|h| freed.contains(&h)) {
-                b.delete_cf(cf, key);
+            match Hash::from_slice(it.key().expect("valid iterator")) {
+                Some(h) if !keep.contains(&h) => gone.push(h),
+                _ => {}
             }
             it.next();
         }
         it.status().map_err(|e| self.db.err(e))?;
         drop(it);
-        if b.is_empty() {
-            return Ok(());
+        for batch in gone.chunks(4096) {
+            collecting.with_touched(|touched| {
+                let mut b = WriteBatch::default();
+                for h in batch.iter().filter(|h| !touched.contains(*h)) {
+                    b.delete_cf(cf, h.as_bytes());
+                }
+                if b.is_empty() {
+                    return Ok(());
+                }
+                self.db.raw().write(b).map_err(|e| self.db.err(e))
+            })?;
         }
-        self.db.raw().write(b).map_err(|e| self.db.err(e))
+        Ok(())
     }
 
     /// Compacts the objects column family with blob garbage collection over every
@@ -371,6 +379,10 @@ impl ObjectStore for RocksObjectStore {
     /// known (and a tree lost with them is stored again with them).
     fn note_tree_facts(&self, id: &TreeId, facts: TreeFacts) {
         if self.db.is_read_only() || !self.db.has_column(TREE_FACTS_CF) {
+            return;
+        }
+        // Below the space reserve nothing optional is written.
+        if self.db.ensure_space(64).is_err() {
             return;
         }
         let cf = self.db.cf(TREE_FACTS_CF);

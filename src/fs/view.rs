@@ -3,7 +3,8 @@
 //!
 //! Inode numbers are handed out, to all of a directory's entries at once and in order,
 //! the first time its tree is loaded, and stay stable for the life of the mount (same
-//! parent and name, same number). Directories'
+//! parent and name, same number): a lookup of one name numbers its whole directory, a node
+//! of about 50 bytes per entry. Directories'
 //! trees and large files' chunk lists are loaded once and kept with their inode; chunk
 //! contents go through a bounded [`ChunkCache`]. Content never changes under a view, so
 //! the kernel may cache attributes and pages freely.
@@ -301,8 +302,8 @@ impl TreeView {
         Ok((e, n.parent))
     }
 
-    /// What inode `ino` needs loaded, loaded (and verified) on first use; `load` runs
-    /// without the table locked.
+    /// What file `ino` needs loaded (its chunk list), loaded (and verified) on first use;
+    /// `load` runs without the table locked. Directories load with [`Self::dir_tree`].
     fn loaded(
         &self,
         ino: u64,
