@@ -201,7 +201,10 @@ mod tests {
     fn dir(store: &dyn ObjectStore, name: &str, mut entries: Vec<TreeEntry>) -> TreeEntry {
         entries.sort_by(|a, b| a.name.cmp(&b.name));
         let tree = Tree::from_sorted_entries(entries).unwrap();
-        let (id, _) = store_tree(store, &tree).unwrap();
+        dir_entry(name, store_tree(store, &tree).unwrap().0)
+    }
+
+    fn dir_entry(name: &str, id: TreeId) -> TreeEntry {
         TreeEntry {
             name: name.as_bytes().to_vec(),
             content: EntryContent::Dir(id),
@@ -248,17 +251,9 @@ mod tests {
         // unknown, unless another subtree settles it.
         let bare = Tree::from_sorted_entries(vec![file("y", "y", 1)]).unwrap();
         let bare_id = TreeId(s.put_metadata(&bare.encode()).unwrap().id.0);
-        let sub = |name: &str, id: TreeId| TreeEntry {
-            name: name.as_bytes().to_vec(),
-            content: EntryContent::Dir(id),
-            mode: 0o755,
-            mtime_ns: 0,
-            size: 0,
-            xattrs: Vec::new(),
-        };
         assert_eq!(s.tree_facts(&bare_id), None);
-        assert_eq!(s.tree_facts(&root(&s, vec![sub("u", bare_id)])), None);
-        let settled = root(&s, vec![sub("u", bare_id), sub("v", top)]);
+        assert_eq!(s.tree_facts(&root(&s, vec![dir_entry("u", bare_id)])), None);
+        let settled = root(&s, vec![dir_entry("u", bare_id), dir_entry("v", top)]);
         assert_eq!(s.tree_facts(&settled), yes);
 
         drop(s);

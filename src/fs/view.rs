@@ -302,22 +302,6 @@ impl TreeView {
         Ok((e, n.parent))
     }
 
-    /// What file `ino` needs loaded (its chunk list), loaded (and verified) on first use;
-    /// `load` runs without the table locked. Directories load with [`Self::dir_tree`].
-    fn loaded(
-        &self,
-        ino: u64,
-        load: impl FnOnce() -> Result<Loaded, Errno>,
-    ) -> Result<Loaded, Errno> {
-        let i = ino as usize - 1;
-        if let Some(l) = &self.inodes.read().unwrap_or_else(|p| p.into_inner()).nodes[i].loaded {
-            return Ok(l.clone());
-        }
-        let l = load()?;
-        let mut g = self.inodes.write().unwrap_or_else(|p| p.into_inner());
-        Ok(g.nodes[i].loaded.get_or_insert(l).clone())
-    }
-
     /// The tree of directory `ino` and the inode of its first entry; on first use
     /// loaded (and verified) without the table locked, and its entries numbered.
     fn dir_tree(&self, ino: u64) -> Result<(Arc<Tree>, u64), Errno> {
@@ -411,16 +395,25 @@ impl TreeView {
     }
 
     /// The chunk list of large file `ino`.
+    /// Loaded (and verified) on first use, without the table locked.
     fn chunk_list(&self, ino: u64, e: &TreeEntry) -> Result<Arc<ChunkList>, Errno> {
         let fref = e.file_ref().ok_or(Errno::EISDIR)?;
-        let load = || {
-            let list = load_chunk_list(self.objects.as_ref(), &fref).map_err(eio)?;
-            Ok(Loaded::Chunks(Arc::new(list)))
+        let i = ino as usize - 1;
+        let known = |g: &Inodes| match &g.nodes[i].loaded {
+            Some(Loaded::Chunks(c)) => Ok(Some(c.clone())),
+            Some(Loaded::Tree(..)) => Err(Errno::EISDIR),
+            None => Ok(None),
         };
-        match self.loaded(ino, load)? {
-            Loaded::Chunks(c) => Ok(c),
-            Loaded::Tree(..) => Err(Errno::EISDIR),
+        if let Some(c) = known(&self.inodes.read().unwrap_or_else(|p| p.into_inner()))? {
+            return Ok(c);
         }
+        let list = Arc::new(load_chunk_list(self.objects.as_ref(), &fref).map_err(eio)?);
+        let mut g = self.inodes.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = known(&g)? {
+            return Ok(c);
+        }
+        g.nodes[i].loaded = Some(Loaded::Chunks(list.clone()));
+        Ok(list)
     }
 
     /// Up to `size` bytes of file `ino` from `offset`.

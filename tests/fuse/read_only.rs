@@ -210,14 +210,10 @@ fn listings_then_lookups_see_the_captured_tree() {
     ok(&store, &["unmount", mp.to_str().unwrap()]);
 }
 
-/// `getxattr(path, name)`: the value, or the errno.
-fn get_xattr(path: &std::path::Path, name: &str) -> Result<Vec<u8>, i32> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
-    let n = std::ffi::CString::new(name).unwrap();
-    let mut buf = vec![0u8; 256];
-    // SAFETY: NUL-terminated strings and a buffer of the length passed.
-    let rc = unsafe { libc::getxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+/// What an xattr call wrote into a buffer, or its errno.
+fn xattr_call(call: impl FnOnce(&mut [u8]) -> isize) -> Result<Vec<u8>, i32> {
+    let mut buf = vec![0u8; 1024];
+    let rc = call(&mut buf);
     if rc < 0 {
         return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
     }
@@ -225,18 +221,25 @@ fn get_xattr(path: &std::path::Path, name: &str) -> Result<Vec<u8>, i32> {
     Ok(buf)
 }
 
+fn c_path(path: &std::path::Path) -> std::ffi::CString {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap()
+}
+
+/// `getxattr(path, name)`: the value, or the errno.
+fn get_xattr(path: &std::path::Path, name: &str) -> Result<Vec<u8>, i32> {
+    let (c, n) = (c_path(path), std::ffi::CString::new(name).unwrap());
+    // SAFETY: NUL-terminated strings and a buffer of the length passed.
+    xattr_call(|b| unsafe {
+        libc::getxattr(c.as_ptr(), n.as_ptr(), b.as_mut_ptr().cast(), b.len())
+    })
+}
+
 /// `listxattr(path)`: the names, or the errno.
 fn list_xattrs(path: &std::path::Path) -> Result<Vec<u8>, i32> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
-    let mut buf = vec![0u8; 1024];
+    let c = c_path(path);
     // SAFETY: a NUL-terminated path and a buffer of the length passed.
-    let rc = unsafe { libc::listxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    if rc < 0 {
-        return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
-    }
-    buf.truncate(rc as usize);
-    Ok(buf)
+    xattr_call(|b| unsafe { libc::listxattr(c.as_ptr(), b.as_mut_ptr().cast(), b.len()) })
 }
 
 /// A checkpoint without extended attributes anywhere is served as a filesystem without
