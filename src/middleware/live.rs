@@ -8,20 +8,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::{MiddlewareError, MiddlewareResult, SandboxHandle, SandboxWorkspace};
+use super::{MiddlewareError, MiddlewareResult, SandboxHandle};
 
 pub(crate) struct Entry {
     pub handle: SandboxHandle,
     /// When a run last took it (or it was made).
     pub used: Instant,
-}
-
-/// Whether someone besides the provider holds the sandbox (a run, its event dispatcher).
-pub(crate) fn in_use(h: &SandboxHandle) -> bool {
-    match &h.workspace {
-        SandboxWorkspace::Mount(m) => std::sync::Arc::strong_count(m) > 1,
-        SandboxWorkspace::Dir(d) => std::sync::Arc::strong_count(d) > 1,
-    }
 }
 
 #[derive(Default)]
@@ -42,8 +34,14 @@ impl Live {
         self.max.store(n, Ordering::Relaxed);
     }
 
+    /// Handles that look at every sandbox without holding any.
     pub fn handles(&self) -> Vec<SandboxHandle> {
-        self.lock().values().map(|e| e.handle.clone()).collect()
+        self.lock().values().map(|e| e.handle.look()).collect()
+    }
+
+    /// Sandbox `key`, held while the handle returned lives.
+    pub fn get(&self, key: &str) -> Option<SandboxHandle> {
+        self.lock().get(key).map(|e| e.handle.clone())
     }
 
     pub fn keys(&self) -> Vec<String> {
@@ -66,7 +64,7 @@ impl Live {
         }
         let mut idle: Vec<(String, Instant)> = map
             .iter()
-            .filter(|(_, e)| !in_use(&e.handle))
+            .filter(|(_, e)| !e.handle.in_use())
             .map(|(k, e)| (k.clone(), e.used))
             .collect();
         idle.sort_by_key(|(_, used)| *used);
@@ -111,7 +109,7 @@ impl Live {
     ) -> Vec<(KeyGuard<'k>, SandboxHandle)> {
         let now = Instant::now();
         for e in map.values_mut() {
-            if in_use(&e.handle) {
+            if e.handle.in_use() {
                 e.used = now;
             }
         }
@@ -138,7 +136,7 @@ pub(crate) fn take_unheld_from(
 ) -> MiddlewareResult<Option<SandboxHandle>> {
     match map.get(key) {
         None => Ok(None),
-        Some(e) if in_use(&e.handle) => Err(MiddlewareError::SandboxBusy {
+        Some(e) if e.handle.in_use() => Err(MiddlewareError::SandboxBusy {
             key: key.to_string(),
             detail: "a run holds it (or a capture of it is going on): end the run first; \
                      the sandbox is kept"

@@ -33,12 +33,23 @@ pub enum EnsureOutcome {
 
 /// A run's sandbox: its key, the workspace directory the agent works in, and what
 /// that directory is.
+///
+/// A clone holds the sandbox while it lives: a run, a capture in progress. Such a
+/// sandbox is in use, and [`SandboxProvider::destroy_unheld`] refuses it. What only
+/// looks at a sandbox (a listing, an event's diff) takes [`SandboxHandle::look`]
+/// instead, so that a destroy at the same moment is not refused because of it.
 #[derive(Clone)]
 pub struct SandboxHandle {
     pub key: String,
     pub root: PathBuf,
     pub workspace: SandboxWorkspace,
+    /// Shared by the holding clones: more than the provider's own one means in use.
+    hold: Arc<Hold>,
 }
+
+/// The token a holding [`SandboxHandle`] shares with the provider's.
+#[derive(Debug, Default)]
+struct Hold;
 
 #[derive(Clone)]
 pub enum SandboxWorkspace {
@@ -110,15 +121,36 @@ impl WeakSandboxHandle {
             WeakWorkspace::Mount(m) => SandboxWorkspace::Mount(m.upgrade()?),
             WeakWorkspace::Dir(d) => SandboxWorkspace::Dir(d.upgrade()?),
         };
-        Some(SandboxHandle {
-            key: self.key.clone(),
-            root: self.root.clone(),
+        // An observer's handle: it does not hold the sandbox.
+        Some(SandboxHandle::new(
+            self.key.clone(),
+            self.root.clone(),
             workspace,
-        })
+        ))
     }
 }
 
 impl SandboxHandle {
+    fn new(key: String, root: PathBuf, workspace: SandboxWorkspace) -> SandboxHandle {
+        SandboxHandle {
+            key,
+            root,
+            workspace,
+            hold: Arc::default(),
+        }
+    }
+
+    /// A handle to the same sandbox that does not hold it (see [`SandboxHandle`]).
+    pub fn look(&self) -> SandboxHandle {
+        SandboxHandle::new(self.key.clone(), self.root.clone(), self.workspace.clone())
+    }
+
+    /// Whether anyone besides the provider holds this sandbox (a run, a capture in
+    /// progress): called on the provider's own handle.
+    pub(crate) fn in_use(&self) -> bool {
+        Arc::strong_count(&self.hold) > 1
+    }
+
     pub fn downgrade(&self) -> WeakSandboxHandle {
         WeakSandboxHandle {
             key: self.key.clone(),
@@ -250,9 +282,15 @@ pub trait SandboxProvider: Send + Sync {
     /// recently used idle sandbox is the first made room for at the cap.
     fn touch(&self, _key: &str) {}
 
-    /// The live sandboxes this provider holds.
+    /// The live sandboxes this provider holds, as handles that look at them without
+    /// holding them ([`SandboxHandle::look`]).
     fn live(&self) -> Vec<SandboxHandle> {
         Vec::new()
+    }
+
+    /// Live sandbox `key`, held while the handle returned lives (a capture of it).
+    fn get(&self, _key: &str) -> Option<SandboxHandle> {
+        None
     }
 
     /// Cleans what sandboxes of an earlier process left behind (a server killed
@@ -487,11 +525,7 @@ impl SandboxProvider for CasfsProvider {
             self.mode,
         )
         .map_err(|e| sandbox_err(format!("mounting {}: {e}", mp.display())))?;
-        let h = SandboxHandle {
-            key: key.clone(),
-            root: mp,
-            workspace: SandboxWorkspace::Mount(Arc::new(mount)),
-        };
+        let h = SandboxHandle::new(key.clone(), mp, SandboxWorkspace::Mount(Arc::new(mount)));
         self.live.lock().insert(
             key,
             Entry {
@@ -504,6 +538,10 @@ impl SandboxProvider for CasfsProvider {
 
     fn live(&self) -> Vec<SandboxHandle> {
         self.live.handles()
+    }
+
+    fn get(&self, key: &str) -> Option<SandboxHandle> {
+        self.live.get(key)
     }
 
     fn reap_idle(
@@ -661,15 +699,15 @@ impl SandboxProvider for DirProvider {
         if owner.is_other() {
             owner.chown(&root).map_err(err)?;
         }
-        let h = SandboxHandle {
-            key: key.clone(),
+        let h = SandboxHandle::new(
+            key.clone(),
             root,
-            workspace: SandboxWorkspace::Dir(Arc::new(DirWorkspace {
+            SandboxWorkspace::Dir(Arc::new(DirWorkspace {
                 store: self.store.clone(),
                 base: Mutex::new(None),
                 owner,
             })),
-        };
+        );
         live.insert(
             key,
             Entry {
@@ -682,6 +720,10 @@ impl SandboxProvider for DirProvider {
 
     fn live(&self) -> Vec<SandboxHandle> {
         self.live.handles()
+    }
+
+    fn get(&self, key: &str) -> Option<SandboxHandle> {
+        self.live.get(key)
     }
 
     fn reap_idle(
@@ -782,5 +824,41 @@ mod tests {
         assert!(a.len() <= MAX_KEY_LEN && a.contains('~'), "{a}");
         assert_ne!(a, b);
         check_key(&a).unwrap();
+    }
+
+    #[test]
+    fn only_holding_handles_keep_a_sandbox_from_being_destroyed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(
+            &dir.path().join("store"),
+            crate::checkpoint::OpenMode::Create,
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        let p = DirProvider::new(Arc::new(store), &dir.path().join("sb"));
+        let none = Secrets::default();
+        let ctx = RunContext::new(t("t"), "r1");
+        let (run, _) = p.ensure(&ctx, &none).unwrap();
+        // A run holds it: refused, and kept.
+        let busy = p.destroy_unheld(&run.key, &none).unwrap_err();
+        assert!(
+            matches!(busy, MiddlewareError::SandboxBusy { .. }),
+            "{busy}"
+        );
+        drop(run);
+        // A capture holds it too.
+        let capture = p.get("t").unwrap();
+        assert!(p.destroy_unheld("t", &none).is_err());
+        drop(capture);
+        // What looks does not: listings, an observer's upgraded weak handle, a look.
+        let listed = p.live();
+        let weak = listed[0].downgrade();
+        let upgraded = weak.upgrade().unwrap();
+        let looked = listed[0].look();
+        assert!(p.destroy_unheld("t", &none).unwrap());
+        assert!(!listed[0].root.exists());
+        drop((listed, upgraded, looked));
+        assert!(p.get("t").is_none());
+        assert!(weak.upgrade().is_none());
     }
 }

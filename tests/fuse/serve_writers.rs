@@ -281,3 +281,45 @@ fn client_writers_race_and_compare_and_swap_the_head() {
     let (st, v) = call(&s, "DELETE", "/v1/sandboxes/b+w", None);
     assert_eq!((st, v["destroyed"].clone()), (200, json!(false)));
 }
+
+/// A sandbox is busy only while a run or a capture holds it: a client listing the
+/// sandboxes, the server's own upkeep and an event's diff only look, so a destroy at
+/// the same moment is never refused because of them (CI once saw a 409 here).
+#[test]
+fn a_destroy_is_never_refused_because_someone_looked() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    let sandboxes = t.path().join("sb");
+    let _g = MountGuard::new(&sandboxes.join("looked"));
+    let s = start(&store, &sandboxes, &[], &[]);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let (st, v) = call(&s, "GET", "/v1/sandboxes", None);
+                assert_eq!(st, 200, "{v}");
+            }
+        });
+        // Stops the lister also when a round below fails, so the scope can end.
+        struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        let _stop = Stop(&stop);
+        for i in 0..25 {
+            let body = json!({"thread": "looked"});
+            let (st, v) = call(&s, "POST", "/v1/sandboxes", Some(&body));
+            assert_eq!(st, 200, "{v}");
+            let key = v["key"].as_str().unwrap().to_string();
+            let root = PathBuf::from(v["path"].as_str().unwrap());
+            // Events with diffs, read while the destroy comes.
+            std::fs::write(root.join(format!("f{i}")), "x").unwrap();
+            let (st, v) = call(&s, "GET", &format!("/v1/sandboxes/{key}/events"), None);
+            assert_eq!(st, 200, "{v}");
+            let (st, v) = call(&s, "DELETE", &format!("/v1/sandboxes/{key}"), None);
+            assert_eq!((st, &v["destroyed"]), (200, &json!(true)), "round {i}: {v}");
+        }
+    });
+}

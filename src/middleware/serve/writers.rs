@@ -256,19 +256,13 @@ impl Server {
         thread: &ThreadId,
     ) -> Result<crate::middleware::SandboxHandle, ApiError> {
         self.mw.provider().touch(key);
-        let h = self
-            .mw
-            .provider()
-            .live()
-            .into_iter()
-            .find(|h| h.key == key)
-            .ok_or_else(|| {
-                ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    "not_found",
-                    format!("no live sandbox {key:?}"),
-                )
-            })?;
+        let h = self.mw.provider().get(key).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no live sandbox {key:?}"),
+            )
+        })?;
         let of = match &h.workspace {
             SandboxWorkspace::Mount(m) => Some(m.tag().thread),
             SandboxWorkspace::Dir(_) => self.sandbox_thread(key),
