@@ -56,7 +56,8 @@ fn last_seq(s: &crate::serve::Served, key: &str) -> u64 {
         .unwrap_or(0)
 }
 
-fn sandbox(s: &crate::serve::Served, thread: &str) -> (String, PathBuf) {
+/// Makes a sandbox for `thread`: its key and workspace path.
+pub(crate) fn sandbox(s: &crate::serve::Served, thread: &str) -> (String, PathBuf) {
     let (st, v) = call(s, "POST", "/v1/sandboxes", Some(&json!({"thread": thread})));
     assert_eq!(st, 200, "{v}");
     (

@@ -309,11 +309,7 @@ fn a_destroy_is_never_refused_because_someone_looked() {
         }
         let _stop = Stop(&stop);
         for i in 0..25 {
-            let body = json!({"thread": "looked"});
-            let (st, v) = call(&s, "POST", "/v1/sandboxes", Some(&body));
-            assert_eq!(st, 200, "{v}");
-            let key = v["key"].as_str().unwrap().to_string();
-            let root = PathBuf::from(v["path"].as_str().unwrap());
+            let (key, root) = crate::sandbox_events::sandbox(&s, "looked");
             // Events with diffs, read while the destroy comes.
             std::fs::write(root.join(format!("f{i}")), "x").unwrap();
             let (st, v) = call(&s, "GET", &format!("/v1/sandboxes/{key}/events"), None);
