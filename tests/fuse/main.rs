@@ -26,6 +26,7 @@ mod serve_writers;
 mod soak;
 mod transport;
 mod trust;
+mod users;
 mod workspace;
 
 use std::path::{Path, PathBuf};
