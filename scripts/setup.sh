@@ -8,10 +8,11 @@ set -euo pipefail
 # tests compare with git, zstd, tar, rsync, restic and fuse-overlayfs; attr gives
 # getfattr/setfattr; libacl1-dev is for building pjdfstest (below); curl talks to
 # `casfs serve` in the demo and fetches rustup (with ca-certificates) where Rust is
-# missing; fonts-dejavu-core labels `casfs bench --plot`.
+# missing; fonts-dejavu-core labels `casfs bench --plot`; acl's getfacl shows the tests
+# the gates `casfs serve` puts in front of members' sandboxes.
 PACKAGES=(librocksdb-dev libclang-dev clang pkg-config build-essential fuse3
           git zstd tar rsync restic attr fuse-overlayfs libacl1-dev curl ca-certificates
-          fonts-dejavu-core)
+          fonts-dejavu-core acl)
 
 # The FUSE tests' POSIX probe is a Python script; any python3 on PATH will do.
 command -v python3 >/dev/null 2>&1 || PACKAGES+=(python3)

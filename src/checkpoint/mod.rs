@@ -31,6 +31,7 @@ pub use checkpoint_store::CheckpointStore;
 pub use error::{CheckpointError, CheckpointResult};
 pub use lease::{holder_name, LeaseKeeper, LeaseRecord, LeaseStatus, OwnerToken, WriterLease};
 pub use pg_store::PgCheckpointStore;
+pub use record::{check_tenant_name, MAX_TENANT_LEN};
 pub use record::{
     Artifact, CaptureStats, Checkpoint, CheckpointBody, CheckpointId, ContentRef, MountTag,
     NewCheckpoint, RootMeta, SecretFile, ThreadId,

@@ -16,32 +16,89 @@ crate::typed_id!(
 );
 
 /// A thread: a line of checkpoints with one head (for example one conversation).
+///
+/// A thread is the store's administrators' (`main`), or a tenant's (`alice/main`: the
+/// tenant, one '/', the name): `casfs serve` puts every thread a tenant names in the
+/// tenant's space, so no tenant reaches another's (docs/middleware.md, "Trust model").
+/// A name itself never holds a '/', so the two kinds never meet.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct ThreadId(String);
 
+/// The longest tenant name.
+pub const MAX_TENANT_LEN: usize = 64;
+
+/// Checks a tenant's name: 1 to 64 of `A-Z a-z 0-9 _ . -`, not starting with '.' or
+/// '-' (a Unix user's name, or the name a TCP token is given).
+pub fn check_tenant_name(name: &str) -> CheckpointResult<()> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_TENANT_LEN
+        && !name.starts_with(['.', '-'])
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(CheckpointError::Invalid(format!(
+            "tenant name {name:?}: use 1 to {MAX_TENANT_LEN} of A-Z a-z 0-9 _ . -, not starting \
+             with '.' or '-'"
+        )))
+    }
+}
+
 impl ThreadId {
+    /// The longest name (a tenant's thread adds the tenant and a '/').
     pub const MAX_LEN: usize = 200;
 
-    /// A thread name: 1 to 200 bytes of printable characters, no whitespace or '/'.
+    /// A thread: a name (1 to 200 bytes of printable characters, no whitespace, '/'
+    /// or '~', not starting with '@'), or `tenant/name`, a tenant's thread.
     pub fn new(name: &str) -> CheckpointResult<ThreadId> {
-        let ok = !name.is_empty()
-            && name.len() <= Self::MAX_LEN
-            && !name.starts_with('@')
-            && name
-                .chars()
-                .all(|c| !c.is_control() && !c.is_whitespace() && c != '/' && c != '~');
-        if !ok {
-            return Err(CheckpointError::Invalid(format!(
-                "thread name {name:?}: use 1 to {} printable characters without whitespace, '/', '~' or a leading '@'",
-                Self::MAX_LEN
-            )));
+        match name.split_once('/') {
+            Some((tenant, local)) => ThreadId::in_tenant(tenant, local),
+            None => {
+                check_name(name)?;
+                Ok(ThreadId(name.to_string()))
+            }
         }
-        Ok(ThreadId(name.to_string()))
+    }
+
+    /// Thread `name` of tenant `tenant` (`tenant/name`); `name` is a plain name.
+    pub fn in_tenant(tenant: &str, name: &str) -> CheckpointResult<ThreadId> {
+        check_tenant_name(tenant)?;
+        check_name(name)?;
+        Ok(ThreadId(format!("{tenant}/{name}")))
+    }
+
+    /// The tenant whose thread this is (None: the administrators').
+    pub fn tenant(&self) -> Option<&str> {
+        self.0.split_once('/').map(|(t, _)| t)
+    }
+
+    /// The name without its tenant.
+    pub fn name(&self) -> &str {
+        self.0.split_once('/').map_or(&self.0, |(_, n)| n)
     }
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+fn check_name(name: &str) -> CheckpointResult<()> {
+    let ok = !name.is_empty()
+        && name.len() <= ThreadId::MAX_LEN
+        && !name.starts_with('@')
+        && name
+            .chars()
+            .all(|c| !c.is_control() && !c.is_whitespace() && c != '/' && c != '~');
+    if ok {
+        Ok(())
+    } else {
+        Err(CheckpointError::Invalid(format!(
+            "thread name {name:?}: use 1 to {} printable characters without whitespace, '/', '~' or a leading '@'",
+            ThreadId::MAX_LEN
+        )))
     }
 }
 
@@ -349,9 +406,31 @@ mod tests {
     fn thread_names() {
         assert!(ThreadId::new("main").is_ok());
         assert!(ThreadId::new("conv-123_x.y:z").is_ok());
-        for bad in ["", "a b", "a/b", "@x", "a~1", "tab\t", &"x".repeat(201)] {
+        for bad in [
+            "",
+            "a b",
+            "a/b/c",
+            "/b",
+            "a/",
+            ".a/b",
+            "a/@b",
+            "@x",
+            "a~1",
+            "tab\t",
+            &"x".repeat(201),
+        ] {
             assert!(ThreadId::new(bad).is_err(), "{bad:?}");
         }
+        // A tenant's thread: the tenant, one '/', a name.
+        let t = ThreadId::new("alice/main").unwrap();
+        assert_eq!((t.tenant(), t.name()), (Some("alice"), "main"));
+        assert_eq!(ThreadId::in_tenant("alice", "main").unwrap(), t);
+        assert!(ThreadId::in_tenant("alice", "a/b").is_err());
+        assert!(ThreadId::in_tenant("a b", "main").is_err());
+        let main = ThreadId::new("main").unwrap();
+        assert_eq!((main.tenant(), main.name()), (None, "main"));
+        let back: ThreadId = serde_json::from_str("\"alice/main\"").unwrap();
+        assert_eq!(back, t);
     }
 
     #[test]

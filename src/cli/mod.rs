@@ -262,17 +262,30 @@ pub enum Command {
         /// [default: 0600, or 0660 with --socket-group]
         #[arg(long, value_name = "MODE", value_parser = parse_socket_mode)]
         socket_mode: Option<u32>,
-        /// Group of the Unix socket (a name or a number); the sandboxes directory gets
-        /// it too (mode 0750), so that its members reach their workspaces
+        /// Group of the Unix socket (a name or a number). Each member is a tenant of
+        /// their own (named after their user): they see and change only their own
+        /// sandboxes, threads, runs and stores, and reach only their own workspaces (the
+        /// sandboxes directory gets the group too, mode 0710: passage, no listing)
         #[arg(long, value_name = "GROUP")]
         socket_group: Option<String>,
+        /// Members of this group (a name or a number) are administrators on the Unix
+        /// socket, as root and the server's own user are: they see and change every
+        /// tenant's objects (naming a tenant's thread `TENANT/THREAD`) and may run
+        /// maintenance
+        #[arg(long, value_name = "GROUP")]
+        admin_group: Option<String>,
         /// Listen on this loopback TCP address instead (needs CASFS_TOKEN in the
-        /// environment or --token-file)
+        /// environment or --token-file, and/or --tenant-tokens)
         #[arg(long, value_name = "ADDR")]
         listen: Option<std::net::SocketAddr>,
-        /// File holding the bearer token clients must send
+        /// File holding the administrators' bearer token (at least 16 characters)
         #[arg(long)]
         token_file: Option<PathBuf>,
+        /// File of tenants' bearer tokens, one `TENANT TOKEN` a line (`#` comments): on
+        /// TCP a request's token names its tenant, who sees and changes only their own
+        /// objects. Tenant names are shared with the Unix users of the socket
+        #[arg(long, value_name = "FILE")]
+        tenant_tokens: Option<PathBuf>,
         /// Where sandboxes are mounted, one directory per key [default: <store>/sandboxes]
         #[arg(long)]
         sandboxes: Option<PathBuf>,
@@ -315,10 +328,18 @@ pub enum Command {
         /// Runs going at once (set up, not ended); more are refused with 429
         #[arg(long, default_value_t = 64)]
         max_runs: usize,
-        /// Live sandboxes at once; making one more destroys the least recently used
-        /// idle one, and with none idle is refused with 429 (0: no limit)
+        /// Runs of one tenant going at once (administrators: only --max-runs)
+        #[arg(long, default_value_t = 16)]
+        max_runs_per_tenant: usize,
+        /// Live sandboxes at once; making one more destroys the tenant's own least
+        /// recently used idle one, and with none of its own idle is refused with 429
+        /// (another tenant's work is never destroyed to make room) (0: no limit)
         #[arg(long, default_value_t = 128)]
         max_sandboxes: usize,
+        /// Live sandboxes of one tenant (administrators: only --max-sandboxes); at
+        /// it, as at --max-sandboxes (0: no limit)
+        #[arg(long, default_value_t = 32)]
+        max_sandboxes_per_tenant: usize,
         /// Seconds without a request for a run (a chunk, an event read, a hook) after
         /// which it is ended as a disconnect: nothing published, the lease released
         #[arg(long, default_value_t = 600.0)]

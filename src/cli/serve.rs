@@ -10,7 +10,9 @@ use anyhow::{anyhow, bail, Context};
 use super::{Cli, Command};
 use casfs::checkpoint::OpenMode;
 use casfs::fs::WorkspaceOptions;
-use casfs::middleware::serve::{serve, Listen, ServeLimits, Server, SocketAccess};
+use casfs::middleware::serve::{
+    serve, Identities, Listen, ServeLimits, Server, SocketAccess, MIN_TOKEN_LEN,
+};
 use casfs::middleware::{
     CasfsProvider, DirProvider, FileEvents, Lifecycle, MiddlewareConfig, Persistence,
     SandboxProvider, Secrets, SnapshotConfig, SnapshotPolicy, StorePersistence,
@@ -21,8 +23,10 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         socket,
         socket_mode,
         socket_group,
+        admin_group,
         listen,
         token_file,
+        tenant_tokens,
         sandboxes,
         plain,
         mode,
@@ -35,7 +39,9 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         destroy_on_error,
         max_body,
         max_runs,
+        max_runs_per_tenant,
         max_sandboxes,
+        max_sandboxes_per_tenant,
         run_idle_timeout,
         sandbox_idle_timeout,
         max_events,
@@ -102,9 +108,31 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         ),
         (None, t) => t,
     };
-    if listen.is_some() && token.as_deref().is_none_or(|t| t.len() < 16) {
+    if token.as_deref().is_some_and(|t| t.len() < MIN_TOKEN_LEN) {
+        bail!("the administrators' token (CASFS_TOKEN or --token-file) is shorter than {MIN_TOKEN_LEN} characters");
+    }
+    let tenant_tokens = match tenant_tokens {
+        Some(f) => {
+            let text =
+                std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+            Identities::parse_tenant_tokens(&text)
+                .map_err(|e| anyhow!("--tenant-tokens {}: {e}", f.display()))?
+        }
+        None => Vec::new(),
+    };
+    let identities = Identities {
+        admin_group: admin_group
+            .as_deref()
+            .map(casfs::middleware::serve::group_id)
+            .transpose()
+            .map_err(|e| anyhow!("--admin-group {e}"))?,
+        admin_token: token,
+        tenant_tokens,
+    };
+    if listen.is_some() && !identities.tokens() {
         bail!(
-            "--listen needs a bearer token of at least 16 characters (CASFS_TOKEN or --token-file)"
+            "--listen needs bearer tokens: the administrators' (CASFS_TOKEN or --token-file) \
+             and/or the tenants' (--tenant-tokens)"
         );
     }
     if !(0.1..=3600.0).contains(lease_ttl) {
@@ -153,7 +181,11 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         casfs::middleware::start_inotify().map_err(|e| anyhow!(e))?;
     }
     let provider: Arc<dyn SandboxProvider> = if *plain {
-        Arc::new(DirProvider::new(store.clone(), &sandboxes).with_max_sandboxes(*max_sandboxes))
+        Arc::new(
+            DirProvider::new(store.clone(), &sandboxes)
+                .with_max_sandboxes(*max_sandboxes)
+                .with_max_sandboxes_per_tenant(*max_sandboxes_per_tenant),
+        )
     } else {
         Arc::new(
             CasfsProvider::new(
@@ -172,7 +204,8 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
                 },
             )
             .with_mode(*mode)
-            .with_max_sandboxes(*max_sandboxes),
+            .with_max_sandboxes(*max_sandboxes)
+            .with_max_sandboxes_per_tenant(*max_sandboxes_per_tenant),
         )
     };
     if *max_body < 1024 {
@@ -187,6 +220,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
     let limits = ServeLimits {
         max_body: *max_body,
         max_runs: (*max_runs).max(1),
+        max_runs_per_tenant: (*max_runs_per_tenant).max(1),
         run_idle: secs("run-idle-timeout", *run_idle_timeout)?,
         sandbox_idle: secs("sandbox-idle-timeout", *sandbox_idle_timeout)?,
         max_events: (*max_events).max(1),
@@ -197,7 +231,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
             stall: secs("client-timeout", *client_timeout)?,
         },
     };
-    let server = Server::new(store, sp, provider, config, token)?;
+    let server = Server::new(store, sp, provider, config, identities)?;
     server.set_limits(limits);
     server.set_allow_client_clocks(*allow_client_clocks);
     let where_ = match listen {

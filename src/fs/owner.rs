@@ -40,3 +40,102 @@ impl Default for Owner {
         Owner::current()
     }
 }
+
+/// A directory only its owner (the process's user) and `guest` may pass through: the
+/// gate in front of a sandbox made for another user (`casfs serve`). Its mode is 0700
+/// with a POSIX access ACL `user:<guest>:--x` (mask `--x`): the guest may reach the
+/// names inside that they know, and nobody else may even do that; neither may list
+/// it. Without a guest, any ACL it had is removed. `dir` is an open directory (the
+/// caller made it, so no path is followed here).
+pub fn gate_directory(dir: std::os::fd::BorrowedFd<'_>, guest: Option<u32>) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let fd = dir.as_raw_fd();
+    // SAFETY: a valid descriptor; mode bits only.
+    if unsafe { libc::fchmod(fd, 0o700) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let name = c"system.posix_acl_access";
+    let Some(uid) = guest else {
+        // SAFETY: a valid descriptor and a NUL-terminated name.
+        if unsafe { libc::fremovexattr(fd, name.as_ptr()) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if !matches!(
+                e.raw_os_error(),
+                Some(libc::ENODATA) | Some(libc::EOPNOTSUPP)
+            ) {
+                return Err(e);
+            }
+        }
+        return Ok(());
+    };
+    let acl = access_acl(uid);
+    // SAFETY: a valid descriptor, a NUL-terminated name and a buffer of the length given.
+    let r = unsafe { libc::fsetxattr(fd, name.as_ptr(), acl.as_ptr().cast(), acl.len(), 0) };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(std::io::Error::new(
+            e.kind(),
+            format!(
+                "giving user {uid} passage through a directory (a POSIX ACL): {e}; the sandboxes \
+                 directory must be on a file system with ACLs (ext4, xfs, btrfs, tmpfs)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The kernel's encoding of a POSIX access ACL (`posix_acl_xattr_header` and its
+/// entries, in tag order): owner rwx, user `uid` --x, group ---, mask --x, others ---.
+fn access_acl(uid: u32) -> Vec<u8> {
+    const VERSION: u32 = 2;
+    const UNDEFINED: u32 = u32::MAX;
+    // (tag, permissions, id): ACL_USER_OBJ, ACL_USER, ACL_GROUP_OBJ, ACL_MASK, ACL_OTHER.
+    let entries: [(u16, u16, u32); 5] = [
+        (0x01, 7, UNDEFINED),
+        (0x02, 1, uid),
+        (0x04, 0, UNDEFINED),
+        (0x10, 1, UNDEFINED),
+        (0x20, 0, UNDEFINED),
+    ];
+    let mut out = VERSION.to_le_bytes().to_vec();
+    for (tag, perm, id) in entries {
+        out.extend_from_slice(&tag.to_le_bytes());
+        out.extend_from_slice(&perm.to_le_bytes());
+        out.extend_from_slice(&id.to_le_bytes());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn a_gate_lets_its_guest_through_and_nobody_else() {
+        let t = tempfile::tempdir().unwrap();
+        let d = std::fs::File::open(t.path()).unwrap();
+        match gate_directory(d.as_fd(), Some(4242)) {
+            Ok(()) => {}
+            // A test file system without ACLs says so; the server would refuse.
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => return,
+            Err(e) => panic!("{e}"),
+        }
+        let out = std::process::Command::new("getfacl")
+            .args(["-n", "-p"])
+            .arg(t.path())
+            .output();
+        if let Ok(out) = out {
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(text.contains("user:4242:--x"), "{text}");
+            assert!(
+                text.contains("mask::--x") && text.contains("other::---"),
+                "{text}"
+            );
+        }
+        gate_directory(d.as_fd(), None).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let m = std::fs::metadata(t.path()).unwrap();
+        assert_eq!(m.permissions().mode() & 0o777, 0o700);
+    }
+}

@@ -56,6 +56,13 @@ pub enum MiddlewareError {
     #[error("at capacity: {limit} {what} are in use; try again later")]
     AtCapacity { what: &'static str, limit: usize },
 
+    /// A tenant holds its most sandboxes, none of them idle: end a run or destroy one.
+    #[error(
+        "tenant {tenant} holds {limit} sandboxes, its most, and none is idle: destroy one \
+         (or end its run) first"
+    )]
+    TenantAtCapacity { tenant: String, limit: usize },
+
     #[error("capture policy: {0}")]
     Policy(String),
 

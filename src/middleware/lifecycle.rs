@@ -332,11 +332,13 @@ impl Run {
             .into_iter()
             .map(|a| a.artifact_id)
             .collect();
+        // The record's text was stored scrubbed: the host gets it as it was written.
+        let fill = |s: &str| self.mw.secrets.fill_str(s);
         for a in artifacts {
-            let key = a
-                .blob_key
-                .clone()
-                .unwrap_or_else(|| format!("casfs/{}/{}", self.ctx.thread, a.content.id.to_hex()));
+            let key =
+                a.blob_key.as_deref().map(fill).unwrap_or_else(|| {
+                    format!("casfs/{}/{}", self.ctx.thread, a.content.id.to_hex())
+                });
             // The size recorded is that of the blob the host has: with secrets put
             // back, not the stored (scrubbed) size.
             let size = match parts.blobs.head(&key)? {
@@ -351,18 +353,20 @@ impl Run {
             };
             let id = a
                 .artifact_id
-                .clone()
+                .as_deref()
+                .map(fill)
                 .unwrap_or_else(|| a.content.id.to_hex());
             if !have.contains(&id) {
                 parts.artifacts.put(&ArtifactMeta {
                     artifact_id: id,
-                    run_id: a.run_id.clone().unwrap_or_default(),
+                    run_id: a.run_id.as_deref().map(fill).unwrap_or_default(),
                     thread: self.ctx.thread.clone(),
                     blob_key: Some(key),
-                    name: a.name.clone(),
+                    name: fill(&a.name),
                     mime_type: a
                         .media_type
-                        .clone()
+                        .as_deref()
+                        .map(fill)
                         .unwrap_or_else(|| "application/octet-stream".into()),
                     size,
                     created_at_ms: a.created_at_ms.unwrap_or(0),

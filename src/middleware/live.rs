@@ -1,7 +1,9 @@
-//! The live sandboxes of a provider: each with when a run last took it, and a limit on
-//! how many there may be. Idle sandboxes (no run holds them) make room, least recently
-//! used first, and are reaped after an idle timeout; a provider destroys what is
-//! evicted.
+//! The live sandboxes of a provider: each with when a run last took it, and limits on
+//! how many there may be, in all and of one tenant. Idle sandboxes (no run holds them)
+//! make room, least recently used first, and are reaped after an idle timeout; a
+//! provider destroys what is evicted. Room is made only among the sandboxes of the
+//! tenant asking for one: one tenant's load never destroys another's work (at the cap
+//! of all, a tenant with nothing idle of its own is refused).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,6 +23,9 @@ pub(crate) struct Live {
     map: Mutex<HashMap<String, Entry>>,
     /// The most live sandboxes (0: no limit).
     max: AtomicUsize,
+    /// The most of one tenant (0: no limit); administrators' sandboxes are held only
+    /// to `max`.
+    max_per_tenant: AtomicUsize,
 }
 
 pub(crate) type LiveMap = HashMap<String, Entry>;
@@ -32,6 +37,10 @@ impl Live {
 
     pub fn set_max(&self, n: usize) {
         self.max.store(n, Ordering::Relaxed);
+    }
+
+    pub fn set_max_per_tenant(&self, n: usize) {
+        self.max_per_tenant.store(n, Ordering::Relaxed);
     }
 
     /// Handles that look at every sandbox without holding any.
@@ -48,32 +57,47 @@ impl Live {
         self.lock().keys().cloned().collect()
     }
 
-    /// Makes room for one more sandbox in `map`: removes and returns idle sandboxes,
-    /// least recently used first, with their key locks taken (one whose key is locked
-    /// is being changed: not idle), for the caller to destroy. Refused (429) when every
-    /// sandbox is in use.
+    /// Makes room in `map` for one more sandbox of `tenant` (None: the
+    /// administrators'): removes and returns that tenant's idle sandboxes, least
+    /// recently used first, with their key locks taken (one whose key is locked is being
+    /// changed: not idle), for the caller to destroy, until both the cap of all and the
+    /// tenant's own hold. Refused (429) when the tenant has nothing idle to give up.
     pub fn make_room<'k>(
         &self,
         map: &mut LiveMap,
         keys: &'k KeyLocks,
+        tenant: Option<&str>,
     ) -> MiddlewareResult<Vec<(KeyGuard<'k>, SandboxHandle)>> {
         let max = self.max.load(Ordering::Relaxed);
+        let per = match tenant {
+            Some(_) => self.max_per_tenant.load(Ordering::Relaxed),
+            None => 0,
+        };
+        let mine = |e: &Entry| e.handle.thread.tenant() == tenant;
         let mut out = Vec::new();
-        if max == 0 {
-            return Ok(out);
-        }
         let mut idle: Vec<(String, Instant)> = map
             .iter()
-            .filter(|(_, e)| !e.handle.in_use())
+            .filter(|(_, e)| mine(e) && !e.handle.in_use())
             .map(|(k, e)| (k.clone(), e.used))
             .collect();
         idle.sort_by_key(|(_, used)| *used);
         let mut idle = idle.into_iter();
-        while map.len() >= max {
+        loop {
+            let over_all = max != 0 && map.len() >= max;
+            let over_mine = per != 0 && map.values().filter(|e| mine(e)).count() >= per;
+            if !over_all && !over_mine {
+                return Ok(out);
+            }
             let Some((k, _)) = idle.next() else {
-                return Err(MiddlewareError::AtCapacity {
-                    what: "sandboxes",
-                    limit: max,
+                return Err(match (over_mine, tenant) {
+                    (true, Some(t)) => MiddlewareError::TenantAtCapacity {
+                        tenant: t.to_string(),
+                        limit: per,
+                    },
+                    _ => MiddlewareError::AtCapacity {
+                        what: "sandboxes",
+                        limit: max,
+                    },
                 });
             };
             if let Some(g) = keys.try_lock(&k) {
@@ -81,7 +105,6 @@ impl Live {
                 out.push((g, e.handle));
             }
         }
-        Ok(out)
     }
 
     /// Notes that sandbox `key` was used now.

@@ -42,6 +42,8 @@ pub enum EnsureOutcome {
 pub struct SandboxHandle {
     pub key: String,
     pub root: PathBuf,
+    /// The thread it is a workspace of (whose tenant owns it: [`ThreadId::tenant`]).
+    pub thread: ThreadId,
     pub workspace: SandboxWorkspace,
     /// Shared by the holding clones: more than the provider's own one means in use.
     hold: Arc<Hold>,
@@ -92,6 +94,7 @@ pub(crate) fn chown_tree(root: &Path, owner: Owner) -> std::io::Result<()> {
 pub struct WeakSandboxHandle {
     pub key: String,
     pub root: PathBuf,
+    pub thread: ThreadId,
     workspace: WeakWorkspace,
 }
 
@@ -125,16 +128,23 @@ impl WeakSandboxHandle {
         Some(SandboxHandle::new(
             self.key.clone(),
             self.root.clone(),
+            self.thread.clone(),
             workspace,
         ))
     }
 }
 
 impl SandboxHandle {
-    fn new(key: String, root: PathBuf, workspace: SandboxWorkspace) -> SandboxHandle {
+    fn new(
+        key: String,
+        root: PathBuf,
+        thread: ThreadId,
+        workspace: SandboxWorkspace,
+    ) -> SandboxHandle {
         SandboxHandle {
             key,
             root,
+            thread,
             workspace,
             hold: Arc::default(),
         }
@@ -142,7 +152,12 @@ impl SandboxHandle {
 
     /// A handle to the same sandbox that does not hold it (see [`SandboxHandle`]).
     pub fn look(&self) -> SandboxHandle {
-        SandboxHandle::new(self.key.clone(), self.root.clone(), self.workspace.clone())
+        SandboxHandle::new(
+            self.key.clone(),
+            self.root.clone(),
+            self.thread.clone(),
+            self.workspace.clone(),
+        )
     }
 
     /// Whether anyone besides the provider holds this sandbox (a run, a capture in
@@ -155,6 +170,7 @@ impl SandboxHandle {
         WeakSandboxHandle {
             key: self.key.clone(),
             root: self.root.clone(),
+            thread: self.thread.clone(),
             workspace: match &self.workspace {
                 SandboxWorkspace::Mount(m) => WeakWorkspace::Mount(Arc::downgrade(m)),
                 SandboxWorkspace::Dir(d) => WeakWorkspace::Dir(Arc::downgrade(d)),
@@ -208,9 +224,11 @@ const MAX_KEY_LEN: usize = 200;
 
 /// The sandbox key of a run on `thread` for `tenant`: a directory name that two
 /// different pairs never share. Letters, digits, `_` and `-` stay, as does `.` but
-/// first; every other byte is `%XX`. The tenant comes first, joined by `+` (which the
-/// escaping never leaves in a part). A key that would be longer than 200 bytes is cut
-/// and ends in `~` and a hash of the pair (`~` never appears otherwise).
+/// first; every other byte is `%XX`. The thread's owner (a tenant's thread,
+/// `alice/main`) comes first, joined by `@`, then the run's tenant label, joined by `+`
+/// (the escaping never leaves either in a part), then the thread's name. A key that
+/// would be longer than 200 bytes is cut and ends in `~` and a hash of the whole (`~`
+/// never appears otherwise).
 pub fn sandbox_key(tenant: Option<&str>, thread: &ThreadId) -> String {
     fn escape(part: &str, out: &mut String) {
         for (i, b) in part.bytes().enumerate() {
@@ -223,11 +241,15 @@ pub fn sandbox_key(tenant: Option<&str>, thread: &ThreadId) -> String {
         }
     }
     let mut key = String::new();
+    if let Some(owner) = thread.tenant() {
+        escape(owner, &mut key);
+        key.push('@');
+    }
     if let Some(t) = tenant {
         escape(t, &mut key);
         key.push('+');
     }
-    escape(thread.as_str(), &mut key);
+    escape(thread.name(), &mut key);
     if key.len() <= MAX_KEY_LEN {
         return key;
     }
@@ -248,6 +270,47 @@ pub fn check_tenant(tenant: &str) -> Result<(), String> {
         return Err(format!("tenant {tenant:?}: use 1 to 200 bytes"));
     }
     Ok(())
+}
+
+/// The workspace's name inside its sandbox's gate: a sandbox of key `k` is the
+/// directory (or mount) `<sandboxes>/<k>/workspace`.
+pub const WORKSPACE_DIR: &str = "workspace";
+
+/// Makes (or takes back) the gate of a sandbox, `gate`: a directory of the server's
+/// own, mode 0700, that only `owner` (when it is another user) may pass through, with
+/// an empty directory `workspace` in it for the sandbox. Every sandbox sits behind one,
+/// so a member of the socket's group reaches their own workspaces and no one else's,
+/// whatever its mode (`/proc/self/mountinfo` names every mountpoint).
+fn make_gate(gate: &Path, owner: Owner) -> std::io::Result<PathBuf> {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+    let named =
+        |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", gate.display()));
+    match std::fs::DirBuilder::new().mode(0o700).create(gate) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(named(e)),
+    }
+    // The sandboxes directory is the server's: nobody else can have put a link here,
+    // and O_NOFOLLOW makes sure.
+    let dir = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(gate)
+        .map_err(named)?;
+    let me = Owner::current();
+    let m = dir.metadata().map_err(named)?;
+    if m.uid() != me.uid {
+        std::os::unix::fs::fchown(&dir, Some(me.uid), Some(me.gid)).map_err(named)?;
+    }
+    crate::fs::gate_directory(dir.as_fd(), owner.is_other().then_some(owner.uid)).map_err(named)?;
+    let ws = gate.join(WORKSPACE_DIR);
+    match std::fs::DirBuilder::new().mode(0o755).create(&ws) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(named(e)),
+    }
+    Ok(ws)
 }
 
 pub trait SandboxProvider: Send + Sync {
@@ -380,13 +443,21 @@ impl CasfsProvider {
         self
     }
 
+    /// At most `n` live sandboxes of one tenant (0: no limit): making one more first
+    /// destroys that tenant's least recently used idle one; with none idle, refused.
+    /// Administrators' sandboxes are held only to the cap of all.
+    pub fn with_max_sandboxes_per_tenant(self, n: usize) -> CasfsProvider {
+        self.live.set_max_per_tenant(n);
+        self
+    }
+
     fn doomed_map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<MountedThread>>> {
         self.doomed.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The mountpoint of sandbox `key`.
+    /// The mountpoint of sandbox `key`, behind its gate.
     pub fn mountpoint(&self, key: &str) -> PathBuf {
-        self.dir.join(key)
+        self.dir.join(key).join(WORKSPACE_DIR)
     }
 
     /// Unmounts and discards `m` (its key's lock held by the caller); a busy mount is
@@ -395,8 +466,10 @@ impl CasfsProvider {
         match m.discard(purge(secrets)) {
             Ok(_) => {
                 self.doomed_map().remove(key);
-                // The empty mountpoint goes too (a later sandbox of the key makes it).
+                // The empty mountpoint and its gate go too (a later sandbox of the key
+                // makes them).
                 let _ = std::fs::remove_dir(self.mountpoint(key));
+                let _ = std::fs::remove_dir(self.dir.join(key));
                 Ok(())
             }
             Err(e) => {
@@ -484,7 +557,8 @@ impl SandboxProvider for CasfsProvider {
                 live.remove(&key);
                 stale = Some(m);
             }
-            (stale, self.live.make_room(&mut live, &self.keys)?)
+            let tenant = ctx.thread.tenant();
+            (stale, self.live.make_room(&mut live, &self.keys, tenant)?)
         };
         self.discard_all(victims, secrets)?;
         let doomed = stale.or_else(|| self.doomed_map().get(&key).cloned());
@@ -504,7 +578,7 @@ impl SandboxProvider for CasfsProvider {
         if crate::fs::is_dead_mount(&mp) {
             detach_mount(&mp);
         }
-        std::fs::create_dir_all(&mp).map_err(|e| sandbox_err(format!("{}: {e}", mp.display())))?;
+        make_gate(&self.dir.join(&key), opts.owner).map_err(|e| sandbox_err(e.to_string()))?;
         if crate::fs::is_fuse_mount(&mp) {
             return Err(sandbox_err(format!(
                 "{} is already a mount this provider does not own",
@@ -525,7 +599,12 @@ impl SandboxProvider for CasfsProvider {
             self.mode,
         )
         .map_err(|e| sandbox_err(format!("mounting {}: {e}", mp.display())))?;
-        let h = SandboxHandle::new(key.clone(), mp, SandboxWorkspace::Mount(Arc::new(mount)));
+        let h = SandboxHandle::new(
+            key.clone(),
+            mp,
+            ctx.thread.clone(),
+            SandboxWorkspace::Mount(Arc::new(mount)),
+        );
         self.live.lock().insert(
             key,
             Entry {
@@ -611,17 +690,20 @@ impl SandboxProvider for CasfsProvider {
             if live.contains(&name) || check_key(&name).is_err() {
                 continue;
             }
-            let mp = self.dir.join(&name);
-            if crate::fs::is_dead_mount(&mp) || crate::fs::is_fuse_mount(&mp) {
-                detach_mount(&mp);
-            }
-            discard_mount_state(&self.store, &mp, purge(secrets)).map_err(|err| {
-                MiddlewareError::Sandbox {
-                    key: name.clone(),
-                    detail: format!("discarding what {} held: {err}", mp.display()),
+            // Behind its gate; an earlier casfs mounted right at `<dir>/<key>`.
+            let gate = self.dir.join(&name);
+            for mp in [gate.join(WORKSPACE_DIR), gate.clone()] {
+                if crate::fs::is_dead_mount(&mp) || crate::fs::is_fuse_mount(&mp) {
+                    detach_mount(&mp);
                 }
-            })?;
-            let _ = std::fs::remove_dir(&mp);
+                discard_mount_state(&self.store, &mp, purge(secrets)).map_err(|err| {
+                    MiddlewareError::Sandbox {
+                        key: name.clone(),
+                        detail: format!("discarding what {} held: {err}", mp.display()),
+                    }
+                })?;
+                let _ = std::fs::remove_dir(&mp);
+            }
             cleaned += 1;
         }
         Ok(cleaned)
@@ -654,8 +736,15 @@ impl DirProvider {
         self
     }
 
+    /// As [`CasfsProvider::with_max_sandboxes_per_tenant`].
+    pub fn with_max_sandboxes_per_tenant(self, n: usize) -> DirProvider {
+        self.live.set_max_per_tenant(n);
+        self
+    }
+
+    /// The workspace of sandbox `key`, behind its gate.
     pub fn path(&self, key: &str) -> PathBuf {
-        self.dir.join(key)
+        self.dir.join(key).join(WORKSPACE_DIR)
     }
 }
 
@@ -683,8 +772,11 @@ impl SandboxProvider for DirProvider {
             e.used = std::time::Instant::now();
             return Ok((e.handle.clone(), EnsureOutcome::Resumed));
         }
-        for (g, h) in self.live.make_room(&mut live, &self.keys)? {
-            remove_tree(g.key(), &h.root)?;
+        for (g, _) in self
+            .live
+            .make_room(&mut live, &self.keys, ctx.thread.tenant())?
+        {
+            remove_tree(g.key(), &self.dir.join(g.key()))?;
         }
         let root = self.path(&key);
         // What an earlier sandbox of the key left is not the thread's state.
@@ -693,15 +785,17 @@ impl SandboxProvider for DirProvider {
             key: key.clone(),
             detail: format!("{}: {e}", root.display()),
         };
-        std::fs::create_dir_all(&root).map_err(err)?;
-        let root = std::fs::canonicalize(&root).map_err(err)?;
+        std::fs::create_dir_all(&self.dir).map_err(err)?;
         let owner = ctx.owner.unwrap_or_default();
+        make_gate(&self.dir.join(&key), owner).map_err(err)?;
+        let root = std::fs::canonicalize(&root).map_err(err)?;
         if owner.is_other() {
             owner.chown(&root).map_err(err)?;
         }
         let h = SandboxHandle::new(
             key.clone(),
             root,
+            ctx.thread.clone(),
             SandboxWorkspace::Dir(Arc::new(DirWorkspace {
                 store: self.store.clone(),
                 base: Mutex::new(None),
@@ -736,8 +830,8 @@ impl SandboxProvider for DirProvider {
         // only after this one is gone.
         let mut live = self.live.lock();
         let idle = self.live.idle(&mut live, &self.keys, idle, spare);
-        for (g, h) in &idle {
-            remove_tree(g.key(), &h.root)?;
+        for (g, _) in &idle {
+            remove_tree(g.key(), &self.dir.join(g.key()))?;
         }
         Ok(idle.len())
     }
@@ -749,8 +843,8 @@ impl SandboxProvider for DirProvider {
     fn destroy_unheld(&self, key: &str, _secrets: &Secrets) -> MiddlewareResult<bool> {
         let mut live = self.live.lock();
         match super::live::take_unheld_from(&mut live, key)? {
-            Some(h) => {
-                remove_tree(key, &h.root)?;
+            Some(_) => {
+                remove_tree(key, &self.dir.join(key))?;
                 Ok(true)
             }
             None => Ok(false),
@@ -759,10 +853,10 @@ impl SandboxProvider for DirProvider {
 
     fn destroy(&self, key: &str, _secrets: &Secrets) -> MiddlewareResult<()> {
         let mut live = self.live.lock();
-        let Some(e) = live.remove(key) else {
+        if live.remove(key).is_none() {
             return Ok(());
-        };
-        remove_tree(key, &e.handle.root)
+        }
+        remove_tree(key, &self.dir.join(key))
     }
 
     fn recover(&self, _secrets: &Secrets) -> MiddlewareResult<usize> {
@@ -806,6 +900,11 @@ mod tests {
             (None, ".."),
             (None, ".hidden"),
             (None, "üñï"),
+            (None, "alice/main"),
+            (Some("alice"), "main"),
+            (None, "alice/b.c"),
+            (Some("x"), "alice/main"),
+            (None, "alice@main"),
         ];
         let mut seen = std::collections::HashMap::new();
         for (tenant, thread) in &pairs {
@@ -818,6 +917,11 @@ mod tests {
         }
         assert_eq!(sandbox_key(None, &t("t")), "t");
         assert_eq!(sandbox_key(Some("acme"), &t("t-1")), "acme+t-1");
+        assert_eq!(sandbox_key(None, &t("alice/main")), "alice@main");
+        assert_eq!(
+            sandbox_key(Some("tanstack"), &t("alice/t-1")),
+            "alice@tanstack+t-1"
+        );
         let long = "x".repeat(200);
         let a = sandbox_key(Some(&long), &t(&long));
         let b = sandbox_key(Some(&long), &t(&format!("{}y", &long[..199])));

@@ -140,9 +140,12 @@ impl<'a> Publisher<'a> {
         let _session = crate::cas::write_session(objects);
         let secrets = &self.secrets;
         let mut stats = StoreStats::default();
-        let mut store_scrubbed = |data: Vec<u8>| -> MiddlewareResult<ContentRef> {
-            let data = secrets.scrub(&data).map(|(d, _)| d).unwrap_or(data);
-            Ok(store_bytes(objects, &data, &mut stats)
+        // Stored as given (already scrubbed), or scrubbed first: scrubbing twice would
+        // escape the placeholders the first put in.
+        let mut store = |data: &[u8], scrub: bool| -> MiddlewareResult<ContentRef> {
+            let scrubbed = scrub.then(|| secrets.scrub(data)).flatten();
+            let data = scrubbed.as_ref().map_or(data, |(d, _)| d);
+            Ok(store_bytes(objects, data, &mut stats)
                 .map_err(CheckpointError::from)?
                 .into())
         };
@@ -152,8 +155,9 @@ impl<'a> Publisher<'a> {
             None
         } else {
             let scrubbed: Vec<Value> = messages.iter().map(|m| secrets.scrub_json(m)).collect();
-            Some(store_scrubbed(
-                serde_json::to_vec(&scrubbed).expect("JSON values serialize"),
+            Some(store(
+                &serde_json::to_vec(&scrubbed).expect("JSON values serialize"),
+                false,
             )?)
         };
         let scrub = |s: &str| secrets.scrub_str(s);
@@ -171,7 +175,7 @@ impl<'a> Publisher<'a> {
             // The record goes into the checkpoint: its names are scrubbed too.
             artifacts.push(Artifact {
                 name: scrub(&a.name),
-                content: store_scrubbed(bytes)?,
+                content: store(&bytes, true)?,
                 media_type: Some(scrub(&a.mime_type)),
                 artifact_id: Some(scrub(&a.artifact_id)),
                 blob_key: Some(scrub(key)),

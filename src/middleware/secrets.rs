@@ -1,6 +1,13 @@
 //! Secret values a workspace resolves (tokens, keys): never stored. Captured content
 //! has each value replaced by a placeholder naming its secret, and a restore puts the
 //! current value back.
+//!
+//! A placeholder expands only where casfs put it. Text that merely looks like one (a
+//! client may write `{{casfs-secret:API_KEY}}` into a message, a record or a file) is
+//! data: everything casfs stores has each `{{casfs-` of its own escaped as
+//! `{{casfs-~` (and `{{casfs-~` as `{{casfs-~~`), in the same pass that puts the
+//! placeholders in, so the only unescaped markers in what is stored are casfs's
+//! placeholders, and [`Secrets::fill`] gives the text back exactly as it was written.
 
 use std::collections::BTreeMap;
 
@@ -12,6 +19,11 @@ use super::{MiddlewareError, MiddlewareResult};
 pub const PLACEHOLDER_PREFIX: &str = "{{casfs-secret:";
 const PLACEHOLDER_SUFFIX: &str = "}}";
 
+/// What every marker casfs puts into stored text starts with.
+const MARK: &[u8] = b"{{casfs-";
+/// The character after [`MARK`] that says the text itself held it.
+const ESCAPED: u8 = b'~';
+
 /// The shortest value looked for: a shorter one would match all over ordinary files.
 const MIN_SECRET_LEN: usize = 6;
 
@@ -21,7 +33,6 @@ pub struct Secrets {
     names: Vec<String>,
     values: Vec<String>,
     find: Option<AhoCorasick>,
-    put_back: Option<AhoCorasick>,
 }
 
 impl std::fmt::Debug for Secrets {
@@ -56,9 +67,10 @@ impl Secrets {
                      to keep out of stored content reliably"
                 )));
             }
-            if value.contains(PLACEHOLDER_PREFIX) {
+            if value.as_bytes().windows(MARK.len()).any(|w| w == MARK) {
                 return Err(MiddlewareError::Config(format!(
-                    "secret {name}: its value contains a placeholder"
+                    "secret {name}: its value contains `{{{{casfs-`, which casfs's placeholders \
+                     begin with"
                 )));
             }
             names.push(name);
@@ -71,16 +83,10 @@ impl Secrets {
             .match_kind(MatchKind::LeftmostLongest)
             .build(&values)
             .map_err(|e| MiddlewareError::Config(format!("secrets: {e}")))?;
-        let holders: Vec<String> = names.iter().map(|n| placeholder(n)).collect();
-        let put_back = AhoCorasick::builder()
-            .match_kind(MatchKind::LeftmostLongest)
-            .build(&holders)
-            .map_err(|e| MiddlewareError::Config(format!("secrets: {e}")))?;
         Ok(Secrets {
             names,
             values,
             find: Some(find),
-            put_back: Some(put_back),
         })
     }
 
@@ -92,35 +98,76 @@ impl Secrets {
         &self.names
     }
 
-    /// `data` with every secret value replaced by its placeholder, and the names of the
-    /// secrets found; `None` if it holds none.
+    /// `data` as it is stored: every secret value replaced by its placeholder and every
+    /// `{{casfs-` of the data's own escaped, and the names of the secrets found; `None`
+    /// if it holds neither (then it is stored as it is).
     pub fn scrub(&self, data: &[u8]) -> Option<(Vec<u8>, Vec<String>)> {
-        let find = self.find.as_ref()?;
-        let mut found: Vec<usize> = find
-            .find_iter(data)
-            .map(|m| m.pattern().as_usize())
-            .collect();
-        if found.is_empty() {
+        let found: Vec<(usize, usize, usize)> = match &self.find {
+            Some(f) => f
+                .find_iter(data)
+                .map(|m| (m.start(), m.end(), m.pattern().as_usize()))
+                .collect(),
+            None => Vec::new(),
+        };
+        if found.is_empty() && memchr::memmem::find(data, MARK).is_none() {
             return None;
         }
-        found.sort_unstable();
-        found.dedup();
-        let holders: Vec<String> = self.names.iter().map(|n| placeholder(n)).collect();
-        let out = find.replace_all_bytes(data, &holders);
+        let mut out = Vec::with_capacity(data.len() + 16);
+        let mut at = 0;
+        let mut names: Vec<usize> = Vec::new();
+        for (start, end, i) in found {
+            escape_into(&data[at..start], &mut out);
+            out.extend_from_slice(placeholder(&self.names[i]).as_bytes());
+            names.push(i);
+            at = end;
+        }
+        escape_into(&data[at..], &mut out);
+        names.sort_unstable();
+        names.dedup();
         Some((
             out,
-            found.into_iter().map(|i| self.names[i].clone()).collect(),
+            names.into_iter().map(|i| self.names[i].clone()).collect(),
         ))
     }
 
-    /// `data` with the placeholders of defined secrets replaced by their values (those
-    /// of secrets no longer defined stay), or `None` if it has none.
+    /// Stored `data` as it was written: the placeholders casfs put in replaced by the
+    /// values of the secrets still defined (those of secrets no longer defined stay),
+    /// and what [`Secrets::scrub`] escaped given back; `None` if it has neither.
     pub fn fill(&self, data: &[u8]) -> Option<Vec<u8>> {
-        let put_back = self.put_back.as_ref()?;
-        if !put_back.is_match(data) {
-            return None;
+        let mut next = memchr::memmem::find(data, MARK)?;
+        let mut out = Vec::with_capacity(data.len());
+        let mut at = 0;
+        loop {
+            out.extend_from_slice(&data[at..next]);
+            let rest = &data[next + MARK.len()..];
+            at = next + MARK.len();
+            out.extend_from_slice(MARK);
+            if rest.first() == Some(&ESCAPED) {
+                // The data's own: the mark without its escape.
+                at += 1;
+            } else if let Some((i, len)) = self.placeholder_at(rest) {
+                out.truncate(out.len() - MARK.len());
+                out.extend_from_slice(self.values[i].as_bytes());
+                at += len;
+            }
+            match memchr::memmem::find(&data[at..], MARK) {
+                Some(n) => next = at + n,
+                None => break,
+            }
         }
-        Some(put_back.replace_all_bytes(data, &self.values))
+        out.extend_from_slice(&data[at..]);
+        Some(out)
+    }
+
+    /// The secret whose placeholder `rest` (what follows a mark) begins with, and the
+    /// placeholder's length after the mark.
+    fn placeholder_at(&self, rest: &[u8]) -> Option<(usize, usize)> {
+        let tail = &PLACEHOLDER_PREFIX.as_bytes()[MARK.len()..];
+        let name_etc = rest.strip_prefix(tail)?;
+        let end = memchr::memmem::find(&name_etc[..name_etc.len().min(102)], b"}}")?;
+        let name = &name_etc[..end];
+        let i = self.names.iter().position(|n| n.as_bytes() == name)?;
+        Some((i, tail.len() + end + PLACEHOLDER_SUFFIX.len()))
     }
 
     /// The name of the first secret whose value `data` holds.
@@ -146,23 +193,22 @@ impl Secrets {
         }
     }
 
-    /// `v` with every secret value in its strings and object keys replaced by its
-    /// placeholder. Values are scrubbed before they are encoded: in the encoded form a
-    /// value next to `"` or `\` is escaped and would no longer be found.
+    /// `v` as it is stored: every secret value in its strings and object keys replaced
+    /// by its placeholder, and every `{{casfs-` of their own escaped. Values are
+    /// scrubbed before they are encoded: in the encoded form a value next to `"` or
+    /// `\` is escaped and would no longer be found.
     pub fn scrub_json(&self, v: &serde_json::Value) -> serde_json::Value {
         self.map_json(v, &|s| self.scrub_str(s))
     }
 
-    /// `v` with the placeholders in its strings and keys replaced by the values.
+    /// Stored `v` as it was written: the placeholders in its strings and keys replaced
+    /// by the values, and what was escaped given back.
     pub fn fill_json(&self, v: &serde_json::Value) -> serde_json::Value {
         self.map_json(v, &|s| self.fill_str(s))
     }
 
     fn map_json(&self, v: &serde_json::Value, f: &dyn Fn(&str) -> String) -> serde_json::Value {
         use serde_json::Value;
-        if self.is_empty() {
-            return v.clone();
-        }
         match v {
             Value::String(s) => Value::String(f(s)),
             Value::Array(a) => Value::Array(a.iter().map(|x| self.map_json(x, f)).collect()),
@@ -176,6 +222,17 @@ impl Secrets {
 
 fn placeholder(name: &str) -> String {
     format!("{PLACEHOLDER_PREFIX}{name}{PLACEHOLDER_SUFFIX}")
+}
+
+/// `part` onto `out` with every [`MARK`] in it escaped.
+fn escape_into(part: &[u8], out: &mut Vec<u8>) {
+    let mut at = 0;
+    for i in memchr::memmem::find_iter(part, MARK) {
+        out.extend_from_slice(&part[at..i + MARK.len()]);
+        out.push(ESCAPED);
+        at = i + MARK.len();
+    }
+    out.extend_from_slice(&part[at..]);
 }
 
 #[cfg(test)]
@@ -232,6 +289,58 @@ mod tests {
         assert!(!text.contains("live"), "{text}");
         assert_eq!(s.fill_json(&scrubbed), v);
         assert_eq!(s.found_in(b"a sk\"live\\123 b"), Some("API_KEY"));
+    }
+
+    /// Boundary 4 (secrets): text that looks like a placeholder is data. A client that
+    /// writes one gets the same text back, never a value; only casfs's own expand.
+    #[test]
+    fn a_placeholder_a_client_wrote_comes_back_as_written() {
+        let s = secrets(&[("API_KEY", "sk-live-123456")]).unwrap();
+        for text in [
+            "{{casfs-secret:API_KEY}}",
+            "x {{casfs-secret:API_KEY}} and sk-live-123456",
+            "{{casfs-~secret:API_KEY}}",
+            "{{casfs-~~",
+            "{{casfs-",
+            "{{casfs-{{casfs-secret:API_KEY}}",
+            "{{casfs-secret:NOPE}}",
+            "{{cas{{casfs-secret:API_KEY}}",
+        ] {
+            let (stored, _) = s.scrub(text.as_bytes()).unwrap();
+            let stored = String::from_utf8(stored).unwrap();
+            assert!(!stored.contains("sk-live"), "{stored}");
+            let back = String::from_utf8(s.fill(stored.as_bytes()).unwrap()).unwrap();
+            assert_eq!(back, text, "stored as {stored:?}");
+        }
+        // Without secrets too: what is stored is escaped all the same, so secrets set
+        // later never expand a client's text.
+        let none = Secrets::default();
+        let (stored, names) = none.scrub(b"{{casfs-secret:API_KEY}}").unwrap();
+        assert!(names.is_empty());
+        assert_eq!(s.fill(&stored).unwrap(), b"{{casfs-secret:API_KEY}}");
+        let v = serde_json::json!({"{{casfs-secret:API_KEY}}": ["{{casfs-secret:API_KEY}}"]});
+        assert_eq!(s.fill_json(&s.scrub_json(&v)), v);
+        assert_eq!(s.fill_json(&none.scrub_json(&v)), v);
+    }
+
+    proptest::proptest! {
+        /// Whatever the text, stored and read back it is the same, and the stored form
+        /// holds no value.
+        #[test]
+        fn scrub_then_fill_gives_the_text_back(parts in proptest::collection::vec(
+            proptest::sample::select(vec![
+                "{{", "casfs-", "{{casfs-", "~", "secret:", "API_KEY", "}}", "sk-live-123456",
+                "x", "{{casfs-secret:API_KEY}}", "{{casfs-~",
+            ]),
+            0..12,
+        )) {
+            let s = secrets(&[("API_KEY", "sk-live-123456")]).unwrap();
+            let text = parts.concat();
+            let stored = s.scrub(text.as_bytes()).map_or(text.clone().into_bytes(), |(b, _)| b);
+            proptest::prop_assert!(s.found_in(&stored).is_none());
+            let back = s.fill(&stored).unwrap_or_else(|| stored.clone());
+            proptest::prop_assert_eq!(String::from_utf8(back).unwrap(), text);
+        }
     }
 
     #[test]

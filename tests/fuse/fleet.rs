@@ -259,7 +259,7 @@ fn a_secret_reaches_neither_the_bucket_nor_postgresql() {
         )
         .unwrap(),
     );
-    let _g = MountGuard::new(&sb.join("conv"));
+    let _g = MountGuard::new(&sb.join("conv").join("workspace"));
     let th = ThreadId::new("conv").unwrap();
     let run = mw
         .setup(RunContext::new(th.clone(), "r1"), Some(&persistence))

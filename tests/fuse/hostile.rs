@@ -15,21 +15,9 @@ use serde_json::{json, Value};
 
 use crate::serve::{http, start, Served};
 use crate::serve_writers::proof;
-use crate::{mounts_under, wait_for, MountGuard};
+use crate::wait_for;
 
 const TOKEN: &str = "tok-hostile-0123456789abcdef";
-
-/// Detaches every mount under a sandboxes directory when dropped (sandboxes made with
-/// arbitrary names, which no fixed [`MountGuard`] names).
-struct SandboxesGuard(PathBuf);
-
-impl Drop for SandboxesGuard {
-    fn drop(&mut self) {
-        for m in mounts_under(&self.0) {
-            drop(MountGuard::new(&m));
-        }
-    }
-}
 
 /// How a test reaches the server.
 #[derive(Clone)]
@@ -199,7 +187,7 @@ fn sandbox(via: &Via, thread: &str) -> (String, PathBuf) {
 
 fn disconnects_at_every_stage(tcp: bool) {
     let t = tempfile::tempdir().unwrap();
-    let _g = SandboxesGuard(t.path().join("sb"));
+    let _g = crate::MountsUnder(t.path().join("sb"));
     let (mut s, via) = serve_on(t.path(), tcp, &[], &[]);
     answers(&mut s, &via, "start");
     // A live sandbox whose mount must stay readable whatever the clients do.
@@ -323,7 +311,7 @@ fn a_client_closing_at_any_stage_never_ends_the_tcp_server() {
 #[test]
 fn a_lease_is_used_only_by_the_writer_that_took_it() {
     let t = tempfile::tempdir().unwrap();
-    let _g = SandboxesGuard(t.path().join("sb"));
+    let _g = crate::MountsUnder(t.path().join("sb"));
     let (s, via) = serve_on(t.path(), false, &["--lease-ttl", "30"], &[]);
     let (st, alice) = via.call(
         "POST",
@@ -445,7 +433,7 @@ fn files_holding(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
 #[test]
 fn a_secret_in_a_thread_name_is_refused_by_every_route() {
     let t = tempfile::tempdir().unwrap();
-    let _g = SandboxesGuard(t.path().join("sb"));
+    let _g = crate::MountsUnder(t.path().join("sb"));
     let secret = "sk-live-0a9b8c7d6e5f";
     let (s, via) = serve_on(
         t.path(),
@@ -517,7 +505,7 @@ fn a_secret_in_a_thread_name_is_refused_by_every_route() {
 #[test]
 fn a_run_s_sandbox_is_not_destroyed_under_it() {
     let t = tempfile::tempdir().unwrap();
-    let _g = SandboxesGuard(t.path().join("sb"));
+    let _g = crate::MountsUnder(t.path().join("sb"));
     let (s, via) = serve_on(t.path(), false, &[], &[]);
     let (st, run) = via.call(
         "POST",
@@ -551,7 +539,7 @@ fn a_run_s_sandbox_is_not_destroyed_under_it() {
 #[test]
 fn at_the_cap_the_least_recently_used_idle_sandbox_makes_room() {
     let t = tempfile::tempdir().unwrap();
-    let _g = SandboxesGuard(t.path().join("sb"));
+    let _g = crate::MountsUnder(t.path().join("sb"));
     let (s, via) = serve_on(t.path(), false, &["--max-sandboxes", "2"], &[]);
     let (ka, pa) = sandbox(&via, "a");
     std::thread::sleep(Duration::from_millis(20));
@@ -708,7 +696,7 @@ fn malformed_http_is_answered_with_the_documented_json_error() {
 #[test]
 fn events_beyond_the_last_number_are_none_and_nothing_is_lost() {
     let t = tempfile::tempdir().unwrap();
-    let _g = SandboxesGuard(t.path().join("sb"));
+    let _g = crate::MountsUnder(t.path().join("sb"));
     let (s, via) = serve_on(t.path(), false, &[], &[]);
     let (key, root) = sandbox(&via, "ev");
     std::fs::write(root.join("a"), "x").unwrap();
@@ -739,7 +727,7 @@ fn events_beyond_the_last_number_are_none_and_nothing_is_lost() {
 #[test]
 fn sandbox_destroys_race_cleanly_and_wake_long_polls() {
     let t = tempfile::tempdir().unwrap();
-    let _g = SandboxesGuard(t.path().join("sb"));
+    let _g = crate::MountsUnder(t.path().join("sb"));
     let (s, via) = serve_on(t.path(), false, &[], &[]);
     for round in 0..2 {
         let (key, root) = sandbox(&via, &format!("race{round}"));
@@ -876,7 +864,7 @@ fn slow_and_idle_clients_are_cut_off_and_connections_capped() {
         start.elapsed()
     );
     // A long poll is not cut off by the client timeout: the request is the server's.
-    let _g = SandboxesGuard(t.path().join("sb"));
+    let _g = crate::MountsUnder(t.path().join("sb"));
     let (key, _root) = sandbox(&via, "poll");
     let start = Instant::now();
     let (st, v) = via.call(
@@ -1057,7 +1045,7 @@ fn a_storm_of_arbitrary_bytes_and_disconnects_never_ends_the_server() {
     eprintln!("storm seed {seed} (CASFS_STORM_SEED), {secs} s per transport");
     for tcp in [false, true] {
         let t = tempfile::tempdir().unwrap();
-        let _g = SandboxesGuard(t.path().join("sb"));
+        let _g = crate::MountsUnder(t.path().join("sb"));
         let (mut s, via) = serve_on(
             t.path(),
             tcp,

@@ -167,7 +167,7 @@ fn a_capture_error_wins_over_a_cleanup_error() {
     };
     let mw = Arc::new(casfs::middleware::Middleware::new(store.clone(), provider, config).unwrap());
     let ctx = |run: &str| RunContext::new(casfs::checkpoint::ThreadId::new("t").unwrap(), run);
-    let _g = crate::MountGuard::new(&t.path().join("sb/t"));
+    let _g = crate::MountGuard::new(&t.path().join("sb/t/workspace"));
     // The capture fails (an oversize file with oversize=fail) and so does the destroy:
     // the capture's error is the one reported.
     let run = mw.setup(ctx("r1"), Some(&p)).unwrap();

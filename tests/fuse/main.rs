@@ -65,6 +65,18 @@ impl Drop for MountGuard {
     }
 }
 
+/// Unmounts every mount under a directory when dropped (a server's sandboxes,
+/// whatever their keys), whatever happened.
+pub struct MountsUnder(pub PathBuf);
+
+impl Drop for MountsUnder {
+    fn drop(&mut self) {
+        for m in mounts_under(&self.0) {
+            drop(MountGuard::new(&m));
+        }
+    }
+}
+
 fn detach(p: &Path) {
     if let Ok(c) = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()) {
         // SAFETY: a NUL-terminated path.

@@ -14,7 +14,6 @@ use serde_json::json;
 use crate::common::ok;
 use crate::serve::{call, start};
 use crate::users::{owner_of, place, TestGroup, TestUser};
-use crate::MountGuard;
 
 #[test]
 fn a_member_of_the_socket_group_works_in_sandboxes_of_their_own() {
@@ -25,8 +24,7 @@ fn a_member_of_the_socket_group_works_in_sandboxes_of_their_own() {
     let group = TestGroup::new();
     let user = TestUser::new(Some(&group));
     let mode = crate::mount_mode().as_str();
-    let _g1 = MountGuard::new(&sandboxes.join("peer"));
-    let _g2 = MountGuard::new(&sandboxes.join("by-root"));
+    let _g = crate::MountsUnder(sandboxes.clone());
     let s = start(
         &store,
         &sandboxes,
@@ -39,11 +37,11 @@ fn a_member_of_the_socket_group_works_in_sandboxes_of_their_own() {
         ],
         &[],
     );
-    // The socket and the sandboxes directory are the group's.
+    // The socket and the sandboxes directory are the group's (passage, no listing).
     let m = std::fs::metadata(&s.socket).unwrap();
     assert_eq!((m.mode() & 0o777, m.gid()), (0o660, group.gid()));
     let m = std::fs::metadata(&sandboxes).unwrap();
-    assert_eq!((m.mode() & 0o777, m.gid()), (0o750, group.gid()));
+    assert_eq!((m.mode() & 0o777, m.gid()), (0o710, group.gid()));
     let mine = (user.uid, user.gid);
 
     // A run's sandbox: the workspace is the caller's, and what they write too.
@@ -115,13 +113,14 @@ fn a_member_of_the_socket_group_works_in_sandboxes_of_their_own() {
     );
     assert_eq!(st, 200, "{v}");
     let root = PathBuf::from(v["path"].as_str().unwrap());
+    let key = v["key"].as_str().unwrap().to_string();
     assert_eq!(owner_of(&root.join("d/c.txt")), mine);
     user.sh(&root, "printf 'three\\n' >> a.txt");
     assert_eq!(
         std::fs::read_to_string(root.join("a.txt")).unwrap(),
         "one\ntwo\nthree\n"
     );
-    let (st, v) = user.http(&s.socket, "DELETE", "/v1/sandboxes/peer", None);
+    let (st, v) = user.http(&s.socket, "DELETE", &format!("/v1/sandboxes/{key}"), None);
     assert_eq!((st, v["destroyed"].as_bool()), (200, Some(true)), "{v}");
 
     // The server's own user (root here) still gets sandboxes of its own.

@@ -71,7 +71,7 @@ fn changes_to_the_base_are_told_as_the_workspace_sees_them() {
     let t = tempfile::tempdir().unwrap();
     let store = t.path().join("store");
     let sb = t.path().join("sb");
-    let _g = MountGuard::new(&sb.join("base"));
+    let _g = MountGuard::new(&sb.join("base").join("workspace"));
     let s = start(&store, &sb, &[], &[]);
     // A base: files and directories, published.
     let (key, root) = sandbox(&s, "base");
@@ -188,7 +188,7 @@ fn events_false_records_from_the_first_events_request() {
     let t = tempfile::tempdir().unwrap();
     let store = t.path().join("store");
     let sb = t.path().join("sb");
-    let _g = MountGuard::new(&sb.join("lazy"));
+    let _g = MountGuard::new(&sb.join("lazy").join("workspace"));
     let s = start(&store, &sb, &[], &[]);
     let body = json!({"thread": "lazy", "events": false});
     let (st, v) = call(&s, "POST", "/v1/sandboxes", Some(&body));

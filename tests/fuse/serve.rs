@@ -155,7 +155,7 @@ fn the_http_api_drives_runs_over_the_unix_socket() {
     let t = tempfile::tempdir().unwrap();
     let store = t.path().join("store");
     let sandboxes = t.path().join("sb");
-    let _g1 = MountGuard::new(&sandboxes.join("t"));
+    let _g1 = MountGuard::new(&sandboxes.join("t").join("workspace"));
     let secret = "sk-test-9f8e7d6c5b4a";
     let s = start(
         &store,

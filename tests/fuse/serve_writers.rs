@@ -36,8 +36,8 @@ fn client_writers_race_and_compare_and_swap_the_head() {
     let t = tempfile::tempdir().unwrap();
     let store = t.path().join("store");
     let sandboxes = t.path().join("sb");
-    let _ga = MountGuard::new(&sandboxes.join("a+w"));
-    let _gb = MountGuard::new(&sandboxes.join("b+w"));
+    let _ga = MountGuard::new(&sandboxes.join("a+w").join("workspace"));
+    let _gb = MountGuard::new(&sandboxes.join("b+w").join("workspace"));
     let s = start(&store, &sandboxes, &["--lease-ttl", "30"], &[]);
 
     // Eight writers at once: exactly one gets the thread, the others are told who has it.
@@ -290,7 +290,7 @@ fn a_destroy_is_never_refused_because_someone_looked() {
     let t = tempfile::tempdir().unwrap();
     let store = t.path().join("store");
     let sandboxes = t.path().join("sb");
-    let _g = MountGuard::new(&sandboxes.join("looked"));
+    let _g = MountGuard::new(&sandboxes.join("looked").join("workspace"));
     let s = start(&store, &sandboxes, &[], &[]);
     let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|sc| {

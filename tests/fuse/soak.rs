@@ -100,7 +100,7 @@ fn limits_answer_429_and_idle_sandboxes_make_room() {
     let (st, v) = run("c", "r4");
     assert_eq!(st, 200, "{v}");
     assert!(wait_for(Duration::from_secs(5), || {
-        !casfs::fs::is_fuse_mount(&sb.join("a"))
+        !casfs::fs::is_fuse_mount(&sb.join("a").join("workspace"))
     }));
     // With both sandboxes in use, a new one is refused until one is let go.
     let (st, v) = call(
@@ -131,7 +131,7 @@ fn an_abandoned_run_is_ended_and_a_slow_reader_is_told_what_it_lost() {
     let t = tempfile::tempdir().unwrap();
     let store = t.path().join("store");
     let sb = t.path().join("sb");
-    let _g = MountGuard::new(&sb.join("t"));
+    let _g = MountGuard::new(&sb.join("t").join("workspace"));
     let s = start(
         &store,
         &sb,

@@ -103,7 +103,7 @@ fn a_cancelled_run_is_discarded_and_never_published_by_the_next() {
     let t = tempfile::tempdir().unwrap();
     let store = t.path().join("store");
     let sb = t.path().join("sb");
-    let _g = MountGuard::new(&sb.join("t"));
+    let _g = MountGuard::new(&sb.join("t").join("workspace"));
     let s = start(&store, &sb, &[], &[]);
 
     let root = start_run(&s, "t", "c1");
@@ -235,7 +235,7 @@ fn a_secret_reaches_no_byte_under_the_store() {
     let t = tempfile::tempdir().unwrap();
     let store = t.path().join("store");
     let sb = t.path().join("sb");
-    let _g = MountGuard::new(&sb.join("conv"));
+    let _g = MountGuard::new(&sb.join("conv").join("workspace"));
     // A value JSON escapes: scrubbing after encoding would miss it.
     let secret = "sk-\"live\"\\path-9f8e7d6c";
     let escaped = serde_json::to_string(secret).unwrap();
@@ -398,7 +398,7 @@ fn a_server_killed_mid_run_leaves_no_work_and_no_secret_behind() {
     let t = tempfile::tempdir().unwrap();
     let store = t.path().join("store");
     let sb = t.path().join("sb");
-    let _g = MountGuard::new(&sb.join("t"));
+    let _g = MountGuard::new(&sb.join("t").join("workspace"));
     let secret = "tok-0123456789-killed";
     let env = [("API_KEY", secret)];
     let args = ["--secret", "API_KEY"];
@@ -447,7 +447,7 @@ fn file_events_report_every_change_with_its_diff() {
     let t = tempfile::tempdir().unwrap();
     let store = t.path().join("store");
     let sb = t.path().join("sb");
-    let _g = MountGuard::new(&sb.join("t"));
+    let _g = MountGuard::new(&sb.join("t").join("workspace"));
     let s = start(&store, &sb, &["--diffs"], &[]);
     let root = start_run(&s, "t", "e1");
     let f = root.join("notes.txt");
@@ -675,8 +675,10 @@ fn every_answer_is_documented_and_every_error_is_json() {
         let v = check("POST", "/v1/runs", &j, &body, (200, ""));
         let p = sandbox_of(&v);
         let _g = MountGuard::new(&p);
+        // `<sandboxes>/<key>/workspace`: one gate right under the sandboxes directory.
+        assert_eq!(p.file_name().unwrap(), "workspace", "{p:?}");
         assert_eq!(
-            p.parent().unwrap(),
+            p.parent().unwrap().parent().unwrap(),
             std::fs::canonicalize(&sb).unwrap(),
             "{p:?}"
         );
@@ -689,7 +691,7 @@ fn every_answer_is_documented_and_every_error_is_json() {
         );
     }
     // Conflicts and the policy.
-    let _g = MountGuard::new(&sb.join("t"));
+    let _g = MountGuard::new(&sb.join("t").join("workspace"));
     let v = check(
         "POST",
         "/v1/runs",
@@ -855,7 +857,7 @@ proptest! {
             if st == 200 {
                 let p = sandbox_of(&v);
                 let _g = MountGuard::new(&p);
-                prop_assert_eq!(p.parent(), Some(sb.as_path()), "{:?}", p);
+                prop_assert_eq!(p.parent().and_then(|g| g.parent()), Some(sb.as_path()), "{:?}", p);
                 prop_assert!(p.is_dir());
                 let path = format!("/v1/runs/{}/abort", utf8_percent(&run));
                 let (st, v) = call(&s, "POST", &path, Some(&json!({"cancelled": true})));

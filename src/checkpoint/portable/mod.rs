@@ -241,18 +241,26 @@ fn valid_id(v: &str, label: &str) -> PortableResult<()> {
     Ok(())
 }
 
-/// A store name: 1 to 200 of letters, digits and `._:@+-`.
+/// A store name: 1 to 200 of letters, digits and `._:@+-`; or a tenant's store,
+/// `tenant/name` (`casfs serve` puts every store a tenant names in its space).
 pub fn check_store_name(name: &str) -> PortableResult<()> {
-    let ok = !name.is_empty()
-        && name.len() <= 200
-        && name
+    let (tenant, local) = match name.split_once('/') {
+        Some((t, n)) => (Some(t), n),
+        None => (None, name),
+    };
+    if let Some(t) = tenant {
+        super::check_tenant_name(t).map_err(|e| PortableError::Invalid(e.to_string()))?;
+    }
+    let ok = !local.is_empty()
+        && local.len() <= 200
+        && local
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || "._:@+-".contains(c));
     if ok {
         Ok(())
     } else {
         Err(PortableError::Invalid(format!(
-            "store name {name:?}: use 1 to 200 of letters, digits and ._:@+-"
+            "store name {local:?}: use 1 to 200 of letters, digits and ._:@+-"
         )))
     }
 }

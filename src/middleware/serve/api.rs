@@ -13,26 +13,23 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
+use super::identity::{Caller, TokenHolder};
 use super::Server;
-use crate::checkpoint::{CheckpointError, ThreadId};
+use crate::checkpoint::{CheckpointError, CheckpointId, ThreadId};
 use crate::middleware::MiddlewareError;
 
-pub(super) async fn auth(State(s): State<Arc<Server>>, req: Request, next: Next) -> Response {
-    let want = s.token.as_deref().unwrap_or_default();
-    let got = req
+/// The token layer (when the server has tokens): a request without a valid token is
+/// refused; one with a token is marked with whose it is ([`TokenHolder`]), which names
+/// the caller on TCP (on the Unix socket the peer's credentials name the caller).
+pub(super) async fn auth(State(s): State<Arc<Server>>, mut req: Request, next: Next) -> Response {
+    let holder = req
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(bearer_credentials);
-    // Compared in constant time: the token is a secret.
-    let ok = got.is_some_and(|g| {
-        g.len() == want.len()
-            && g.bytes()
-                .zip(want.bytes())
-                .fold(0u8, |a, (x, y)| a | (x ^ y))
-                == 0
-    });
-    if ok {
+        .and_then(bearer_credentials)
+        .and_then(|t| s.identities.holder(t));
+    if let Some(h) = holder {
+        req.extensions_mut().insert(TokenHolder(h));
         next.run(req).await
     } else {
         ApiError::new(
@@ -184,6 +181,7 @@ impl From<MiddlewareError> for ApiError {
             M::Sandbox { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "sandbox"),
             M::SandboxBusy { .. } => (StatusCode::CONFLICT, "sandbox_busy"),
             M::SandboxBehind { .. } => (StatusCode::CONFLICT, "head_mismatch"),
+            M::TenantAtCapacity { .. } => (StatusCode::TOO_MANY_REQUESTS, "too_many_sandboxes"),
             M::AtCapacity { what, .. } => (
                 StatusCode::TOO_MANY_REQUESTS,
                 if *what == "runs" {
@@ -234,13 +232,58 @@ pub(super) async fn blocking<T: Send + 'static>(
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
 }
 
-/// The thread a route names: a valid thread id that holds no secret's value. Every
-/// route resolves its thread here, so no name holding a secret reaches a record, a
-/// head, a lease or a fencing key.
-pub(super) fn thread_id(s: &Server, name: &str) -> Result<ThreadId, ApiError> {
-    let t = ThreadId::new(name).map_err(|e| ApiError::bad(e.to_string()))?;
-    no_secret(s, "the thread", name)?;
-    Ok(t)
+impl Server {
+    /// The thread a route names for `who`: a valid thread id, in the caller's space (a
+    /// tenant's own), that holds no secret's value. Every route resolves its thread
+    /// here, so no name holding a secret reaches a record, a head, a lease or a fencing
+    /// key, and no tenant names another's thread.
+    pub(super) fn thread_id(&self, who: &Caller, name: &str) -> Result<ThreadId, ApiError> {
+        let t = who.thread(name)?;
+        no_secret(self, "the thread", name)?;
+        Ok(t)
+    }
+
+    /// The checkpoint reference `r` (an id, a prefix, `@thread`, `~N`) names for `who`:
+    /// `@thread` in the caller's space, and a checkpoint on another tenant's thread is
+    /// not found, as one that does not exist.
+    pub(super) fn resolve(&self, who: &Caller, r: &str) -> Result<CheckpointId, ApiError> {
+        no_secret(self, "the checkpoint reference", r)?;
+        let cps = self.store.checkpoints();
+        let scoped = match (who.tenant(), r.strip_prefix('@')) {
+            // `@name~N`: the tenant's thread `name`.
+            (Some(_), Some(rest)) => {
+                let (name, up) = match rest.rsplit_once('~') {
+                    Some((n, up)) => (n, format!("~{up}")),
+                    None => (rest, String::new()),
+                };
+                format!("@{}{up}", self.thread_id(who, name)?)
+            }
+            _ => r.to_string(),
+        };
+        let not_found = || {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no checkpoint {r:?}"),
+            )
+        };
+        let id = match crate::checkpoint::refs::resolve(cps, &scoped) {
+            Ok(id) => id,
+            // A tenant is not told of checkpoints that are not theirs.
+            Err(CheckpointError::Ambiguous { .. }) if !who.is_admin() => {
+                return Err(ApiError::bad(format!(
+                    "checkpoint reference {r:?} is ambiguous: give more hex digits"
+                )))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let cp = cps.get(&id)?;
+        if who.owns(&cp.body.thread_id) {
+            Ok(id)
+        } else {
+            Err(not_found())
+        }
+    }
 }
 
 /// Refuses a name that is stored as it is (a thread, run id, holder, artifact field)

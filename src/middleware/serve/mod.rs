@@ -27,15 +27,17 @@ use crate::mount::control::NamespaceInfo;
 
 mod api;
 mod conn;
+mod identity;
 mod peer;
 mod sandboxes;
 mod stores;
 mod writers;
 
 pub use api::ApiError;
-use api::{blocking, no_secret, thread_id, to_json, ApiJson, ApiPath, ApiQuery, ApiResult};
+use api::{blocking, to_json, ApiJson, ApiPath, ApiQuery, ApiResult};
 pub use conn::Timeouts;
-pub use peer::{Peer, SocketAccess};
+pub use identity::{tenant_of_uid, Caller, Identities, Principal, MIN_TOKEN_LEN};
+pub use peer::{group_id, Peer, SocketAccess};
 
 /// The fuzz check of the request framing (`casfs::fuzzing::http_head`).
 #[doc(hidden)]
@@ -100,6 +102,8 @@ pub struct ServeLimits {
     pub max_body: usize,
     /// Runs set up and not ended (429 `too_many_runs` beyond).
     pub max_runs: usize,
+    /// Of them, one tenant's (administrators are held only to `max_runs`).
+    pub max_runs_per_tenant: usize,
     /// A run nobody asked about (no request for it: chunk, events, any hook) for this
     /// long is ended as a disconnect: nothing published, the lease released.
     pub run_idle: Duration,
@@ -120,6 +124,7 @@ impl Default for ServeLimits {
         ServeLimits {
             max_body: DEFAULT_MAX_BODY,
             max_runs: 64,
+            max_runs_per_tenant: 16,
             run_idle: Duration::from_secs(600),
             sandbox_idle: Duration::from_secs(3600),
             max_events: 10_000,
@@ -134,8 +139,10 @@ pub struct Server {
     store: Arc<Store>,
     persistence: Arc<StorePersistence>,
     mw: Arc<Middleware>,
+    /// Runs by [`Caller::run_key`]: a tenant's run ids are its own.
     runs: Mutex<HashMap<String, RunSlot>>,
-    token: Option<String>,
+    /// How callers are told apart (the tokens, the administrators' group).
+    identities: Identities,
     limits: Mutex<ServeLimits>,
     /// Sandboxes clients made themselves, with their file events.
     sandboxes: sandboxes::ApiSandboxes,
@@ -225,7 +232,7 @@ impl Server {
         persistence: Arc<StorePersistence>,
         provider: Arc<dyn super::SandboxProvider>,
         config: MiddlewareConfig,
-        token: Option<String>,
+        identities: Identities,
     ) -> Result<Arc<Server>, MiddlewareError> {
         let mw = Arc::new(Middleware::new(store.clone(), provider, config)?);
         Ok(Arc::new(Server {
@@ -233,7 +240,7 @@ impl Server {
             persistence,
             mw,
             runs: Mutex::new(HashMap::new()),
-            token,
+            identities,
             limits: Mutex::new(ServeLimits::default()),
             sandboxes: sandboxes::ApiSandboxes::default(),
             client_clocks: std::sync::atomic::AtomicBool::new(false),
@@ -409,7 +416,7 @@ impl Server {
             .method_not_allowed_fallback(api::no_method)
             .layer(DefaultBodyLimit::max(self.limits().max_body))
             .with_state(self.clone());
-        if self.token.is_some() {
+        if self.identities.tokens() {
             r.layer(axum::middleware::from_fn_with_state(
                 self.clone(),
                 api::auth,
@@ -422,20 +429,33 @@ impl Server {
     /// The id of a live run whose sandbox is `key`, if there is one.
     fn run_holding(&self, key: &str) -> Option<String> {
         let runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
-        runs.iter().find_map(|(id, r)| match r {
-            RunSlot::Live(l) if l.run.sandbox().is_some_and(|h| h.key == key) => Some(id.clone()),
+        runs.values().find_map(|r| match r {
+            RunSlot::Live(l) if l.run.sandbox().is_some_and(|h| h.key == key) => {
+                Some(l.run.context().run_id.clone())
+            }
             _ => None,
         })
     }
 
-    fn run(&self, id: &str) -> Result<Arc<Run>, ApiError> {
-        self.live(id, |l| l.run.clone())
+    fn run(&self, who: &Caller, id: &str) -> Result<Arc<Run>, ApiError> {
+        self.live(who, id, |l| l.run.clone())
     }
 
-    /// `f` of live run `id` (which counts as a request for it); 404 if there is none,
-    /// 409 while it is still starting.
-    fn live<T>(&self, id: &str, f: impl FnOnce(&LiveRun) -> T) -> Result<T, ApiError> {
-        match self.runs.lock().unwrap_or_else(|p| p.into_inner()).get(id) {
+    /// `f` of the caller's live run `id` (which counts as a request for it); 404 if
+    /// there is none, 409 while it is still starting.
+    fn live<T>(
+        &self,
+        who: &Caller,
+        id: &str,
+        f: impl FnOnce(&LiveRun) -> T,
+    ) -> Result<T, ApiError> {
+        let key = who.run_key(id);
+        match self
+            .runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+        {
             Some(RunSlot::Live(l)) => {
                 *l.seen.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
                 Ok(f(l))
@@ -457,14 +477,16 @@ impl Server {
     /// The run is taken out first: a second terminal call finds no run (404).
     fn end_run<T>(
         &self,
+        who: &Caller,
         id: &str,
         hook: impl FnOnce(&Run) -> Result<T, MiddlewareError>,
     ) -> Result<T, ApiError> {
-        let r = self.run(id)?;
+        let r = self.run(who, id)?;
+        let key = who.run_key(id);
         let taken = {
             let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
-            match runs.get(id) {
-                Some(RunSlot::Live(l)) if Arc::ptr_eq(&l.run, &r) => runs.remove(id).is_some(),
+            match runs.get(&key) {
+                Some(RunSlot::Live(l)) if Arc::ptr_eq(&l.run, &r) => runs.remove(&key).is_some(),
                 _ => false,
             }
         };
@@ -483,12 +505,13 @@ async fn health() -> Json<Value> {
     Json(json!({"ok": true, "version": env!("CARGO_PKG_VERSION")}))
 }
 
-async fn threads(State(s): State<Arc<Server>>) -> ApiResult {
+async fn threads(State(s): State<Arc<Server>>, who: Caller) -> ApiResult {
     blocking(move || {
         let t = s.store.checkpoints().threads()?;
         Ok(Json(Value::Array(
             t.into_iter()
-                .map(|(t, h)| json!({"thread": t, "head": h.to_hex()}))
+                .filter(|(t, _)| who.owns(t))
+                .map(|(t, h)| json!({"thread": who.show(&t), "head": h.to_hex()}))
                 .collect(),
         )))
     })
@@ -502,33 +525,43 @@ struct LogQuery {
 
 async fn thread_log(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath(thread): ApiPath<String>,
     ApiQuery(q): ApiQuery<LogQuery>,
 ) -> ApiResult {
     blocking(move || {
-        let t = thread_id(&s, &thread)?;
+        let t = s.thread_id(&who, &thread)?;
         let log = s
             .store
             .checkpoints()
             .log(&t, q.limit.unwrap_or(100).min(10_000))?;
-        Ok(Json(to_json(&log)))
+        Ok(Json(Value::Array(
+            log.iter().map(|c| who.show_checkpoint(c)).collect(),
+        )))
     })
     .await
 }
 
-async fn checkpoint(State(s): State<Arc<Server>>, ApiPath(id): ApiPath<String>) -> ApiResult {
+async fn checkpoint(
+    State(s): State<Arc<Server>>,
+    who: Caller,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult {
     blocking(move || {
         // The references the command line takes: an id, a prefix, `@thread`, `~N`.
-        no_secret(&s, "the checkpoint reference", &id)?;
-        let id = crate::checkpoint::refs::resolve(s.store.checkpoints(), &id)?;
-        Ok(Json(to_json(&s.store.checkpoints().get(&id)?)))
+        let id = s.resolve(&who, &id)?;
+        Ok(Json(who.show_checkpoint(&s.store.checkpoints().get(&id)?)))
     })
     .await
 }
 
-async fn messages(State(s): State<Arc<Server>>, ApiPath(thread): ApiPath<String>) -> ApiResult {
+async fn messages(
+    State(s): State<Arc<Server>>,
+    who: Caller,
+    ApiPath(thread): ApiPath<String>,
+) -> ApiResult {
     blocking(move || {
-        let t = thread_id(&s, &thread)?;
+        let t = s.thread_id(&who, &thread)?;
         let m = super::MessageStore::load_thread(&*s.persistence, &t)?;
         Ok(Json(Value::Array(m)))
     })
@@ -537,26 +570,38 @@ async fn messages(State(s): State<Arc<Server>>, ApiPath(thread): ApiPath<String>
 
 async fn put_messages(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath(thread): ApiPath<String>,
     ApiJson(body): ApiJson<Vec<Value>>,
 ) -> ApiResult {
     blocking(move || {
-        let t = thread_id(&s, &thread)?;
+        let t = s.thread_id(&who, &thread)?;
         super::MessageStore::save_thread(&*s.persistence, &t, &body)?;
         Ok(Json(json!({"ok": true, "messages": body.len()})))
     })
     .await
 }
 
-async fn artifacts(State(s): State<Arc<Server>>, ApiPath(thread): ApiPath<String>) -> ApiResult {
+async fn artifacts(
+    State(s): State<Arc<Server>>,
+    who: Caller,
+    ApiPath(thread): ApiPath<String>,
+) -> ApiResult {
     blocking(move || {
-        let t = thread_id(&s, &thread)?;
-        Ok(Json(to_json(&super::ArtifactStore::list_for_thread(
-            &*s.persistence,
-            &t,
-        )?)))
+        let t = s.thread_id(&who, &thread)?;
+        let list = super::ArtifactStore::list_for_thread(&*s.persistence, &t)?;
+        Ok(Json(Value::Array(
+            list.iter().map(|a| show_artifact(&who, a)).collect(),
+        )))
     })
     .await
+}
+
+/// An artifact's record as its caller sees it (its thread as they name it).
+fn show_artifact(who: &Caller, a: &ArtifactMeta) -> Value {
+    let mut v = to_json(a);
+    who.show_thread_field(&mut v, "thread", &a.thread);
+    v
 }
 
 #[derive(Deserialize)]
@@ -571,18 +616,21 @@ struct NewArtifact {
 
 async fn post_artifact(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath(thread): ApiPath<String>,
     ApiJson(a): ApiJson<NewArtifact>,
 ) -> ApiResult {
     blocking(move || {
-        let t = thread_id(&s, &thread)?;
+        let t = s.thread_id(&who, &thread)?;
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(a.content_base64.as_bytes())
             .map_err(|e| ApiError::bad(format!("content_base64: {e}")))?;
         if a.artifact_id.is_empty() || a.artifact_id.contains('\0') {
             return Err(ApiError::bad("artifact_id: 1 or more characters, no NUL"));
         }
-        let key = format!("artifacts/{thread}/{}", a.artifact_id);
+        // The thread's length first: a tenant's thread holds a '/', as an artifact id
+        // may, and two (thread, id) pairs must never share a key.
+        let key = format!("artifacts/{}:{t}/{}", t.as_str().len(), a.artifact_id);
         super::BlobStore::put(&*s.persistence, &key, &bytes)?;
         let meta = ArtifactMeta {
             artifact_id: a.artifact_id,
@@ -597,7 +645,7 @@ async fn post_artifact(
                 .map_or(0, |d| d.as_millis() as u64),
         };
         super::ArtifactStore::put(&*s.persistence, &meta)?;
-        Ok(Json(to_json(&meta)))
+        Ok(Json(show_artifact(&who, &meta)))
     })
     .await
 }
@@ -611,16 +659,20 @@ struct StartRun {
 
 async fn start_run(
     State(s): State<Arc<Server>>,
-    peer: Peer,
+    who: Caller,
     ApiJson(b): ApiJson<StartRun>,
 ) -> ApiResult {
     blocking(move || {
-        let thread = thread_id(&s, &b.thread)?;
-        // Taken atomically (setup checks the id itself: 1 to 200 bytes, no secret): of two starts with one id, one gets it, the other 409.
-        let reserved = Reservation::take(&s, &b.run_id)?;
+        let thread = s.thread_id(&who, &b.thread)?;
+        // Taken atomically (setup checks the id itself: 1 to 200 bytes, no secret): of
+        // two starts with one id, one gets it, the other 409. A tenant's run ids are
+        // its own.
+        let reserved = Reservation::take(&s, &who, &b.run_id)?;
         let mut ctx = RunContext::new(thread, b.run_id.clone());
         ctx.tenant = b.tenant;
-        ctx.owner = peer.owner();
+        ctx.owner = who.owner;
+        // A DELETE of the sandbox meanwhile waits for the run to hold it.
+        let _making = s.sandboxes.making(&s.mw.provider().key(&ctx));
         let events = Arc::new(Mutex::new(EventRing::new(s.limits().max_events)));
         let sink = events.clone();
         let on_event = FileEvents {
@@ -633,7 +685,7 @@ async fn start_run(
         let lease = run.lease();
         let answer = json!({
             "run_id": b.run_id,
-            "thread": run.context().thread,
+            "thread": who.show(&run.context().thread),
             "sandbox": h.as_ref().map(|h| json!({"key": h.key, "path": h.root})),
             "lease_token": lease.map(|l| l.token),
         });
@@ -651,32 +703,50 @@ async fn start_run(
 /// panics) before [`Reservation::fill`].
 struct Reservation<'a> {
     server: &'a Server,
+    /// The run's key among the server's runs ([`Caller::run_key`]).
     id: String,
     filled: bool,
 }
 
 impl<'a> Reservation<'a> {
-    fn take(server: &'a Server, id: &str) -> Result<Reservation<'a>, ApiError> {
-        let max = server.limits().max_runs;
+    fn take(server: &'a Server, who: &Caller, run_id: &str) -> Result<Reservation<'a>, ApiError> {
+        let l = server.limits();
+        let id = who.run_key(run_id);
         let mut runs = server.runs.lock().unwrap_or_else(|p| p.into_inner());
-        if runs.contains_key(id) {
+        if runs.contains_key(&id) {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
                 "run_exists",
-                format!("run {id:?} is already going"),
+                format!("run {run_id:?} is already going"),
             ));
         }
-        if runs.len() >= max {
+        if runs.len() >= l.max_runs {
             return Err(MiddlewareError::AtCapacity {
                 what: "runs",
-                limit: max,
+                limit: l.max_runs,
             }
             .into());
         }
-        runs.insert(id.to_string(), RunSlot::Starting);
+        // A tenant's runs are counted apart: one tenant's load never takes every slot.
+        if let Some(t) = who.tenant() {
+            let prefix = format!("{t}/");
+            let mine = runs.keys().filter(|k| k.starts_with(&prefix)).count();
+            if mine >= l.max_runs_per_tenant {
+                return Err(ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "too_many_runs",
+                    format!(
+                        "tenant {t} has {mine} runs going, its most \
+                         (--max-runs-per-tenant {}): end one first",
+                        l.max_runs_per_tenant
+                    ),
+                ));
+            }
+        }
+        runs.insert(id.clone(), RunSlot::Starting);
         Ok(Reservation {
             server,
-            id: id.to_string(),
+            id,
             filled: false,
         })
     }
@@ -714,11 +784,12 @@ struct ChunkBody {
 
 async fn chunk(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath(run): ApiPath<String>,
     ApiJson(b): ApiJson<ChunkBody>,
 ) -> ApiResult {
     blocking(move || {
-        let r = s.run(&run)?;
+        let r = s.run(&who, &run)?;
         let c = if b.kind == "run_finished" {
             Chunk::RunFinished {
                 interrupt: b.interrupt,
@@ -732,9 +803,13 @@ async fn chunk(
     .await
 }
 
-async fn finish(State(s): State<Arc<Server>>, ApiPath(run): ApiPath<String>) -> ApiResult {
+async fn finish(
+    State(s): State<Arc<Server>>,
+    who: Caller,
+    ApiPath(run): ApiPath<String>,
+) -> ApiResult {
     blocking(move || {
-        let out = s.end_run(&run, Run::on_finish)?;
+        let out = s.end_run(&who, &run, Run::on_finish)?;
         Ok(Json(json!({
             "checkpoint": out.checkpoint.map(|c| c.to_hex()),
             "changed_files": out.changed_files,
@@ -752,11 +827,12 @@ struct AbortBody {
 
 async fn abort(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath(run): ApiPath<String>,
     ApiJson(b): ApiJson<AbortBody>,
 ) -> ApiResult {
     blocking(move || {
-        s.end_run(&run, |r| {
+        s.end_run(&who, &run, |r| {
             r.on_abort(AbortInfo {
                 cancelled: b.cancelled,
             })
@@ -773,19 +849,24 @@ struct ErrorBody {
 
 async fn run_error(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath(run): ApiPath<String>,
     ApiJson(b): ApiJson<ErrorBody>,
 ) -> ApiResult {
     blocking(move || {
-        s.end_run(&run, |r| r.on_error(&b.message))?;
+        s.end_run(&who, &run, |r| r.on_error(&b.message))?;
         Ok(Json(json!({"ok": true})))
     })
     .await
 }
 
-async fn disconnect(State(s): State<Arc<Server>>, ApiPath(run): ApiPath<String>) -> ApiResult {
+async fn disconnect(
+    State(s): State<Arc<Server>>,
+    who: Caller,
+    ApiPath(run): ApiPath<String>,
+) -> ApiResult {
     blocking(move || {
-        s.run(&run)?.on_disconnect()?;
+        s.run(&who, &run)?.on_disconnect()?;
         Ok(Json(json!({"ok": true})))
     })
     .await
@@ -798,10 +879,11 @@ struct EventsQuery {
 
 async fn events(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath(run): ApiPath<String>,
     ApiQuery(q): ApiQuery<EventsQuery>,
 ) -> ApiResult {
-    let ev = s.live(&run, |l| l.events.clone())?;
+    let ev = s.live(&who, &run, |l| l.events.clone())?;
     let list = ev
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -809,12 +891,13 @@ async fn events(
     Ok(Json(Value::Array(list)))
 }
 
-async fn list_sandboxes(State(s): State<Arc<Server>>) -> ApiResult {
+async fn list_sandboxes(State(s): State<Arc<Server>>, who: Caller) -> ApiResult {
     blocking(move || {
         let mut list: Vec<Value> =
             s.mw.provider()
                 .live()
                 .iter()
+                .filter(|h| who.owns(&h.thread))
                 .map(|h| {
                     let mut v = json!({
                         "key": h.key,
@@ -822,9 +905,9 @@ async fn list_sandboxes(State(s): State<Arc<Server>>) -> ApiResult {
                         "kind": if h.mount().is_some() { "mount" } else { "dir" },
                         "base": h.expected_head().map(|c| c.to_hex()),
                     });
+                    v["thread"] = json!(who.show(&h.thread));
                     if let Some(m) = h.mount() {
-                        let (tag, st) = m.status();
-                        v["thread"] = json!(tag.thread);
+                        let (_, st) = m.status();
                         v["mode"] = json!(m.mode());
                         v["namespace"] = json!(NamespaceInfo::of_mount(m.mode(), &h.root));
                         v["dirty_files"] = json!(st.dirty_files);
@@ -839,7 +922,13 @@ async fn list_sandboxes(State(s): State<Arc<Server>>) -> ApiResult {
     .await
 }
 
-async fn maintain(State(s): State<Arc<Server>>, ApiJson(op): ApiJson<MaintainOp>) -> ApiResult {
+async fn maintain(
+    State(s): State<Arc<Server>>,
+    who: Caller,
+    ApiJson(op): ApiJson<MaintainOp>,
+) -> ApiResult {
+    // Retention and collection act on every tenant's history.
+    who.require_admin("maintenance")?;
     blocking(move || {
         let live: std::collections::HashSet<[u8; 8]> =
             s.mw.provider()
@@ -911,7 +1000,7 @@ impl axum::serve::Listener for Guarded {
                     .map(|(s, _)| (Peer::of_unix(&s), conn::Stream::Unix(s))),
                 Socket::Tcp(l) => l.accept().await.map(|(s, _)| {
                     let _ = s.set_nodelay(true);
-                    (Peer::default(), conn::Stream::Tcp(s))
+                    (Peer::tcp(), conn::Stream::Tcp(s))
                 }),
             };
             let (peer, stream) = match got {
@@ -979,7 +1068,7 @@ pub async fn serve(
             r
         }
         Listen::Tcp(addr) => {
-            if !addr.ip().is_loopback() || server.token.is_none() {
+            if !addr.ip().is_loopback() || !server.identities.tokens() {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::InvalidInput,
                     format!("{addr}: TCP is served on loopback only, and only with a token"),

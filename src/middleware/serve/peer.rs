@@ -10,6 +10,7 @@
 //! A connection over TCP has no credentials: its sandboxes are the server's user's.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use axum::extract::connect_info::{ConnectInfo, Connected};
 use axum::extract::FromRequestParts;
@@ -50,8 +51,10 @@ impl SocketAccess {
         crate::bind_socket(path, self.mode, self.group)
     }
 
-    /// Opens `dir` (where sandboxes are mounted) to the socket's group: theirs, 0750.
-    /// Without a group it is left as it is.
+    /// Opens `dir` (where sandboxes are mounted) to the socket's group: theirs, 0710,
+    /// so that members pass through to the sandboxes made for them (each behind a gate
+    /// only its owner passes) but cannot list whose there are. Without a group it is
+    /// left as it is.
     pub fn open_to_group(&self, dir: &Path) -> std::io::Result<()> {
         use std::os::unix::fs::PermissionsExt;
         let Some(g) = self.group else {
@@ -60,12 +63,12 @@ impl SocketAccess {
         let named =
             |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", dir.display()));
         std::os::unix::fs::chown(dir, None, Some(g)).map_err(named)?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750)).map_err(named)
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o710)).map_err(named)
     }
 }
 
 /// The id of group `name` (or `name` itself, a number).
-fn group_id(name: &str) -> Result<u32, String> {
+pub fn group_id(name: &str) -> Result<u32, String> {
     if let Ok(n) = name.parse::<u32>() {
         return Ok(n);
     }
@@ -102,26 +105,62 @@ fn group_id(name: &str) -> Result<u32, String> {
 /// The process at the other end of a connection, as the kernel saw it connect (none
 /// over TCP). A handler takes it as an argument; one served without connection info
 /// (a router called directly) gets none.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Peer {
+    /// Set on the Unix socket, whether or not the kernel named the peer.
+    unix: bool,
     owner: Option<Owner>,
+    /// The peer's supplementary groups (`SO_PEERGROUPS`), sorted.
+    groups: Arc<[u32]>,
 }
 
 impl Peer {
     /// The peer of a Unix connection (none if the kernel does not say).
     pub(super) fn of_unix(s: &tokio::net::UnixStream) -> Peer {
-        match s.peer_cred() {
-            Ok(c) => Peer {
-                owner: Some(Owner {
-                    uid: c.uid(),
-                    gid: c.gid(),
-                }),
-            },
+        let owner = match s.peer_cred() {
+            Ok(c) => Some(Owner {
+                uid: c.uid(),
+                gid: c.gid(),
+            }),
             Err(e) => {
                 tracing::warn!("the peer of a connection: {e}");
-                Peer::default()
+                None
             }
+        };
+        let mut groups = peer_groups(s).unwrap_or_else(|e| {
+            tracing::warn!("the groups of a connection's peer: {e}");
+            Vec::new()
+        });
+        groups.sort_unstable();
+        Peer {
+            unix: true,
+            owner,
+            groups: groups.into(),
         }
+    }
+
+    /// A TCP connection's (no credentials).
+    pub(super) fn tcp() -> Peer {
+        Peer::default()
+    }
+
+    pub(super) fn is_unix(&self) -> bool {
+        self.unix
+    }
+
+    /// The peer's user, as the kernel saw it connect.
+    pub fn uid(&self) -> Option<u32> {
+        self.owner.map(|o| o.uid)
+    }
+
+    /// The peer's primary group.
+    pub fn gid(&self) -> Option<u32> {
+        self.owner.map(|o| o.gid)
+    }
+
+    /// Whether the peer had group `g` among its supplementary groups.
+    pub fn in_group(&self, g: u32) -> bool {
+        self.groups.binary_search(&g).is_ok()
     }
 
     /// Whose a sandbox this peer makes is: the peer's, unless it is the server's own
@@ -133,9 +172,42 @@ impl Peer {
     }
 }
 
+/// The supplementary groups of the process at the other end of `s` when it connected
+/// (`SO_PEERGROUPS`, Linux 4.13 and later).
+fn peer_groups(s: &tokio::net::UnixStream) -> std::io::Result<Vec<u32>> {
+    use std::os::fd::AsRawFd;
+    let mut groups = vec![0u32; 64];
+    loop {
+        let mut len = (groups.len() * std::mem::size_of::<u32>()) as libc::socklen_t;
+        // SAFETY: a valid socket, a buffer of `len` bytes and its length, alive for the
+        // call.
+        let r = unsafe {
+            libc::getsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let n = len as usize / std::mem::size_of::<u32>();
+        if r == 0 {
+            groups.truncate(n);
+            return Ok(groups);
+        }
+        let e = std::io::Error::last_os_error();
+        // Too small a buffer: `len` says how large it must be.
+        if e.raw_os_error() == Some(libc::ERANGE) && n > groups.len() && n <= 1 << 16 {
+            groups.resize(n, 0);
+            continue;
+        }
+        return Err(e);
+    }
+}
+
 impl Connected<IncomingStream<'_, super::Guarded>> for Peer {
     fn connect_info(stream: IncomingStream<'_, super::Guarded>) -> Peer {
-        *stream.remote_addr()
+        stream.remote_addr().clone()
     }
 }
 
@@ -146,7 +218,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Peer {
         Ok(parts
             .extensions
             .get::<ConnectInfo<Peer>>()
-            .map(|c| c.0)
+            .map(|c| c.0.clone())
             .unwrap_or_default())
     }
 }
@@ -190,6 +262,6 @@ mod tests {
         std::os::unix::net::UnixStream::connect(&path).unwrap();
         a.open_to_group(t.path()).unwrap();
         let m = std::fs::metadata(t.path()).unwrap();
-        assert_eq!((m.permissions().mode() & 0o777, m.gid()), (0o750, gid));
+        assert_eq!((m.permissions().mode() & 0o777, m.gid()), (0o710, gid));
     }
 }

@@ -18,10 +18,11 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::api::{blocking, thread_id, ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
-use super::{EventRing, Peer, Server};
+use super::api::{blocking, ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
+use super::{Caller, EventRing, Server};
 use crate::checkpoint::ThreadId;
 use crate::middleware::events::Watcher;
+use crate::middleware::live::{KeyGuard, KeyLocks};
 use crate::middleware::{EnsureOutcome, FileEvents, RunContext, SandboxHandle, WeakSandboxHandle};
 use crate::mount::control::NamespaceInfo;
 
@@ -53,11 +54,22 @@ impl Drop for ApiSandbox {
 
 /// The API's sandboxes, by key.
 #[derive(Default)]
-pub(super) struct ApiSandboxes(Mutex<HashMap<String, ApiSandbox>>);
+pub(super) struct ApiSandboxes {
+    map: Mutex<HashMap<String, ApiSandbox>>,
+    /// Held while a sandbox of the key is being made or taken by a run, so that a
+    /// `DELETE` at that moment waits for it rather than finding it held.
+    making: KeyLocks,
+}
 
 impl ApiSandboxes {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, ApiSandbox>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits until no sandbox of `key` is being made, and keeps others from making one
+    /// until the guard is dropped.
+    pub(super) fn making(&self, key: &str) -> KeyGuard<'_> {
+        self.making.lock(key)
     }
 
     /// Forgets sandboxes that are no longer live (reaped, destroyed by a run's end);
@@ -86,13 +98,6 @@ impl ApiSandboxes {
     }
 }
 
-impl Server {
-    /// The thread an API sandbox was made for.
-    pub(super) fn sandbox_thread(&self, key: &str) -> Option<ThreadId> {
-        self.sandboxes.lock().get(key).map(|s| s.thread.clone())
-    }
-}
-
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct Create {
@@ -113,11 +118,11 @@ fn outcome_name(o: EnsureOutcome) -> &'static str {
 
 pub(super) async fn create(
     State(s): State<Arc<Server>>,
-    peer: Peer,
+    who: Caller,
     ApiJson(b): ApiJson<Create>,
 ) -> ApiResult {
     blocking(move || {
-        let t = thread_id(&s, &b.thread)?;
+        let t = s.thread_id(&who, &b.thread)?;
         if let Some(tenant) = &b.tenant {
             crate::middleware::check_tenant(tenant).map_err(ApiError::bad)?;
             if let Some(secret) = s.mw.secrets.found_in(tenant.as_bytes()) {
@@ -131,7 +136,9 @@ pub(super) async fn create(
         let mut ctx = RunContext::new(t.clone(), "sandbox-api");
         ctx.tenant = b.tenant;
         // The caller's workspace (a member of the socket's group who is not root).
-        ctx.owner = peer.owner();
+        ctx.owner = who.owner;
+        // A DELETE of the key meanwhile waits until this is made and shown.
+        let _making = s.sandboxes.making(&s.mw.provider().key(&ctx));
         let (h, outcome) = s.mw.provider().ensure(&ctx, &s.mw.secrets)?;
         let shown = match &head {
             Some(cp) => s.mw.publisher().show_files(&h, outcome, cp),
@@ -154,7 +161,7 @@ pub(super) async fn create(
         Ok(Json(json!({
             "key": h.key,
             "path": h.root,
-            "thread": t,
+            "thread": who.show(&t),
             "outcome": outcome_name(outcome),
             "restored": restored,
             "base": h.expected_head().map(|c| c.to_hex()),
@@ -251,9 +258,17 @@ fn start_watcher(
 
 pub(super) async fn destroy(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath(key): ApiPath<String>,
 ) -> ApiResult {
     blocking(move || {
+        // One being made (or taken by a run) is waited for.
+        let _making = s.sandboxes.making(&key);
+        // Another tenant's sandbox is not found, as one that does not exist (nothing to
+        // destroy: not an error).
+        if !s.owns_sandbox(&who, &key) {
+            return Ok(Json(json!({"ok": true, "destroyed": false})));
+        }
         // Refused while a run holds it: the run's finish would find it gone.
         let destroyed =
             s.mw.provider()
@@ -283,6 +298,14 @@ pub(super) async fn destroy(
     .await
 }
 
+impl Server {
+    /// Whether live sandbox `key` is the caller's (one that is not live is no one's).
+    fn owns_sandbox(&self, who: &Caller, key: &str) -> bool {
+        let live = self.mw.provider().live();
+        live.iter().any(|h| h.key == key && who.owns(&h.thread))
+    }
+}
+
 fn no_sandbox(key: &str) -> ApiError {
     ApiError::new(
         axum::http::StatusCode::NOT_FOUND,
@@ -301,12 +324,16 @@ pub(super) struct EventsQuery {
 
 pub(super) async fn events(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath(key): ApiPath<String>,
     ApiQuery(q): ApiQuery<EventsQuery>,
 ) -> ApiResult {
     let (events, notify, gone, watch) = {
         let m = s.sandboxes.lock();
-        let sb = m.get(&key).ok_or_else(|| no_sandbox(&key))?;
+        let sb = m
+            .get(&key)
+            .filter(|sb| who.owns(&sb.thread))
+            .ok_or_else(|| no_sandbox(&key))?;
         let watch = (sb.watcher.clone(), sb.handle.clone(), sb.cfg.clone());
         (sb.events.clone(), sb.notify.clone(), sb.gone.clone(), watch)
     };

@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::api::{blocking, ApiError, ApiJson, ApiPath, ApiResult};
-use super::Server;
+use super::{Caller, Server};
 use crate::checkpoint::portable::{ForkInput, PortableError, StoreOptions, Writer};
 
 impl From<PortableError> for ApiError {
@@ -68,10 +68,14 @@ pub(super) struct Open {
 
 pub(super) async fn open(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath(store): ApiPath<String>,
     ApiJson(b): ApiJson<Open>,
 ) -> ApiResult {
     blocking(move || {
+        // A tenant's stores are its own.
+        let named = store.clone();
+        let store = who.store(&store);
         let options =
             if b.lease_duration_ms.is_none() && b.renew_after_ms.is_none() && b.clock.is_none() {
                 None
@@ -85,7 +89,7 @@ pub(super) async fn open(
             };
         let allow = s.allow_client_clocks();
         let o = s.store.portable().open(&store, options, allow)?;
-        Ok(Json(json!({"store": store, "options": o})))
+        Ok(Json(json!({"store": named, "options": o})))
     })
     .await
 }
@@ -99,10 +103,13 @@ pub(super) struct Acquire {
 
 pub(super) async fn acquire(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath(store): ApiPath<String>,
     ApiJson(b): ApiJson<Acquire>,
 ) -> ApiResult {
     blocking(move || {
+        // A tenant's stores are its own.
+        let store = who.store(&store);
         s.portable_id("the thread id", &b.thread_id)?;
         let g = s.store.portable().acquire(&store, &b.thread_id, b.now)?;
         Ok(Json(serde_json::to_value(g).expect("JSON")))
@@ -119,10 +126,13 @@ pub(super) struct WriterOp {
 
 pub(super) async fn renew(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath(store): ApiPath<String>,
     ApiJson(b): ApiJson<WriterOp>,
 ) -> ApiResult {
     blocking(move || {
+        // A tenant's stores are its own.
+        let store = who.store(&store);
         let expires_at = s.store.portable().renew(&store, &b.writer, b.now)?;
         Ok(Json(json!({"expires_at": expires_at})))
     })
@@ -131,10 +141,13 @@ pub(super) async fn renew(
 
 pub(super) async fn release(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath(store): ApiPath<String>,
     ApiJson(b): ApiJson<WriterOp>,
 ) -> ApiResult {
     blocking(move || {
+        // A tenant's stores are its own.
+        let store = who.store(&store);
         if b.now.is_some() {
             return Err(ApiError::bad("a release states no `now`"));
         }
@@ -146,9 +159,12 @@ pub(super) async fn release(
 
 pub(super) async fn get(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath((store, id)): ApiPath<(String, String)>,
 ) -> ApiResult {
     blocking(move || {
+        // A tenant's stores are its own.
+        let store = who.store(&store);
         let cp = s.store.portable().get(&store, &id)?;
         Ok(Json(json!({"checkpoint": cp.map(|c| s.fill(&c))})))
     })
@@ -157,9 +173,12 @@ pub(super) async fn get(
 
 pub(super) async fn list(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath((store, thread)): ApiPath<(String, String)>,
 ) -> ApiResult {
     blocking(move || {
+        // A tenant's stores are its own.
+        let store = who.store(&store);
         let l = s.store.portable().list(&store, &thread)?;
         Ok(Json(Value::Array(l.iter().map(|c| s.fill(c)).collect())))
     })
@@ -168,9 +187,12 @@ pub(super) async fn list(
 
 pub(super) async fn head(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath((store, thread)): ApiPath<(String, String)>,
 ) -> ApiResult {
     blocking(move || {
+        // A tenant's stores are its own.
+        let store = who.store(&store);
         let h = s.store.portable().head(&store, &thread)?;
         Ok(Json(json!({"head": h})))
     })
@@ -194,10 +216,13 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<Strin
 
 pub(super) async fn append(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath(store): ApiPath<String>,
     ApiJson(b): ApiJson<Append>,
 ) -> ApiResult {
     blocking(move || {
+        // A tenant's stores are its own.
+        let store = who.store(&store);
         let expected = b.expected_head_id.ok_or_else(|| {
             ApiError::bad("expected_head_id is required (null for a thread with no head)")
         })?;
@@ -227,10 +252,13 @@ pub(super) struct DeleteHead {
 
 pub(super) async fn delete_head(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath(store): ApiPath<String>,
     ApiJson(b): ApiJson<DeleteHead>,
 ) -> ApiResult {
     blocking(move || {
+        // A tenant's stores are its own.
+        let store = who.store(&store);
         s.store
             .portable()
             .delete_head(&store, &b.thread_id, &b.checkpoint_id, &b.writer, b.now)?;
@@ -241,9 +269,12 @@ pub(super) async fn delete_head(
 
 pub(super) async fn blob_references(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath(store): ApiPath<String>,
 ) -> ApiResult {
     blocking(move || {
+        // A tenant's stores are its own.
+        let store = who.store(&store);
         let refs = s.store.portable().blob_references(&store)?;
         Ok(Json(Value::Array(
             refs.into_iter()
@@ -264,10 +295,13 @@ pub(super) struct Fork {
 
 pub(super) async fn fork(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath(store): ApiPath<String>,
     ApiJson(b): ApiJson<Fork>,
 ) -> ApiResult {
     blocking(move || {
+        // A tenant's stores are its own.
+        let store = who.store(&store);
         s.portable_id("the destination thread id", &b.fork.destination_thread_id)?;
         s.portable_id(
             "the destination checkpoint id",
@@ -281,9 +315,12 @@ pub(super) async fn fork(
 
 pub(super) async fn messages(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath((store, thread)): ApiPath<(String, String)>,
 ) -> ApiResult {
     blocking(move || {
+        // A tenant's stores are its own.
+        let store = who.store(&store);
         let m = s.store.portable().messages(&store, &thread)?;
         Ok(Json(json!({"messages": m.map(|m| s.fill(&m))})))
     })
@@ -292,10 +329,13 @@ pub(super) async fn messages(
 
 pub(super) async fn put_messages(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath((store, thread)): ApiPath<(String, String)>,
     ApiJson(messages): ApiJson<Vec<Value>>,
 ) -> ApiResult {
     blocking(move || {
+        // A tenant's stores are its own.
+        let store = who.store(&store);
         s.portable_id("the thread id", &thread)?;
         let m = s.scrub(&Value::Array(messages));
         s.store.portable().save_messages(&store, &thread, &m)?;
@@ -306,9 +346,12 @@ pub(super) async fn put_messages(
 
 pub(super) async fn instance(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath((store, key)): ApiPath<(String, String)>,
 ) -> ApiResult {
     blocking(move || {
+        // A tenant's stores are its own.
+        let store = who.store(&store);
         let r = s.store.portable().instance(&store, &key)?;
         Ok(Json(json!({"record": r.map(|r| s.fill(&r))})))
     })
@@ -317,10 +360,13 @@ pub(super) async fn instance(
 
 pub(super) async fn put_instance(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath((store, key)): ApiPath<(String, String)>,
     ApiJson(record): ApiJson<Value>,
 ) -> ApiResult {
     blocking(move || {
+        // A tenant's stores are its own.
+        let store = who.store(&store);
         s.portable_id("the instance key", &key)?;
         let r = s.scrub(&record);
         s.store.portable().put_instance(&store, &key, &r)?;
@@ -331,9 +377,12 @@ pub(super) async fn put_instance(
 
 pub(super) async fn delete_instance(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath((store, key)): ApiPath<(String, String)>,
 ) -> ApiResult {
     blocking(move || {
+        // A tenant's stores are its own.
+        let store = who.store(&store);
         s.store.portable().delete_instance(&store, &key)?;
         Ok(Json(json!({"ok": true})))
     })

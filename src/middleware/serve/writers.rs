@@ -14,12 +14,11 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::api::{blocking, no_secret, thread_id, to_json, ApiError, ApiJson, ApiPath, ApiResult};
-use super::Server;
+use super::api::{blocking, no_secret, to_json, ApiError, ApiJson, ApiPath, ApiResult};
+use super::{Caller, Server};
 use crate::cas::Hash;
 use crate::checkpoint::{CheckpointId, LeaseStatus, OwnerToken, ThreadId, WriterLease};
 use crate::middleware::publish::Publish;
-use crate::middleware::SandboxWorkspace;
 
 /// The longest lease a client may ask for (as the stores allow).
 const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -27,9 +26,10 @@ const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 /// A lease as the API answers it (to its writer only: it holds the owner secret): the
 /// store's record plus when to renew (a third of the TTL after the last renewal, in
 /// milliseconds from now on).
-pub(super) fn lease_json(l: &WriterLease) -> Value {
+pub(super) fn lease_json(who: &Caller, l: &WriterLease) -> Value {
     let mut v = to_json(l);
     v["renew_after_ms"] = json!(l.ttl_ms / 3);
+    who.show_thread_field(&mut v, "thread", &l.thread);
     v
 }
 
@@ -102,11 +102,12 @@ pub(super) struct Acquire {
 
 pub(super) async fn acquire(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath(thread): ApiPath<String>,
     ApiJson(b): ApiJson<Acquire>,
 ) -> ApiResult {
     blocking(move || {
-        let t = thread_id(&s, &thread)?;
+        let t = s.thread_id(&who, &thread)?;
         let ttl = match b.ttl_ms {
             Some(ms) => check_ttl_ms(ms)?,
             None => s.mw.publisher().snapshots()?.lease_ttl,
@@ -121,31 +122,33 @@ pub(super) async fn acquire(
             None => client_holder(),
         };
         let lease = s.store.checkpoints().acquire_writer(&t, &holder, ttl)?;
-        Ok(Json(lease_json(&lease)))
+        Ok(Json(lease_json(&who, &lease)))
     })
     .await
 }
 
 pub(super) async fn renew(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath(thread): ApiPath<String>,
     ApiJson(p): ApiJson<WriterProof>,
 ) -> ApiResult {
     blocking(move || {
-        let t = thread_id(&s, &thread)?;
+        let t = s.thread_id(&who, &thread)?;
         let renewed = s.store.checkpoints().renew(&p.lease(&t)?)?;
-        Ok(Json(lease_json(&renewed)))
+        Ok(Json(lease_json(&who, &renewed)))
     })
     .await
 }
 
 pub(super) async fn release(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath(thread): ApiPath<String>,
     ApiJson(p): ApiJson<WriterProof>,
 ) -> ApiResult {
     blocking(move || {
-        let t = thread_id(&s, &thread)?;
+        let t = s.thread_id(&who, &thread)?;
         s.store.checkpoints().release(&p.lease(&t)?)?;
         Ok(Json(json!({"ok": true})))
     })
@@ -154,12 +157,15 @@ pub(super) async fn release(
 
 pub(super) async fn head(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath(thread): ApiPath<String>,
 ) -> ApiResult {
     blocking(move || {
-        let t = thread_id(&s, &thread)?;
+        let t = s.thread_id(&who, &thread)?;
         let h = s.store.checkpoints().head(&t)?;
-        Ok(Json(json!({"thread": t, "head": h.map(|h| h.to_hex())})))
+        Ok(Json(
+            json!({"thread": who.show(&t), "head": h.map(|h| h.to_hex())}),
+        ))
     })
     .await
 }
@@ -200,11 +206,12 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<Strin
 
 pub(super) async fn append(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath(thread): ApiPath<String>,
     ApiJson(b): ApiJson<Append>,
 ) -> ApiResult {
     blocking(move || {
-        let t = thread_id(&s, &thread)?;
+        let t = s.thread_id(&who, &thread)?;
         let lease = b.writer.lease(&t)?;
         let expected = b
             .expected_head
@@ -213,7 +220,7 @@ pub(super) async fn append(
             })?
             .map(|h| full_id("expected_head", &h))
             .transpose()?;
-        let handle = s.sandbox_of(&b.sandbox, &t)?;
+        let handle = s.sandbox_of(&who, &b.sandbox, &t)?;
         let reason = b.reason.unwrap_or_else(|| "client append".into());
         no_secret(&s, "reason", &reason)?;
         if let Some(r) = &b.source_run_id {
@@ -239,7 +246,7 @@ pub(super) async fn append(
         })?;
         let cp = s.store.checkpoints().get(&id)?;
         Ok(Json(json!({
-            "checkpoint": to_json(&cp),
+            "checkpoint": who.show_checkpoint(&cp),
             "changed_files": out.changed_files,
             "skipped": out.skipped,
             "secret_files": out.secret_files,
@@ -252,28 +259,32 @@ impl Server {
     /// Live sandbox `key`, checked to be a workspace of `thread`.
     pub(super) fn sandbox_of(
         &self,
+        who: &Caller,
         key: &str,
         thread: &ThreadId,
     ) -> Result<crate::middleware::SandboxHandle, ApiError> {
+        // Another tenant's sandbox is not found, as one that does not exist.
+        let h = self
+            .mw
+            .provider()
+            .get(key)
+            .filter(|h| who.owns(&h.thread))
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "not_found",
+                    format!("no live sandbox {key:?}"),
+                )
+            })?;
         self.mw.provider().touch(key);
-        let h = self.mw.provider().get(key).ok_or_else(|| {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                format!("no live sandbox {key:?}"),
-            )
-        })?;
-        let of = match &h.workspace {
-            SandboxWorkspace::Mount(m) => Some(m.tag().thread),
-            SandboxWorkspace::Dir(_) => self.sandbox_thread(key),
-        };
-        if of.as_ref() != Some(thread) {
+        if &h.thread != thread {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
                 "wrong_thread",
                 format!(
-                    "sandbox {key:?} is a workspace of thread {}, not of {thread:?}",
-                    of.map_or_else(|| "unknown".into(), |t| format!("{t:?}"))
+                    "sandbox {key:?} is a workspace of thread {:?}, not of {:?}",
+                    who.show(&h.thread),
+                    who.show(thread)
                 ),
             ));
         }
@@ -292,15 +303,16 @@ pub(super) struct Fork {
 /// content, `from` its parent. The thread must not exist.
 pub(super) async fn fork(
     State(s): State<Arc<Server>>,
+    who: Caller,
     ApiPath(thread): ApiPath<String>,
     ApiJson(b): ApiJson<Fork>,
 ) -> ApiResult {
     blocking(move || {
-        let t = thread_id(&s, &thread)?;
-        no_secret(&s, "the checkpoint reference", &b.from)?;
-        let from = crate::checkpoint::refs::resolve(s.store.checkpoints(), &b.from)?;
+        let t = s.thread_id(&who, &thread)?;
+        // From a checkpoint the caller may see: a tenant forks only its own.
+        let from = s.resolve(&who, &b.from)?;
         let cp = s.store.checkpoints().fork(&t, &from)?;
-        Ok(Json(to_json(&cp)))
+        Ok(Json(who.show_checkpoint(&cp)))
     })
     .await
 }

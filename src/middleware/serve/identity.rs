@@ -1,0 +1,365 @@
+//! Who is asking: every request of `casfs serve` has a [`Caller`], and every object it
+//! reaches belongs to one principal.
+//!
+//! - On the Unix socket the caller is the peer's Unix user, as the kernel gave it when
+//!   the connection was made (`SO_PEERCRED`, [`Peer`]): root, the server's own user and
+//!   the members of `--admin-group` (the peer's groups, `SO_PEERGROUPS`) are
+//!   administrators; any other user is the tenant named after them (their user name, or
+//!   their uid where the name is not a tenant name).
+//! - On loopback TCP the caller is the holder of the token sent: the administrators'
+//!   token (`--token-file`, `CASFS_TOKEN`), or one of the tenants' (`--tenant-tokens`).
+//!
+//! A tenant's threads are its own (`ThreadId::in_tenant`): every thread name a tenant
+//! sends is put in its space, so runs, sandboxes, checkpoints, leases, messages and
+//! artifacts of other tenants are never named at all; so are its portable stores
+//! ([`Caller::store`]) and run ids ([`Caller::run_key`]). What is named by id (a
+//! checkpoint, a sandbox key) is checked to be the caller's, and one that is not is
+//! "not found", as one that does not exist. Administrators name every thread as
+//! stored (`alice/main`) and may maintain the store; a tenant may not.
+
+use std::sync::Arc;
+
+use axum::extract::connect_info::ConnectInfo;
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+
+use super::api::ApiError;
+use super::{Peer, Server};
+use crate::checkpoint::{check_tenant_name, Checkpoint, ThreadId};
+use crate::fs::Owner;
+
+/// Whose objects a request reaches.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Principal {
+    /// Root, the server's own user, a member of `--admin-group`, or the holder of the
+    /// administrators' token: every object, and maintenance.
+    Admin,
+    /// A tenant (a Unix user, or a TCP token's tenant): only its own objects.
+    Tenant(String),
+}
+
+/// The caller of one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub principal: Principal,
+    /// Whose files a sandbox this caller makes are: a Unix peer that is not the
+    /// server's own user (None: the server's user).
+    pub owner: Option<Owner>,
+}
+
+/// How callers are told apart: the administrators' group and the tokens.
+#[derive(Clone, Default)]
+pub struct Identities {
+    /// Members of this group (on the socket) are administrators.
+    pub admin_group: Option<u32>,
+    /// The administrators' token (TCP; on the socket it only gates).
+    pub admin_token: Option<String>,
+    /// Tokens of tenants: (tenant, token).
+    pub tenant_tokens: Vec<(String, String)>,
+}
+
+impl std::fmt::Debug for Identities {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the tokens.
+        f.debug_struct("Identities")
+            .field("admin_group", &self.admin_group)
+            .field("admin_token", &self.admin_token.is_some())
+            .field(
+                "tenants",
+                &self
+                    .tenant_tokens
+                    .iter()
+                    .map(|(t, _)| t.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+/// The shortest token taken.
+pub const MIN_TOKEN_LEN: usize = 16;
+
+impl Identities {
+    /// Whether any token is set (then every request must send one).
+    pub fn tokens(&self) -> bool {
+        self.admin_token.is_some() || !self.tenant_tokens.is_empty()
+    }
+
+    /// The tenants' tokens from the text of a `--tenant-tokens` file: one `TENANT TOKEN`
+    /// a line, `#` comments and blank lines ignored; every token at least 16
+    /// characters and used once.
+    pub fn parse_tenant_tokens(text: &str) -> Result<Vec<(String, String)>, String> {
+        let mut out: Vec<(String, String)> = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let n = i + 1;
+            let mut parts = line.split_whitespace();
+            let (Some(tenant), Some(token), None) = (parts.next(), parts.next(), parts.next())
+            else {
+                return Err(format!("line {n}: give TENANT TOKEN"));
+            };
+            check_tenant_name(tenant).map_err(|e| format!("line {n}: {e}"))?;
+            if token.len() < MIN_TOKEN_LEN {
+                return Err(format!(
+                    "line {n}: the token of tenant {tenant} is shorter than {MIN_TOKEN_LEN} \
+                     characters"
+                ));
+            }
+            if out.iter().any(|(_, t)| t == token) {
+                return Err(format!("line {n}: a token given twice"));
+            }
+            out.push((tenant.to_string(), token.to_string()));
+        }
+        Ok(out)
+    }
+
+    /// Who holds `token` (compared in constant time with each), if anyone.
+    pub(super) fn holder(&self, token: &str) -> Option<Principal> {
+        let mut found = None;
+        if let Some(a) = &self.admin_token {
+            if same(a, token) {
+                found = Some(Principal::Admin);
+            }
+        }
+        for (tenant, t) in &self.tenant_tokens {
+            if same(t, token) && found.is_none() {
+                found = Some(Principal::Tenant(tenant.clone()));
+            }
+        }
+        found
+    }
+
+    /// The caller on the Unix socket whose peer is `peer`.
+    fn of_peer(&self, peer: &Peer) -> Result<Caller, ApiError> {
+        let Some(uid) = peer.uid() else {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "the kernel did not say who is at the other end of this connection",
+            ));
+        };
+        let admin = uid == 0
+            || uid == crate::mount::namespace::euid()
+            || self
+                .admin_group
+                .is_some_and(|g| peer.gid() == Some(g) || peer.in_group(g));
+        Ok(Caller {
+            principal: if admin {
+                Principal::Admin
+            } else {
+                Principal::Tenant(tenant_of_uid(uid))
+            },
+            owner: peer.owner(),
+        })
+    }
+}
+
+/// Constant-time equality of two secrets (their lengths are not secret).
+fn same(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |x, (p, q)| x | (p ^ q)) == 0
+}
+
+/// The tenant of Unix user `uid`: their user name, or the uid in decimal where the
+/// name is no tenant name (or there is none).
+pub fn tenant_of_uid(uid: u32) -> String {
+    match user_name(uid) {
+        Some(n) if check_tenant_name(&n).is_ok() => n,
+        _ => uid.to_string(),
+    }
+}
+
+fn user_name(uid: u32) -> Option<String> {
+    // SAFETY: a plain C struct, all zeroes a valid value (filled by the call).
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0u8; 16 << 10];
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: valid pointers to a passwd record, a buffer of the length given and the
+    // result slot, all alive for the call.
+    let r =
+        unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut found) };
+    if r != 0 || found.is_null() || pw.pw_name.is_null() {
+        return None;
+    }
+    // SAFETY: the name the call filled in, NUL-terminated inside `buf`.
+    let name = unsafe { std::ffi::CStr::from_ptr(pw.pw_name) };
+    name.to_str().ok().map(str::to_string)
+}
+
+/// What the token layer found a TCP request's token to be.
+#[derive(Debug, Clone)]
+pub(super) struct TokenHolder(pub Principal);
+
+impl FromRequestParts<Arc<Server>> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, s: &Arc<Server>) -> Result<Caller, ApiError> {
+        let peer = parts.extensions.get::<ConnectInfo<Peer>>().map(|c| &c.0);
+        match peer {
+            // The Unix socket: the kernel's word.
+            Some(p) if p.is_unix() => s.identities.of_peer(p),
+            // TCP: the token's (the token layer refused a request without one).
+            Some(_) => match parts.extensions.get::<TokenHolder>() {
+                Some(TokenHolder(p)) => Ok(Caller {
+                    principal: p.clone(),
+                    owner: None,
+                }),
+                None => Err(ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "unauthorized",
+                    "a valid bearer token is required",
+                )),
+            },
+            // A router called in-process, with no connection: the server's own user.
+            None => Ok(Caller::admin()),
+        }
+    }
+}
+
+impl Caller {
+    /// The server's own user.
+    pub fn admin() -> Caller {
+        Caller {
+            principal: Principal::Admin,
+            owner: None,
+        }
+    }
+
+    pub fn is_admin(&self) -> bool {
+        self.principal == Principal::Admin
+    }
+
+    /// The caller's tenant (None: an administrator).
+    pub fn tenant(&self) -> Option<&str> {
+        match &self.principal {
+            Principal::Admin => None,
+            Principal::Tenant(t) => Some(t),
+        }
+    }
+
+    /// Refuses a tenant what only administrators may do.
+    pub fn require_admin(&self, what: &str) -> Result<(), ApiError> {
+        match &self.principal {
+            Principal::Admin => Ok(()),
+            Principal::Tenant(t) => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                format!("{what} is for the server's administrators; tenant {t} may not"),
+            )),
+        }
+    }
+
+    /// The thread a caller names `name`: a tenant's own (`tenant/name`, the name a plain
+    /// one); an administrator's as written (`main`, or a tenant's `alice/main`).
+    pub fn thread(&self, name: &str) -> Result<ThreadId, ApiError> {
+        let t = match &self.principal {
+            Principal::Admin => ThreadId::new(name),
+            Principal::Tenant(t) => ThreadId::in_tenant(t, name),
+        };
+        t.map_err(|e| ApiError::bad(e.to_string()))
+    }
+
+    /// Whether thread `t` is the caller's to see and change.
+    pub fn owns(&self, t: &ThreadId) -> bool {
+        match &self.principal {
+            Principal::Admin => true,
+            Principal::Tenant(me) => t.tenant() == Some(me.as_str()),
+        }
+    }
+
+    /// Thread `t` as the caller names it.
+    pub fn show<'a>(&self, t: &'a ThreadId) -> &'a str {
+        match &self.principal {
+            Principal::Admin => t.as_str(),
+            Principal::Tenant(_) => t.name(),
+        }
+    }
+
+    /// A checkpoint record as the caller sees it: its thread named as they name it.
+    pub fn show_checkpoint(&self, cp: &Checkpoint) -> serde_json::Value {
+        let mut v = super::api::to_json(cp);
+        self.show_thread_field(&mut v, "thread_id", &cp.body.thread_id);
+        v
+    }
+
+    /// Renames field `field` of `v` (thread `t`) as the caller names it.
+    pub fn show_thread_field(&self, v: &mut serde_json::Value, field: &str, t: &ThreadId) {
+        if let Some(x) = v.get_mut(field) {
+            *x = serde_json::Value::String(self.show(t).to_string());
+        }
+    }
+
+    /// The portable store a caller names `name` (a tenant's are its own).
+    pub fn store(&self, name: &str) -> String {
+        match &self.principal {
+            Principal::Admin => name.to_string(),
+            Principal::Tenant(t) => format!("{t}/{name}"),
+        }
+    }
+
+    /// The key of run `id` of this caller among the server's runs.
+    pub(super) fn run_key(&self, id: &str) -> String {
+        match &self.principal {
+            Principal::Admin => id.to_string(),
+            Principal::Tenant(t) => format!("{t}/{id}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tenant_names_only_its_own_threads() {
+        let alice = Caller {
+            principal: Principal::Tenant("alice".into()),
+            owner: None,
+        };
+        let t = alice.thread("main").unwrap();
+        assert_eq!(t.as_str(), "alice/main");
+        assert!(alice.owns(&t));
+        assert_eq!(alice.show(&t), "main");
+        // Naming another tenant's thread is not possible: no '/' in a name.
+        assert!(alice.thread("bob/main").is_err());
+        assert!(!alice.owns(&ThreadId::new("bob/main").unwrap()));
+        assert!(!alice.owns(&ThreadId::new("main").unwrap()));
+        let admin = Caller::admin();
+        assert_eq!(admin.thread("bob/main").unwrap().as_str(), "bob/main");
+        assert!(admin.owns(&ThreadId::new("bob/main").unwrap()));
+        assert_eq!(alice.store("s"), "alice/s");
+        assert_eq!(alice.run_key("r"), "alice/r");
+        assert!(alice.require_admin("maintenance").is_err());
+    }
+
+    #[test]
+    fn tenant_tokens_are_checked_and_held() {
+        let text = "# tenants\nalice 0123456789abcdef0123\n\n bob  fedcba9876543210fedc \n";
+        let t = Identities::parse_tenant_tokens(text).unwrap();
+        assert_eq!(t.len(), 2);
+        let ids = Identities {
+            admin_token: Some("admin-token-0123456789".into()),
+            tenant_tokens: t,
+            ..Identities::default()
+        };
+        assert_eq!(
+            ids.holder("0123456789abcdef0123"),
+            Some(Principal::Tenant("alice".into()))
+        );
+        assert_eq!(ids.holder("admin-token-0123456789"), Some(Principal::Admin));
+        assert_eq!(ids.holder("0123456789abcdef012"), None);
+        for bad in [
+            "alice short",
+            "alice",
+            "a b c",
+            "-x 0123456789abcdef0123",
+            "a 0123456789abcdef0123\nb 0123456789abcdef0123",
+        ] {
+            assert!(Identities::parse_tenant_tokens(bad).is_err(), "{bad:?}");
+        }
+        assert!(!format!("{ids:?}").contains("0123456789abcdef"));
+    }
+}
