@@ -18,6 +18,7 @@ mod lifecycle;
 mod middleware;
 mod overlay;
 mod peer;
+mod portable;
 mod read_only;
 mod reliability;
 mod sandbox_events;
