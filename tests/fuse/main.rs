@@ -24,6 +24,7 @@ mod reliability;
 mod sandbox_events;
 mod serve;
 mod serve_writers;
+mod setid;
 mod soak;
 mod transport;
 mod trust;
