@@ -67,6 +67,9 @@ pub struct Store {
     checkpoints: Arc<RocksCheckpointStore>,
     remote: Option<Arc<crate::cas::remote_store::RemoteObjectStore>>,
     fleet_checkpoints: Option<Arc<super::PgCheckpointStore>>,
+    /// The one portable backend of this open store: its transactions are serialized
+    /// by it, so every request shares it.
+    portable: super::portable::PortableStores,
     backends: Backends,
     /// `None` for a read-only open, which takes no lock.
     _lock: Option<File>,
@@ -166,7 +169,12 @@ impl Store {
             Some(url) => Some(Arc::new(super::PgCheckpointStore::open(url)?)),
             None => None,
         };
+        let kv: Arc<dyn super::portable::PortableKv> = match &fleet_checkpoints {
+            Some(pg) => pg.clone(),
+            None => Arc::new(super::portable::RocksPortable::new(db.clone())),
+        };
         Ok(Store {
+            portable: super::portable::PortableStores::new(kv),
             root: root.to_path_buf(),
             checkpoints: Arc::new(RocksCheckpointStore::new(db.clone())),
             objects,
@@ -273,13 +281,11 @@ impl Store {
     }
 
     /// The portable checkpoint stores (an agent framework's own records), where the
-    /// checkpoints are: the store's RocksDB, or PostgreSQL with fleet checkpoints.
+    /// checkpoints are: the store's RocksDB, or PostgreSQL with fleet checkpoints. Every
+    /// call answers the same backend (a clone), so each operation is one atomic step
+    /// whichever request makes it.
     pub fn portable(&self) -> super::portable::PortableStores {
-        let kv: Arc<dyn super::portable::PortableKv> = match &self.fleet_checkpoints {
-            Some(pg) => pg.clone(),
-            None => Arc::new(super::portable::RocksPortable::new(self.db.clone())),
-        };
-        super::portable::PortableStores::new(kv)
+        self.portable.clone()
     }
 
     /// The embedded checkpoint store itself (retention and fsck need more than the

@@ -627,8 +627,9 @@ pub fn image_matches(
     Ok(have.finalize() == want.finalize())
 }
 
-/// Mounts the image at `image` read-only at `target` (file-backed EROFS: no loop
-/// device).
+/// Mounts the image at `image` read-only, nosuid and nodev at `target` (file-backed
+/// EROFS: no loop device). The image is workspace content: its set-id bits and device
+/// numbers are data, never in effect.
 pub fn mount_image(image: &Path, target: &Path) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let c = |p: &Path| {
@@ -642,7 +643,7 @@ pub fn mount_image(image: &Path, target: &Path) -> std::io::Result<()> {
             src.as_ptr(),
             target.as_ptr(),
             c"erofs".as_ptr(),
-            libc::MS_RDONLY,
+            libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV,
             std::ptr::null(),
         )
     };

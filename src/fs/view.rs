@@ -725,6 +725,9 @@ fn serve(view: TreeView, mountpoint: &Path, opts: &ViewOptions) -> std::io::Resu
         MountOption::Subtype("casfs".into()),
         MountOption::DefaultPermissions,
         MountOption::NoAtime,
+        // A tree is workspace content: set-id bits and devices are data, inert.
+        MountOption::NoSuid,
+        MountOption::NoDev,
     ];
     if opts.allow_other {
         config.acl = fuser::SessionACL::All;

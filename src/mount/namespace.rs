@@ -335,7 +335,7 @@ fn try_unshare() -> std::io::Result<()> {
                 tmpfs.as_ptr(),
                 target.as_ptr(),
                 tmpfs.as_ptr(),
-                0,
+                libc::MS_NOSUID | libc::MS_NODEV,
                 std::ptr::null(),
             ) != 0
             {

@@ -1,11 +1,18 @@
 //! The one primitive the portable stores need of a backend: a transaction over a flat
 //! key space, serialized with every other transaction of the same store name, seeing
 //! its own writes, committed at once or not at all. RocksDB (the embedded default: a
-//! mutex per process, which holds the store's lock, and one synced batch) and
-//! PostgreSQL (a fleet: an advisory transaction lock on the store's name, and one
-//! transaction) give it; the stores' rules are written once, over [`KvTx`].
+//! lock per store name in the one [`RocksPortable`] of the process that holds the
+//! store's lock, and one synced batch) and PostgreSQL (a fleet: an advisory transaction
+//! lock on the store's name, and one transaction) give it; the stores' rules are
+//! written once, over [`KvTx`].
+//!
+//! The serialization lives in the backend value, so a casfs store has exactly one
+//! (`Store::portable` hands out clones of it): a second `RocksPortable` over the same
+//! database would have locks of its own and let two transactions of one name
+//! interleave.
 
 use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
 
 use super::PortableResult;
@@ -35,18 +42,30 @@ pub trait PortableKv: Send + Sync {
     ) -> PortableResult<()>;
 }
 
-/// The embedded backend: the store's RocksDB, this process alone having it open.
+/// How many locks a [`RocksPortable`] spreads store names over: transactions of two
+/// names sharing one wait for each other, which is safe (only slower).
+const LOCKS: usize = 64;
+
+/// The embedded backend: the store's RocksDB, this process alone having it open. Make
+/// one per open database and share it: its locks are what serializes transactions.
 pub struct RocksPortable {
     db: std::sync::Arc<Database>,
-    lock: Mutex<()>,
+    locks: [Mutex<()>; LOCKS],
 }
 
 impl RocksPortable {
     pub fn new(db: std::sync::Arc<Database>) -> RocksPortable {
         RocksPortable {
             db,
-            lock: Mutex::new(()),
+            locks: std::array::from_fn(|_| Mutex::new(())),
         }
+    }
+
+    /// The lock of store `name`.
+    fn lock_of(&self, name: &str) -> &Mutex<()> {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        name.hash(&mut h);
+        &self.locks[(h.finish() % LOCKS as u64) as usize]
     }
 }
 
@@ -95,12 +114,13 @@ impl KvTx for RocksTx<'_> {
 impl PortableKv for RocksPortable {
     fn transact(
         &self,
-        _name: &str,
+        name: &str,
         f: &mut dyn FnMut(&mut dyn KvTx) -> PortableResult<()>,
     ) -> PortableResult<()> {
-        // One transaction at a time in the process: the store's lock keeps every other
-        // process out of the database.
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        // One transaction of a name at a time in the process, from its first read to
+        // its synced write; the store's lock keeps every other process out of the
+        // database.
+        let _g = self.lock_of(name).lock().unwrap_or_else(|p| p.into_inner());
         let mut tx = RocksTx {
             db: &self.db,
             pending: BTreeMap::new(),

@@ -680,12 +680,15 @@ pub fn mount_workspace(
 ) -> std::io::Result<MountedWorkspace> {
     use fuser::{Config, MountOption};
     let mut config = Config::default();
+    // nosuid,nodev: the workspace's contents are whatever an agent (or whoever can
+    // append to its thread) wrote; their set-id bits and device numbers stay data, kept
+    // and shown exactly, and never take effect.
     config.mount_options = vec![
         MountOption::FSName("casfs".into()),
         MountOption::Subtype("casfs".into()),
         MountOption::DefaultPermissions,
-        MountOption::Suid,
-        MountOption::Dev,
+        MountOption::NoSuid,
+        MountOption::NoDev,
     ];
     if opts.allow_other || opts.owner.is_other() {
         config.acl = fuser::SessionACL::All;

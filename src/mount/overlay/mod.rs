@@ -267,7 +267,8 @@ fn detach_lowers(g: &Path) {
     detach(&g.join("lower"));
 }
 
-/// Mounts overlayfs at `target` over `lowerdir` (an option value, escaped); with
+/// Mounts overlayfs at `target` over `lowerdir` (an option value, escaped), nosuid and
+/// nodev (the workspace's set-id bits and devices are data, never in effect); with
 /// `userxattr`, as a user namespace allows it.
 fn mount_overlay(
     lowerdir: &str,
@@ -307,7 +308,7 @@ fn mount_overlay(
             src.as_ptr(),
             target.as_ptr(),
             fstype.as_ptr(),
-            0,
+            libc::MS_NOSUID | libc::MS_NODEV,
             data.as_ptr().cast(),
         )
     };
