@@ -26,6 +26,7 @@ mod serve;
 mod serve_writers;
 mod setid;
 mod soak;
+mod tenants;
 mod transport;
 mod trust;
 mod users;
