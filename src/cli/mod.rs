@@ -336,6 +336,12 @@ pub enum Command {
         /// Client connections open at once; more are answered 503 and closed
         #[arg(long, default_value_t = 256)]
         max_connections: usize,
+        /// Client connections open at once from one peer: a Unix user other than the
+        /// server's (by the uid the kernel gives), a TCP client by its address; more
+        /// are answered 503 and closed, so that one member's connections never turn
+        /// the others away [default: a quarter of --max-connections]
+        #[arg(long, value_name = "N")]
+        max_connections_per_peer: Option<usize>,
         /// Seconds a client may take to send a request head, or leave its request
         /// body or our reply without progress, before its connection is closed
         #[arg(long, default_value_t = 30.0)]

@@ -40,6 +40,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         sandbox_idle_timeout,
         max_events,
         max_connections,
+        max_connections_per_peer,
         client_timeout,
         idle_connection_timeout,
         allow_client_clocks,
@@ -191,6 +192,9 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         sandbox_idle: secs("sandbox-idle-timeout", *sandbox_idle_timeout)?,
         max_events: (*max_events).max(1),
         max_connections: (*max_connections).max(1),
+        max_connections_per_peer: max_connections_per_peer
+            .unwrap_or(*max_connections / 4)
+            .max(1),
         timeouts: casfs::middleware::serve::Timeouts {
             idle: secs("idle-connection-timeout", *idle_connection_timeout)?,
             head: secs("client-timeout", *client_timeout)?,

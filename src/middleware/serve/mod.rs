@@ -111,6 +111,9 @@ pub struct ServeLimits {
     pub max_events: usize,
     /// Client connections open at once (503 `too_many_connections` beyond).
     pub max_connections: usize,
+    /// Client connections open at once from one peer (a Unix user other than the
+    /// server's, by `SO_PEERCRED`; a TCP client by its address).
+    pub max_connections_per_peer: usize,
     /// How long a connection waits on a client that stalls or idles.
     pub timeouts: Timeouts,
 }
@@ -124,6 +127,7 @@ impl Default for ServeLimits {
             sandbox_idle: Duration::from_secs(3600),
             max_events: 10_000,
             max_connections: 256,
+            max_connections_per_peer: 64,
             timeouts: Timeouts::default(),
         }
     }
@@ -894,6 +898,8 @@ struct Guarded {
     socket: Socket,
     open: conn::OpenCount,
     max: usize,
+    /// At most this many of one peer ([`conn::PeerKey`]).
+    per_peer: usize,
     timeouts: Timeouts,
 }
 
@@ -924,11 +930,10 @@ impl axum::serve::Listener for Guarded {
                     continue;
                 }
             };
-            match self.open.take(self.max) {
-                Some(slot) => return (conn::GuardedIo::new(stream, slot, self.timeouts), peer),
-                None => {
-                    tokio::spawn(conn::turn_away(stream, self.max));
-                }
+            let key = stream.peer_key();
+            match self.open.take(key, self.max, self.per_peer) {
+                Ok(slot) => return (conn::GuardedIo::new(stream, slot, self.timeouts), peer),
+                Err(full) => self.open.turn_away(stream, full, self.max),
             }
         }
     }
@@ -965,6 +970,7 @@ pub async fn serve(
         socket,
         open: conn::OpenCount::default(),
         max: l.max_connections.max(1),
+        per_peer: l.max_connections_per_peer.max(1),
         timeouts: l.timeouts,
     };
     match listen {
