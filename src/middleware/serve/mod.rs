@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
@@ -26,7 +26,10 @@ use crate::checkpoint::Store;
 use crate::mount::control::NamespaceInfo;
 
 mod api;
+mod body;
+mod budget;
 mod conn;
+mod json_bounds;
 mod peer;
 mod sandboxes;
 mod stores;
@@ -34,7 +37,9 @@ mod writers;
 
 pub use api::ApiError;
 use api::{blocking, no_secret, thread_id, to_json, ApiJson, ApiPath, ApiQuery, ApiResult};
+pub use body::DATA_ROUTES;
 pub use conn::Timeouts;
+pub use json_bounds::{JsonLimits, MAX_DEPTH as MAX_JSON_DEPTH};
 pub use peer::{Peer, SocketAccess};
 
 /// The fuzz check of the request framing (`casfs::fuzzing::http_head`).
@@ -89,15 +94,36 @@ pub const ROUTES: &[&str] = &[
     "DELETE /v1/stores/{store}/instances/{key}",
 ];
 
-/// The largest request body served by default (`casfs serve --max-body`): an artifact
-/// travels base64-encoded, so about three quarters of it.
-pub const DEFAULT_MAX_BODY: usize = 32 << 20;
+/// The largest request body of a route that carries no data, by default
+/// (`casfs serve --max-body`).
+pub const DEFAULT_MAX_BODY: usize = 256 << 10;
+
+/// The largest request body of a route that carries data ([`DATA_ROUTES`]), by default
+/// (`casfs serve --max-data-body`): an artifact travels base64-encoded, so about three
+/// quarters of it.
+pub const DEFAULT_MAX_DATA_BODY: usize = 32 << 20;
+
+/// The memory for request bodies and the JSON values made of them, held at once by
+/// all requests, by default (`casfs serve --max-request-memory`).
+pub const DEFAULT_MAX_REQUEST_MEMORY: usize = 512 << 20;
 
 /// What one server takes on at most, and how long it waits for a run's client.
 #[derive(Debug, Clone, Copy)]
 pub struct ServeLimits {
-    /// The largest request body (413 beyond).
+    /// The largest request body of a route that carries no data (413 beyond).
     pub max_body: usize,
+    /// The largest request body of a route that carries data ([`DATA_ROUTES`]).
+    pub max_data_body: usize,
+    /// Bounds on a request body's JSON, checked before any value is made (400 beyond).
+    pub json: JsonLimits,
+    /// Request bodies and the JSON values made of them, held at once by all requests
+    /// (beyond: the request waits, then 503 `busy`).
+    pub max_request_memory: usize,
+    /// The same, held by one peer (a Unix user other than the server's) beside its
+    /// first request.
+    pub max_request_memory_per_peer: usize,
+    /// How long a request waits for memory before 503 `busy`.
+    pub request_memory_wait: Duration,
     /// Runs set up and not ended (429 `too_many_runs` beyond).
     pub max_runs: usize,
     /// A run nobody asked about (no request for it: chunk, events, any hook) for this
@@ -122,6 +148,11 @@ impl Default for ServeLimits {
     fn default() -> ServeLimits {
         ServeLimits {
             max_body: DEFAULT_MAX_BODY,
+            max_data_body: DEFAULT_MAX_DATA_BODY,
+            json: JsonLimits::default(),
+            max_request_memory: DEFAULT_MAX_REQUEST_MEMORY,
+            max_request_memory_per_peer: DEFAULT_MAX_REQUEST_MEMORY / 4,
+            request_memory_wait: Duration::from_secs(5),
             max_runs: 64,
             run_idle: Duration::from_secs(600),
             sandbox_idle: Duration::from_secs(3600),
@@ -145,6 +176,8 @@ pub struct Server {
     sandboxes: sandboxes::ApiSandboxes,
     /// Portable stores may keep their clients' clock (for tests): `--allow-client-clocks`.
     client_clocks: std::sync::atomic::AtomicBool,
+    /// The memory request bodies hold (`body`).
+    budget: Arc<budget::Budget>,
 }
 
 /// A run id taken: the run is being set up, or going.
@@ -241,6 +274,7 @@ impl Server {
             limits: Mutex::new(ServeLimits::default()),
             sandboxes: sandboxes::ApiSandboxes::default(),
             client_clocks: std::sync::atomic::AtomicBool::new(false),
+            budget: Arc::default(),
         }))
     }
 
@@ -411,7 +445,7 @@ impl Server {
             )
             .fallback(api::no_route)
             .method_not_allowed_fallback(api::no_method)
-            .layer(DefaultBodyLimit::max(self.limits().max_body))
+            .layer(axum::middleware::from_fn(body::hold))
             .with_state(self.clone());
         if self.token.is_some() {
             r.layer(axum::middleware::from_fn_with_state(
