@@ -321,10 +321,37 @@ pub enum Command {
         /// Destroy a run's sandbox when it fails
         #[arg(long)]
         destroy_on_error: bool,
-        /// The largest request body in bytes (larger ones get 413; artifacts travel
-        /// base64-encoded, so about three quarters of it)
-        #[arg(long, default_value_t = casfs::middleware::serve::DEFAULT_MAX_BODY)]
+        /// The largest request body in bytes of a route that carries no data (larger
+        /// ones get 413 too_large): runs, sandboxes, writer leases, forks, portable
+        /// stores' leases and instance records, maintenance
+        #[arg(long, value_name = "BYTES", default_value_t = casfs::middleware::serve::DEFAULT_MAX_BODY)]
         max_body: usize,
+        /// The largest request body in bytes of a route that carries data (larger ones
+        /// get 413 too_large): an artifact (base64-encoded, so about three quarters of
+        /// it), a thread's messages, a client append (its conversation), a portable
+        /// checkpoint record or transcript
+        #[arg(long, value_name = "BYTES", default_value_t = casfs::middleware::serve::DEFAULT_MAX_DATA_BODY)]
+        max_data_body: usize,
+        /// Arrays and objects nested in one another in a request body's JSON, at most
+        /// (1 to 128); deeper is refused with 400 before any value is made of it
+        #[arg(long, value_name = "N", default_value_t = 64)]
+        max_json_depth: usize,
+        /// Elements (array items and object members together) in a request body's
+        /// JSON, at most; more are refused with 400 before any value is made of them
+        #[arg(long, value_name = "N", default_value_t = 1_000_000)]
+        max_json_elements: u64,
+        /// Memory in bytes for request bodies and the JSON values made of them, held at
+        /// once by all requests; a request beyond waits up to --request-memory-wait,
+        /// then gets 503 busy (one that needs more than all of it: 413)
+        #[arg(long, value_name = "BYTES", default_value_t = casfs::middleware::serve::DEFAULT_MAX_REQUEST_MEMORY)]
+        max_request_memory: usize,
+        /// The same, held by one peer (a Unix user other than the server's) beside its
+        /// first request in progress [default: a quarter of --max-request-memory]
+        #[arg(long, value_name = "BYTES")]
+        max_request_memory_per_peer: Option<usize>,
+        /// Seconds a request waits for memory (--max-request-memory) before 503 busy
+        #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+        request_memory_wait: f64,
         /// Runs going at once (set up, not ended); more are refused with 429
         #[arg(long, default_value_t = 64)]
         max_runs: usize,
@@ -357,6 +384,12 @@ pub enum Command {
         /// Client connections open at once; more are answered 503 and closed
         #[arg(long, default_value_t = 256)]
         max_connections: usize,
+        /// Client connections open at once from one peer: a Unix user other than the
+        /// server's (by the uid the kernel gives), a TCP client by its address; more
+        /// are answered 503 and closed, so that one member's connections never turn
+        /// the others away [default: a quarter of --max-connections]
+        #[arg(long, value_name = "N")]
+        max_connections_per_peer: Option<usize>,
         /// Seconds a client may take to send a request head, or leave its request
         /// body or our reply without progress, before its connection is closed
         #[arg(long, default_value_t = 30.0)]

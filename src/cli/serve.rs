@@ -38,6 +38,12 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         destroy_on_complete,
         destroy_on_error,
         max_body,
+        max_data_body,
+        max_json_depth,
+        max_json_elements,
+        max_request_memory,
+        max_request_memory_per_peer,
+        request_memory_wait,
         max_runs,
         max_runs_per_tenant,
         max_sandboxes,
@@ -46,6 +52,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         sandbox_idle_timeout,
         max_events,
         max_connections,
+        max_connections_per_peer,
         client_timeout,
         idle_connection_timeout,
         allow_client_clocks,
@@ -211,6 +218,25 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
     if *max_body < 1024 {
         bail!("--max-body {max_body}: give at least 1024 bytes");
     }
+    if *max_data_body < 1024 {
+        bail!("--max-data-body {max_data_body}: give at least 1024 bytes");
+    }
+    if !(1..=casfs::middleware::serve::MAX_JSON_DEPTH).contains(max_json_depth) {
+        bail!(
+            "--max-json-depth {max_json_depth}: give 1 to {}",
+            casfs::middleware::serve::MAX_JSON_DEPTH
+        );
+    }
+    if *max_json_elements < 1 {
+        bail!("--max-json-elements 0: give at least 1");
+    }
+    let largest = (*max_body).max(*max_data_body);
+    if *max_request_memory < largest {
+        bail!(
+            "--max-request-memory {max_request_memory}: give at least the largest body a \
+             route takes ({largest} bytes, --max-body and --max-data-body)"
+        );
+    }
     let secs = |flag: &str, v: f64| -> anyhow::Result<Duration> {
         if !(0.05..=1e7).contains(&v) {
             bail!("--{flag} {v}: give 0.05 to 10000000 seconds");
@@ -219,12 +245,25 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
     };
     let limits = ServeLimits {
         max_body: *max_body,
+        max_data_body: *max_data_body,
+        json: casfs::middleware::serve::JsonLimits {
+            max_depth: *max_json_depth,
+            max_elements: *max_json_elements,
+        },
+        max_request_memory: *max_request_memory,
+        max_request_memory_per_peer: max_request_memory_per_peer
+            .unwrap_or(*max_request_memory / 4)
+            .max(1),
+        request_memory_wait: secs("request-memory-wait", *request_memory_wait)?,
         max_runs: (*max_runs).max(1),
         max_runs_per_tenant: (*max_runs_per_tenant).max(1),
         run_idle: secs("run-idle-timeout", *run_idle_timeout)?,
         sandbox_idle: secs("sandbox-idle-timeout", *sandbox_idle_timeout)?,
         max_events: (*max_events).max(1),
         max_connections: (*max_connections).max(1),
+        max_connections_per_peer: max_connections_per_peer
+            .unwrap_or(*max_connections / 4)
+            .max(1),
         timeouts: casfs::middleware::serve::Timeouts {
             idle: secs("idle-connection-timeout", *idle_connection_timeout)?,
             head: secs("client-timeout", *client_timeout)?,

@@ -15,6 +15,7 @@ mod fleet;
 mod forget;
 mod hostile;
 mod lifecycle;
+mod limits;
 mod middleware;
 mod overlay;
 mod peer;

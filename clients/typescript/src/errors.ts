@@ -37,6 +37,7 @@ export type CasfsErrorKind =
   | 'sandbox'
   | 'persistence'
   | 'too_many_connections'
+  | 'busy'
   | 'invalid_id'
   | 'invalid_entry'
   | 'no_store'

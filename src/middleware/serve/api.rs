@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request, State};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
@@ -50,34 +50,17 @@ fn bearer_credentials(v: &str) -> Option<&str> {
         .then(|| rest.trim_start_matches(' '))
 }
 
-/// The request body as JSON; a body that is not (bad JSON, wrong type, missing field,
-/// no JSON content type, too large) is an [`ApiError`] like every other.
+/// The request body as JSON, read within the route's limits and the server's memory
+/// for requests (`serve::body`); a body that is not (bad JSON, wrong type, missing
+/// field, no JSON content type, too large, too deep) is an [`ApiError`] like every
+/// other.
 pub(super) struct ApiJson<T>(pub T);
 
-impl<T, S> FromRequest<S> for ApiJson<T>
-where
-    Json<T>: FromRequest<S, Rejection = JsonRejection>,
-    S: Send + Sync,
-{
+impl<T: serde::de::DeserializeOwned> FromRequest<Arc<Server>> for ApiJson<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        match Json::<T>::from_request(req, state).await {
-            Ok(Json(v)) => Ok(ApiJson(v)),
-            Err(r) => Err(match r.status() {
-                StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "too_large",
-                    format!("{} (the server's --max-body)", r.body_text()),
-                ),
-                StatusCode::UNSUPPORTED_MEDIA_TYPE => ApiError::new(
-                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                    "unsupported_media_type",
-                    r.body_text(),
-                ),
-                _ => ApiError::bad(r.body_text()),
-            }),
-        }
+    async fn from_request(req: Request, s: &Arc<Server>) -> Result<Self, ApiError> {
+        super::body::read_json(req, s).await.map(ApiJson)
     }
 }
 

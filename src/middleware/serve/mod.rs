@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
@@ -26,8 +26,11 @@ use crate::checkpoint::Store;
 use crate::mount::control::NamespaceInfo;
 
 mod api;
+mod body;
+mod budget;
 mod conn;
 mod identity;
+mod json_bounds;
 mod peer;
 mod sandboxes;
 mod stores;
@@ -35,8 +38,10 @@ mod writers;
 
 pub use api::ApiError;
 use api::{blocking, to_json, ApiJson, ApiPath, ApiQuery, ApiResult};
+pub use body::DATA_ROUTES;
 pub use conn::Timeouts;
 pub use identity::{tenant_of_uid, Caller, Identities, Principal, MIN_TOKEN_LEN};
+pub use json_bounds::{JsonLimits, MAX_DEPTH as MAX_JSON_DEPTH};
 pub use peer::{group_id, Peer, SocketAccess};
 
 /// The fuzz check of the request framing (`casfs::fuzzing::http_head`).
@@ -91,15 +96,36 @@ pub const ROUTES: &[&str] = &[
     "DELETE /v1/stores/{store}/instances/{key}",
 ];
 
-/// The largest request body served by default (`casfs serve --max-body`): an artifact
-/// travels base64-encoded, so about three quarters of it.
-pub const DEFAULT_MAX_BODY: usize = 32 << 20;
+/// The largest request body of a route that carries no data, by default
+/// (`casfs serve --max-body`).
+pub const DEFAULT_MAX_BODY: usize = 256 << 10;
+
+/// The largest request body of a route that carries data ([`DATA_ROUTES`]), by default
+/// (`casfs serve --max-data-body`): an artifact travels base64-encoded, so about three
+/// quarters of it.
+pub const DEFAULT_MAX_DATA_BODY: usize = 32 << 20;
+
+/// The memory for request bodies and the JSON values made of them, held at once by
+/// all requests, by default (`casfs serve --max-request-memory`).
+pub const DEFAULT_MAX_REQUEST_MEMORY: usize = 512 << 20;
 
 /// What one server takes on at most, and how long it waits for a run's client.
 #[derive(Debug, Clone, Copy)]
 pub struct ServeLimits {
-    /// The largest request body (413 beyond).
+    /// The largest request body of a route that carries no data (413 beyond).
     pub max_body: usize,
+    /// The largest request body of a route that carries data ([`DATA_ROUTES`]).
+    pub max_data_body: usize,
+    /// Bounds on a request body's JSON, checked before any value is made (400 beyond).
+    pub json: JsonLimits,
+    /// Request bodies and the JSON values made of them, held at once by all requests
+    /// (beyond: the request waits, then 503 `busy`).
+    pub max_request_memory: usize,
+    /// The same, held by one peer (a Unix user other than the server's) beside its
+    /// first request.
+    pub max_request_memory_per_peer: usize,
+    /// How long a request waits for memory before 503 `busy`.
+    pub request_memory_wait: Duration,
     /// Runs set up and not ended (429 `too_many_runs` beyond).
     pub max_runs: usize,
     /// Of them, one tenant's (administrators are held only to `max_runs`).
@@ -115,6 +141,9 @@ pub struct ServeLimits {
     pub max_events: usize,
     /// Client connections open at once (503 `too_many_connections` beyond).
     pub max_connections: usize,
+    /// Client connections open at once from one peer (a Unix user other than the
+    /// server's, by `SO_PEERCRED`; a TCP client by its address).
+    pub max_connections_per_peer: usize,
     /// How long a connection waits on a client that stalls or idles.
     pub timeouts: Timeouts,
 }
@@ -123,12 +152,18 @@ impl Default for ServeLimits {
     fn default() -> ServeLimits {
         ServeLimits {
             max_body: DEFAULT_MAX_BODY,
+            max_data_body: DEFAULT_MAX_DATA_BODY,
+            json: JsonLimits::default(),
+            max_request_memory: DEFAULT_MAX_REQUEST_MEMORY,
+            max_request_memory_per_peer: DEFAULT_MAX_REQUEST_MEMORY / 4,
+            request_memory_wait: Duration::from_secs(5),
             max_runs: 64,
             max_runs_per_tenant: 16,
             run_idle: Duration::from_secs(600),
             sandbox_idle: Duration::from_secs(3600),
             max_events: 10_000,
             max_connections: 256,
+            max_connections_per_peer: 64,
             timeouts: Timeouts::default(),
         }
     }
@@ -148,6 +183,8 @@ pub struct Server {
     sandboxes: sandboxes::ApiSandboxes,
     /// Portable stores may keep their clients' clock (for tests): `--allow-client-clocks`.
     client_clocks: std::sync::atomic::AtomicBool,
+    /// The memory request bodies hold (`body`).
+    budget: Arc<budget::Budget>,
 }
 
 /// A run id taken: the run is being set up, or going.
@@ -244,6 +281,7 @@ impl Server {
             limits: Mutex::new(ServeLimits::default()),
             sandboxes: sandboxes::ApiSandboxes::default(),
             client_clocks: std::sync::atomic::AtomicBool::new(false),
+            budget: Arc::default(),
         }))
     }
 
@@ -414,7 +452,7 @@ impl Server {
             )
             .fallback(api::no_route)
             .method_not_allowed_fallback(api::no_method)
-            .layer(DefaultBodyLimit::max(self.limits().max_body))
+            .layer(axum::middleware::from_fn(body::hold))
             .with_state(self.clone());
         if self.identities.tokens() {
             r.layer(axum::middleware::from_fn_with_state(
@@ -983,6 +1021,8 @@ struct Guarded {
     socket: Socket,
     open: conn::OpenCount,
     max: usize,
+    /// At most this many of one peer ([`conn::PeerKey`]).
+    per_peer: usize,
     timeouts: Timeouts,
 }
 
@@ -1013,11 +1053,10 @@ impl axum::serve::Listener for Guarded {
                     continue;
                 }
             };
-            match self.open.take(self.max) {
-                Some(slot) => return (conn::GuardedIo::new(stream, slot, self.timeouts), peer),
-                None => {
-                    tokio::spawn(conn::turn_away(stream, self.max));
-                }
+            let key = stream.peer_key();
+            match self.open.take(key, self.max, self.per_peer) {
+                Ok(slot) => return (conn::GuardedIo::new(stream, slot, self.timeouts), peer),
+                Err(full) => self.open.turn_away(stream, full, self.max),
             }
         }
     }
@@ -1054,6 +1093,7 @@ pub async fn serve(
         socket,
         open: conn::OpenCount::default(),
         max: l.max_connections.max(1),
+        per_peer: l.max_connections_per_peer.max(1),
         timeouts: l.timeouts,
     };
     match listen {
