@@ -11,6 +11,7 @@
 export type CasfsErrorKind =
   | 'invalid'
   | 'unauthorized'
+  | 'forbidden'
   | 'not_found'
   | 'method_not_allowed'
   | 'run_exists'
