@@ -54,11 +54,15 @@ fn shared() -> Result<&'static Shared, String> {
         .get_or_init(|| {
             let routes = Arc::new(Mutex::new(Routes::default()));
             let r = routes.clone();
-            let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-                if let Ok(ev) = res {
-                    route(&r, &ev);
-                }
-            })
+            // Links in a sandbox are not followed into (its agent makes them).
+            let watcher = notify::RecommendedWatcher::new(
+                move |res: notify::Result<notify::Event>| {
+                    if let Ok(ev) = res {
+                        route(&r, &ev);
+                    }
+                },
+                notify::Config::default().with_follow_symlinks(false),
+            )
             .map_err(|e| format!("starting inotify: {e}"))?;
             Ok(Shared {
                 watcher: Mutex::new(watcher),
@@ -214,13 +218,27 @@ const MAX_ANNOUNCED: usize = 10_000;
 /// in place when the directory's event arrives, so what is in it now is announced as
 /// created; an entry made in between is announced twice, never missed.
 fn announce_contents(rt: &mut Route, dir: &str) {
+    use crate::checkpoint::dirfd;
+    use std::os::fd::AsFd;
+    // Looked into through handles beneath the root: no link followed, nothing outside
+    // it listed, whatever is renamed meanwhile.
+    let Ok(root) = dirfd::open_dir_path(&rt.root) else {
+        return;
+    };
     let mut stack = vec![dir.to_string()];
     let mut n = 0;
     while let Some(d) = stack.pop() {
-        let Ok(entries) = crate::fs::list_dir_noatime(&rt.root.join(&d)) else {
+        let Ok(fd) = dirfd::open_dir_beneath(root.as_fd(), d.as_bytes()) else {
             continue;
         };
-        for e in entries {
+        let Ok(listed) = dirfd::list_dir_typed(fd.as_fd()) else {
+            continue;
+        };
+        for (name, is_dir) in listed {
+            let e = crate::fs::Listed {
+                is_dir: dirfd::listed_dir(fd.as_fd(), &name, is_dir),
+                name,
+            };
             if n >= MAX_ANNOUNCED {
                 tracing::warn!(
                     dir,
