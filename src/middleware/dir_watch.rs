@@ -174,13 +174,15 @@ fn translate(rt: &mut Route, ev: &notify::Event) {
             if ev.tracker().is_some() && rt.pending_from == ev.tracker() {
                 return; // the Both event follows
             }
-            let is_dir = ev.paths.first().is_some_and(|p| p.is_dir());
+            let is_dir = first
+                .as_deref()
+                .is_some_and(|p| is_dir_beneath(&rt.root, p));
             (FsEventKind::Create, first, None, is_dir)
         }
         EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => {
             rt.pending_from = None;
             let to = ev.paths.get(1).and_then(|p| rel(p));
-            let is_dir = ev.paths.get(1).is_some_and(|p| p.is_dir());
+            let is_dir = to.as_deref().is_some_and(|p| is_dir_beneath(&rt.root, p));
             (FsEventKind::Rename, first, to, is_dir)
         }
         _ => return,
@@ -193,6 +195,16 @@ fn translate(rt: &mut Route, ev: &notify::Event) {
     if made_dir {
         announce_contents(rt, &path);
     }
+}
+
+/// Whether `rel` beneath `root` is a directory, looked up through handles (a link is
+/// not one: none is followed).
+fn is_dir_beneath(root: &Path, rel: &str) -> bool {
+    use crate::checkpoint::dirfd;
+    use std::os::fd::AsFd;
+    dirfd::open_dir_path(root)
+        .and_then(|r| dirfd::Entry::open_beneath(r.as_fd(), rel.as_bytes()))
+        .is_ok_and(|e| e.meta.is_dir())
 }
 
 fn send(rt: &mut Route, kind: FsEventKind, path: String, to: Option<String>, is_dir: bool) {
