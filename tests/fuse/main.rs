@@ -17,6 +17,7 @@ mod hostile;
 mod lifecycle;
 mod middleware;
 mod overlay;
+mod paths;
 mod peer;
 mod read_only;
 mod reliability;
