@@ -6,9 +6,9 @@
 //! ([`super::dircache`]) lets a re-capture skip every file whose fingerprint (inode,
 //! size, mode, mtime, ctime) is unchanged, and every directory whose entries all are.
 
-use std::fs::{self, File};
+use std::fs;
 use std::io::{Read, Seek};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -18,8 +18,7 @@ use rayon::prelude::*;
 
 use super::dircache::{DirCache, DirCacheSet};
 use super::dirfd::{
-    child, cstr, ctime_ns, file_type, fstat, list_dir, lstat_at, mtime_ns, open_at, open_dir,
-    open_dir_at, readlink_at, Fingerprint,
+    child, cstr, fstat, list_dir, lstat_at, open_dir, vanished, Entry, Fingerprint, Meta, Replaced,
 };
 use super::watch::{self, Changes};
 use super::{
@@ -128,8 +127,8 @@ impl Ctx<'_> {
     }
 
     /// A fingerprint to remember, if the entry is old enough to be trusted.
-    fn trusted(&self, st: &libc::stat) -> Option<Fingerprint> {
-        (ctime_ns(st) < self.racy_after_ns).then(|| Fingerprint::of(st))
+    fn trusted(&self, st: &Meta) -> Option<Fingerprint> {
+        (st.ctime_ns < self.racy_after_ns).then(|| Fingerprint::of(st))
     }
 }
 
@@ -142,10 +141,6 @@ fn join_rel(parent: &[u8], name: &[u8]) -> Vec<u8> {
     r.push(b'/');
     r.extend_from_slice(name);
     r
-}
-
-fn vanished(e: &std::io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR))
 }
 
 /// Captures the directory `dir` into trees in the store.
@@ -163,10 +158,10 @@ pub fn capture_dir(
     let cache = DirCacheSet::new(store, &dir, !opts.no_stat_cache && opts.filter.is_none());
     // Asked before the walk: whatever changes from now on is in its next answer.
     let (changes, watcher) = ask_watcher(store, &dir, &cache)?;
-    let own = fstat(fd.as_raw_fd()).map_err(|e| CheckpointError::io(&dir, e))?;
+    let own = fstat(fd.as_fd()).map_err(|e| CheckpointError::io(&dir, e))?;
     let root_meta = RootMeta {
-        mode: own.st_mode & 0o7777,
-        mtime_ns: mtime_ns(&own),
+        mode: own.perm(),
+        mtime_ns: own.mtime_ns,
     };
     let ctx = Ctx {
         store,
@@ -179,7 +174,7 @@ pub fn capture_dir(
         objects: Mutex::new(StoreStats::default()),
         warnings: Mutex::new(Vec::new()),
     };
-    let root = capture_tree(&ctx, fd.as_raw_fd(), &dir, b"")?;
+    let root = capture_tree(&ctx, fd.as_fd(), &dir, b"")?;
     store.objects().sync()?;
     let o = *ctx.objects.lock().unwrap_or_else(|p| p.into_inner());
     let n = &ctx.n;
@@ -240,7 +235,12 @@ fn ask_watcher(
 }
 
 /// Captures the open directory `fd` (at `path`, `rel` below the root); returns its tree.
-fn capture_tree(ctx: &Ctx<'_>, fd: RawFd, path: &Path, rel: &[u8]) -> CheckpointResult<TreeId> {
+fn capture_tree(
+    ctx: &Ctx<'_>,
+    fd: BorrowedFd<'_>,
+    path: &Path,
+    rel: &[u8],
+) -> CheckpointResult<TreeId> {
     let cached = ctx.cache.get(rel)?;
     let results: Vec<Option<Seen>> = match (&ctx.changes, &cached) {
         // The watcher saw nothing change here or below: as cached.
@@ -360,107 +360,171 @@ impl Seen {
     }
 }
 
-/// One entry of a directory: from the cache if its fingerprint is unchanged, else read.
+/// One entry of a directory: from the cache if its fingerprint is unchanged, else read
+/// from the entry opened (its `fstat` is what is stored). An entry replaced by another
+/// while it is read is read again (three tries).
 fn capture_entry(
     ctx: &Ctx<'_>,
-    dir: RawFd,
+    dir: BorrowedFd<'_>,
     dir_path: &Path,
     dir_rel: &[u8],
     name: &[u8],
     cached: Option<&DirCache>,
 ) -> CheckpointResult<Option<Seen>> {
     let path = child(dir_path, name);
-    let cname = cstr(name, &path)?;
-    let st = match lstat_at(dir, &cname) {
+    for _ in 0..3 {
+        match capture_entry_once(ctx, dir, &path, dir_rel, name, cached)? {
+            Attempt::Done(seen) => return Ok(seen),
+            Attempt::Changed => continue,
+        }
+    }
+    Err(CheckpointError::path(
+        &path,
+        "replaced by another file each time it was read",
+    ))
+}
+
+/// What one look at an entry gave.
+enum Attempt {
+    Done(Option<Seen>),
+    /// Replaced by another file while it was read: look again.
+    Changed,
+}
+
+/// A read of an entry: `Changed` where it was replaced meanwhile, `None` where removed.
+fn attempt<T>(r: std::io::Result<T>, path: &Path) -> CheckpointResult<Result<T, Attempt>> {
+    match r {
+        Ok(v) => Ok(Ok(v)),
+        Err(e) if e.get_ref().is_some_and(|x| x.is::<Replaced>()) => Ok(Err(Attempt::Changed)),
+        Err(e) if vanished(&e) => Ok(Err(Attempt::Done(None))),
+        Err(e) => Err(CheckpointError::io(path, e)),
+    }
+}
+
+fn capture_entry_once(
+    ctx: &Ctx<'_>,
+    dir: BorrowedFd<'_>,
+    path: &Path,
+    dir_rel: &[u8],
+    name: &[u8],
+    cached: Option<&DirCache>,
+) -> CheckpointResult<Attempt> {
+    let cname = cstr(name, path)?;
+    let listed = match lstat_at(dir, &cname) {
         Ok(Some(st)) => st,
-        Ok(None) => return Ok(None),
-        Err(e) => return Err(CheckpointError::io(&path, e)),
+        Ok(None) => return Ok(Attempt::Done(None)),
+        Err(e) => return Err(CheckpointError::io(path, e)),
     };
-    let fp = Fingerprint::of(&st);
     let found = cached.and_then(|c| c.find(name));
-    let hit = found
-        .filter(|(_, _, f)| *f == Some(fp))
-        .map(|(i, e, _)| (i, e));
-    let kind = file_type(&st);
+    let hit_of = |st: &Meta| {
+        let fp = Fingerprint::of(st);
+        found
+            .filter(|(_, _, f)| *f == Some(fp))
+            .map(|(i, e, _)| (i, e))
+    };
+    // Unchanged since the cache saw it: nothing is read.
+    if let Some((i, e)) = hit_of(&listed) {
+        let fp = Fingerprint::of(&listed);
+        let same = match listed.kind() {
+            libc::S_IFREG => e.file_ref().is_some(),
+            libc::S_IFLNK => matches!(e.content, EntryContent::Symlink(_)),
+            libc::S_IFIFO => e.content == EntryContent::Fifo,
+            libc::S_IFCHR => e.content == EntryContent::CharDevice { rdev: listed.rdev },
+            libc::S_IFBLK => e.content == EntryContent::BlockDevice { rdev: listed.rdev },
+            _ => false,
+        };
+        if same {
+            match listed.kind() {
+                libc::S_IFREG => ctx.file_unchanged(e.size),
+                libc::S_IFLNK => {
+                    ctx.n.symlinks.fetch_add(1, Ordering::Relaxed);
+                }
+                _ => {
+                    ctx.n.special.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            return Ok(Attempt::Done(Some(Seen::Cached(i, fp))));
+        }
+    }
+    // Whatever is read is read from the entry opened: its metadata is its fstat.
+    let entry = match attempt(Entry::open(dir, &cname), path)? {
+        Ok(e) => e,
+        Err(a) => return Ok(a),
+    };
+    let st = entry.meta;
+    let fp = Fingerprint::of(&st);
+    let hit = hit_of(&st);
+    let kind = st.kind();
     let rel = join_rel(dir_rel, name);
     if let Some(f) = ctx.filter {
         let (k, size) = match kind {
-            libc::S_IFREG => (EntryKind::File, st.st_size as u64),
+            libc::S_IFREG => (EntryKind::File, st.size),
             libc::S_IFDIR => (EntryKind::Dir, 0),
             libc::S_IFLNK => (EntryKind::Symlink, 0),
             _ => (EntryKind::Special, 0),
         };
         if !f.keep(&String::from_utf8_lossy(&rel), k, size) {
-            return Ok(None);
+            return Ok(Attempt::Done(None));
         }
     }
-    let entry = |content, size, xattrs| TreeEntry {
+    let entry_of = |content, size, xattrs| TreeEntry {
         name: name.to_vec(),
         content,
-        mode: st.st_mode & 0o7777,
-        mtime_ns: mtime_ns(&st),
+        mode: st.perm(),
+        mtime_ns: st.mtime_ns,
         size,
         xattrs,
     };
     let e = match kind {
-        libc::S_IFREG => {
-            if let Some((i, e)) = hit.filter(|(_, e)| e.file_ref().is_some()) {
-                ctx.file_unchanged(e.size);
-                return Ok(Some(Seen::Cached(i, fp)));
-            }
-            return capture_file(ctx, dir, &cname, &path, &rel, name, &st);
-        }
+        libc::S_IFREG => return capture_file(ctx, &entry, path, &rel, name),
         libc::S_IFDIR => {
-            let sub = match open_dir_at(dir, &cname) {
+            let sub = match attempt(entry.open_dir(), path)? {
                 Ok(f) => f,
-                Err(e) if vanished(&e) => return Ok(None),
-                Err(e) => return Err(CheckpointError::io(&path, e)),
+                Err(a) => return Ok(a),
             };
-            let id = capture_tree(ctx, sub.as_raw_fd(), &path, &rel)?;
+            let id = capture_tree(ctx, sub.as_fd(), path, &rel)?;
             ctx.n.dirs.fetch_add(1, Ordering::Relaxed);
             match hit.filter(|(_, e)| e.tree_id().is_some()) {
                 Some((i, e))
                     if e.tree_id() == Some(id)
-                        && e.mode == st.st_mode & 0o7777
-                        && e.mtime_ns == mtime_ns(&st) =>
+                        && e.mode == st.perm()
+                        && e.mtime_ns == st.mtime_ns =>
                 {
-                    return Ok(Some(Seen::Cached(i, fp)));
+                    return Ok(Attempt::Done(Some(Seen::Cached(i, fp))));
                 }
-                Some((_, e)) => entry(EntryContent::Dir(id), 0, e.xattrs.clone()),
+                Some((_, e)) => entry_of(EntryContent::Dir(id), 0, e.xattrs.clone()),
                 None => {
                     let x =
-                        xattr::flist(sub.as_raw_fd()).map_err(|e| CheckpointError::io(&path, e))?;
-                    entry(EntryContent::Dir(id), 0, x)
+                        xattr::flist(sub.as_raw_fd()).map_err(|e| CheckpointError::io(path, e))?;
+                    entry_of(EntryContent::Dir(id), 0, x)
                 }
             }
         }
         libc::S_IFLNK => {
             ctx.n.symlinks.fetch_add(1, Ordering::Relaxed);
-            if let Some((i, _)) = hit.filter(|(_, e)| matches!(e.content, EntryContent::Symlink(_)))
-            {
-                return Ok(Some(Seen::Cached(i, fp)));
-            }
-            let target = match readlink_at(dir, &cname) {
+            let target = match attempt(entry.readlink(), path)? {
                 Ok(t) => t,
-                Err(e) if vanished(&e) => return Ok(None),
-                Err(e) => return Err(CheckpointError::io(&path, e)),
+                Err(a) => return Ok(a),
+            };
+            let xattrs = match attempt(xattr::list_at(dir, &cname, &st), path)? {
+                Ok(x) => x,
+                Err(a) => return Ok(a),
             };
             let len = target.len() as u64;
-            let xattrs = path_xattrs(&path)?;
-            entry(EntryContent::Symlink(target), len, xattrs)
+            entry_of(EntryContent::Symlink(target), len, xattrs)
         }
         libc::S_IFIFO | libc::S_IFCHR | libc::S_IFBLK => {
             ctx.n.special.fetch_add(1, Ordering::Relaxed);
             let content = match kind {
                 libc::S_IFIFO => EntryContent::Fifo,
-                libc::S_IFCHR => EntryContent::CharDevice { rdev: st.st_rdev },
-                _ => EntryContent::BlockDevice { rdev: st.st_rdev },
+                libc::S_IFCHR => EntryContent::CharDevice { rdev: st.rdev },
+                _ => EntryContent::BlockDevice { rdev: st.rdev },
             };
-            if let Some((i, _)) = hit.filter(|(_, e)| e.content == content) {
-                return Ok(Some(Seen::Cached(i, fp)));
-            }
-            let xattrs = path_xattrs(&path)?;
-            entry(content, 0, xattrs)
+            let xattrs = match attempt(xattr::list_at(dir, &cname, &st), path)? {
+                Ok(x) => x,
+                Err(a) => return Ok(a),
+            };
+            entry_of(content, 0, xattrs)
         }
         _ => {
             ctx.n.unsupported.fetch_add(1, Ordering::Relaxed);
@@ -468,53 +532,36 @@ fn capture_entry(
                 "{}: a socket cannot be stored; left out",
                 path.display()
             ));
-            return Ok(None);
+            return Ok(Attempt::Done(None));
         }
     };
-    Ok(Some(Seen::New(e, ctx.trusted(&st))))
-}
-
-/// Xattrs of an entry that cannot be opened (symlink, fifo, device).
-fn path_xattrs(path: &Path) -> CheckpointResult<Vec<(Vec<u8>, Vec<u8>)>> {
-    match xattr::list(path) {
-        Ok(x) => Ok(x),
-        Err(e) if vanished(&e) => Ok(Vec::new()),
-        Err(e) => Err(CheckpointError::io(path, e)),
-    }
+    Ok(Attempt::Done(Some(Seen::New(e, ctx.trusted(&st)))))
 }
 
 thread_local! {
     static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Reads, hashes and stores a regular file.
+/// Reads, hashes and stores a regular file: the file opened, reopened for reading (its
+/// fstat before is what the walk stored; one fstat after tells whether it stayed the
+/// same meanwhile).
 fn capture_file(
     ctx: &Ctx<'_>,
-    dir: RawFd,
-    cname: &std::ffi::CStr,
+    entry: &Entry,
     path: &Path,
     rel: &[u8],
     name: &[u8],
-    lstat: &libc::stat,
-) -> CheckpointResult<Option<Seen>> {
-    let fd = match open_at(dir, cname, libc::O_RDONLY | libc::O_NOCTTY, 0) {
+) -> CheckpointResult<Attempt> {
+    let mut file = match attempt(entry.open_read(), path)? {
         Ok(f) => f,
-        Err(e) if vanished(&e) => return Ok(None),
-        Err(e) => return Err(CheckpointError::io(path, e)),
+        Err(a) => return Ok(a),
     };
-    // The walk's lstat is the stat before reading; one fstat after reading tells whether
-    // the file stayed the same (and is the same file) meanwhile.
-    let before = lstat;
-    let mut file = File::from(fd);
+    let before = &entry.meta;
     let mut stats = StoreStats::default();
     let objects = ctx.store.objects();
     let other = match ctx.filter {
         Some(f) => f
-            .transform(
-                &String::from_utf8_lossy(rel),
-                &mut file,
-                before.st_size as u64,
-            )
+            .transform(&String::from_utf8_lossy(rel), &mut file, before.size)
             .map_err(|e| match e {
                 FilterError::Refused(why) => {
                     CheckpointError::Refused(format!("{}: {why}", path.display()))
@@ -525,11 +572,11 @@ fn capture_file(
     };
     let fref = if let Some(data) = other {
         store_bytes(objects, &data, &mut stats)?
-    } else if before.st_size as u64 <= CHUNK_SIZE as u64 {
+    } else if before.size <= CHUNK_SIZE as u64 {
         READ_BUF.with(|b| -> CheckpointResult<_> {
             let mut buf = b.borrow_mut();
             buf.clear();
-            buf.reserve(before.st_size as usize + 1);
+            buf.reserve(before.size as usize + 1);
             file.rewind().map_err(|e| CheckpointError::io(path, e))?;
             file.read_to_end(&mut buf)
                 .map_err(|e| CheckpointError::io(path, e))?;
@@ -548,10 +595,7 @@ fn capture_file(
         })?
     };
     let xattrs = xattr::flist(file.as_raw_fd()).map_err(|e| CheckpointError::io(path, e))?;
-    let after = fstat(file.as_raw_fd()).map_err(|e| CheckpointError::io(path, e))?;
-    if file_type(&after) != libc::S_IFREG || after.st_ino != before.st_ino {
-        return Err(CheckpointError::path(path, "replaced while being captured"));
-    }
+    let after = fstat(file.as_fd()).map_err(|e| CheckpointError::io(path, e))?;
     ctx.add_objects(&stats);
     ctx.n.files_hashed.fetch_add(1, Ordering::Relaxed);
     ctx.n.bytes_hashed.fetch_add(fref.size, Ordering::Relaxed);
@@ -559,8 +603,7 @@ fn capture_file(
         p.bytes_hashed.fetch_add(fref.size, Ordering::Relaxed);
     }
     ctx.count_file(fref.size);
-    let steady =
-        Fingerprint::of(before) == Fingerprint::of(&after) && fref.size == before.st_size as u64;
+    let steady = Fingerprint::of(before) == Fingerprint::of(&after) && fref.size == before.size;
     if !steady {
         ctx.warn(format!(
             "{}: changed while it was being captured; stored as read",
@@ -570,13 +613,13 @@ fn capture_file(
     let entry = TreeEntry {
         name: name.to_vec(),
         content: EntryContent::File(fref.id),
-        mode: before.st_mode & 0o7777,
-        mtime_ns: mtime_ns(before),
+        mode: before.perm(),
+        mtime_ns: before.mtime_ns,
         size: fref.size,
         xattrs,
     };
     let fp = if steady { ctx.trusted(before) } else { None };
-    Ok(Some(Seen::New(entry, fp)))
+    Ok(Attempt::Done(Some(Seen::New(entry, fp))))
 }
 
 /// Which head an append must find.

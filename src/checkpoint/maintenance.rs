@@ -16,6 +16,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde::{Deserialize, Serialize};
 
 use super::dircache;
+use super::dirfd;
 use super::lease::millis;
 use super::rocks_store::{FENCING_CF, HEADS_CF, LEASES_CF};
 use super::store::{key_hex, mount_dir_of_key};
@@ -587,7 +588,7 @@ pub fn fsck(store: &Store, repair: bool, live: &HashSet<[u8; 8]>) -> CheckpointR
                     stray.len()
                 ));
                 if repair {
-                    remove_files(&stray)?;
+                    remove_files(&upper, &stray)?;
                     rep.repaired.push(format!(
                         "removed {} stray file(s) in {}",
                         stray.len(),
@@ -679,9 +680,28 @@ fn check_images(store: &Store, repair: bool, rep: &mut FsckReport) {
     }
 }
 
-fn remove_files(files: &[PathBuf]) -> CheckpointResult<()> {
+/// Removes `files` (found by [`collect_files`] below `upper`), each through a handle of
+/// its directory opened beneath `upper`: no link followed, nothing outside it removed.
+fn remove_files(upper: &Path, files: &[PathBuf]) -> CheckpointResult<()> {
+    use std::os::fd::AsFd;
+    use std::os::unix::ffi::OsStrExt;
+    let top = dirfd::open_dir(upper)?;
     for p in files {
-        std::fs::remove_file(p).map_err(|e| CheckpointError::io(p, e))?;
+        let io = |e| CheckpointError::io(p, e);
+        let rel = p
+            .strip_prefix(upper)
+            .map_err(|_| CheckpointError::path(p, "not below the upper directory"))?;
+        let (Some(name), parent) = (rel.file_name(), rel.parent()) else {
+            continue;
+        };
+        let parent = parent.map(|d| d.as_os_str().as_bytes()).unwrap_or_default();
+        let dir = dirfd::open_dir_beneath(top.as_fd(), parent).map_err(io)?;
+        let name = dirfd::cstr(name.as_bytes(), p)?;
+        match dirfd::unlink_at(dir.as_fd(), &name) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) => return Err(io(e)),
+        }
     }
     Ok(())
 }
@@ -747,7 +767,7 @@ fn check_mount(
             stray[0].display()
         ));
         if repair {
-            remove_files(&stray)?;
+            remove_files(&upper, &stray)?;
             rep.repaired.push(format!(
                 "mount {hex}: removed {} stray upper file(s)",
                 stray.len()
@@ -757,15 +777,34 @@ fn check_mount(
     Ok(())
 }
 
+/// The files below `dir`, walked through directory handles (no link followed, nothing
+/// outside `dir` listed).
 fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(rd) = std::fs::read_dir(dir) else {
+    use std::os::fd::AsFd;
+    let Ok(top) = dirfd::open_dir_path(dir) else {
         return;
     };
-    for e in rd.flatten() {
-        match e.file_type() {
-            Ok(t) if t.is_dir() => collect_files(&e.path(), out),
-            Ok(_) => out.push(e.path()),
-            Err(_) => {}
+    collect_files_at(top.as_fd(), dir, out);
+}
+
+fn collect_files_at(fd: std::os::fd::BorrowedFd<'_>, path: &Path, out: &mut Vec<PathBuf>) {
+    use std::os::fd::AsFd;
+    let Ok(names) = dirfd::list_dir(fd) else {
+        return;
+    };
+    for name in names {
+        let p = dirfd::child(path, &name);
+        let Ok(c) = dirfd::cstr(&name, &p) else {
+            continue;
+        };
+        match dirfd::lstat_at(fd, &c) {
+            Ok(Some(m)) if m.is_dir() => {
+                if let Ok(sub) = dirfd::open_dir_at(fd, &c) {
+                    collect_files_at(sub.as_fd(), &p, out);
+                }
+            }
+            Ok(Some(_)) => out.push(p),
+            _ => {}
         }
     }
 }

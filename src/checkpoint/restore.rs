@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::ffi::CStr;
 use std::fs::{self, File};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -26,8 +26,9 @@ use serde::Serialize;
 
 use super::dircache::{DirCache, DirCacheSet};
 use super::dirfd::{
-    child, cstr, file_type, fstat, is_dir, last_err, list_dir, lstat_at, open_at, open_dir,
-    open_dir_at, readlink_at, remove_at, Fingerprint,
+    child, create_at, cstr, fchmod, file_type, fstat, is_dir, list_dir, lstat_at, mkdir_at,
+    mknod_at, open_dir, open_dir_at, readlink_at, remove_at, rename_at, set_fd_mtime, symlink_at,
+    unlink_at, Entry, Fingerprint, Meta,
 };
 use super::{xattr, CheckpointError, CheckpointResult, RootMeta, Store};
 use crate::cas::file::{hash_reader, load_chunk_list, write_file_to};
@@ -155,13 +156,11 @@ pub fn restore_tree(
         objects: store.objects(),
         stage: staging,
     };
-    restore_dir(&ctx, rd, fd.as_raw_fd(), &dest, b"", root)?;
+    restore_dir(&ctx, rd, fd.as_fd(), &dest, b"", root)?;
     if let Some(m) = opts.root_meta {
-        // SAFETY: a valid descriptor of the directory.
-        if unsafe { libc::fchmod(fd.as_raw_fd(), m.mode) } != 0 {
-            return Err(last_err(&dest));
-        }
-        set_mtime_at(fd.as_raw_fd(), c".", m.mtime_ns, &dest)?;
+        let io = |e| CheckpointError::io(&dest, e);
+        fchmod(fd.as_fd(), m.mode).map_err(io)?;
+        set_fd_mtime(fd.as_fd(), m.mtime_ns).map_err(io)?;
     }
     let n = &ctx.n;
     let stats = RestoreStats {
@@ -196,13 +195,13 @@ pub fn uncaptured_changes(
     let fd = open_dir(&dir)?;
     let cache = DirCacheSet::new(store, &dir, true);
     let mut out = Vec::new();
-    find_changes(&cache, fd.as_raw_fd(), &dir, b"", limit, &mut out)?;
+    find_changes(&cache, fd.as_fd(), &dir, b"", limit, &mut out)?;
     Ok(out)
 }
 
 fn find_changes(
     cache: &DirCacheSet<'_>,
-    fd: RawFd,
+    fd: BorrowedFd<'_>,
     path: &Path,
     rel: &[u8],
     limit: usize,
@@ -236,7 +235,7 @@ fn find_changes(
                 continue;
             }
             let sub = open_dir_at(fd, &cname).map_err(|err| CheckpointError::io(&p, err))?;
-            find_changes(cache, sub.as_raw_fd(), &p, &rel_name, limit, out)?;
+            find_changes(cache, sub.as_fd(), &p, &rel_name, limit, out)?;
         } else if fp != Some(Fingerprint::of(&st)) && !same_file(fd, &cname, &p, &st, e)? {
             out.push(shown());
         }
@@ -248,10 +247,10 @@ fn find_changes(
 /// recorded content (files are read and hashed, nothing stored; symlinks compared by
 /// target; fifos and devices by kind).
 fn same_file(
-    dir: RawFd,
+    dir: BorrowedFd<'_>,
     name: &CStr,
     path: &Path,
-    st: &libc::stat,
+    st: &Meta,
     e: &TreeEntry,
 ) -> CheckpointResult<bool> {
     let kind = file_type(st);
@@ -261,20 +260,21 @@ fn same_file(
             return Ok(kind == libc::S_IFLNK && readlink_at(dir, name).is_ok_and(|t| &t == target));
         }
         EntryContent::Fifo => return Ok(kind == libc::S_IFIFO),
-        EntryContent::CharDevice { rdev } => {
-            return Ok(kind == libc::S_IFCHR && st.st_rdev == *rdev)
-        }
-        EntryContent::BlockDevice { rdev } => {
-            return Ok(kind == libc::S_IFBLK && st.st_rdev == *rdev)
-        }
+        EntryContent::CharDevice { rdev } => return Ok(kind == libc::S_IFCHR && st.rdev == *rdev),
+        EntryContent::BlockDevice { rdev } => return Ok(kind == libc::S_IFBLK && st.rdev == *rdev),
         EntryContent::Dir(_) => return Ok(false),
     };
-    if kind != libc::S_IFREG || st.st_size as u64 != want.size || st.st_mode & 0o7777 != e.mode {
+    if kind != libc::S_IFREG || st.size != want.size || st.perm() != e.mode {
         return Ok(false);
     }
-    let fd = open_at(dir, name, libc::O_RDONLY | libc::O_NOCTTY, 0)
+    // The entry opened, read only if it is still the regular file listed.
+    let entry = Entry::open(dir, name).map_err(|err| CheckpointError::io(path, err))?;
+    if !entry.meta.same_file(st) {
+        return Ok(false);
+    }
+    let mut f = entry
+        .open_read()
         .map_err(|err| CheckpointError::io(path, err))?;
-    let mut f = File::from(fd);
     let got = hash_reader(&mut f).map_err(|err| CheckpointError::io(path, err))?;
     Ok(got == want)
 }
@@ -375,60 +375,44 @@ fn weight_of(trees: &HashMap<TreeId, Tree>, id: TreeId, out: &mut HashMap<TreeId
     w
 }
 
-fn timespec(ns: i64) -> libc::timespec {
-    libc::timespec {
-        tv_sec: ns.div_euclid(1_000_000_000),
-        tv_nsec: ns.rem_euclid(1_000_000_000),
-    }
+fn set_fd_meta(fd: BorrowedFd<'_>, e: &TreeEntry, path: &Path) -> CheckpointResult<()> {
+    let io = |err| CheckpointError::io(path, err);
+    fchmod(fd, e.mode).map_err(io)?;
+    xattr::fsync_all(fd.as_raw_fd(), &e.xattrs).map_err(io)?;
+    set_fd_mtime(fd, e.mtime_ns).map_err(io)
 }
 
-fn set_mtime_at(dir: RawFd, name: &CStr, mtime_ns: i64, path: &Path) -> CheckpointResult<()> {
-    let times = [
-        libc::timespec {
-            tv_sec: 0,
-            tv_nsec: libc::UTIME_OMIT,
-        },
-        timespec(mtime_ns),
-    ];
-    // SAFETY: valid dirfd, name and a two-element times array.
-    let rc = unsafe {
-        libc::utimensat(
-            dir,
-            name.as_ptr(),
-            times.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    };
-    if rc != 0 {
-        return Err(last_err(path));
+/// Sets the mode (but of a symlink) and mtime of the entry `name` of `dir` this restore
+/// just made: through the entry opened, checked to be of `kind` (and `rdev`), so that
+/// nothing another file renamed over the name meanwhile is changed (`chmod` by name
+/// would follow a symlink put there).
+fn set_entry_meta(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    path: &Path,
+    e: &TreeEntry,
+    kind: u32,
+    rdev: u64,
+) -> CheckpointResult<Meta> {
+    let io = |err| CheckpointError::io(path, err);
+    let entry = Entry::open(dir, name).map_err(io)?;
+    if entry.meta.kind() != kind || (kind != libc::S_IFLNK && entry.meta.rdev != rdev) {
+        return Err(CheckpointError::path(
+            path,
+            "replaced by another file while it was being restored",
+        ));
     }
-    Ok(())
-}
-
-fn set_fd_meta(fd: RawFd, e: &TreeEntry, path: &Path) -> CheckpointResult<()> {
-    // SAFETY: valid fd.
-    if unsafe { libc::fchmod(fd, e.mode) } != 0 {
-        return Err(last_err(path));
+    if kind != libc::S_IFLNK {
+        entry.chmod(e.mode).map_err(io)?;
     }
-    xattr::fsync_all(fd, &e.xattrs).map_err(|err| CheckpointError::io(path, err))?;
-    let times = [
-        libc::timespec {
-            tv_sec: 0,
-            tv_nsec: libc::UTIME_OMIT,
-        },
-        timespec(e.mtime_ns),
-    ];
-    // SAFETY: valid fd and a two-element times array.
-    if unsafe { libc::futimens(fd, times.as_ptr()) } != 0 {
-        return Err(last_err(path));
-    }
-    Ok(())
+    entry.set_mtime(e.mtime_ns).map_err(io)?;
+    fstat(entry.fd()).map_err(io)
 }
 
 impl Ctx<'_> {
     /// A restored entry's fingerprint can be trusted when its mtime is old: a later
     /// change would set a new mtime and so a new fingerprint.
-    fn trusted(&self, e: &TreeEntry, st: &libc::stat) -> Option<Fingerprint> {
+    fn trusted(&self, e: &TreeEntry, st: &Meta) -> Option<Fingerprint> {
         (e.mtime_ns < self.fresh_before_ns).then(|| Fingerprint::of(st))
     }
 
@@ -456,7 +440,7 @@ impl Ctx<'_> {
     /// disk with that content.
     fn needed(
         &self,
-        dir: Option<RawFd>,
+        dir: Option<BorrowedFd<'_>>,
         path: &Path,
         rel: &[u8],
         e: &TreeEntry,
@@ -500,7 +484,7 @@ impl Ctx<'_> {
                     None => None,
                 };
                 for e in self.trees.get(t).map(Tree::entries).unwrap_or_default() {
-                    let fd = sub.as_ref().map(|f| f.as_raw_fd());
+                    let fd = sub.as_ref().map(|f| f.as_fd());
                     let (p, r) = (child(path, &e.name), join_rel(rel, &e.name));
                     self.needed(fd, &p, &r, e, cached.as_ref(), out)?;
                 }
@@ -580,7 +564,7 @@ fn units(entries: &[TreeEntry], weight: impl Fn(&TreeEntry) -> u64, limit: u64) 
 fn restore_entries(
     ctx: &Ctx<'_>,
     rd: Reading<'_>,
-    fd: RawFd,
+    fd: BorrowedFd<'_>,
     path: &Path,
     rel: &[u8],
     tree: &Tree,
@@ -650,7 +634,7 @@ fn restore_entries(
 fn restore_dir(
     ctx: &Ctx<'_>,
     rd: Reading<'_>,
-    fd: RawFd,
+    fd: BorrowedFd<'_>,
     path: &Path,
     rel: &[u8],
     tree_id: TreeId,
@@ -701,7 +685,7 @@ fn join_rel(parent: &[u8], name: &[u8]) -> Vec<u8> {
 fn seen_on_disk<'c>(
     cached: Option<&'c DirCache>,
     name: &[u8],
-    st: &libc::stat,
+    st: &Meta,
 ) -> Option<(&'c TreeEntry, Fingerprint)> {
     let (_, c, fp) = cached?.find(name)?;
     let fp = fp.filter(|fp| *fp == Fingerprint::of(st))?;
@@ -712,7 +696,7 @@ fn seen_on_disk<'c>(
 fn restore_entry(
     ctx: &Ctx<'_>,
     rd: Reading<'_>,
-    dir: RawFd,
+    dir: BorrowedFd<'_>,
     path: &Path,
     rel: &[u8],
     e: &TreeEntry,
@@ -732,17 +716,14 @@ fn restore_entry(
                     if other.is_some() {
                         remove_at(dir, &name, path)?;
                     }
-                    // SAFETY: valid dirfd and name.
-                    if unsafe { libc::mkdirat(dir, name.as_ptr(), 0o700) } != 0 {
-                        return Err(last_err(path));
-                    }
+                    mkdir_at(dir, &name, 0o700).map_err(|err| CheckpointError::io(path, err))?;
                     open_dir_at(dir, &name).map_err(|err| CheckpointError::io(path, err))?
                 }
             };
-            restore_dir(ctx, rd, sub.as_raw_fd(), path, rel, *id)?;
-            set_fd_meta(sub.as_raw_fd(), e, path)?;
+            restore_dir(ctx, rd, sub.as_fd(), path, rel, *id)?;
+            set_fd_meta(sub.as_fd(), e, path)?;
             ctx.n.dirs.fetch_add(1, Ordering::Relaxed);
-            let st = fstat(sub.as_raw_fd()).map_err(|err| CheckpointError::io(path, err))?;
+            let st = fstat(sub.as_fd()).map_err(|err| CheckpointError::io(path, err))?;
             Ok(ctx.trusted(e, &st))
         }
         EntryContent::File(_) => {
@@ -755,11 +736,16 @@ fn restore_entry(
                     Ok(Some(fp))
                 }
                 Some((c, _)) if c.content == e.content && c.size == e.size => {
-                    // Same content, other metadata: fix it in place.
-                    let f = open_at(dir, &name, libc::O_RDONLY, 0)
-                        .map_err(|err| CheckpointError::io(path, err))?;
-                    set_fd_meta(f.as_raw_fd(), e, path)?;
-                    let st = fstat(f.as_raw_fd()).map_err(|err| CheckpointError::io(path, err))?;
+                    // Same content, other metadata: fix it in place, on the file opened
+                    // (still the one the cache saw: never what was renamed over it).
+                    let io = |err| CheckpointError::io(path, err);
+                    let entry = Entry::open(dir, &name).map_err(io)?;
+                    if !existing.is_some_and(|st| st.same_file(&entry.meta)) {
+                        return write_file(ctx, rd.objects, dir, &name, path, e, existing);
+                    }
+                    let f = entry.open_read().map_err(io)?;
+                    set_fd_meta(f.as_fd(), e, path)?;
+                    let st = fstat(f.as_fd()).map_err(io)?;
                     ctx.n.files_unchanged.fetch_add(1, Ordering::Relaxed);
                     Ok(ctx.trusted(e, &st))
                 }
@@ -778,15 +764,11 @@ fn restore_entry(
             if !same {
                 let tmp = cstr(&ctx.tmp_name(), path)?;
                 let t = cstr(target, path)?;
-                // SAFETY: valid strings and dirfd.
-                if unsafe { libc::symlinkat(t.as_ptr(), dir, tmp.as_ptr()) } != 0 {
-                    return Err(last_err(path));
-                }
+                symlink_at(dir, &t, &tmp).map_err(|err| CheckpointError::io(path, err))?;
                 replace(dir, &tmp, &name, path, existing)?;
             }
-            set_mtime_at(dir, &name, e.mtime_ns, path)?;
-            let st = lstat_at(dir, &name).map_err(|err| CheckpointError::io(path, err))?;
-            Ok(st.and_then(|st| ctx.trusted(e, &st)))
+            let st = set_entry_meta(dir, &name, path, e, libc::S_IFLNK, 0)?;
+            Ok(ctx.trusted(e, &st))
         }
         EntryContent::Fifo | EntryContent::CharDevice { .. } | EntryContent::BlockDevice { .. } => {
             ctx.n.special.fetch_add(1, Ordering::Relaxed);
@@ -801,22 +783,14 @@ fn restore_entry(
                 EntryContent::BlockDevice { rdev } => (libc::S_IFBLK, rdev),
                 _ => unreachable!("matched above"),
             };
-            let same = existing.is_some_and(|st| file_type(&st) == kind && st.st_rdev == rdev);
+            let same = existing.is_some_and(|st| file_type(&st) == kind && st.rdev == rdev);
             if !same {
                 let tmp = cstr(&ctx.tmp_name(), path)?;
-                // SAFETY: valid dirfd and name.
-                if unsafe { libc::mknodat(dir, tmp.as_ptr(), kind | 0o600, rdev) } != 0 {
-                    return Err(last_err(path));
-                }
+                mknod_at(dir, &tmp, kind, rdev).map_err(|err| CheckpointError::io(path, err))?;
                 replace(dir, &tmp, &name, path, existing)?;
             }
-            // SAFETY: valid dirfd and name; fifos and devices are not symlinks.
-            if unsafe { libc::fchmodat(dir, name.as_ptr(), e.mode, 0) } != 0 {
-                return Err(last_err(path));
-            }
-            set_mtime_at(dir, &name, e.mtime_ns, path)?;
-            let st = lstat_at(dir, &name).map_err(|err| CheckpointError::io(path, err))?;
-            Ok(st.and_then(|st| ctx.trusted(e, &st)))
+            let st = set_entry_meta(dir, &name, path, e, kind, rdev)?;
+            Ok(ctx.trusted(e, &st))
         }
     }
 }
@@ -828,23 +802,17 @@ fn restore_entry(
 fn write_new_file(
     ctx: &Ctx<'_>,
     objects: &dyn ObjectStore,
-    dir: RawFd,
+    dir: BorrowedFd<'_>,
     name: &CStr,
     path: &Path,
     e: &TreeEntry,
 ) -> CheckpointResult<Option<Fingerprint>> {
     let fref = e.file_ref().expect("a file entry");
-    let fd = open_at(
-        dir,
-        name,
-        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
-        0o600,
-    )
-    .map_err(|err| CheckpointError::io(path, err))?;
+    let fd = create_at(dir, name, 0o600).map_err(|err| CheckpointError::io(path, err))?;
     let mut file = File::from(fd);
-    let result = (|| -> CheckpointResult<libc::stat> {
+    let result = (|| -> CheckpointResult<Meta> {
         write_file_to(objects, &fref, &mut file, path)?;
-        let fd = file.as_raw_fd();
+        let fd = file.as_fd();
         // Attributes listed, not only set: a directory's default ACL gives a new file
         // attributes the checkpoint may not have.
         set_fd_meta(fd, e, path)?;
@@ -854,8 +822,8 @@ fn write_new_file(
     let st = match result {
         Ok(st) => st,
         Err(err) => {
-            // SAFETY: valid dirfd and name; the file this call made.
-            unsafe { libc::unlinkat(dir, name.as_ptr(), 0) };
+            // The file this call made.
+            let _ = unlink_at(dir, name);
             return Err(err);
         }
     };
@@ -865,21 +833,18 @@ fn write_new_file(
 
 /// Renames `tmp` over `name`, first removing a directory that stands there.
 fn replace(
-    dir: RawFd,
+    dir: BorrowedFd<'_>,
     tmp: &CStr,
     name: &CStr,
     path: &Path,
-    existing: Option<libc::stat>,
+    existing: Option<Meta>,
 ) -> CheckpointResult<()> {
     if existing.is_some_and(|st| is_dir(&st)) {
         remove_at(dir, name, path)?;
     }
-    // SAFETY: valid dirfd and names.
-    if unsafe { libc::renameat(dir, tmp.as_ptr(), dir, name.as_ptr()) } != 0 {
-        let err = last_err(path);
-        // SAFETY: as above.
-        unsafe { libc::unlinkat(dir, tmp.as_ptr(), 0) };
-        return Err(err);
+    if let Err(err) = rename_at(dir, tmp, name) {
+        let _ = unlink_at(dir, tmp);
+        return Err(CheckpointError::io(path, err));
     }
     Ok(())
 }
@@ -887,11 +852,11 @@ fn replace(
 fn write_file(
     ctx: &Ctx<'_>,
     objects: &dyn ObjectStore,
-    dir: RawFd,
+    dir: BorrowedFd<'_>,
     name: &CStr,
     path: &Path,
     e: &TreeEntry,
-    existing: Option<libc::stat>,
+    existing: Option<Meta>,
 ) -> CheckpointResult<Option<Fingerprint>> {
     let fref = e.file_ref().expect("a file entry");
     if existing.is_none() {
@@ -900,12 +865,7 @@ fn write_file(
     let (tmp, fd) = loop {
         let tmp = cstr(&ctx.tmp_name(), path)?;
         // O_EXCL never opens an existing entry.
-        match open_at(
-            dir,
-            &tmp,
-            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
-            0o600,
-        ) {
+        match create_at(dir, &tmp, 0o600) {
             Ok(fd) => break (tmp, fd),
             Err(err) if err.raw_os_error() == Some(libc::EEXIST) => continue,
             Err(err) => return Err(CheckpointError::io(path, err)),
@@ -914,19 +874,19 @@ fn write_file(
     let mut file = File::from(fd);
     let result = (|| -> CheckpointResult<()> {
         write_file_to(objects, &fref, &mut file, path)?;
-        set_fd_meta(file.as_raw_fd(), e, path)
+        set_fd_meta(file.as_fd(), e, path)
     })();
-    drop(file);
     if let Err(err) = result {
-        // SAFETY: valid dirfd and name.
-        unsafe { libc::unlinkat(dir, tmp.as_ptr(), 0) };
+        drop(file);
+        let _ = unlink_at(dir, &tmp);
         return Err(err);
     }
     replace(dir, &tmp, name, path, existing)?;
     ctx.wrote(fref.size);
-    // The rename changed the inode's ctime: take the stat the next capture will see.
-    let st = lstat_at(dir, name).map_err(|err| CheckpointError::io(path, err))?;
-    Ok(st.and_then(|st| ctx.trusted(e, &st)))
+    // The rename changed the inode's ctime: take the stat the next capture will see, of
+    // the file written (whatever is renamed over its name since).
+    let st = fstat(file.as_fd()).map_err(|err| CheckpointError::io(path, err))?;
+    Ok(ctx.trusted(e, &st))
 }
 
 #[cfg(test)]

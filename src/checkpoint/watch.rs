@@ -27,13 +27,13 @@ use std::ffi::CString;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::dirfd;
 use crate::cas::Hash;
 
 /// What a capture recorded of the watcher's state when it asked.
@@ -318,20 +318,42 @@ impl Watcher {
         self.lost_why = why;
     }
 
-    /// Watches `rel` and every directory below it, noting hard-linked files.
+    /// Watches `rel` and every directory below it, noting hard-linked files. Each
+    /// directory is opened beneath the root's handle (no link followed, never out of
+    /// the root) and watched and listed through its descriptor.
     fn add_tree(&mut self, rel: &[u8]) {
+        use std::os::fd::AsFd;
+        let root = match dirfd::open_dir_path(&self.root) {
+            Ok(r) => r,
+            Err(e) => {
+                self.lose(format!("cannot open {}: {e}", self.root.display()));
+                return;
+            }
+        };
         let mut stack = vec![rel.to_vec()];
         while let Some(d) = stack.pop() {
             let abs = self.abs(&d);
-            let Ok(c) = CString::new(abs.as_os_str().as_bytes()) else {
+            let dir = match dirfd::open_dir_beneath(root.as_fd(), &d) {
+                Ok(f) => f,
+                Err(e) => {
+                    match e.raw_os_error() {
+                        // Gone or replaced meanwhile: its parent's event says so.
+                        Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP) => {}
+                        _ => self.lose(format!("cannot open {}: {e}", abs.display())),
+                    }
+                    continue;
+                }
+            };
+            // The descriptor's magic link is followed to the directory opened.
+            let Ok(c) = CString::new(format!("/proc/self/fd/{}", dir.as_raw_fd())) else {
                 continue;
             };
+            let mask = MASK & !libc::IN_DONT_FOLLOW;
             // SAFETY: valid fd and NUL-terminated path.
-            let wd = unsafe { libc::inotify_add_watch(self.fd.as_raw_fd(), c.as_ptr(), MASK) };
+            let wd = unsafe { libc::inotify_add_watch(self.fd.as_raw_fd(), c.as_ptr(), mask) };
             if wd < 0 {
                 let e = std::io::Error::last_os_error();
                 match e.raw_os_error() {
-                    // Gone or replaced meanwhile: its parent's event says so.
                     Some(libc::ENOENT) | Some(libc::ENOTDIR) => {}
                     Some(libc::ENOSPC) => self.lose(format!(
                         "cannot watch {}: out of inotify watches \
@@ -343,41 +365,50 @@ impl Watcher {
                 continue;
             }
             self.wds.insert(wd, d.clone());
-            let entries = match std::fs::read_dir(&abs) {
+            let entries = match dirfd::list_dir_typed(dir.as_fd()) {
                 Ok(e) => e,
                 Err(e) => {
-                    if e.kind() != std::io::ErrorKind::NotFound {
-                        self.lose(format!("cannot list {}: {e}", abs.display()));
-                    }
+                    self.lose(format!("cannot list {}: {e}", abs.display()));
                     continue;
                 }
             };
-            for e in entries.flatten() {
-                let Ok(t) = e.file_type() else { continue };
-                let name = e.file_name();
-                let child = join(&d, name.as_bytes());
-                if t.is_dir() {
+            for (name, _) in entries {
+                let Ok(c) = CString::new(name.clone()) else {
+                    continue;
+                };
+                let Ok(Some(m)) = dirfd::lstat_at(dir.as_fd(), &c) else {
+                    continue;
+                };
+                let child = join(&d, &name);
+                if m.is_dir() {
                     stack.push(child);
-                } else if t.is_file() {
-                    self.note_links(&child);
+                } else if m.is_file() {
+                    self.note_links(&child, &m);
                 }
             }
         }
     }
 
+    /// The metadata of entry `name` of directory `dir` (below the root), looked up
+    /// beneath the root's handle, no link followed.
+    fn lstat(&self, dir: &[u8], name: &[u8]) -> Option<dirfd::Meta> {
+        use std::os::fd::AsFd;
+        let root = dirfd::open_dir_path(&self.root).ok()?;
+        let d = dirfd::open_dir_beneath(root.as_fd(), dir).ok()?;
+        dirfd::lstat_at(d.as_fd(), &CString::new(name).ok()?).ok()?
+    }
+
     /// A regular file with more than one name makes every answer "everything".
-    fn note_links(&mut self, rel: &[u8]) {
+    fn note_links(&mut self, rel: &[u8], m: &dirfd::Meta) {
         if self.hard_links.is_some() {
             return;
         }
-        if let Ok(m) = std::fs::symlink_metadata(self.abs(rel)) {
-            if m.file_type().is_file() && m.nlink() > 1 {
-                self.hard_links = Some(format!(
-                    "{} has {} hard links",
-                    self.abs(rel).display(),
-                    m.nlink()
-                ));
-            }
+        if m.is_file() && m.nlink > 1 {
+            self.hard_links = Some(format!(
+                "{} has {} hard links",
+                self.abs(rel).display(),
+                m.nlink
+            ));
         }
     }
 
@@ -442,7 +473,9 @@ impl Watcher {
                 self.add_tree(&child);
             }
         } else if mask & (libc::IN_CREATE | libc::IN_MOVED_TO) != 0 {
-            self.note_links(&child);
+            if let Some(m) = self.lstat(&dir, name) {
+                self.note_links(&child, &m);
+            }
         }
     }
 

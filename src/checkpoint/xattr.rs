@@ -1,9 +1,9 @@
-//! Extended attributes, by path (never following a final symlink) or by open file.
+//! Extended attributes: of an open file, or of an entry by name in a directory handle
+//! (never following it). Never by path.
 
 use std::ffi::{CStr, CString};
 use std::io;
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::os::fd::{AsRawFd, BorrowedFd};
 
 fn cname(name: &[u8]) -> io::Result<CString> {
     CString::new(name)
@@ -54,18 +54,108 @@ fn collect(
     Ok(out)
 }
 
-/// All extended attributes of `path` (not following a final symlink), sorted by name.
-pub fn list(path: &Path) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
-    let c = CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
+/// `getxattrat(2)` and `listxattrat(2)` (Linux 6.13): the same number on every
+/// architecture casfs builds for.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+const SYS_GETXATTRAT: libc::c_long = 464;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+const SYS_LISTXATTRAT: libc::c_long = 465;
+
+/// `struct xattr_args` of `getxattrat(2)`.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[repr(C)]
+struct XattrArgs {
+    value: u64,
+    size: u32,
+    flags: u32,
+}
+
+/// Whether the kernel has the `*xattrat` calls (learnt from the first call).
+static AT_CALLS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// The xattrs of the entry `name` of the directory `dir` (a symlink's own, not its
+/// target's), read by name in that directory: `listxattrat`/`getxattrat` where the
+/// kernel has them, else `/proc/self/fd/<dir>/<name>` with the `l*` calls (the
+/// descriptor pins the directory; only the last name is looked up, and not followed).
+/// For what cannot be opened to read them from (a symlink, a FIFO, a device node); what
+/// can be opened is read with [`flist`]. The entry must still be `expect` afterwards
+/// (else [`super::dirfd::replaced`]): nothing of another file is taken for it.
+pub fn list_at(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    expect: &super::dirfd::Meta,
+) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let x = list_named(dir, name)?;
+    match super::dirfd::lstat_at(dir, name)? {
+        Some(m) if m.same_file(expect) => Ok(x),
+        _ => Err(super::dirfd::replaced()),
+    }
+}
+
+fn list_named(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    use std::sync::atomic::Ordering;
+    let d = dir.as_raw_fd();
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    if AT_CALLS.load(Ordering::Relaxed) {
+        let nofollow = libc::AT_SYMLINK_NOFOLLOW as libc::c_uint;
+        let got = collect(
+            // SAFETY: valid dirfd, NUL-terminated name and a buffer of the given length.
+            |buf| unsafe {
+                libc::syscall(
+                    SYS_LISTXATTRAT,
+                    d,
+                    name.as_ptr(),
+                    nofollow,
+                    buf.as_mut_ptr(),
+                    buf.len(),
+                ) as isize
+            },
+            |xname, buf| {
+                let mut args = XattrArgs {
+                    value: buf.as_mut_ptr() as u64,
+                    size: buf.len() as u32,
+                    flags: 0,
+                };
+                // SAFETY: valid dirfd, names and an args struct of the size given.
+                unsafe {
+                    libc::syscall(
+                        SYS_GETXATTRAT,
+                        d,
+                        name.as_ptr(),
+                        nofollow,
+                        xname.as_ptr(),
+                        &mut args as *mut XattrArgs,
+                        std::mem::size_of::<XattrArgs>(),
+                    ) as isize
+                }
+            },
+        );
+        match got {
+            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+                AT_CALLS.store(false, Ordering::Relaxed)
+            }
+            other => return other,
+        }
+    }
+    let _ = &AT_CALLS;
+    list_proc(dir, name)
+}
+
+/// [`list_at`]'s way on a kernel without `listxattrat`: `/proc/self/fd/<dir>/<name>`
+/// with the `l*` calls.
+pub(crate) fn list_proc(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let d = dir.as_raw_fd();
+    let mut p = format!("/proc/self/fd/{d}/").into_bytes();
+    p.extend_from_slice(name.to_bytes());
+    let c = CString::new(p).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL"))?;
     collect(
         // SAFETY: valid path and a buffer of the given length.
         |buf| unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) },
         // SAFETY: valid path, name and a buffer of the given length.
-        |name, buf| unsafe {
+        |xname, buf| unsafe {
             libc::lgetxattr(
                 c.as_ptr(),
-                name.as_ptr(),
+                xname.as_ptr(),
                 buf.as_mut_ptr().cast(),
                 buf.len(),
             )

@@ -54,11 +54,15 @@ fn shared() -> Result<&'static Shared, String> {
         .get_or_init(|| {
             let routes = Arc::new(Mutex::new(Routes::default()));
             let r = routes.clone();
-            let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-                if let Ok(ev) = res {
-                    route(&r, &ev);
-                }
-            })
+            // Links in a sandbox are not followed into (its agent makes them).
+            let watcher = notify::RecommendedWatcher::new(
+                move |res: notify::Result<notify::Event>| {
+                    if let Ok(ev) = res {
+                        route(&r, &ev);
+                    }
+                },
+                notify::Config::default().with_follow_symlinks(false),
+            )
             .map_err(|e| format!("starting inotify: {e}"))?;
             Ok(Shared {
                 watcher: Mutex::new(watcher),
@@ -170,13 +174,15 @@ fn translate(rt: &mut Route, ev: &notify::Event) {
             if ev.tracker().is_some() && rt.pending_from == ev.tracker() {
                 return; // the Both event follows
             }
-            let is_dir = ev.paths.first().is_some_and(|p| p.is_dir());
+            let is_dir = first
+                .as_deref()
+                .is_some_and(|p| is_dir_beneath(&rt.root, p));
             (FsEventKind::Create, first, None, is_dir)
         }
         EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => {
             rt.pending_from = None;
             let to = ev.paths.get(1).and_then(|p| rel(p));
-            let is_dir = ev.paths.get(1).is_some_and(|p| p.is_dir());
+            let is_dir = to.as_deref().is_some_and(|p| is_dir_beneath(&rt.root, p));
             (FsEventKind::Rename, first, to, is_dir)
         }
         _ => return,
@@ -189,6 +195,16 @@ fn translate(rt: &mut Route, ev: &notify::Event) {
     if made_dir {
         announce_contents(rt, &path);
     }
+}
+
+/// Whether `rel` beneath `root` is a directory, looked up through handles (a link is
+/// not one: none is followed).
+fn is_dir_beneath(root: &Path, rel: &str) -> bool {
+    use crate::checkpoint::dirfd;
+    use std::os::fd::AsFd;
+    dirfd::open_dir_path(root)
+        .and_then(|r| dirfd::Entry::open_beneath(r.as_fd(), rel.as_bytes()))
+        .is_ok_and(|e| e.meta.is_dir())
 }
 
 fn send(rt: &mut Route, kind: FsEventKind, path: String, to: Option<String>, is_dir: bool) {
@@ -214,13 +230,27 @@ const MAX_ANNOUNCED: usize = 10_000;
 /// in place when the directory's event arrives, so what is in it now is announced as
 /// created; an entry made in between is announced twice, never missed.
 fn announce_contents(rt: &mut Route, dir: &str) {
+    use crate::checkpoint::dirfd;
+    use std::os::fd::AsFd;
+    // Looked into through handles beneath the root: no link followed, nothing outside
+    // it listed, whatever is renamed meanwhile.
+    let Ok(root) = dirfd::open_dir_path(&rt.root) else {
+        return;
+    };
     let mut stack = vec![dir.to_string()];
     let mut n = 0;
     while let Some(d) = stack.pop() {
-        let Ok(entries) = crate::fs::list_dir_noatime(&rt.root.join(&d)) else {
+        let Ok(fd) = dirfd::open_dir_beneath(root.as_fd(), d.as_bytes()) else {
             continue;
         };
-        for e in entries {
+        let Ok(listed) = dirfd::list_dir_typed(fd.as_fd()) else {
+            continue;
+        };
+        for (name, is_dir) in listed {
+            let e = crate::fs::Listed {
+                is_dir: dirfd::listed_dir(fd.as_fd(), &name, is_dir),
+                name,
+            };
             if n >= MAX_ANNOUNCED {
                 tracing::warn!(
                     dir,

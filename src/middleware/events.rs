@@ -11,6 +11,9 @@
 //! delivered, so it shows the file as it is then: after the change, never before it.
 
 use std::collections::VecDeque;
+use std::ffi::CString;
+use std::io::Read;
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
@@ -22,6 +25,7 @@ use serde::Serialize;
 use super::dir_watch::{watch_dir, DirWatch, MARKER_PREFIX};
 use super::provider::WeakSandboxHandle;
 use super::{SandboxHandle, SandboxWorkspace};
+use crate::checkpoint::dirfd;
 use crate::fs::{FsEvent, FsEventKind};
 
 /// A change in a run's workspace, as the host receives it.
@@ -114,15 +118,27 @@ impl Watcher {
             SandboxWorkspace::Mount(m) if m.is_finished() => Box::new(|_| true),
             _ => {
                 // inotify has one queue: once a file made now is reported, so is every
-                // change made before it.
+                // change made before it. Made through the root's handle, never through
+                // what stands under its name (`O_CREAT | O_EXCL | O_NOFOLLOW`): a name
+                // taken already is passed over for the next.
                 static NEXT: AtomicU64 = AtomicU64::new(0);
-                let name = format!(
-                    "{MARKER_PREFIX}{}-{}",
-                    std::process::id(),
-                    NEXT.fetch_add(1, Ordering::Relaxed)
-                );
-                let path = handle.root.join(&name);
-                std::fs::write(&path, b"").map_err(|e| format!("{}: {e}", path.display()))?;
+                let root = dirfd::open_dir_path(&handle.root)
+                    .map_err(|e| format!("{}: {e}", handle.root.display()))?;
+                let name = loop {
+                    let name = format!(
+                        "{MARKER_PREFIX}{}-{}",
+                        std::process::id(),
+                        NEXT.fetch_add(1, Ordering::Relaxed)
+                    );
+                    let c = CString::new(name.clone()).expect("no NUL in a marker's name");
+                    match dirfd::create_at(root.as_fd(), &c, 0o600) {
+                        Ok(_) => break name,
+                        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => continue,
+                        Err(e) => {
+                            return Err(format!("{}: {e}", handle.root.join(&name).display()))
+                        }
+                    }
+                };
                 Box::new(move |d| d.markers.contains(&name))
             }
         };
@@ -148,8 +164,12 @@ impl Watcher {
         }
         let markers = std::mem::take(&mut got.markers);
         drop(got);
-        for m in markers {
-            let _ = std::fs::remove_file(handle.root.join(m));
+        if let Ok(root) = dirfd::open_dir_path(&handle.root) {
+            for m in markers {
+                if let Ok(c) = CString::new(m) {
+                    let _ = dirfd::unlink_at(root.as_fd(), &c);
+                }
+            }
         }
         result
     }
@@ -250,9 +270,9 @@ fn diff_of(h: &SandboxHandle, e: &FsEvent) -> Option<String> {
         Ok(o) => o.unwrap_or_default(),
         Err(err) => return Some(format!("(base of {path} unreadable: {err})\n")),
     };
-    let new = match std::fs::read(h.root.join(path)) {
+    let new = match read_beneath(&h.root, path) {
         Ok(n) => n,
-        // Gone or replaced by a directory since: a later event tells.
+        // Gone, or replaced by a directory or a link since: a later event tells.
         Err(_) => return None,
     };
     if old.len() > MAX_DIFF_BYTES || new.len() > MAX_DIFF_BYTES {
@@ -271,4 +291,16 @@ fn diff_of(h: &SandboxHandle, e: &FsEvent) -> Option<String> {
         _ if old == new => Some(String::new()),
         _ => Some(format!("Binary files a/{path} and b/{path} differ\n")),
     }
+}
+
+/// The content of the regular file `rel` beneath the sandbox's root `root`, read through
+/// handles: no link followed, nothing outside the root, only a regular file opened, and
+/// at most one byte more than a diff is made of.
+fn read_beneath(root: &std::path::Path, rel: &str) -> std::io::Result<Vec<u8>> {
+    let dir = dirfd::open_dir_path(root)?;
+    let entry = dirfd::Entry::open_beneath(dir.as_fd(), rel.as_bytes())?;
+    let f = entry.open_read()?;
+    let mut out = Vec::new();
+    f.take(MAX_DIFF_BYTES as u64 + 1).read_to_end(&mut out)?;
+    Ok(out)
 }

@@ -74,16 +74,11 @@ pub struct DirWorkspace {
 /// what a restore wrote into a plain sandbox made for another user. A restore writes
 /// every file of the tree already, so the walk costs no more than it.
 pub(crate) fn chown_tree(root: &Path, owner: Owner) -> std::io::Result<()> {
-    owner.chown(root)?;
-    if !std::fs::symlink_metadata(root)?.is_dir() {
-        return Ok(());
-    }
-    for e in std::fs::read_dir(root)? {
-        let p = e?.path();
-        chown_tree(&p, owner)
-            .map_err(|err| std::io::Error::new(err.kind(), format!("{}: {err}", p.display())))?;
-    }
-    Ok(())
+    // The sandbox's root is the provider's own path; everything below it is changed
+    // through directory handles, no link followed (`checkpoint::dirfd`).
+    let dir = crate::checkpoint::dirfd::open_dir_path(root)?;
+    crate::checkpoint::dirfd::chown_tree(std::os::fd::AsFd::as_fd(&dir), owner.uid, owner.gid)
+        .map_err(|err| std::io::Error::new(err.kind(), format!("{}: {err}", root.display())))
 }
 
 /// A sandbox handle that does not keep the sandbox in use: what a long-lived observer
@@ -749,14 +744,25 @@ impl DirProvider {
 }
 
 fn remove_tree(key: &str, path: &Path) -> MiddlewareResult<()> {
-    match std::fs::remove_dir_all(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(MiddlewareError::Sandbox {
-            key: key.to_string(),
-            detail: format!("removing {}: {e}", path.display()),
-        }),
-    }
+    use crate::checkpoint::dirfd;
+    use std::os::unix::ffi::OsStrExt;
+    let err = |e: std::io::Error| MiddlewareError::Sandbox {
+        key: key.to_string(),
+        detail: format!("removing {}: {e}", path.display()),
+    };
+    // The provider's own directory is opened by path; the sandbox in it is removed
+    // through handles, no link in it followed.
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(err(std::io::Error::from(std::io::ErrorKind::InvalidInput)));
+    };
+    let dir = match dirfd::open_dir_path(parent) {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(err(e)),
+    };
+    let name = std::ffi::CString::new(name.as_bytes())
+        .map_err(|_| err(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
+    dirfd::remove_entry(std::os::fd::AsFd::as_fd(&dir), &name).map_err(err)
 }
 
 impl SandboxProvider for DirProvider {

@@ -403,29 +403,37 @@ impl<'a> Publisher<'a> {
 }
 
 /// Writes the current secret values back into a restored file, keeping its mode and
-/// modification time.
+/// modification time: the file is found beneath the sandbox's root through handles (no
+/// link followed: a link put in its place is not written through), and read and written
+/// through the one descriptor checked to be a regular file.
 fn put_secrets_back(h: &SandboxHandle, rel: &str, secrets: &Secrets) -> MiddlewareResult<()> {
+    use crate::checkpoint::dirfd::{self, Entry};
+    use std::io::{Read, Seek};
+    use std::os::fd::AsFd;
     let path = h.root.join(rel);
     let io = |e: std::io::Error| MiddlewareError::Sandbox {
         key: h.key.clone(),
         detail: format!("putting secrets back into {}: {e}", path.display()),
     };
-    let meta = std::fs::symlink_metadata(&path).map_err(io)?;
-    if !meta.is_file() {
+    let root = dirfd::open_dir_path(&h.root).map_err(io)?;
+    let entry = match Entry::open_beneath(root.as_fd(), rel.as_bytes()) {
+        Ok(e) => e,
+        // Not (or no longer) a file reached without a link: nothing of it to fill.
+        Err(e) if dirfd::vanished(&e) || e.raw_os_error() == Some(libc::ELOOP) => return Ok(()),
+        Err(e) => return Err(io(e)),
+    };
+    if !entry.meta.is_file() {
         return Ok(());
     }
-    let data = std::fs::read(&path).map_err(io)?;
+    let mut f = entry.open_rw().map_err(io)?;
+    let mut data = Vec::new();
+    f.read_to_end(&mut data).map_err(io)?;
     let Some(filled) = secrets.fill(&data) else {
         return Ok(());
     };
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .truncate(true)
-        .open(&path)
-        .map_err(io)?;
+    f.rewind().map_err(io)?;
+    f.set_len(0).map_err(io)?;
     f.write_all(&filled).map_err(io)?;
-    let mtime = meta.modified().map_err(io)?;
-    f.set_times(std::fs::FileTimes::new().set_modified(mtime))
-        .map_err(io)?;
+    dirfd::set_fd_mtime(f.as_fd(), entry.meta.mtime_ns).map_err(io)?;
     Ok(())
 }

@@ -18,6 +18,7 @@ mod lifecycle;
 mod limits;
 mod middleware;
 mod overlay;
+mod paths;
 mod peer;
 mod portable;
 mod read_only;

@@ -13,10 +13,10 @@
 //! only, never the lower's other directories.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fs::File;
+use std::ffi::CString;
 use std::io::{Read, Seek};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -24,6 +24,7 @@ use crate::cas::file::{store_bytes, store_reader, StoreStats};
 use crate::cas::{
     load_tree, store_tree, EntryContent, FileId, ObjectStore, Tree, TreeEntry, TreeId,
 };
+use crate::checkpoint::dirfd::{self, Entry, Meta};
 use crate::checkpoint::xattr;
 use crate::fs::erofs::parse_data_name;
 use crate::fs::{EntryKind, FilterError, SnapshotFilter, SnapshotStats};
@@ -45,14 +46,14 @@ pub(super) struct Stamp {
 }
 
 impl Stamp {
-    pub(super) fn of(m: &std::fs::Metadata) -> Stamp {
+    pub(super) fn of(m: &Meta) -> Stamp {
         Stamp {
-            ino: m.ino(),
-            size: m.size(),
-            mode: m.mode(),
-            mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
-            ctime_ns: m.ctime() * 1_000_000_000 + m.ctime_nsec(),
-            rdev: m.rdev(),
+            ino: m.ino,
+            size: m.size,
+            mode: m.mode,
+            mtime_ns: m.mtime_ns,
+            ctime_ns: m.ctime_ns,
+            rdev: m.rdev,
         }
     }
 }
@@ -232,10 +233,9 @@ pub(super) fn mark_in_checkpoint(cache: &HashCache, hashed: &[Stamp]) {
 }
 
 /// Whether `m` (with xattrs `x`) is a whiteout: a removed lower entry.
-fn is_whiteout(m: &std::fs::Metadata, x: &[(Vec<u8>, Vec<u8>)], prefix: &[u8]) -> bool {
-    use std::os::unix::fs::FileTypeExt;
-    (m.file_type().is_char_device() && m.rdev() == 0)
-        || (m.file_type().is_file() && m.size() == 0 && ovl_attr(x, prefix, "whiteout").is_some())
+fn is_whiteout(m: &Meta, x: &[(Vec<u8>, Vec<u8>)], prefix: &[u8]) -> bool {
+    (m.kind() == libc::S_IFCHR && m.rdev == 0)
+        || (m.is_file() && m.size == 0 && ovl_attr(x, prefix, "whiteout").is_some())
 }
 
 fn ovl_attr<'x>(x: &'x [(Vec<u8>, Vec<u8>)], prefix: &[u8], name: &str) -> Option<&'x [u8]> {
@@ -261,9 +261,9 @@ fn user_xattrs(x: Vec<(Vec<u8>, Vec<u8>)>, prefix: &[u8]) -> Vec<(Vec<u8>, Vec<u
         .collect()
 }
 
-/// An entry renamed or removed while the walk ran.
+/// An entry renamed, removed or replaced while the walk ran.
 fn vanished(e: &std::io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR))
+    dirfd::vanished(e)
 }
 
 impl UpperCapture<'_> {
@@ -309,18 +309,23 @@ impl UpperCapture<'_> {
 
     /// The tree of the merged directory whose upper is `upper` and whose lower is
     /// `lower` (none: a new or opaque directory); `rel` is its path in the workspace.
+    /// `upper` (the store's own directory) is the one path opened: everything in it is
+    /// read through directory handles ([`crate::checkpoint::dirfd`]), no link followed.
     pub(super) fn dir(
         &mut self,
         upper: &Path,
         rel: &str,
         lower: Option<TreeId>,
     ) -> Result<Option<TreeId>, UpperError> {
-        self.dir_at(upper, rel, &[], lower)
+        let fd = dirfd::open_dir_path_noatime(upper).map_err(io(upper))?;
+        self.dir_at(fd.as_fd(), upper, rel, &[], lower)
     }
 
-    /// [`dir`](Self::dir) of the directory at `key` in the upper.
+    /// [`dir`](Self::dir) of the directory at `key` in the upper, open as `fd` (`upper`
+    /// is its path, for messages).
     fn dir_at(
         &mut self,
+        fd: BorrowedFd<'_>,
         upper: &Path,
         rel: &str,
         key: &[u8],
@@ -364,9 +369,10 @@ impl UpperCapture<'_> {
                         .flat_map(|t| t.entries().iter().cloned())
                         .map(|e| (e.name.clone(), e))
                         .collect();
-                    // Listed without touching the directory's access time (the user's).
-                    let mut names: Vec<Vec<u8>> = match crate::fs::list_dir_noatime(upper) {
-                        Ok(rd) => rd.into_iter().map(|e| e.name).collect(),
+                    // Listed without touching the directory's access time (the user's):
+                    // the handle was opened with O_NOATIME where that is allowed.
+                    let mut names: Vec<Vec<u8>> = match dirfd::list_dir_typed(fd) {
+                        Ok(rd) => rd.into_iter().map(|e| e.0).collect(),
                         // Renamed or removed while the walk ran: per-entry consistency.
                         Err(e) if vanished(&e) && !rel.is_empty() => return Ok(None),
                         Err(e) => return Err(io(upper)(e)),
@@ -377,7 +383,7 @@ impl UpperCapture<'_> {
             };
         let mut stamps: Vec<(Vec<u8>, Option<Stamp>)> = Vec::with_capacity(names.len());
         for name in names {
-            let (stamp, step) = self.entry(upper, rel, key, &name, lower.as_ref())?;
+            let (stamp, step) = self.entry(fd, upper, rel, key, &name, lower.as_ref())?;
             stamps.push((name.clone(), stamp));
             match step {
                 // What the lower shows, where the upper has nothing (or nothing storable).
@@ -416,10 +422,13 @@ impl UpperCapture<'_> {
         Ok(Some(id))
     }
 
-    /// What the upper's entry `name` of directory `upper` makes of the merged
-    /// directory (whose lower tree is `lower`), and its stamp (none: not in the upper).
+    /// What the upper's entry `name` of directory `upper` (open as `dir`) makes of the
+    /// merged directory (whose lower tree is `lower`), and its stamp (none: not in the
+    /// upper). The entry is opened first (never followed): its stamp is the `fstat` of
+    /// what was opened, and its content is read only from that.
     fn entry(
         &mut self,
+        dir: BorrowedFd<'_>,
         upper: &Path,
         rel: &str,
         key: &[u8],
@@ -429,13 +438,16 @@ impl UpperCapture<'_> {
         let name = name.to_vec();
         let path = upper.join(std::ffi::OsStr::from_bytes(&name));
         let child_rel = crate::cas::join_path(rel, &name);
-        let m = match std::fs::symlink_metadata(&path) {
-            Ok(m) => m,
+        let cname = CString::new(name.clone())
+            .map_err(|_| UpperError::Invalid(format!("{}: a NUL in a name", path.display())))?;
+        let opened = match Entry::open(dir, &cname) {
+            Ok(e) => e,
             // Removed while the walk ran: per-entry consistency (docs/mount.md).
             Err(e) if vanished(&e) => return Ok((None, Step::Lower)),
             Err(e) => return Err(io(&path)(e)),
         };
-        let x = match xattr::list(&path) {
+        let m = opened.meta;
+        let x = match xattr::list_at(dir, &cname, &m) {
             Ok(x) => x,
             Err(e) if vanished(&e) => return Ok((None, Step::Lower)),
             Err(e) => return Err(io(&path)(e)),
@@ -445,12 +457,11 @@ impl UpperCapture<'_> {
         if is_whiteout(&m, &x, self.prefix) {
             return Ok((stamp, Step::Removed));
         }
-        let ft = m.file_type();
-        let (kind, size) = if ft.is_file() {
-            (EntryKind::File, m.size())
-        } else if ft.is_dir() {
+        let (kind, size) = if m.is_file() {
+            (EntryKind::File, m.size)
+        } else if m.is_dir() {
             (EntryKind::Dir, 0)
-        } else if ft.is_symlink() {
+        } else if m.is_symlink() {
             (EntryKind::Symlink, 0)
         } else {
             (EntryKind::Special, 0)
@@ -465,12 +476,12 @@ impl UpperCapture<'_> {
         let entry = |content, size, xattrs| TreeEntry {
             name: name.clone(),
             content,
-            mode: m.mode() & 0o7777,
-            mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+            mode: m.perm(),
+            mtime_ns: m.mtime_ns,
             size,
             xattrs,
         };
-        let new = if ft.is_dir() {
+        let new = if m.is_dir() {
             let sub_lower = if ovl_attr(&x, self.prefix, "opaque") == Some(b"y") {
                 None
             } else if let Some(r) = followed(&x, self.prefix, "redirect") {
@@ -479,12 +490,18 @@ impl UpperCapture<'_> {
                 before.as_ref().and_then(|e| e.tree_id())
             };
             let child_key = rel_join(key, &name);
-            let Some(id) = self.dir_at(&path, &child_rel, &child_key, sub_lower)? else {
+            let sub = match opened.open_dir_noatime() {
+                Ok(s) => s,
+                Err(e) if vanished(&e) => return Ok((None, Step::Lower)),
+                Err(e) => return Err(io(&path)(e)),
+            };
+            let Some(id) = self.dir_at(sub.as_fd(), &path, &child_rel, &child_key, sub_lower)?
+            else {
                 return Ok((stamp, Step::Lower));
             };
             self.stats.dirs_written += 1;
             entry(EntryContent::Dir(id), 0, user_xattrs(x, self.prefix))
-        } else if ft.is_file() {
+        } else if m.is_file() {
             if followed(&x, self.prefix, "metacopy").is_some() {
                 // Metadata changed, data still the lower's (where it came from).
                 let redirect = followed(&x, self.prefix, "redirect");
@@ -514,32 +531,29 @@ impl UpperCapture<'_> {
                 entry(EntryContent::File(id), size, user_xattrs(x, self.prefix))
             } else {
                 let child_key = rel_join(key, &name);
-                let Some((id, size)) = self.file(&path, &child_rel, &child_key, &m)? else {
+                let Some((id, size)) = self.file(&opened, &path, &child_rel, &child_key)? else {
                     return Ok((stamp, Step::Lower));
                 };
                 entry(EntryContent::File(id), size, user_xattrs(x, self.prefix))
             }
-        } else if ft.is_symlink() {
-            let target = match std::fs::read_link(&path) {
+        } else if m.is_symlink() {
+            let t = match opened.readlink() {
                 Ok(t) => t,
                 Err(e) if vanished(&e) => return Ok((None, Step::Lower)),
                 Err(e) => return Err(io(&path)(e)),
             };
-            let t = target.as_os_str().as_bytes().to_vec();
             let len = t.len() as u64;
             entry(EntryContent::Symlink(t), len, user_xattrs(x, self.prefix))
         } else {
-            use std::os::unix::fs::FileTypeExt;
-            let content = if ft.is_fifo() {
-                EntryContent::Fifo
-            } else if ft.is_char_device() {
-                EntryContent::CharDevice { rdev: m.rdev() }
-            } else if ft.is_block_device() {
-                EntryContent::BlockDevice { rdev: m.rdev() }
-            } else {
-                // A socket cannot be stored.
-                self.stats.skipped += 1;
-                return Ok((stamp, Step::Lower));
+            let content = match m.kind() {
+                libc::S_IFIFO => EntryContent::Fifo,
+                libc::S_IFCHR => EntryContent::CharDevice { rdev: m.rdev },
+                libc::S_IFBLK => EntryContent::BlockDevice { rdev: m.rdev },
+                _ => {
+                    // A socket cannot be stored.
+                    self.stats.skipped += 1;
+                    return Ok((stamp, Step::Lower));
+                }
             };
             entry(content, 0, user_xattrs(x, self.prefix))
         };
@@ -559,16 +573,17 @@ impl UpperCapture<'_> {
     }
 
     /// Stores an upper file (unless stored unchanged before), returning its id and
-    /// size. A file that changes while it is read is read again (three tries), then
-    /// stored as read: consistency is per file.
+    /// size: the file opened (`entry`), reopened for reading. A file that changes while
+    /// it is read is read again (three tries), then stored as read: consistency is per
+    /// file.
     fn file(
         &mut self,
+        entry: &Entry,
         path: &Path,
         rel: &str,
         key: &[u8],
-        m: &std::fs::Metadata,
     ) -> Result<Option<(FileId, u64)>, UpperError> {
-        let stamp = Stamp::of(m);
+        let stamp = Stamp::of(&entry.meta);
         if self.filter.is_none() {
             let hit = self
                 .cache
@@ -590,12 +605,12 @@ impl UpperCapture<'_> {
         let mut tries = 0;
         loop {
             tries += 1;
-            let mut file = match File::open(path) {
+            let mut file = match entry.open_read() {
                 Ok(f) => f,
                 Err(e) if vanished(&e) => return Ok(None),
                 Err(e) => return Err(io(path)(e)),
             };
-            let before = Stamp::of(&file.metadata().map_err(io(path))?);
+            let before = Stamp::of(&dirfd::fstat(file.as_fd()).map_err(io(path))?);
             let mut s = StoreStats::default();
             let other = match self.filter {
                 Some(f) => f
@@ -622,7 +637,7 @@ impl UpperCapture<'_> {
                     }
                 }
             };
-            let after = Stamp::of(&file.metadata().map_err(io(path))?);
+            let after = Stamp::of(&dirfd::fstat(file.as_fd()).map_err(io(path))?);
             self.add(&s);
             self.stats.files_hashed += 1;
             self.stats.bytes_hashed += fref.size;
@@ -710,6 +725,9 @@ pub(super) fn changes_since(
     limit: usize,
 ) -> std::io::Result<UpperChanges> {
     let mut out = UpperChanges::default();
+    // The upper (the store's own directory) is the one path opened: everything in it
+    // is looked at through handles, beneath it, no link followed.
+    let root = dirfd::open_dir_path_noatime(upper)?;
     let mut stack: Vec<Rel> = match dirs {
         Some(d) => d
             .iter()
@@ -742,14 +760,14 @@ pub(super) fn changes_since(
     for rel in entries {
         let (p, name) = split_rel(&rel);
         let then = captured.get(p).and_then(|l| l.get(name));
-        match std::fs::symlink_metadata(rel_path(upper, &rel)) {
-            Ok(m) => {
+        match lstat_beneath(root.as_fd(), p, name) {
+            Ok(Some(m)) => {
                 let s = Stamp::of(&m);
                 if differs(&s, then) {
                     out.changed(&rel, &s);
                 }
             }
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
+            Ok(None) => {
                 if let Some(t) = then {
                     out.gone(captured, rel, t);
                 }
@@ -758,21 +776,20 @@ pub(super) fn changes_since(
         }
     }
     while let Some(rel) = stack.pop() {
-        let dir = rel_path(upper, &rel);
         // Listed without touching the directory's access time (the user's).
-        let rd = match crate::fs::list_dir_noatime(&dir) {
-            Ok(rd) => rd,
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
-                continue
-            }
+        let dir = match dirfd::open_dir_beneath(root.as_fd(), &rel) {
+            Ok(d) => d,
+            Err(e) if gone(&e) => continue,
             Err(e) => return Err(e),
         };
+        let rd = dirfd::list_dir_typed(dir.as_fd())?;
         let then = captured.get(&rel);
         let mut seen = HashSet::new();
-        for e in rd {
-            let name = e.name;
-            let Ok(m) = std::fs::symlink_metadata(dir.join(std::ffi::OsStr::from_bytes(&name)))
-            else {
+        for (name, _) in rd {
+            let Ok(c) = CString::new(name.clone()) else {
+                continue;
+            };
+            let Ok(Some(m)) = dirfd::lstat_at(dir.as_fd(), &c) else {
                 continue;
             };
             let s = Stamp::of(&m);
@@ -795,6 +812,28 @@ pub(super) fn changes_since(
     out.paths.dedup();
     out.paths.truncate(limit);
     Ok(out)
+}
+
+/// A path that is not there (any more) as a directory: removed, or replaced by a file or
+/// a symlink (which no lookup beneath the upper follows).
+fn gone(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP)
+    )
+}
+
+/// The metadata of entry `name` of directory `dir` (a path beneath `root`), no link
+/// followed; `None` if it is not there.
+fn lstat_beneath(root: BorrowedFd<'_>, dir: &[u8], name: &[u8]) -> std::io::Result<Option<Meta>> {
+    let d = match dirfd::open_dir_beneath(root, dir) {
+        Ok(d) => d,
+        Err(e) if gone(&e) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let c = CString::new(name)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "a NUL in a name"))?;
+    dirfd::lstat_at(d.as_fd(), &c)
 }
 
 /// Applies a capture's `listings` (directories it looked at whole) and `partial`

@@ -28,7 +28,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsString;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -36,6 +36,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
 
 use super::upper::{rel_join, rel_path, split_rel, Rel, Visit};
+use crate::checkpoint::dirfd;
 
 /// What is watched on every directory of an upper.
 fn mask() -> WatchMask {
@@ -312,12 +313,42 @@ impl State {
         let Some(root) = self.uppers.get(&id).map(|u| u.root.clone()) else {
             return;
         };
+        // Every directory is opened beneath the upper's handle (no link followed, never
+        // out of it) and watched through its descriptor: a directory replaced by a
+        // symlink meanwhile is not followed out of the upper.
+        let Ok(top) = dirfd::open_dir_path(&root) else {
+            return;
+        };
         let mut watches = self.inotify.watches();
         let mut stack = vec![rel.to_vec()];
         while let Some(d) = stack.pop() {
             let path = rel_path(&root, &d);
+            let dir = match dirfd::open_dir_beneath(top.as_fd(), &d) {
+                Ok(f) => f,
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP)
+                    ) =>
+                {
+                    continue
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "opening {}: {e}; overlay checkpoints walk the whole upper",
+                        path.display()
+                    );
+                    if let Some(u) = self.uppers.get_mut(&id) {
+                        u.unwatched = true;
+                    }
+                    return;
+                }
+            };
+            // The descriptor's magic link leads to the directory opened (followed: that
+            // is the point, so no DONT_FOLLOW here).
+            let by_fd = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
             // Watched before it is listed: an entry made after the listing is an event.
-            let wd = match watches.add(&path, mask()) {
+            let wd = match watches.add(&by_fd, mask().difference(WatchMask::DONT_FOLLOW)) {
                 Ok(wd) => wd,
                 Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
                     continue
@@ -340,13 +371,13 @@ impl State {
             u.paths.insert(d.clone(), wd);
             u.mark(&d, None, seq);
             // Listed without touching its access time (a user's `utimensat` may have
-            // set it just before).
-            let Ok(rd) = crate::fs::list_dir_noatime(&path) else {
+            // set it just before): opened with O_NOATIME where that is allowed.
+            let Ok(rd) = dirfd::list_dir_typed(dir.as_fd()) else {
                 continue;
             };
-            for e in rd {
-                if e.is_dir {
-                    stack.push(rel_join(&d, &e.name));
+            for (name, is_dir) in rd {
+                if dirfd::listed_dir(dir.as_fd(), &name, is_dir) {
+                    stack.push(rel_join(&d, &name));
                 }
             }
         }

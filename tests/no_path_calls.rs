@@ -1,0 +1,352 @@
+//! Boundary 1 (paths): the modules that touch a tree a less trusted party changes (a
+//! sandbox's workspace, an overlay's upper, a plain directory captured or restored
+//! into) make no file system call by path there: everything goes through
+//! `checkpoint::dirfd`'s directory handles. This test reads their source and fails on
+//! any call by path (`std::fs`, `File::open`, `OpenOptions`, the path-taking `libc`
+//! calls, ...) that is not in the allowlist below, each entry saying why that one call
+//! is safe; and on an allowlist entry that no longer matches anything.
+
+use std::path::Path;
+
+/// The modules of docs/architecture.md's list of every place the server touches a path
+/// inside a workspace.
+const MODULES: &[&str] = &[
+    "src/checkpoint/capture.rs",
+    "src/checkpoint/restore.rs",
+    "src/checkpoint/dircache.rs",
+    "src/checkpoint/xattr.rs",
+    "src/checkpoint/watch.rs",
+    "src/checkpoint/maintenance.rs",
+    "src/checkpoint/dirfd/mod.rs",
+    "src/checkpoint/dirfd/root.rs",
+    "src/mount/overlay/upper.rs",
+    "src/mount/overlay/watch.rs",
+    "src/middleware/events.rs",
+    "src/middleware/dir_watch.rs",
+    "src/middleware/secrets.rs",
+    "src/middleware/publish.rs",
+    "src/middleware/policy.rs",
+    "src/middleware/provider.rs",
+];
+
+/// What a call by path looks like in the source.
+const BY_PATH: &[&str] = &[
+    "std::fs::",
+    " fs::",
+    "(fs::",
+    "!fs::",
+    "File::open",
+    "File::create",
+    "OpenOptions",
+    "symlink_metadata",
+    "read_link(",
+    "read_dir(",
+    "canonicalize(",
+    "set_permissions",
+    "lchown",
+    ".chown(",
+    ".exists()",
+    ".metadata()",
+    "list_dir_noatime(",
+    "rustix::fs::open(",
+    ".watch(",
+    "libc::open(",
+    "libc::openat(",
+    "libc::stat(",
+    "libc::lstat(",
+    "libc::fstatat(",
+    "libc::statfs(",
+    "libc::chmod(",
+    "libc::fchmodat(",
+    "libc::chown(",
+    "libc::lchown(",
+    "libc::fchownat(",
+    "libc::unlink(",
+    "libc::unlinkat(",
+    "libc::rename(",
+    "libc::renameat(",
+    "libc::mkdir(",
+    "libc::mkdirat(",
+    "libc::mknod(",
+    "libc::mknodat(",
+    "libc::symlink(",
+    "libc::symlinkat(",
+    "libc::link(",
+    "libc::readlink(",
+    "libc::readlinkat(",
+    "libc::utimensat(",
+    "libc::utime",
+    "libc::truncate(",
+    "libc::access(",
+    "libc::inotify_add_watch(",
+    "libc::getxattr(",
+    "libc::lgetxattr(",
+    "libc::setxattr(",
+    "libc::lsetxattr(",
+    "libc::listxattr(",
+    "libc::llistxattr(",
+    "libc::removexattr(",
+    "libc::lremovexattr(",
+];
+
+/// Every remaining call by path in those modules: (module, text of the line, why it is
+/// safe).
+const ALLOWED: &[(&str, &str, &str)] = &[
+    (
+        "src/checkpoint/capture.rs",
+        "let dir = fs::canonicalize(dir)",
+        "the directory the caller names (the command line's, or a sandbox root the \
+         provider made in its own directory): resolved once; everything below it through \
+         handles",
+    ),
+    (
+        "src/checkpoint/restore.rs",
+        "use std::fs::{self, File};",
+        "imports: `fs` for the destination's own path (below), `File` the type descriptors \
+         are read and written as",
+    ),
+    (
+        "src/checkpoint/restore.rs",
+        "fs::create_dir_all(dest)",
+        "the destination the caller names, made if missing: everything below it through \
+         handles of directories the restore opened or made",
+    ),
+    (
+        "src/checkpoint/restore.rs",
+        "let dest = fs::canonicalize(dest)",
+        "the same destination, resolved once to key its directory cache",
+    ),
+    (
+        "src/checkpoint/restore.rs",
+        "let dir = match fs::canonicalize(dir)",
+        "uncaptured_changes: the directory the caller names; below it through handles",
+    ),
+    (
+        "src/checkpoint/xattr.rs",
+        "libc::llistxattr(c.as_ptr()",
+        "/proc/self/fd/<dir>/<name> on a kernel without listxattrat: the descriptor pins \
+         the directory, only the last name is looked up and not followed, and the entry is \
+         checked to be the one opened",
+    ),
+    (
+        "src/checkpoint/xattr.rs",
+        "libc::lgetxattr(",
+        "the same /proc/self/fd/<dir>/<name> path",
+    ),
+    (
+        "src/checkpoint/watch.rs",
+        "if !socket.exists() {",
+        "the watcher's socket, in the store's own directory",
+    ),
+    (
+        "src/checkpoint/watch.rs",
+        "let root = std::fs::canonicalize(root)?;",
+        "the directory named on `casfs watch`'s command line (its user's own); below it \
+         through handles",
+    ),
+    (
+        "src/checkpoint/watch.rs",
+        "libc::statfs(c.as_ptr(), &mut sfs)",
+        "the same root, for its filesystem type",
+    ),
+    (
+        "src/checkpoint/watch.rs",
+        "libc::inotify_add_watch(self.fd.as_raw_fd(), c.as_ptr(), mask)",
+        "/proc/self/fd/<fd> of a directory opened beneath the root: the magic link leads \
+         to that very directory",
+    ),
+    (
+        "src/checkpoint/watch.rs",
+        "std::fs::create_dir_all(dir)?;",
+        "the store's own directory of watcher sockets",
+    ),
+    (
+        "src/checkpoint/watch.rs",
+        "let _ = std::fs::remove_file(&self.0);",
+        "the watcher's own socket, in the store's directory",
+    ),
+    (
+        "src/checkpoint/maintenance.rs",
+        "std::fs::read_dir(dir)",
+        "dir_bytes: the store's database directory, which only casfs writes",
+    ),
+    (
+        "src/checkpoint/maintenance.rs",
+        ".filter_map(|e| e.metadata().ok())",
+        "the same database directory's files",
+    ),
+    (
+        "src/checkpoint/maintenance.rs",
+        "if let Ok(rd) = std::fs::read_dir(&mounts_dir) {",
+        "the store's mounts directory: names are keys casfs made; the uppers below are \
+         walked through handles",
+    ),
+    (
+        "src/checkpoint/maintenance.rs",
+        "let Ok(rd) = std::fs::read_dir(super::store::images_dir(store.root())) else {",
+        "the store's EROFS images, which only casfs writes",
+    ),
+    (
+        "src/checkpoint/maintenance.rs",
+        "if repair && std::fs::remove_file(&path).is_ok() {",
+        "an EROFS image in the store's images directory",
+    ),
+    (
+        "src/checkpoint/dirfd/mod.rs",
+        "entry.chown(uid, gid).map_err(named)?;",
+        "Entry::chown: fchownat on the opened descriptor (AT_EMPTY_PATH), not a path",
+    ),
+    (
+        "src/checkpoint/dirfd/mod.rs",
+        "match rustix::fs::open(path, flags | OFlags::NOATIME, Mode::empty()) {",
+        "open_dir_path_noatime: the same caller's own path",
+    ),
+    (
+        "src/checkpoint/dirfd/mod.rs",
+        "Err(rustix::io::Errno::PERM) => rustix::fs::open(path, flags, Mode::empty()),",
+        "the same, without O_NOATIME",
+    ),
+    (
+        "src/checkpoint/dirfd/mod.rs",
+        "rustix::fs::open(",
+        "open_dir_path: the one path the handles start from, the caller's own (a store \
+         directory, a sandbox's root, a command line's directory); and /proc, checked to \
+         be procfs",
+    ),
+    (
+        "src/mount/overlay/watch.rs",
+        "let Ok(procs) = std::fs::read_dir(\"/proc\") else {",
+        "open_writers: this host's /proc (procfs), not a workspace",
+    ),
+    (
+        "src/mount/overlay/watch.rs",
+        "if let Ok(fds) = std::fs::read_dir(dir.join(\"fd\")) {",
+        "the same /proc/<pid>/fd",
+    ),
+    (
+        "src/mount/overlay/watch.rs",
+        "let Ok(target) = std::fs::read_link(fd.path()) else {",
+        "/proc/<pid>/fd/<n>: its text only, compared with the upper's path",
+    ),
+    (
+        "src/mount/overlay/watch.rs",
+        "let writable = std::fs::read_to_string(info).is_ok_and(|t| {",
+        "/proc/<pid>/fdinfo/<n>",
+    ),
+    (
+        "src/mount/overlay/watch.rs",
+        "if let Ok(maps) = std::fs::read(dir.join(\"maps\")) {",
+        "/proc/<pid>/maps",
+    ),
+    (
+        "src/middleware/dir_watch.rs",
+        "if let Err(e) = w.watch(root, RecursiveMode::Recursive) {",
+        "notify's recursive watch of a sandbox's root (links not followed: \
+         with_follow_symlinks(false)); it reads no content: what events lead to is read \
+         through handles (diffs, listings, is_dir_beneath)",
+    ),
+    (
+        "src/middleware/provider.rs",
+        "let _ = std::fs::create_dir_all(dir);",
+        "the provider's own sandboxes directory",
+    ),
+    (
+        "src/middleware/provider.rs",
+        "let dir = std::fs::canonicalize(dir)",
+        "the same directory, resolved once",
+    ),
+    (
+        "src/middleware/provider.rs",
+        "let _ = std::fs::remove_dir(self.mountpoint(key));",
+        "an empty mountpoint in the provider's directory, once unmounted (rmdir follows \
+         nothing and removes only an empty directory)",
+    ),
+    (
+        "src/middleware/provider.rs",
+        "std::fs::create_dir_all(&mp)",
+        "a mountpoint in the provider's own directory",
+    ),
+    (
+        "src/middleware/provider.rs",
+        "let entries = match std::fs::read_dir(&self.dir) {",
+        "the provider's own directory: the names of its sandboxes",
+    ),
+    (
+        "src/middleware/provider.rs",
+        "let _ = std::fs::remove_dir(&mp);",
+        "an empty leftover mountpoint in the provider's directory",
+    ),
+    (
+        "src/middleware/provider.rs",
+        "std::fs::create_dir_all(&root).map_err(err)?;",
+        "a plain sandbox's root, made in the provider's own directory",
+    ),
+    (
+        "src/middleware/provider.rs",
+        "let root = std::fs::canonicalize(&root).map_err(err)?;",
+        "the same root, just made",
+    ),
+    (
+        "src/middleware/provider.rs",
+        "owner.chown(&root).map_err(err)?;",
+        "that root, just made and still empty, given to its owner (lchown: not followed)",
+    ),
+    (
+        "src/middleware/provider.rs",
+        "let Ok(entries) = std::fs::read_dir(&self.dir) else {",
+        "the provider's own directory: the names of its sandboxes",
+    ),
+];
+
+/// Lines that name the `File` type only.
+const TYPE_ONLY: &[&str] = &["use std::fs::File;"];
+
+#[test]
+fn no_module_that_touches_a_workspace_calls_the_file_system_by_path() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut found = Vec::new();
+    let mut used = vec![false; ALLOWED.len()];
+    for m in MODULES {
+        let src = std::fs::read_to_string(root.join(m)).unwrap_or_else(|e| panic!("{m}: {e}"));
+        for (n, line) in src.lines().enumerate() {
+            // Unit tests work on their own temporary directories.
+            if line.starts_with("#[cfg(test)]") {
+                break;
+            }
+            let code = line.trim();
+            if code.starts_with("//") || TYPE_ONLY.contains(&code) {
+                continue;
+            }
+            // A call at the start of a line (`fs::create_dir_all(..)`) has a space before it
+            // too.
+            let padded = format!(" {code}");
+            if !BY_PATH.iter().any(|p| padded.contains(p)) {
+                continue;
+            }
+            match ALLOWED
+                .iter()
+                .position(|(f, text, _)| f == m && code.contains(text))
+            {
+                Some(i) => used[i] = true,
+                None => found.push(format!("{m}:{}: {code}", n + 1)),
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "calls by path in modules that touch workspaces (go through \
+         checkpoint::dirfd, or add the call to ALLOWED with why it is safe):\n{}",
+        found.join("\n")
+    );
+    let stale: Vec<String> = ALLOWED
+        .iter()
+        .zip(&used)
+        .filter(|(_, u)| !**u)
+        .map(|((f, t, _), _)| format!("{f}: {t}"))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "allowlist entries that match nothing any more:\n{}",
+        stale.join("\n")
+    );
+}
