@@ -263,11 +263,6 @@ const ALLOWED: &[(&str, &str, &str)] = &[
     ),
     (
         "src/middleware/provider.rs",
-        "std::fs::create_dir_all(&mp)",
-        "a mountpoint in the provider's own directory",
-    ),
-    (
-        "src/middleware/provider.rs",
         "let entries = match std::fs::read_dir(&self.dir) {",
         "the provider's own directory: the names of its sandboxes",
     ),
@@ -275,11 +270,6 @@ const ALLOWED: &[(&str, &str, &str)] = &[
         "src/middleware/provider.rs",
         "let _ = std::fs::remove_dir(&mp);",
         "an empty leftover mountpoint in the provider's directory",
-    ),
-    (
-        "src/middleware/provider.rs",
-        "std::fs::create_dir_all(&root).map_err(err)?;",
-        "a plain sandbox's root, made in the provider's own directory",
     ),
     (
         "src/middleware/provider.rs",
@@ -295,6 +285,43 @@ const ALLOWED: &[(&str, &str, &str)] = &[
         "src/middleware/provider.rs",
         "let Ok(entries) = std::fs::read_dir(&self.dir) else {",
         "the provider's own directory: the names of its sandboxes",
+    ),
+    (
+        "src/middleware/provider.rs",
+        "use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};",
+        "imports of the extension traits the gate is made with",
+    ),
+    (
+        "src/middleware/provider.rs",
+        "match std::fs::DirBuilder::new().mode(0o700).create(gate) {",
+        "a sandbox's gate, made in the provider's own directory (the server's: nobody \
+         else can put anything there)",
+    ),
+    (
+        "src/middleware/provider.rs",
+        "let dir = std::fs::OpenOptions::new()",
+        "that gate, opened O_NOFOLLOW, its owner and ACL set through the descriptor",
+    ),
+    (
+        "src/middleware/provider.rs",
+        "let m = dir.metadata().map_err(named)?;",
+        "fstat of that descriptor",
+    ),
+    (
+        "src/middleware/provider.rs",
+        "match std::fs::DirBuilder::new().mode(0o755).create(&ws) {",
+        "the workspace directory inside the gate, which only the server may write",
+    ),
+    (
+        "src/middleware/provider.rs",
+        "let _ = std::fs::remove_dir(self.dir.join(key));",
+        "an emptied gate in the provider's directory (rmdir follows nothing and removes \
+         only an empty directory)",
+    ),
+    (
+        "src/middleware/provider.rs",
+        "std::fs::create_dir_all(&self.dir).map_err(err)?;",
+        "the provider's own sandboxes directory",
     ),
 ];
 

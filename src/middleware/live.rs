@@ -53,6 +53,11 @@ impl Live {
         self.lock().get(key).map(|e| e.handle.clone())
     }
 
+    /// Sandbox `key`, looked at without holding it.
+    pub fn look(&self, key: &str) -> Option<SandboxHandle> {
+        self.lock().get(key).map(|e| e.handle.look())
+    }
+
     pub fn keys(&self) -> Vec<String> {
         self.lock().keys().cloned().collect()
     }

@@ -44,6 +44,8 @@ pub struct SandboxHandle {
     pub root: PathBuf,
     /// The thread it is a workspace of (whose tenant owns it: [`ThreadId::tenant`]).
     pub thread: ThreadId,
+    /// Whose its files are: what the server does in it for a client, it does as them.
+    pub owner: Owner,
     pub workspace: SandboxWorkspace,
     /// Shared by the holding clones: more than the provider's own one means in use.
     hold: Arc<Hold>,
@@ -90,6 +92,7 @@ pub struct WeakSandboxHandle {
     pub key: String,
     pub root: PathBuf,
     pub thread: ThreadId,
+    pub owner: Owner,
     workspace: WeakWorkspace,
 }
 
@@ -124,6 +127,7 @@ impl WeakSandboxHandle {
             self.key.clone(),
             self.root.clone(),
             self.thread.clone(),
+            self.owner,
             workspace,
         ))
     }
@@ -134,12 +138,14 @@ impl SandboxHandle {
         key: String,
         root: PathBuf,
         thread: ThreadId,
+        owner: Owner,
         workspace: SandboxWorkspace,
     ) -> SandboxHandle {
         SandboxHandle {
             key,
             root,
             thread,
+            owner,
             workspace,
             hold: Arc::default(),
         }
@@ -151,6 +157,7 @@ impl SandboxHandle {
             self.key.clone(),
             self.root.clone(),
             self.thread.clone(),
+            self.owner,
             self.workspace.clone(),
         )
     }
@@ -166,6 +173,7 @@ impl SandboxHandle {
             key: self.key.clone(),
             root: self.root.clone(),
             thread: self.thread.clone(),
+            owner: self.owner,
             workspace: match &self.workspace {
                 SandboxWorkspace::Mount(m) => WeakWorkspace::Mount(Arc::downgrade(m)),
                 SandboxWorkspace::Dir(d) => WeakWorkspace::Dir(Arc::downgrade(d)),
@@ -349,6 +357,12 @@ pub trait SandboxProvider: Send + Sync {
     /// Live sandbox `key`, held while the handle returned lives (a capture of it).
     fn get(&self, _key: &str) -> Option<SandboxHandle> {
         None
+    }
+
+    /// Live sandbox `key`, looked at without holding it (a client's file operation in
+    /// it: a DELETE meanwhile is not refused for it).
+    fn look(&self, key: &str) -> Option<SandboxHandle> {
+        self.live().into_iter().find(|h| h.key == key)
     }
 
     /// Cleans what sandboxes of an earlier process left behind (a server killed
@@ -598,6 +612,7 @@ impl SandboxProvider for CasfsProvider {
             key.clone(),
             mp,
             ctx.thread.clone(),
+            opts.owner,
             SandboxWorkspace::Mount(Arc::new(mount)),
         );
         self.live.lock().insert(
@@ -616,6 +631,10 @@ impl SandboxProvider for CasfsProvider {
 
     fn get(&self, key: &str) -> Option<SandboxHandle> {
         self.live.get(key)
+    }
+
+    fn look(&self, key: &str) -> Option<SandboxHandle> {
+        self.live.look(key)
     }
 
     fn reap_idle(
@@ -802,6 +821,7 @@ impl SandboxProvider for DirProvider {
             key.clone(),
             root,
             ctx.thread.clone(),
+            owner,
             SandboxWorkspace::Dir(Arc::new(DirWorkspace {
                 store: self.store.clone(),
                 base: Mutex::new(None),
@@ -824,6 +844,10 @@ impl SandboxProvider for DirProvider {
 
     fn get(&self, key: &str) -> Option<SandboxHandle> {
         self.live.get(key)
+    }
+
+    fn look(&self, key: &str) -> Option<SandboxHandle> {
+        self.live.look(key)
     }
 
     fn reap_idle(

@@ -11,6 +11,7 @@ mod bench;
 mod changes;
 mod counters;
 mod events;
+mod files;
 mod fleet;
 mod forget;
 mod hostile;

@@ -52,13 +52,13 @@ while True:
 "#;
 
 /// The member's exchanging process, killed when dropped (also when a test fails).
-struct Exchanger(Child);
+pub(crate) struct Exchanger(Child);
 
 impl Exchanger {
     /// Starts exchanging each pair of `pairs` (two names, and the target of a symlink
     /// to make as the second where it is missing, or "") in `dir`, as `user`; returns
     /// once the first exchanges are done.
-    fn start(user: &TestUser, dir: &Path, pairs: &[(&str, &str, &str)]) -> Exchanger {
+    pub(crate) fn start(user: &TestUser, dir: &Path, pairs: &[(&str, &str, &str)]) -> Exchanger {
         let mut args = vec![
             format!("--reuid={}", user.name),
             format!("--regid={}", user.gid),

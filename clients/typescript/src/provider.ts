@@ -10,7 +10,9 @@
  * - `provider.restoreSnapshot({ snapshotId })` is a new sandbox mounted at that
  *   checkpoint: nothing is copied, contents load as they are read.
  * - `handle.fork()` is a snapshot, then a new sandbox at it.
- * - `fs` works on the mounted directory; `fs.watch` follows casfs's own file events.
+ * - `fs` goes through the server (`/v1/sandboxes/{key}/fs/...`), which resolves every
+ *   path beneath the workspace's root whatever links it holds and acts as the sandbox's
+ *   owner; `fs.watch` follows casfs's own file events.
  * - `process.exec`/`spawn` run a POSIX shell on this host in the workspace, each in a
  *   process group of its own (a kill ends what it started). This is no isolation:
  *   processes are the host's, as the calling user, with the host's network.
@@ -20,7 +22,6 @@
  */
 import { randomBytes } from 'node:crypto'
 import * as fs from 'node:fs'
-import * as fsp from 'node:fs/promises'
 import * as path from 'node:path'
 
 import type { CasfsClient, Schemas } from './client.js'
@@ -169,11 +170,35 @@ export function casfsSandbox(options: CasfsSandboxOptions): SandboxProvider {
     const thread = info.thread
     const envVars: Record<string, string> = { ...(options.env ?? {}), ...env }
     const resolve = (p: string): string => resolveIn(root, p)
-    // A mount in the server user's namespace is reached from here through its holder's
-    // root, and its processes run inside the namespace (`casfs exec`).
+    // A mount in the server user's namespace: its processes run inside the namespace
+    // (`casfs exec`).
     const ns = info.namespace ?? null
-    const io = (p: string): string =>
-      ns === null ? resolve(p) : path.join(ns.outside, path.relative(root, resolve(p)))
+    // The workspace's files go through the server, which resolves every path beneath
+    // the workspace's root whatever its links say, and acts as the sandbox's owner.
+    const rel = (p: string): string => path.relative(root, resolve(p))
+    const readBytes = async (p: string): Promise<Uint8Array> => {
+      const data = await client.call(
+        `GET /v1/sandboxes/${key}/fs/read`,
+        client.api.GET('/v1/sandboxes/{key}/fs/read', {
+          params: { path: { key }, query: { path: rel(p) } },
+          parseAs: 'arrayBuffer',
+        }),
+      )
+      return new Uint8Array(data as unknown as ArrayBuffer)
+    }
+    const stat = async (p: string, follow: boolean) => {
+      try {
+        return await client.call(
+          `GET /v1/sandboxes/${key}/fs/stat`,
+          client.api.GET('/v1/sandboxes/{key}/fs/stat', {
+            params: { path: { key }, query: { path: rel(p), follow } },
+          }),
+        )
+      } catch (e) {
+        if (e instanceof CasfsError && e.kind === 'not_found') return undefined
+        throw e
+      }
+    }
     const casfsBin = onPath(options.casfsBin ?? process.env.CASFS_BIN ?? 'casfs')
     const processes = new SandboxProcesses({
       cwd: (c) => (c === undefined ? root : resolve(c)),
@@ -297,51 +322,67 @@ export function casfsSandbox(options: CasfsSandboxOptions): SandboxProvider {
       thread,
       mode: info.mode,
       fs: {
-        read: async (p) => fsp.readFile(io(p), 'utf8'),
-        readBytes: async (p) => new Uint8Array(await fsp.readFile(io(p))),
+        read: async (p) => Buffer.from(await readBytes(p)).toString('utf8'),
+        readBytes: async (p) => readBytes(p),
         write: async (p, data) => {
-          const target = io(p)
-          await fsp.mkdir(path.dirname(target), { recursive: true })
-          await fsp.writeFile(target, typeof data === 'string' ? data : Buffer.from(data))
+          const bytes = typeof data === 'string' ? Buffer.from(data) : Buffer.from(data)
+          await client.call(
+            `PUT /v1/sandboxes/${key}/fs/write`,
+            client.api.PUT('/v1/sandboxes/{key}/fs/write', {
+              params: { path: { key }, query: { path: rel(p) } },
+              body: bytes as unknown as string,
+              bodySerializer: (b: unknown) => b as BodyInit,
+              headers: { 'Content-Type': 'application/octet-stream' },
+            }),
+          )
         },
         list: async (p) => {
-          const entries = await fsp.readdir(io(p), { withFileTypes: true })
+          const entries = await client.call(
+            `GET /v1/sandboxes/${key}/fs/list`,
+            client.api.GET('/v1/sandboxes/{key}/fs/list', {
+              params: { path: { key }, query: { path: rel(p) } },
+            }),
+          )
           const base = p.replace(/\/$/, '')
           return entries.map((e) => ({
             name: e.name,
             path: `${base}/${e.name}`,
-            type: e.isDirectory() ? ('dir' as const) : ('file' as const),
+            type: e.type === 'dir' ? ('dir' as const) : ('file' as const),
           }))
         },
         mkdir: async (p) => {
-          await fsp.mkdir(io(p), { recursive: true })
+          await client.call(
+            `POST /v1/sandboxes/${key}/fs/mkdir`,
+            client.api.POST('/v1/sandboxes/{key}/fs/mkdir', {
+              params: { path: { key } },
+              body: { path: rel(p) },
+            }),
+          )
         },
         remove: async (p) => {
-          await fsp.rm(io(p), { recursive: true, force: true })
+          await client.call(
+            `POST /v1/sandboxes/${key}/fs/remove`,
+            client.api.POST('/v1/sandboxes/{key}/fs/remove', {
+              params: { path: { key } },
+              body: { path: rel(p) },
+            }),
+          )
         },
         rename: async (from, to) => {
-          await fsp.rename(io(from), io(to))
+          await client.call(
+            `POST /v1/sandboxes/${key}/fs/rename`,
+            client.api.POST('/v1/sandboxes/{key}/fs/rename', {
+              params: { path: { key } },
+              body: { from: rel(from), to: rel(to) },
+            }),
+          )
         },
-        exists: async (p) => {
-          try {
-            await fsp.access(io(p))
-            return true
-          } catch {
-            return false
-          }
-        },
+        exists: async (p) => (await stat(p, true)) !== undefined,
         lstat: async (p): Promise<SandboxFsStat | undefined> => {
-          let st: Awaited<ReturnType<typeof fsp.lstat>>
-          try {
-            st = await fsp.lstat(io(p))
-          } catch (e) {
-            if ((e as { code?: string }).code === 'ENOENT') return undefined
-            throw e
-          }
-          if (st.isFile()) return { type: 'file', mode: st.mode, size: st.size }
-          if (st.isDirectory()) return { type: 'dir', mode: st.mode }
-          if (st.isSymbolicLink()) return { type: 'symlink', mode: st.mode }
-          return { type: 'other', mode: st.mode }
+          const st = await stat(p, false)
+          if (st === undefined) return undefined
+          if (st.type === 'file') return { type: 'file', mode: st.mode, size: st.size }
+          return { type: st.type, mode: st.mode }
         },
         watch: async (p, onEvent) => {
           const base = p.replace(/\/+$/, '')

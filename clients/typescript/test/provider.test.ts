@@ -4,7 +4,9 @@
 // is killed with everything it started, env, ports, git, and native snapshots: a
 // snapshot is a casfs checkpoint, a restore and a fork are new mounts of one.
 import { execFileSync } from 'node:child_process'
-import { existsSync, statSync } from 'node:fs'
+import { existsSync, mkdtempSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
 
 import { afterAll, beforeAll, describe, expect, test } from 'vitest'
 
@@ -71,6 +73,34 @@ describe('provider', () => {
     const copy = { ...h, process: { ...h.process } }
     expect((await copy.process.exec('echo spread')).stdout).toBe('spread\n')
     expect(await copy.fs.exists('/workspace')).toBe(true)
+  })
+
+  // Boundary 6 (provider fs): links the workspace holds never lead the provider's fs
+  // out of it (the server resolves every path beneath the workspace's root).
+  test('fs never follows a link of the workspace out of it', async () => {
+    const h = await create()
+    const outside = mkdtempSync(join(tmpdir(), 'casfs-outside-'))
+    try {
+      writeFileSync(join(outside, 'secret.txt'), 'outside')
+      const r = await h.process.exec(
+        `ln -s '${outside}/made.txt' notes.md && ln -s '${outside}/secret.txt' s && ` +
+          `ln -s '${outside}' d && ln -s ../../../../../../.. up`,
+      )
+      expect(r.exitCode).toBe(0)
+      await h.fs.write('/workspace/notes.md', 'x').catch(() => {})
+      await h.fs.write('/workspace/d/new.txt', 'n').catch(() => {})
+      await h.fs.mkdir('/workspace/d/newdir').catch(() => {})
+      await expect(h.fs.read('/workspace/s')).rejects.toThrow()
+      await expect(h.fs.read(`/workspace/up${outside}/secret.txt`)).rejects.toThrow()
+      expect(readdirSync(outside)).toEqual(['secret.txt'])
+      // `..` stops at the workspace's root.
+      const names = (await h.fs.list('/workspace/up')).map((e) => e.name)
+      expect(names).toContain('notes.md')
+      await h.fs.remove('/workspace/s')
+      expect(existsSync(join(outside, 'secret.txt'))).toBe(true)
+    } finally {
+      rmSync(outside, { recursive: true, force: true })
+    }
   })
 
   test('fs maps /workspace, absolute and relative paths into the mount, never out', async () => {

@@ -22,8 +22,10 @@ use super::{Peer, ServeLimits, Server};
 
 /// The routes whose bodies carry data, as `METHOD path` (the rest take `--max-body`):
 /// an artifact (base64), a conversation (the thread's messages, the client append's
-/// `conversation`), a portable checkpoint record, a portable transcript.
+/// `conversation`), a portable checkpoint record, a portable transcript, a file written
+/// into a sandbox.
 pub const DATA_ROUTES: &[&str] = &[
+    "PUT /v1/sandboxes/{key}/fs/write",
     "POST /v1/threads/{thread}/artifacts",
     "PUT /v1/threads/{thread}/messages",
     "POST /v1/threads/{thread}/checkpoints",
@@ -174,6 +176,28 @@ pub(super) async fn read_json<T: serde::de::DeserializeOwned>(
             "Expected request with `Content-Type: application/json`",
         ));
     }
+    let (bytes, charge) = read(req, s, true).await?;
+    let v = parse(&bytes);
+    // Served without `hold`: given back once the values are made.
+    drop(charge);
+    v
+}
+
+/// The request's body as bytes (any content type), read within the route's limits and
+/// the budget.
+pub(super) async fn read_bytes(req: Request, s: &Arc<Server>) -> Result<Vec<u8>, ApiError> {
+    let (bytes, charge) = read(req, s, false).await?;
+    drop(charge);
+    Ok(bytes)
+}
+
+/// The body, charged to the budget (the charge kept by [`hold`], or given to the
+/// caller when there is none), its JSON bounds checked when `json`.
+async fn read(
+    req: Request,
+    s: &Arc<Server>,
+    json: bool,
+) -> Result<(Vec<u8>, Option<Charge>), ApiError> {
     let l = s.limits();
     let (limit, flag, what) = limit_of(req.method(), req.uri().path(), &l);
     // Framing is checked before hyper reads the head (`conn`): one length at most.
@@ -214,22 +238,23 @@ pub(super) async fn read_json<T: serde::de::DeserializeOwned>(
         if declared.is_none() {
             charge.grow(chunk.len(), share).await.map_err(refused)?;
         }
-        bounds.feed(&chunk).map_err(json_refused)?;
+        if json {
+            bounds.feed(&chunk).map_err(json_refused)?;
+        }
         bytes.extend_from_slice(&chunk);
     }
-    // The values about to be made of it.
-    let tree = usize::try_from(bounds.tree_bytes()).unwrap_or(usize::MAX);
-    charge.grow(tree, share).await.map_err(refused)?;
-    match parts.extensions.get::<Held>() {
-        Some(h) => h.0.lock().unwrap_or_else(|p| p.into_inner()).push(charge),
-        // Served without `hold`: given back once the values are made.
-        None => {
-            let v = parse(&bytes);
-            drop(charge);
-            return v;
-        }
+    if json {
+        // The values about to be made of it.
+        let tree = usize::try_from(bounds.tree_bytes()).unwrap_or(usize::MAX);
+        charge.grow(tree, share).await.map_err(refused)?;
     }
-    parse(&bytes)
+    match parts.extensions.get::<Held>() {
+        Some(h) => {
+            h.0.lock().unwrap_or_else(|p| p.into_inner()).push(charge);
+            Ok((bytes, None))
+        }
+        None => Ok((bytes, Some(charge))),
+    }
 }
 
 fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {

@@ -29,6 +29,7 @@ mod api;
 mod body;
 mod budget;
 mod conn;
+mod files;
 mod identity;
 mod json_bounds;
 mod peer;
@@ -76,6 +77,13 @@ pub const ROUTES: &[&str] = &[
     "POST /v1/sandboxes",
     "DELETE /v1/sandboxes/{key}",
     "GET /v1/sandboxes/{key}/events",
+    "GET /v1/sandboxes/{key}/fs/read",
+    "PUT /v1/sandboxes/{key}/fs/write",
+    "GET /v1/sandboxes/{key}/fs/list",
+    "GET /v1/sandboxes/{key}/fs/stat",
+    "POST /v1/sandboxes/{key}/fs/mkdir",
+    "POST /v1/sandboxes/{key}/fs/remove",
+    "POST /v1/sandboxes/{key}/fs/rename",
     "POST /v1/maintenance",
     "POST /v1/threads/{thread}/fork",
     "PUT /v1/stores/{store}",
@@ -418,6 +426,13 @@ impl Server {
             .route("/v1/sandboxes", get(list_sandboxes).post(sandboxes::create))
             .route("/v1/sandboxes/{key}", delete(sandboxes::destroy))
             .route("/v1/sandboxes/{key}/events", get(sandboxes::events))
+            .route("/v1/sandboxes/{key}/fs/read", get(files::read))
+            .route("/v1/sandboxes/{key}/fs/write", put(files::write))
+            .route("/v1/sandboxes/{key}/fs/list", get(files::list))
+            .route("/v1/sandboxes/{key}/fs/stat", get(files::stat))
+            .route("/v1/sandboxes/{key}/fs/mkdir", post(files::mkdir))
+            .route("/v1/sandboxes/{key}/fs/remove", post(files::remove))
+            .route("/v1/sandboxes/{key}/fs/rename", post(files::rename))
             .route("/v1/maintenance", post(maintain))
             .route("/v1/threads/{thread}/fork", post(writers::fork))
             .route("/v1/stores/{store}", put(stores::open))

@@ -301,8 +301,10 @@ pub(super) async fn destroy(
 impl Server {
     /// Whether live sandbox `key` is the caller's (one that is not live is no one's).
     fn owns_sandbox(&self, who: &Caller, key: &str) -> bool {
-        let live = self.mw.provider().live();
-        live.iter().any(|h| h.key == key && who.owns(&h.thread))
+        self.mw
+            .provider()
+            .look(key)
+            .is_some_and(|h| who.owns(&h.thread))
     }
 }
 
