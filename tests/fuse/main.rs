@@ -22,6 +22,7 @@ mod overlay;
 mod paths;
 mod peer;
 mod portable;
+mod races;
 mod read_only;
 mod reliability;
 mod sandbox_events;

@@ -210,10 +210,34 @@ pub(super) fn visits(dirs: &HashMap<Rel, Visit>) -> HashMap<Rel, Visit> {
 }
 
 impl State {
-    /// Reads every queued event and applies it.
+    /// Reads the events queued when it is called and applies them. Bounded: events that
+    /// arrive while it reads are left for the next drain, so a workload that renames
+    /// without pause (a member's exchange loop) never keeps the lock from a checkpoint,
+    /// which needs only the changes made before it began.
     fn drain(&mut self) {
         let mut buf = [0u8; 16 * 1024];
+        let queued = {
+            let mut n: libc::c_int = 0;
+            // SAFETY: FIONREAD writes the bytes ready to be read into `n`.
+            let r = unsafe { libc::ioctl(self.inotify.as_raw_fd(), libc::FIONREAD, &mut n) };
+            if r == 0 {
+                usize::try_from(n).unwrap_or(0)
+            } else {
+                usize::MAX
+            }
+        };
+        // A read takes as many whole events as fit in the buffer: all but the room of
+        // one event (16 bytes and a name of at most 256) is filled while more wait.
+        let mut reads = if queued == usize::MAX {
+            usize::MAX
+        } else {
+            queued.div_ceil(buf.len() - 272) + 1
+        };
         loop {
+            if reads == 0 {
+                return;
+            }
+            reads -= 1;
             let events: Vec<(WatchDescriptor, EventMask, Option<OsString>)> =
                 match self.inotify.read_events(&mut buf) {
                     Ok(evs) => evs
