@@ -52,6 +52,11 @@ pub fn bind_socket(
     Ok(l)
 }
 
+/// The stack of a thread that may walk a tree as deep as casfs stores
+/// ([`cas::MAX_TREE_DEPTH`] directories, a few frames a level): `casfs serve`'s
+/// workers and the capture pool. Only the pages a walk touches are ever resident.
+pub const DEEP_STACK: usize = 64 << 20;
+
 /// Lets a long-lived server (`casfs serve`, a mount daemon, a watcher) outlive any
 /// client: a peer that closes its socket before the reply makes write(2) fail with
 /// EPIPE, which ends that one connection, instead of killing the whole process with

@@ -25,7 +25,7 @@ pub use hash::{decode_hex, ChunkId, FileId, Hash, ObjectId, ParseIdError, TreeId
 pub use kv::{set_default_block_cache, Batch, Column, Database};
 pub use rocks_store::RocksObjectStore;
 pub use store::{ObjectStore, PutOutcome, Staged, StagedReader, SweepReport};
-pub use tree::{EntryContent, Paired, Tree, TreeEntry};
+pub use tree::{EntryContent, Paired, Tree, TreeEntry, MAX_TREE_DEPTH};
 
 /// Reads and decodes a tree object.
 pub fn load_tree(store: &dyn ObjectStore, id: &TreeId) -> CasResult<Tree> {

@@ -19,6 +19,12 @@ pub const MAX_NAME_LEN: usize = 255;
 pub const MAX_SYMLINK_LEN: usize = 4095;
 pub const MAX_XATTR_NAME_LEN: usize = 255;
 pub const MAX_XATTR_VALUE_LEN: usize = 65536;
+/// The deepest a stored tree goes, in directories below its root: every capture
+/// refuses a deeper one (naming the path), so every walk of stored trees is bounded,
+/// and so is every walk casfs makes of a directory a less trusted party can deepen
+/// (a removal, a capture). Real trees are a few dozen deep; only a program making one
+/// on purpose goes further.
+pub const MAX_TREE_DEPTH: usize = 1024;
 
 /// What an entry is, with what its kind needs.
 #[derive(Debug, Clone, PartialEq, Eq)]

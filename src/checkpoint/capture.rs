@@ -241,6 +241,13 @@ fn capture_tree(
     path: &Path,
     rel: &[u8],
 ) -> CheckpointResult<TreeId> {
+    if !rel.is_empty() && rel.iter().filter(|b| **b == b'/').count() >= crate::cas::MAX_TREE_DEPTH {
+        return Err(CheckpointError::Refused(format!(
+            "{}: more than {} directories deep; casfs stores no deeper tree",
+            String::from_utf8_lossy(rel),
+            crate::cas::MAX_TREE_DEPTH
+        )));
+    }
     let cached = ctx.cache.get(rel)?;
     let results: Vec<Option<Seen>> = match (&ctx.changes, &cached) {
         // The watcher saw nothing change here or below: as cached.

@@ -72,6 +72,10 @@ pub struct RestoreOptions<'a> {
     /// such group per thread is in memory); when not set, [`STAGE_BYTES`], or less with
     /// more than 4 threads (256 MiB in all).
     pub stage_bytes: Option<u64>,
+    /// Whose (uid, gid) every entry the restore writes is: set on each before its mode,
+    /// so no file of the process's own user (root's, in `casfs serve`) with a set-id bit
+    /// ever stands in a directory another user controls. None: the process's own.
+    pub owner: Option<(u32, u32)>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -113,6 +117,7 @@ struct Ctx<'a> {
     progress: Option<&'a RestoreProgress>,
     n: Counters,
     tmp_counter: AtomicU64,
+    owner: Option<(u32, u32)>,
 }
 
 /// Restores the tree `root` into `dest` (created if missing).
@@ -151,6 +156,7 @@ pub fn restore_tree(
         progress: opts.progress,
         n: Counters::default(),
         tmp_counter: AtomicU64::new(0),
+        owner: opts.owner,
     };
     let rd = Reading {
         objects: store.objects(),
@@ -375,8 +381,22 @@ fn weight_of(trees: &HashMap<TreeId, Tree>, id: TreeId, out: &mut HashMap<TreeId
     w
 }
 
-fn set_fd_meta(fd: BorrowedFd<'_>, e: &TreeEntry, path: &Path) -> CheckpointResult<()> {
+fn set_fd_meta(
+    fd: BorrowedFd<'_>,
+    e: &TreeEntry,
+    path: &Path,
+    owner: Option<(u32, u32)>,
+) -> CheckpointResult<()> {
     let io = |err| CheckpointError::io(path, err);
+    // The owner first: a mode with set-id bits is given to a file already theirs.
+    if let Some((uid, gid)) = owner {
+        rustix::fs::fchown(
+            fd,
+            Some(rustix::fs::Uid::from_raw(uid)),
+            Some(rustix::fs::Gid::from_raw(gid)),
+        )
+        .map_err(|e| io(std::io::Error::from(e)))?;
+    }
     fchmod(fd, e.mode).map_err(io)?;
     xattr::fsync_all(fd.as_raw_fd(), &e.xattrs).map_err(io)?;
     set_fd_mtime(fd, e.mtime_ns).map_err(io)
@@ -393,6 +413,7 @@ fn set_entry_meta(
     e: &TreeEntry,
     kind: u32,
     rdev: u64,
+    owner: Option<(u32, u32)>,
 ) -> CheckpointResult<Meta> {
     let io = |err| CheckpointError::io(path, err);
     let entry = Entry::open(dir, name).map_err(io)?;
@@ -401,6 +422,9 @@ fn set_entry_meta(
             path,
             "replaced by another file while it was being restored",
         ));
+    }
+    if let Some((uid, gid)) = owner {
+        entry.chown(uid, gid).map_err(io)?;
     }
     if kind != libc::S_IFLNK {
         entry.chmod(e.mode).map_err(io)?;
@@ -721,7 +745,7 @@ fn restore_entry(
                 }
             };
             restore_dir(ctx, rd, sub.as_fd(), path, rel, *id)?;
-            set_fd_meta(sub.as_fd(), e, path)?;
+            set_fd_meta(sub.as_fd(), e, path, ctx.owner)?;
             ctx.n.dirs.fetch_add(1, Ordering::Relaxed);
             let st = fstat(sub.as_fd()).map_err(|err| CheckpointError::io(path, err))?;
             Ok(ctx.trusted(e, &st))
@@ -744,7 +768,7 @@ fn restore_entry(
                         return write_file(ctx, rd.objects, dir, &name, path, e, existing);
                     }
                     let f = entry.open_read().map_err(io)?;
-                    set_fd_meta(f.as_fd(), e, path)?;
+                    set_fd_meta(f.as_fd(), e, path, ctx.owner)?;
                     let st = fstat(f.as_fd()).map_err(io)?;
                     ctx.n.files_unchanged.fetch_add(1, Ordering::Relaxed);
                     Ok(ctx.trusted(e, &st))
@@ -767,7 +791,7 @@ fn restore_entry(
                 symlink_at(dir, &t, &tmp).map_err(|err| CheckpointError::io(path, err))?;
                 replace(dir, &tmp, &name, path, existing)?;
             }
-            let st = set_entry_meta(dir, &name, path, e, libc::S_IFLNK, 0)?;
+            let st = set_entry_meta(dir, &name, path, e, libc::S_IFLNK, 0, ctx.owner)?;
             Ok(ctx.trusted(e, &st))
         }
         EntryContent::Fifo | EntryContent::CharDevice { .. } | EntryContent::BlockDevice { .. } => {
@@ -789,7 +813,7 @@ fn restore_entry(
                 mknod_at(dir, &tmp, kind, rdev).map_err(|err| CheckpointError::io(path, err))?;
                 replace(dir, &tmp, &name, path, existing)?;
             }
-            let st = set_entry_meta(dir, &name, path, e, kind, rdev)?;
+            let st = set_entry_meta(dir, &name, path, e, kind, rdev, ctx.owner)?;
             Ok(ctx.trusted(e, &st))
         }
     }
@@ -815,7 +839,7 @@ fn write_new_file(
         let fd = file.as_fd();
         // Attributes listed, not only set: a directory's default ACL gives a new file
         // attributes the checkpoint may not have.
-        set_fd_meta(fd, e, path)?;
+        set_fd_meta(fd, e, path, ctx.owner)?;
         fstat(fd).map_err(|err| CheckpointError::io(path, err))
     })();
     drop(file);
@@ -874,7 +898,7 @@ fn write_file(
     let mut file = File::from(fd);
     let result = (|| -> CheckpointResult<()> {
         write_file_to(objects, &fref, &mut file, path)?;
-        set_fd_meta(file.as_fd(), e, path)
+        set_fd_meta(file.as_fd(), e, path, ctx.owner)
     })();
     if let Err(err) = result {
         drop(file);

@@ -140,6 +140,7 @@ impl Store {
         }
         let backends = read_backends(&marker)?.overridden_by(over);
         let lock = lock_store(root, lock_timeout)?;
+        keep_private(root)?;
         let mut cfs: Vec<&str> = COLUMN_FAMILIES.to_vec();
         cfs.push(DIRCACHE_CF);
         cfs.push(crate::fs::MOUNTS_CF);
@@ -378,4 +379,32 @@ pub fn key_hex(key: &[u8; 8]) -> String {
 /// Where the files of the mount with dirty-set key `key` live in the store.
 pub fn mount_dir_of_key(store_root: &Path, key: &[u8; 8]) -> PathBuf {
     store_root.join("mounts").join(key_hex(key))
+}
+
+/// The store's own directories, 0700 whatever the umask was: they hold every
+/// workspace's uncaptured work (a mount's upper files, an overlay's upper directory),
+/// the images its lowers are made of and the database, none of it for other users to
+/// reach (an upper holds set-id files and is not mounted `nosuid`). The store's root
+/// keeps its mode: a server's sandboxes directory may be in it, for members to reach.
+const PRIVATE_DIRS: &[&str] = &["db", "mounts", "images", "remote-index"];
+
+fn keep_private(root: &Path) -> CheckpointResult<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    for name in PRIVATE_DIRS {
+        let dir = root.join(name);
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(CheckpointError::io(&dir, e)),
+        }
+        let m = std::fs::symlink_metadata(&dir).map_err(|e| CheckpointError::io(&dir, e))?;
+        if !m.is_dir() {
+            return Err(CheckpointError::path(&dir, "is not a directory"));
+        }
+        if m.permissions().mode() & 0o077 != 0 {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| CheckpointError::io(&dir, e))?;
+        }
+    }
+    Ok(())
 }

@@ -85,6 +85,8 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
     // A client that goes away mid-reply must not take the server (and every
     // sandbox's mount) with it.
     casfs::ignore_broken_pipes();
+    // What the no-follow handles keep for the process's life, opened now.
+    casfs::checkpoint::dirfd::prepare().context("opening /proc")?;
     let read_json = |p: &std::path::Path| -> anyhow::Result<serde_json::Value> {
         let text =
             std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
@@ -286,6 +288,9 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        // Blocking work (captures, restores, removals) walks trees as deep as casfs
+        // stores (`cas::MAX_TREE_DEPTH`): room for them, resident only when used.
+        .thread_stack_size(casfs::DEEP_STACK)
         .enable_all()
         .build()
         .context("starting the runtime")?;

@@ -72,17 +72,6 @@ pub struct DirWorkspace {
     pub(crate) owner: Owner,
 }
 
-/// Makes everything under `root` (itself included, links not followed) `owner`'s:
-/// what a restore wrote into a plain sandbox made for another user. A restore writes
-/// every file of the tree already, so the walk costs no more than it.
-pub(crate) fn chown_tree(root: &Path, owner: Owner) -> std::io::Result<()> {
-    // The sandbox's root is the provider's own path; everything below it is changed
-    // through directory handles, no link followed (`checkpoint::dirfd`).
-    let dir = crate::checkpoint::dirfd::open_dir_path(root)?;
-    crate::checkpoint::dirfd::chown_tree(std::os::fd::AsFd::as_fd(&dir), owner.uid, owner.gid)
-        .map_err(|err| std::io::Error::new(err.kind(), format!("{}: {err}", root.display())))
-}
-
 /// A sandbox handle that does not keep the sandbox in use: what a long-lived observer
 /// of a sandbox (a client's file-event watcher) holds, so that the sandbox stays idle
 /// for eviction and reaping. [`WeakSandboxHandle::upgrade`] gives the handle while the

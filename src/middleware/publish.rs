@@ -353,20 +353,13 @@ impl<'a> Publisher<'a> {
                 }
             }
             SandboxWorkspace::Dir(d) => {
-                restore_tree(
-                    &d.store,
-                    cp.body.root,
-                    &handle.root,
-                    &RestoreOptions::default(),
-                )?;
-                if d.owner.is_other() {
-                    super::provider::chown_tree(&handle.root, d.owner).map_err(|e| {
-                        MiddlewareError::Sandbox {
-                            key: handle.key.clone(),
-                            detail: format!("giving the restored files to their owner: {e}"),
-                        }
-                    })?;
-                }
+                // Every entry written is the owner's before its mode is set: no file of
+                // the server's with a set-id bit ever stands in their directory.
+                let opts = RestoreOptions {
+                    owner: d.owner.is_other().then_some((d.owner.uid, d.owner.gid)),
+                    ..RestoreOptions::default()
+                };
+                restore_tree(&d.store, cp.body.root, &handle.root, &opts)?;
                 handle.set_base(cp.id, cp.body.root);
             }
         }

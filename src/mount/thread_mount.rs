@@ -163,7 +163,7 @@ pub fn discard_mount_state(
     dirty.clear_all(&mut b);
     dirty.commit(b)?;
     dirty.sync()?;
-    match std::fs::remove_dir_all(&dir) {
+    match crate::checkpoint::dirfd::remove_path(&dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(CheckpointError::io(&dir, e)),

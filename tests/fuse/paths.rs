@@ -22,7 +22,6 @@ use casfs::checkpoint::{CheckpointId, OpenMode, Store};
 use crate::common::{casfs, json as cli_json, ok};
 use crate::serve::start;
 use crate::users::{place, TestGroup, TestUser};
-use crate::MountGuard;
 
 /// How many checkpoints the race appends (the capture race of issue 48 leaked within 2
 /// to 23 appends on the overlay backend).
@@ -160,14 +159,10 @@ fn capture_race(extra: &[&str], swap_dirs: bool) {
     crate::common::set_xattr(&hidden.join("m"), "user.canary", &secret);
     let group = TestGroup::new();
     let member = TestUser::new(Some(&group));
-    let _g = MountGuard::new(&sandboxes.join("race"));
+    let _g = crate::MountsUnder(sandboxes.clone());
     let mut args = vec!["--socket-group", group.name.as_str(), "--lease-ttl", "3600"];
     args.extend_from_slice(extra);
-    let mut s = start(&store, &sandboxes, &args, &[]);
-    // What the server logs meanwhile (a warning per entry that changed as it was read)
-    // is read away, so that a full pipe never stops it.
-    let mut log = s.child.stderr.take().unwrap();
-    std::thread::spawn(move || std::io::copy(&mut log, &mut std::io::sink()));
+    let s = start(&store, &sandboxes, &args, &[]);
 
     // The member's own sandbox, with a file and a link to the root-only file.
     let (st, v) = member.http(

@@ -168,3 +168,98 @@ fn a_capture_while_entries_change_type_is_never_a_500() {
     drop(flipping);
     assert!(published > 0, "no capture published");
 }
+
+/// Removes its directories, however deep, when dropped: every mount under them
+/// detached first (a server killed mid-test leaves its lowers mounted), then each
+/// removed without recursion.
+struct RemovedFlat(Vec<std::path::PathBuf>);
+
+impl Drop for RemovedFlat {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            for m in crate::mounts_under(p) {
+                drop(crate::MountGuard::new(&m));
+            }
+            let _ = casfs::checkpoint::dirfd::remove_path(p);
+        }
+    }
+}
+
+/// Makes a chain of `depth` directories `d/d/d/...` in `dir`, as a program in a
+/// sandbox may.
+fn deep_chain(dir: &std::path::Path, depth: usize) {
+    let script = "import os, sys\nos.chdir(sys.argv[1])\nfor i in range(int(sys.argv[2])):\n    os.mkdir('d')\n    os.chdir('d')\n";
+    let out = Command::new("python3")
+        .args(["-c", script])
+        .arg(dir)
+        .arg(depth.to_string())
+        .output()
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Boundary 8 (races and errors): a tree deeper than anything real (20,000
+/// directories, made in a sandbox on purpose) takes the server down in no walk: its
+/// listing answers, a capture of it is refused (422, naming the limit), its client
+/// removes it through the server, and the sandbox is destroyed with it, the server
+/// serving all along.
+#[test]
+fn a_tree_too_deep_crashes_nothing_and_is_removed() {
+    let t = tempfile::tempdir().unwrap();
+    let (store, sandboxes) = (t.path().join("store"), t.path().join("sb"));
+    // Whatever is left of the deep chains goes without recursion (the temporary
+    // directory's own removal would overflow this thread's stack), after the mounts.
+    let _deep = RemovedFlat(vec![store.clone(), sandboxes.clone()]);
+    let _g = MountsUnder(sandboxes.clone());
+    let s = start(
+        &store,
+        &sandboxes,
+        &["--mode", crate::mount_mode().as_str()],
+        &[],
+    );
+    let (st, v) = call(
+        &s,
+        "POST",
+        "/v1/sandboxes",
+        Some(&json!({"thread": "t", "events": false})),
+    );
+    assert_eq!(st, 200, "{v}");
+    let root = std::path::PathBuf::from(v["path"].as_str().unwrap());
+    deep_chain(&root, 20_000);
+    let (st, v) = call(&s, "GET", "/v1/sandboxes", None);
+    assert_eq!(st, 200, "{v}");
+    let (st, w) = call(&s, "POST", "/v1/threads/t/writer", Some(&json!({})));
+    assert_eq!(st, 200, "{w}");
+    let proof = json!({"token": w["token"], "owner_token": w["owner_token"]});
+    let body = json!({"sandbox": "t", "expected_head": null, "writer": proof});
+    let (st, v) = call(&s, "POST", "/v1/threads/t/checkpoints", Some(&body));
+    assert_eq!(
+        (st, v["error"]["kind"].as_str()),
+        (422, Some("policy")),
+        "{v}"
+    );
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("directories deep"),
+        "{v}"
+    );
+    let (st, v) = call(
+        &s,
+        "POST",
+        "/v1/sandboxes/t/fs/remove",
+        Some(&json!({"path": "d"})),
+    );
+    assert_eq!((st, v["removed"].as_bool()), (200, Some(true)), "{v}");
+    assert!(!root.join("d").exists());
+    deep_chain(&root, 20_000);
+    let (st, v) = call(&s, "DELETE", "/v1/sandboxes/t", None);
+    assert_eq!((st, v["destroyed"].as_bool()), (200, Some(true)), "{v}");
+    let (st, _) = call(&s, "GET", "/v1/health", None);
+    assert_eq!(st, 200);
+}

@@ -18,6 +18,10 @@ use crate::{wait_for, MountGuard};
 pub(crate) struct Served {
     pub child: Child,
     pub socket: PathBuf,
+    /// The last 64 KiB the server logged: its stderr is read away as it comes, so
+    /// that a full pipe never stops it (a member's workload may make it warn a lot).
+    #[allow(dead_code)]
+    pub log: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
 }
 
 impl Drop for Served {
@@ -58,8 +62,22 @@ pub(crate) fn start(
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let child = cmd.spawn().unwrap();
-    let s = Served { child, socket };
+    let mut child = cmd.spawn().unwrap();
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (mut err, kept) = (child.stderr.take().unwrap(), log.clone());
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 8192];
+        while let Ok(n) = err.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            let mut k = kept.lock().unwrap_or_else(|p| p.into_inner());
+            k.extend_from_slice(&buf[..n]);
+            let over = k.len().saturating_sub(64 << 10);
+            k.drain(..over);
+        }
+    });
+    let s = Served { child, socket, log };
     assert!(
         wait_for(Duration::from_secs(20), || s.socket.exists()
             || !extra.is_empty() && extra.contains(&"--listen")),

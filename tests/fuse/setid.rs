@@ -173,7 +173,7 @@ fn a_set_uid_file_in_another_user_s_workspace_gives_no_one_their_uid() {
     let a = TestUser::new(None);
     let b = TestUser::new(Some(&group));
     let mode = crate::mount_mode().as_str();
-    let _g1 = MountGuard::new(&sandboxes.join("b"));
+    let _g1 = crate::MountsUnder(sandboxes.clone());
     let s = start(
         &store,
         &sandboxes,
@@ -206,6 +206,65 @@ fn a_set_uid_file_in_another_user_s_workspace_gives_no_one_their_uid() {
     assert_eq!(euid_running(&a, &id), a.uid);
     assert_inert(&root);
     assert_inert(&seen);
+    drop(s);
+}
+
+/// Boundary 2 (set-id): a plain sandbox (`casfs serve --plain`: no mount, so no
+/// nosuid) of an ordinary user: what a restore writes into it is theirs before any
+/// set-id bit is set on it, so no set-uid-root file ever stands there, and the bits are
+/// kept exactly (mode 4755, owner the user).
+#[test]
+fn a_plain_restore_never_leaves_a_set_uid_root_file() {
+    if crate::needs_root("it makes users with useradd") {
+        return;
+    }
+    let (_t, store, sandboxes) = place();
+    let group = TestGroup::new();
+    let b = TestUser::new(Some(&group));
+    let s = start(
+        &store,
+        &sandboxes,
+        &["--socket-group", &group.name, "--plain"],
+        &[],
+    );
+    let (st, v) = b.http(
+        &s.socket,
+        "POST",
+        "/v1/sandboxes",
+        Some(&json!({"thread": "p"})),
+    );
+    assert_eq!(st, 200, "{v}");
+    let (key, root) = (
+        v["key"].as_str().unwrap().to_string(),
+        PathBuf::from(v["path"].as_str().unwrap()),
+    );
+    b.sh(
+        &root,
+        "cp /usr/bin/id id && chmod 4755 id && mkdir -p d && cp -p id d/id2 && chmod 4755 d/id2",
+    );
+    let (st, w) = b.http(&s.socket, "POST", "/v1/threads/p/writer", Some(&json!({})));
+    assert_eq!(st, 200, "{w}");
+    let proof = json!({"token": w["token"], "owner_token": w["owner_token"]});
+    let body = json!({"sandbox": key, "expected_head": null, "writer": proof});
+    let (st, v) = b.http(&s.socket, "POST", "/v1/threads/p/checkpoints", Some(&body));
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = b.http(&s.socket, "DELETE", &format!("/v1/sandboxes/{key}"), None);
+    assert_eq!(st, 200, "{v}");
+    // Made again: restored from the head, as root writes it.
+    let (st, v) = b.http(
+        &s.socket,
+        "POST",
+        "/v1/sandboxes",
+        Some(&json!({"thread": "p"})),
+    );
+    assert_eq!(st, 200, "{v}");
+    let root = PathBuf::from(v["path"].as_str().unwrap());
+    for p in ["id", "d/id2"] {
+        let m = std::fs::symlink_metadata(root.join(p)).unwrap();
+        assert_eq!((m.mode() & 0o7777, m.uid()), (0o4755, b.uid), "{p}");
+    }
+    let m = std::fs::symlink_metadata(root.join("d")).unwrap();
+    assert_eq!(m.uid(), b.uid, "d");
     drop(s);
 }
 

@@ -170,9 +170,22 @@ fn a_member_reaches_nothing_of_another_member() {
         404
     );
     // B's checkpoint references never name A's checkpoints.
-    for r in [cp_a.clone(), cp_a[..12].to_string(), "@work".to_string()] {
-        let st = refused_as(&b, &s, "GET", &format!("/v1/checkpoints/{r}"), None);
-        assert_eq!(st, 404, "{r}");
+    // The same answer as for a checkpoint that does not exist: nothing tells B what
+    // A's ids are or how long A's history is.
+    let none = "0".repeat(64);
+    let (st, missing) = b.http(&s.socket, "GET", &format!("/v1/checkpoints/{none}"), None);
+    assert_eq!(st, 404);
+    for r in [
+        cp_a.clone(),
+        cp_a[..12].to_string(),
+        format!("{cp_a}~1"),
+        format!("{}~5", &cp_a[..12]),
+        "@work".to_string(),
+    ] {
+        let (st, v) = b.http(&s.socket, "GET", &format!("/v1/checkpoints/{r}"), None);
+        assert_eq!(st, 404, "{r}: {v}");
+        let shown = v["error"]["message"].as_str().unwrap().replace(&r, &none);
+        assert_eq!(shown, missing["error"]["message"].as_str().unwrap(), "{r}");
     }
     assert_eq!(
         refused_as(
@@ -236,6 +249,24 @@ fn a_member_reaches_nothing_of_another_member() {
     }
     let out = b.run("ls", &[&sandboxes.display().to_string()]);
     assert!(!out.status.success(), "B listed whose sandboxes there are");
+    // Nor through the store's own directories, where uncaptured work and images live
+    // (the test's umask lets others read what it makes: the store does not rely on it).
+    for d in ["mounts", "images", "db"] {
+        let out = b.run("ls", &[&store.join(d).display().to_string()]);
+        assert!(!out.status.success(), "B listed the store's {d}");
+    }
+    let uppers = b.run(
+        "sh",
+        &[
+            "-c",
+            &format!("find {} 2>/dev/null | grep -c upper", store.display()),
+        ],
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&uppers.stdout).trim(),
+        "0",
+        "B found uppers"
+    );
     // Portable stores: B's "st" is B's own.
     assert_eq!(
         refused_as(&b, &s, "GET", "/v1/stores/st/instances/k", None),
@@ -482,6 +513,35 @@ fn a_placeholder_a_client_writes_comes_back_as_written() {
         );
         let got = req("GET", &format!("/v1/stores/s/checkpoints/cp-{who}"), None);
         expect(&got["checkpoint"]["conversation"][0]["content"], who);
+        // A fork names its new record itself: a placeholder in its ids is refused (an
+        // id is stored as it is, and an answer filling it would give the value away).
+        let g2 = req(
+            "POST",
+            "/v1/stores/s/writers",
+            Some(&json!({"thread_id": "f"})),
+        );
+        let w2 = json!({"thread_id": "f", "owner_token": g2["owner_token"], "fence": g2["fence"]});
+        let fork = |dest_id: &str| {
+            json!({"source_thread_id": "t", "source_checkpoint_id": format!("cp-{who}"),
+                   "destination_thread_id": "f", "destination_checkpoint_id": dest_id,
+                   "created_at": 2, "writer": w2})
+        };
+        let (st, v) = if who == "root" {
+            call(&s, "POST", "/v1/stores/s/forks", Some(&fork(fake)))
+        } else {
+            a.http(&s.socket, "POST", "/v1/stores/s/forks", Some(&fork(fake)))
+        };
+        assert_eq!(
+            (st, v["error"]["kind"].as_str()),
+            (400, Some("invalid_id")),
+            "{v}"
+        );
+        let forked = req(
+            "POST",
+            "/v1/stores/s/forks",
+            Some(&fork(&format!("fork-{who}"))),
+        );
+        expect(&forked["checkpoint"]["conversation"][0]["content"], who);
     }
     // No byte under the store holds the value.
     drop(s);

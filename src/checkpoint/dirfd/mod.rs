@@ -366,12 +366,19 @@ pub fn remove_at(dir: BorrowedFd<'_>, name: &CStr, path: &Path) -> CheckpointRes
     remove_entry(dir, name).map_err(|e| CheckpointError::io(path, e))
 }
 
-/// [`remove_at`] as an `io::Result`: an entry already gone is no error.
+/// How many entries one removal may take away or lift (see [`remove_entry`]) before it
+/// gives up: a tree a program keeps filling while it is removed is not waited for
+/// without end.
+pub const MAX_REMOVALS: u64 = 1 << 26;
+
+/// [`remove_at`] as an `io::Result`: removes `name` in `dir` and, for a directory,
+/// everything in it, never following a symlink; what is gone meanwhile is passed over.
+/// However deep the tree, it holds two directory descriptors and no stack: a directory
+/// in a directory being emptied is lifted up into the one being emptied (renamed, no
+/// data moved), so the walk never goes more than two levels down; no `..` is ever
+/// opened, so nothing above `dir` is reached.
 pub fn remove_entry(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
     check_name(name)?;
-    let Some(st) = lstat_at(dir, name)? else {
-        return Ok(());
-    };
     let gone = |e: rustix::io::Errno| -> io::Result<()> {
         if e == rustix::io::Errno::NOENT {
             Ok(())
@@ -379,53 +386,119 @@ pub fn remove_entry(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
             Err(errno(e))
         }
     };
-    if st.is_dir() {
-        let sub = match open_dir_at(dir, name) {
-            Ok(s) => s,
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
-            Err(e) => return Err(e),
-        };
-        for c in list_dir(sub.as_fd())? {
-            let c = CString::new(c).map_err(|_| invalid("a NUL in a name"))?;
-            remove_entry(sub.as_fd(), &c)?;
+    let Some(st) = lstat_at(dir, name)? else {
+        return Ok(());
+    };
+    if !st.is_dir() {
+        return rustix::fs::unlinkat(dir, name, AtFlags::empty()).or_else(gone);
+    }
+    let top = match open_dir_at(dir, name) {
+        Ok(fd) => fd,
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    empty_dir(top.as_fd())?;
+    rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR).or_else(gone)
+}
+
+/// Empties the open directory `x` (see [`remove_entry`]).
+fn empty_dir(x: BorrowedFd<'_>) -> io::Result<()> {
+    let gone = |e: rustix::io::Errno| -> io::Result<()> {
+        match e {
+            rustix::io::Errno::NOENT => Ok(()),
+            e => Err(errno(e)),
         }
-        rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR).or_else(gone)
-    } else {
-        rustix::fs::unlinkat(dir, name, AtFlags::empty()).or_else(gone)
+    };
+    let mut done: u64 = 0;
+    let mut lifted: u64 = 0;
+    loop {
+        let names = list_dir(x)?;
+        if names.is_empty() {
+            return Ok(());
+        }
+        for n in names {
+            done += 1;
+            if done > MAX_REMOVALS {
+                return Err(io::Error::other(format!(
+                    "still not empty after {MAX_REMOVALS} entries removed: something keeps \
+                     filling it"
+                )));
+            }
+            let c = CString::new(n).map_err(|_| invalid("a NUL in a name"))?;
+            match lstat_at(x, &c)? {
+                None => {}
+                Some(st) if st.is_dir() => {
+                    let sub = match open_dir_at(x, &c) {
+                        Ok(fd) => fd,
+                        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+                        Err(e) => return Err(e),
+                    };
+                    for m in list_dir(sub.as_fd())? {
+                        let g = CString::new(m).map_err(|_| invalid("a NUL in a name"))?;
+                        match lstat_at(sub.as_fd(), &g)? {
+                            None => {}
+                            Some(st) if st.is_dir() => loop {
+                                // Up into `x`, under a name nothing else has.
+                                lifted += 1;
+                                let to = CString::new(format!(".casfs-removing-{lifted}"))
+                                    .expect("no NUL");
+                                match rustix::fs::renameat_with(
+                                    sub.as_fd(),
+                                    &g,
+                                    x,
+                                    &to,
+                                    rustix::fs::RenameFlags::NOREPLACE,
+                                ) {
+                                    Ok(()) => break,
+                                    Err(rustix::io::Errno::EXIST) => continue,
+                                    Err(e) => {
+                                        gone(e)?;
+                                        break;
+                                    }
+                                }
+                            },
+                            Some(_) => rustix::fs::unlinkat(sub.as_fd(), &g, AtFlags::empty())
+                                .or_else(gone)?,
+                        }
+                    }
+                    // Filled again meanwhile: emptied at the next pass.
+                    match rustix::fs::unlinkat(x, &c, AtFlags::REMOVEDIR) {
+                        Ok(())
+                        | Err(rustix::io::Errno::NOENT)
+                        | Err(rustix::io::Errno::NOTEMPTY) => {}
+                        Err(e) => return Err(errno(e)),
+                    }
+                }
+                Some(_) => rustix::fs::unlinkat(x, &c, AtFlags::empty()).or_else(gone)?,
+            }
+        }
     }
 }
 
-/// Gives the open directory `dir` and everything below it to `uid`:`gid`: each entry
-/// opened without following it and changed through that descriptor (a symlink itself,
-/// never its target), so nothing outside `dir` is ever changed, whatever is renamed
-/// meanwhile. An entry gone meanwhile is passed over.
-pub fn chown_tree(dir: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
-    let (u, g) = (
-        rustix::fs::Uid::from_raw(uid),
-        rustix::fs::Gid::from_raw(gid),
-    );
-    rustix::fs::fchown(dir, Some(u), Some(g)).map_err(errno)?;
-    for name in list_dir(dir)? {
-        let c = CString::new(name.clone()).map_err(|_| invalid("a NUL in a name"))?;
-        let named = |e: io::Error| {
-            io::Error::new(e.kind(), format!("{}: {e}", String::from_utf8_lossy(&name)))
-        };
-        let entry = match Entry::open(dir, &c) {
-            Ok(e) => e,
-            Err(e) if vanished(&e) => continue,
-            Err(e) => return Err(named(e)),
-        };
-        if entry.meta.is_dir() {
-            match entry.open_dir() {
-                Ok(sub) => chown_tree(sub.as_fd(), uid, gid).map_err(named)?,
-                Err(e) if vanished(&e) => continue,
-                Err(e) => return Err(named(e)),
-            }
-        } else {
-            entry.chown(uid, gid).map_err(named)?;
-        }
+/// Removes the directory (or file) at `path`, which the process's own directories hold
+/// (a mount's generation under the store): the path to it is followed, nothing in it
+/// is (see [`remove_entry`]).
+pub fn remove_path(path: &Path) -> io::Result<()> {
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(invalid("a path with no parent or no name"));
+    };
+    let dir = open_dir_path(if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    })?;
+    let c = CString::new(name.as_bytes()).map_err(|_| invalid("a NUL in a path"))?;
+    match lstat_at(dir.as_fd(), &c)? {
+        None => Err(io::Error::from_raw_os_error(libc::ENOENT)),
+        Some(_) => remove_entry(dir.as_fd(), &c),
     }
-    Ok(())
+}
+
+/// Opens what this module keeps for the life of the process (its handle of `/proc`)
+/// now rather than at its first use: a long-lived server calls it as it starts, so the
+/// descriptors it holds at rest are the same before and after its first capture.
+pub fn prepare() -> io::Result<()> {
+    proc_root().map(|_| ())
 }
 
 /// `/proc`, checked to be procfs: where an opened descriptor is reopened (its

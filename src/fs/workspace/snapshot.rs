@@ -91,6 +91,8 @@ pub(super) struct BuildCx<'a> {
     /// Nodes the filter left out or stored in another form: they stay dirty.
     pub(super) keep_dirty: Vec<u64>,
     pub(super) filter: Option<&'a dyn SnapshotFilter>,
+    /// How deep the directory being built is below the root.
+    pub(super) depth: usize,
 }
 
 /// The kind of a changed entry, as a [`SnapshotFilter`] sees it.
@@ -171,7 +173,17 @@ impl<'a> Tx<'a> {
             }
             let (content, size, mtime, mode) = match n.kind {
                 Kind::Dir => {
-                    let id = self.build(child, cx)?;
+                    if cx.depth >= crate::cas::MAX_TREE_DEPTH {
+                        return Err(WorkspaceError::Refused(format!(
+                            "{}: more than {} directories deep; casfs stores no deeper tree",
+                            self.path_of(child),
+                            crate::cas::MAX_TREE_DEPTH
+                        )));
+                    }
+                    cx.depth += 1;
+                    let built = self.build(child, cx);
+                    cx.depth -= 1;
+                    let id = built?;
                     (EntryContent::Dir(id), 0, meta.mtime, meta.mode)
                 }
                 Kind::File => {
@@ -345,6 +357,7 @@ impl Workspace {
             done: Vec::new(),
             keep_dirty: Vec::new(),
             filter,
+            depth: 0,
         };
         let root = if root_dirty {
             tx.build(ROOT, &mut cx)?

@@ -226,23 +226,18 @@ impl Server {
         Ok(t)
     }
 
-    /// The checkpoint reference `r` (an id, a prefix, `@thread`, `~N`) names for `who`:
-    /// `@thread` in the caller's space, and a checkpoint on another tenant's thread is
-    /// not found, as one that does not exist.
+    /// The checkpoint reference `r` (an id, a prefix, `@thread`, `~N`) names for `who`.
+    /// For a tenant: `@thread` is its own thread, a prefix is looked for among its own
+    /// checkpoints, and the base must be its own before any step back is taken; a
+    /// checkpoint that is not its own is "not found", with the same answer as one that
+    /// does not exist (nothing tells a tenant what others' ids are or how long their
+    /// histories run).
     pub(super) fn resolve(&self, who: &Caller, r: &str) -> Result<CheckpointId, ApiError> {
         no_secret(self, "the checkpoint reference", r)?;
         let cps = self.store.checkpoints();
-        let scoped = match (who.tenant(), r.strip_prefix('@')) {
-            // `@name~N`: the tenant's thread `name`.
-            (Some(_), Some(rest)) => {
-                let (name, up) = match rest.rsplit_once('~') {
-                    Some((n, up)) => (n, format!("~{up}")),
-                    None => (rest, String::new()),
-                };
-                format!("@{}{up}", self.thread_id(who, name)?)
-            }
-            _ => r.to_string(),
-        };
+        if who.is_admin() {
+            return Ok(crate::checkpoint::refs::resolve(cps, r)?);
+        }
         let not_found = || {
             ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -250,22 +245,62 @@ impl Server {
                 format!("no checkpoint {r:?}"),
             )
         };
-        let id = match crate::checkpoint::refs::resolve(cps, &scoped) {
-            Ok(id) => id,
-            // A tenant is not told of checkpoints that are not theirs.
-            Err(CheckpointError::Ambiguous { .. }) if !who.is_admin() => {
-                return Err(ApiError::bad(format!(
-                    "checkpoint reference {r:?} is ambiguous: give more hex digits"
-                )))
-            }
-            Err(e) => return Err(e.into()),
+        let (base, up) = match r.rsplit_once('~') {
+            Some((b, n)) => (
+                b,
+                n.parse::<usize>().map_err(|_| {
+                    ApiError::bad(format!(
+                        "checkpoint reference {r:?}: '~' must be followed by a number"
+                    ))
+                })?,
+            ),
+            None => (r, 0),
         };
-        let cp = cps.get(&id)?;
-        if who.owns(&cp.body.thread_id) {
-            Ok(id)
-        } else {
-            Err(not_found())
+        let owned = |id: &CheckpointId| -> Result<bool, ApiError> {
+            match cps.get(id) {
+                Ok(cp) => Ok(who.owns(&cp.body.thread_id)),
+                Err(CheckpointError::NotFound(_)) => Ok(false),
+                Err(e) => Err(e.into()),
+            }
+        };
+        let mut id = match base.strip_prefix('@') {
+            Some(name) => {
+                let t = self.thread_id(who, name)?;
+                cps.head(&t)?.ok_or_else(not_found)?
+            }
+            None => match cps.resolve_prefix(base) {
+                Ok(id) => id,
+                Err(CheckpointError::NotFound(_)) => return Err(not_found()),
+                Err(CheckpointError::Ambiguous { candidates, .. }) => {
+                    let mut mine = Vec::new();
+                    for c in candidates {
+                        if owned(&c)? {
+                            mine.push(c);
+                        }
+                    }
+                    match mine.as_slice() {
+                        [] => return Err(not_found()),
+                        [one] => *one,
+                        _ => {
+                            return Err(ApiError::bad(format!(
+                                "checkpoint reference {r:?} is ambiguous: give more hex digits"
+                            )))
+                        }
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            },
+        };
+        if !owned(&id)? {
+            return Err(not_found());
         }
+        for _ in 0..up {
+            id = match cps.get(&id)?.body.parent_id {
+                Some(p) if owned(&p)? => p,
+                _ => return Err(not_found()),
+            };
+        }
+        Ok(id)
     }
 }
 

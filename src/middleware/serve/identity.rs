@@ -147,12 +147,21 @@ impl Identities {
             || self
                 .admin_group
                 .is_some_and(|g| peer.gid() == Some(g) || peer.in_group(g));
+        let principal = if admin {
+            Principal::Admin
+        } else {
+            // A user database that cannot answer now must not make the caller someone
+            // else (a tenant named by the uid): they are asked to come back.
+            Principal::Tenant(tenant_of_uid(uid).map_err(|e| {
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "busy",
+                    format!("telling who user {uid} is: the user database answered {e}; try again"),
+                )
+            })?)
+        };
         Ok(Caller {
-            principal: if admin {
-                Principal::Admin
-            } else {
-                Principal::Tenant(tenant_of_uid(uid))
-            },
+            principal,
             owner: peer.owner(),
         })
     }
@@ -164,15 +173,16 @@ fn same(a: &str, b: &str) -> bool {
 }
 
 /// The tenant of Unix user `uid`: their user name, or the uid in decimal where the
-/// name is no tenant name (or there is none).
-pub fn tenant_of_uid(uid: u32) -> String {
-    match user_name(uid) {
+/// name is no tenant name (or the user has no entry); an error when the user database
+/// cannot say.
+pub fn tenant_of_uid(uid: u32) -> std::io::Result<String> {
+    Ok(match user_name(uid)? {
         Some(n) if check_tenant_name(&n).is_ok() => n,
         _ => uid.to_string(),
-    }
+    })
 }
 
-fn user_name(uid: u32) -> Option<String> {
+fn user_name(uid: u32) -> std::io::Result<Option<String>> {
     // SAFETY: a plain C struct, all zeroes a valid value (filled by the call).
     let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
     let mut buf = vec![0u8; 16 << 10];
@@ -181,12 +191,17 @@ fn user_name(uid: u32) -> Option<String> {
     // result slot, all alive for the call.
     let r =
         unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut found) };
+    // ENOENT and the like say "no such user" on some systems; anything else is an
+    // error of the database.
+    if r != 0 && !matches!(r, libc::ENOENT | libc::ESRCH | libc::EBADF | libc::EPERM) {
+        return Err(std::io::Error::from_raw_os_error(r));
+    }
     if r != 0 || found.is_null() || pw.pw_name.is_null() {
-        return None;
+        return Ok(None);
     }
     // SAFETY: the name the call filled in, NUL-terminated inside `buf`.
     let name = unsafe { std::ffi::CStr::from_ptr(pw.pw_name) };
-    name.to_str().ok().map(str::to_string)
+    Ok(name.to_str().ok().map(str::to_string))
 }
 
 /// What the token layer found a TCP request's token to be.
@@ -300,10 +315,12 @@ impl Caller {
         }
     }
 
-    /// The key of run `id` of this caller among the server's runs.
+    /// The key of run `id` of this caller among the server's runs: `tenant/id`, or
+    /// `/id` for an administrator's (a tenant's name is never empty and holds no '/',
+    /// so no two callers' runs share a key, whatever '/' their ids hold).
     pub(super) fn run_key(&self, id: &str) -> String {
         match &self.principal {
-            Principal::Admin => id.to_string(),
+            Principal::Admin => format!("/{id}"),
             Principal::Tenant(t) => format!("{t}/{id}"),
         }
     }
@@ -332,6 +349,8 @@ mod tests {
         assert!(admin.owns(&ThreadId::new("bob/main").unwrap()));
         assert_eq!(alice.store("s"), "alice/s");
         assert_eq!(alice.run_key("r"), "alice/r");
+        // An administrator's run `alice/r` is not alice's run `r`.
+        assert_ne!(admin.run_key("alice/r"), alice.run_key("r"));
         assert!(alice.require_admin("maintenance").is_err());
     }
 

@@ -588,8 +588,13 @@ async fn thread_log(
             .store
             .checkpoints()
             .log(&t, q.limit.unwrap_or(100).min(10_000))?;
+        // The thread's history walks parents: where it reaches a thread that is not the
+        // caller's (an administrator forked it from there), the caller's part ends.
         Ok(Json(Value::Array(
-            log.iter().map(|c| who.show_checkpoint(c)).collect(),
+            log.iter()
+                .take_while(|c| who.owns(&c.body.thread_id))
+                .map(|c| who.show_checkpoint(c))
+                .collect(),
         )))
     })
     .await

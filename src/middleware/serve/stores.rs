@@ -34,8 +34,20 @@ impl From<PortableError> for ApiError {
 }
 
 impl Server {
-    /// Refuses an id that holds one of the server's secrets (ids are parts of keys).
+    /// Refuses an id that holds one of the server's secrets (ids are parts of keys,
+    /// stored as they are), or text that looks like one of casfs's placeholders (an id
+    /// is not escaped, and answers fill placeholders).
     fn portable_id(&self, what: &str, v: &str) -> Result<(), ApiError> {
+        if v.contains("{{casfs-") {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_id",
+                format!(
+                    "{what} holds `{{{{casfs-`, which casfs's placeholders begin with; ids are \
+                     stored as they are, so this is refused"
+                ),
+            ));
+        }
         match self.mw.secrets.found_in(v.as_bytes()) {
             Some(secret) => Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
@@ -307,7 +319,12 @@ pub(super) async fn fork(
             "the destination checkpoint id",
             &b.fork.destination_checkpoint_id,
         )?;
-        let cp = s.store.portable().fork(&store, &b.fork, b.now)?;
+        // The new record is stored as the rest are: what the client gives of it
+        // (`created_at`: any JSON) scrubbed, so an answer filling it never expands a
+        // placeholder the client wrote.
+        let mut fork = b.fork;
+        fork.created_at = s.scrub(&fork.created_at);
+        let cp = s.store.portable().fork(&store, &fork, b.now)?;
         Ok(Json(json!({"checkpoint": s.fill(&cp)})))
     })
     .await

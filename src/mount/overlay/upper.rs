@@ -96,15 +96,6 @@ pub(super) fn split_rel(rel: &[u8]) -> (&[u8], &[u8]) {
     }
 }
 
-/// The path of `rel` under `upper`.
-pub(super) fn rel_path(upper: &Path, rel: &[u8]) -> std::path::PathBuf {
-    if rel.is_empty() {
-        upper.to_path_buf()
-    } else {
-        upper.join(std::ffi::OsStr::from_bytes(rel))
-    }
-}
-
 /// The stamps of an upper's entries, by directory and name.
 pub(super) type Listings = HashMap<Rel, HashMap<Vec<u8>, Stamp>>;
 
@@ -331,6 +322,12 @@ impl UpperCapture<'_> {
         key: &[u8],
         lower: Option<TreeId>,
     ) -> Result<Option<TreeId>, UpperError> {
+        if !rel.is_empty() && rel.matches('/').count() >= crate::cas::MAX_TREE_DEPTH {
+            return Err(UpperError::Refused(format!(
+                "{rel}: more than {} directories deep; casfs stores no deeper tree",
+                crate::cas::MAX_TREE_DEPTH
+            )));
+        }
         let lower_id = lower;
         // From the last checkpoint: the tree as it was, and (for a directory on the way
         // to changes) the names to look at again.

@@ -35,7 +35,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
 
-use super::upper::{rel_join, rel_path, split_rel, Rel, Visit};
+use super::upper::{rel_join, split_rel, Rel, Visit};
 use crate::checkpoint::dirfd;
 
 /// What is watched on every directory of an upper.
@@ -181,6 +181,22 @@ fn read_forever(fd: std::os::fd::RawFd) {
 impl Watcher {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// `rel` of upper `root` as a warning names it: at most 200 bytes of it.
+fn shown(root: &Path, rel: &[u8]) -> String {
+    let r = String::from_utf8_lossy(rel);
+    let cut = r
+        .char_indices()
+        .map(|(i, _)| i)
+        .take_while(|i| *i <= 200)
+        .last()
+        .unwrap_or(0);
+    if r.len() > 200 {
+        format!("{}/{}... ({} bytes)", root.display(), &r[..cut], r.len())
+    } else {
+        format!("{}/{r}", root.display())
     }
 }
 
@@ -334,7 +350,14 @@ impl State {
     fn watch_tree(&mut self, id: u64, rel: &[u8]) {
         self.seq += 1;
         let seq = self.seq;
-        let Some(root) = self.uppers.get(&id).map(|u| u.root.clone()) else {
+        // An upper walked whole already (one that could not be watched) is not tried
+        // again at every event of it, nor warned about again.
+        let Some(root) = self
+            .uppers
+            .get(&id)
+            .filter(|u| !u.unwatched)
+            .map(|u| u.root.clone())
+        else {
             return;
         };
         // Every directory is opened beneath the upper's handle (no link followed, never
@@ -346,7 +369,21 @@ impl State {
         let mut watches = self.inotify.watches();
         let mut stack = vec![rel.to_vec()];
         while let Some(d) = stack.pop() {
-            let path = rel_path(&root, &d);
+            // Named shortly in warnings: a member's names may be long, and many.
+            let path = shown(&root, &d);
+            // Deeper than any tree casfs stores: the upper is walked whole (and its
+            // capture refused) rather than watched a level at a time without end.
+            if d.iter().filter(|b| **b == b'/').count() >= crate::cas::MAX_TREE_DEPTH {
+                tracing::warn!(
+                    "{path}: more than {} directories deep; overlay checkpoints walk the \
+                     whole upper",
+                    crate::cas::MAX_TREE_DEPTH
+                );
+                if let Some(u) = self.uppers.get_mut(&id) {
+                    u.unwatched = true;
+                }
+                return;
+            }
             let dir = match dirfd::open_dir_beneath(top.as_fd(), &d) {
                 Ok(f) => f,
                 Err(e)
@@ -358,10 +395,7 @@ impl State {
                     continue
                 }
                 Err(e) => {
-                    tracing::warn!(
-                        "opening {}: {e}; overlay checkpoints walk the whole upper",
-                        path.display()
-                    );
+                    tracing::warn!("opening {path}: {e}; overlay checkpoints walk the whole upper");
                     if let Some(u) = self.uppers.get_mut(&id) {
                         u.unwatched = true;
                     }
@@ -379,8 +413,7 @@ impl State {
                 }
                 Err(e) => {
                     tracing::warn!(
-                        "watching {}: {e}; overlay checkpoints walk the whole upper",
-                        path.display()
+                        "watching {path}: {e}; overlay checkpoints walk the whole upper"
                     );
                     if let Some(u) = self.uppers.get_mut(&id) {
                         u.unwatched = true;
