@@ -27,6 +27,7 @@ const MODULES: &[&str] = &[
     "src/middleware/publish.rs",
     "src/middleware/policy.rs",
     "src/middleware/provider.rs",
+    "src/middleware/serve/files.rs",
 ];
 
 /// What a call by path looks like in the source.
