@@ -57,6 +57,26 @@ pub fn bind_socket(
 /// workers and the capture pool. Only the pages a walk touches are ever resident.
 pub const DEEP_STACK: usize = 64 << 20;
 
+/// Runs `f` on the pool captures and restores walk trees with: one nested task a
+/// directory level, so its threads have [`DEEP_STACK`]. The pool starts on first use,
+/// not at process start: a process that must join a user namespace first is still
+/// single-threaded until then. Where its threads cannot start, `f` runs where it is.
+pub fn on_deep_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+    let pool = POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .thread_name(|i| format!("casfs-walk-{i}"))
+            .stack_size(DEEP_STACK)
+            .build()
+            .map_err(|e| tracing::warn!("starting the tree-walk pool: {e}"))
+            .ok()
+    });
+    match pool {
+        Some(p) => p.install(f),
+        None => f(),
+    }
+}
+
 /// Lets a long-lived server (`casfs serve`, a mount daemon, a watcher) outlive any
 /// client: a peer that closes its socket before the reply makes write(2) fail with
 /// EPIPE, which ends that one connection, instead of killing the whole process with

@@ -11,11 +11,5 @@ fn main() {
     // (`casfs log | head`) instead of failing on a broken pipe.
     // SAFETY: setting a signal disposition before any other thread starts.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
-    // Captures walk directories in parallel, one nested task a level: stacks with room
-    // for the deepest tree casfs stores (`cas::MAX_TREE_DEPTH`). Only what is touched
-    // is ever resident.
-    let _ = rayon::ThreadPoolBuilder::new()
-        .stack_size(casfs::DEEP_STACK)
-        .build_global();
     std::process::exit(cli::main());
 }

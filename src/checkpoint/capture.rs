@@ -174,7 +174,7 @@ pub fn capture_dir(
         objects: Mutex::new(StoreStats::default()),
         warnings: Mutex::new(Vec::new()),
     };
-    let root = capture_tree(&ctx, fd.as_fd(), &dir, b"")?;
+    let root = crate::on_deep_pool(|| capture_tree(&ctx, fd.as_fd(), &dir, b""))?;
     store.objects().sync()?;
     let o = *ctx.objects.lock().unwrap_or_else(|p| p.into_inner());
     let n = &ctx.n;

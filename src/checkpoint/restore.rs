@@ -162,7 +162,7 @@ pub fn restore_tree(
         objects: store.objects(),
         stage: staging,
     };
-    restore_dir(&ctx, rd, fd.as_fd(), &dest, b"", root)?;
+    crate::on_deep_pool(|| restore_dir(&ctx, rd, fd.as_fd(), &dest, b"", root))?;
     if let Some(m) = opts.root_meta {
         let io = |e| CheckpointError::io(&dest, e);
         fchmod(fd.as_fd(), m.mode).map_err(io)?;
