@@ -172,6 +172,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
             super::mount::exec(cli, mountpoint, cwd.as_deref(), via, &[shell])
         }
         Command::NamespaceHolder => Ok(casfs::mount::namespace::run_holder()?),
+        Command::SandboxInit => Ok(casfs::middleware::isolate::init::run()?),
         Command::Serve { .. } => super::serve::run(cli),
         Command::Completions { shell } => super::generate::completions(*shell),
         Command::ManPages { dir } => super::generate::man_pages(dir),

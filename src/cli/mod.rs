@@ -243,6 +243,11 @@ pub enum Command {
     #[command(hide = true)]
     NamespaceHolder,
 
+    /// The init of an isolated sandbox (started by `casfs serve` inside bubblewrap; talks
+    /// to the server on descriptor 3)
+    #[command(hide = true)]
+    SandboxInit,
+
     /// Unmount a casfs mount
     Unmount {
         mountpoint: PathBuf,
@@ -403,6 +408,26 @@ pub enum Command {
         /// but any of its clients can move its leases: never on a production server
         #[arg(long)]
         allow_client_clocks: bool,
+        /// A sandbox's processes' network (bubblewrap): none (a namespace with only
+        /// loopback) or host (the host's network: no network isolation)
+        #[arg(long, value_name = "NETWORK", default_value = "none", value_parser = parse_network)]
+        sandbox_network: casfs::middleware::isolate::Network,
+        /// Memory of one sandbox's processes, in bytes (its own OOM killer beyond)
+        #[arg(long, value_name = "BYTES", default_value_t = 1 << 30)]
+        sandbox_memory: u64,
+        /// Processes and threads of one sandbox (a fork bomb stops there)
+        #[arg(long, value_name = "N", default_value_t = 512)]
+        sandbox_pids: u64,
+        /// CPU time of one sandbox, in CPUs (1.5: one and a half CPUs' worth)
+        #[arg(long, value_name = "CPUS", default_value_t = 2.0)]
+        sandbox_cpus: f64,
+        /// Size of each sandbox's private /tmp, in bytes
+        #[arg(long, value_name = "BYTES", default_value_t = 256 << 20)]
+        sandbox_tmp: u64,
+        /// The user the processes of sandboxes the server's own user owns run as (never
+        /// root) [default: nobody]
+        #[arg(long, value_name = "USER")]
+        sandbox_user: Option<String>,
     },
 
     /// Benchmark capture, re-capture, restore, a run-like loop and mounted I/O against
@@ -612,6 +637,14 @@ pub fn main() -> i32 {
             eprintln!("casfs: error: {msg}");
             1
         }
+    }
+}
+
+fn parse_network(s: &str) -> Result<casfs::middleware::isolate::Network, String> {
+    match s {
+        "none" => Ok(casfs::middleware::isolate::Network::None),
+        "host" => Ok(casfs::middleware::isolate::Network::Host),
+        _ => Err(format!("{s:?}: give none or host")),
     }
 }
 

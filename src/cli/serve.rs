@@ -56,6 +56,12 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         client_timeout,
         idle_connection_timeout,
         allow_client_clocks,
+        sandbox_network,
+        sandbox_memory,
+        sandbox_pids,
+        sandbox_cpus,
+        sandbox_tmp,
+        sandbox_user,
     } = &cli.command
     else {
         unreachable!("dispatched on Serve")
@@ -209,6 +215,10 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
                     // mount of it is O(1) on the tree's view rather than O(entries)
                     // building an image that the next run's tree will not use.
                     build_lower_image: false,
+                    // A sandbox's isolated processes run as its owner or, in one of
+                    // the server's own user, as --sandbox-user: let them in. The gate
+                    // in front of each sandbox keeps everyone else out.
+                    allow_other: true,
                     ..WorkspaceOptions::default()
                 },
             )
@@ -275,6 +285,25 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
     let server = Server::new(store, sp, provider, config, identities)?;
     server.set_limits(limits);
     server.set_allow_client_clocks(*allow_client_clocks);
+    let name = sandbox_user.as_deref().unwrap_or("nobody");
+    let stand_in =
+        casfs::fs::Owner::of_user(name).with_context(|| format!("--sandbox-user {name:?}"))?;
+    if stand_in.uid == 0 {
+        bail!("--sandbox-user {name:?}: a sandbox's processes are never root");
+    }
+    if !sandbox_cpus.is_finite() || *sandbox_cpus <= 0.0 {
+        bail!("--sandbox-cpus {sandbox_cpus}: give a positive number of CPUs");
+    }
+    server.set_isolation(casfs::middleware::isolate::Options {
+        limits: casfs::middleware::isolate::Limits {
+            memory: *sandbox_memory,
+            pids: (*sandbox_pids).max(1),
+            cpu_millis: (*sandbox_cpus * 1000.0) as u64,
+        },
+        network: *sandbox_network,
+        tmp_bytes: *sandbox_tmp,
+        stand_in,
+    });
     let where_ = match listen {
         Some(a) => Listen::Tcp(*a),
         None => Listen::Unix(

@@ -18,6 +18,7 @@ mod context;
 mod dir_watch;
 mod error;
 mod events;
+pub mod isolate;
 mod lifecycle;
 mod live;
 mod persistence;

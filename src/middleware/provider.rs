@@ -337,6 +337,12 @@ pub trait SandboxProvider: Send + Sync {
     /// recently used idle sandbox is the first made room for at the cap.
     fn touch(&self, _key: &str) {}
 
+    /// The isolation of its sandboxes' processes (`middleware::isolate`): ended before
+    /// a sandbox's workspace goes.
+    fn jails(&self) -> Option<&Arc<super::isolate::Jails>> {
+        None
+    }
+
     /// The live sandboxes this provider holds, as handles that look at them without
     /// holding them ([`SandboxHandle::look`]).
     fn live(&self) -> Vec<SandboxHandle> {
@@ -406,6 +412,7 @@ pub struct CasfsProvider {
     /// Sandboxes destroyed while busy (files open in them): discarded before their key
     /// is used again.
     doomed: Mutex<HashMap<String, Arc<MountedThread>>>,
+    jails: Arc<super::isolate::Jails>,
 }
 
 impl CasfsProvider {
@@ -422,6 +429,7 @@ impl CasfsProvider {
             live: Live::default(),
             keys: KeyLocks::default(),
             doomed: Mutex::new(HashMap::new()),
+            jails: Arc::default(),
         }
     }
 
@@ -461,6 +469,8 @@ impl CasfsProvider {
     /// Unmounts and discards `m` (its key's lock held by the caller); a busy mount is
     /// kept on the doomed list, discarded before the key is used again.
     fn discard(&self, key: &str, m: Arc<MountedThread>, secrets: &Secrets) -> MiddlewareResult<()> {
+        // Its processes first: their namespace holds the workspace's mount.
+        self.jails.end(key);
         match m.discard(purge(secrets)) {
             Ok(_) => {
                 self.doomed_map().remove(key);
@@ -643,6 +653,10 @@ impl SandboxProvider for CasfsProvider {
         self.live.touch(key);
     }
 
+    fn jails(&self) -> Option<&Arc<super::isolate::Jails>> {
+        Some(&self.jails)
+    }
+
     fn destroy_unheld(&self, key: &str, secrets: &Secrets) -> MiddlewareResult<bool> {
         let _k = self.keys.lock(key);
         let taken = self.live.take_unheld(key)?;
@@ -721,6 +735,7 @@ pub struct DirProvider {
     dir: PathBuf,
     live: Live,
     keys: KeyLocks,
+    jails: Arc<super::isolate::Jails>,
 }
 
 impl DirProvider {
@@ -730,6 +745,7 @@ impl DirProvider {
             dir: dir.to_path_buf(),
             live: Live::default(),
             keys: KeyLocks::default(),
+            jails: Arc::default(),
         }
     }
 
@@ -850,6 +866,7 @@ impl SandboxProvider for DirProvider {
         let mut live = self.live.lock();
         let idle = self.live.idle(&mut live, &self.keys, idle, spare);
         for (g, _) in &idle {
+            self.jails.end(g.key());
             remove_tree(g.key(), &self.dir.join(g.key()))?;
         }
         Ok(idle.len())
@@ -859,10 +876,15 @@ impl SandboxProvider for DirProvider {
         self.live.touch(key);
     }
 
+    fn jails(&self) -> Option<&Arc<super::isolate::Jails>> {
+        Some(&self.jails)
+    }
+
     fn destroy_unheld(&self, key: &str, _secrets: &Secrets) -> MiddlewareResult<bool> {
         let mut live = self.live.lock();
         match super::live::take_unheld_from(&mut live, key)? {
             Some(_) => {
+                self.jails.end(key);
                 remove_tree(key, &self.dir.join(key))?;
                 Ok(true)
             }
@@ -875,6 +897,7 @@ impl SandboxProvider for DirProvider {
         if live.remove(key).is_none() {
             return Ok(());
         }
+        self.jails.end(key);
         remove_tree(key, &self.dir.join(key))
     }
 

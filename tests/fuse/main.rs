@@ -15,6 +15,7 @@ mod files;
 mod fleet;
 mod forget;
 mod hostile;
+mod isolation;
 mod lifecycle;
 mod limits;
 mod middleware;

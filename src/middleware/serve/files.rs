@@ -59,7 +59,7 @@ pub(super) struct RenameBody {
 impl Server {
     /// The caller's live sandbox `key`, looked at (not held: a DELETE meanwhile is not
     /// refused for it); another's is not found, as one that does not exist.
-    fn sandbox_for(&self, who: &Caller, key: &str) -> Result<SandboxHandle, ApiError> {
+    pub(super) fn sandbox_for(&self, who: &Caller, key: &str) -> Result<SandboxHandle, ApiError> {
         let h = self
             .mw
             .provider()

@@ -33,6 +33,7 @@ mod files;
 mod identity;
 mod json_bounds;
 mod peer;
+mod processes;
 mod sandboxes;
 mod stores;
 mod writers;
@@ -84,6 +85,11 @@ pub const ROUTES: &[&str] = &[
     "POST /v1/sandboxes/{key}/fs/mkdir",
     "POST /v1/sandboxes/{key}/fs/remove",
     "POST /v1/sandboxes/{key}/fs/rename",
+    "POST /v1/sandboxes/{key}/exec",
+    "POST /v1/sandboxes/{key}/processes",
+    "GET /v1/sandboxes/{key}/processes/{id}",
+    "POST /v1/sandboxes/{key}/processes/{id}/stdin",
+    "POST /v1/sandboxes/{key}/processes/{id}/kill",
     "POST /v1/maintenance",
     "POST /v1/threads/{thread}/fork",
     "PUT /v1/stores/{store}",
@@ -193,6 +199,8 @@ pub struct Server {
     client_clocks: std::sync::atomic::AtomicBool,
     /// The memory request bodies hold (`body`).
     budget: Arc<budget::Budget>,
+    /// How sandboxes' processes are isolated (`processes`).
+    isolation: Mutex<crate::middleware::isolate::Options>,
 }
 
 /// A run id taken: the run is being set up, or going.
@@ -290,6 +298,7 @@ impl Server {
             sandboxes: sandboxes::ApiSandboxes::default(),
             client_clocks: std::sync::atomic::AtomicBool::new(false),
             budget: Arc::default(),
+            isolation: Mutex::default(),
         }))
     }
 
@@ -308,6 +317,18 @@ impl Server {
     fn allow_client_clocks(&self) -> bool {
         self.client_clocks
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sets how sandboxes' processes are isolated (for sandboxes started from now on).
+    pub fn set_isolation(&self, o: crate::middleware::isolate::Options) {
+        *self.isolation.lock().unwrap_or_else(|p| p.into_inner()) = o;
+    }
+
+    fn isolation(&self) -> crate::middleware::isolate::Options {
+        self.isolation
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     pub fn limits(&self) -> ServeLimits {
@@ -433,6 +454,17 @@ impl Server {
             .route("/v1/sandboxes/{key}/fs/mkdir", post(files::mkdir))
             .route("/v1/sandboxes/{key}/fs/remove", post(files::remove))
             .route("/v1/sandboxes/{key}/fs/rename", post(files::rename))
+            .route("/v1/sandboxes/{key}/exec", post(processes::exec))
+            .route("/v1/sandboxes/{key}/processes", post(processes::spawn))
+            .route("/v1/sandboxes/{key}/processes/{id}", get(processes::output))
+            .route(
+                "/v1/sandboxes/{key}/processes/{id}/stdin",
+                post(processes::stdin),
+            )
+            .route(
+                "/v1/sandboxes/{key}/processes/{id}/kill",
+                post(processes::kill),
+            )
             .route("/v1/maintenance", post(maintain))
             .route("/v1/threads/{thread}/fork", post(writers::fork))
             .route("/v1/stores/{store}", put(stores::open))

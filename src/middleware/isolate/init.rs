@@ -1,0 +1,142 @@
+//! The init of a sandbox (`casfs sandbox-init`): the first program bubblewrap starts in
+//! it, already inside every namespace, limit and filter of the sandbox, with its
+//! unprivileged uid and no capability. It starts the processes the server asks for
+//! (each leading a process group of its own, its standard streams the descriptors the
+//! server passed) and reports each one's start and end. When the server's end of its
+//! socket closes (the sandbox ends, or the server went away) it returns, and with it
+//! bubblewrap's pid 1: the kernel then kills every process left in the sandbox's pid
+//! namespace.
+//!
+//! Single-threaded and blocking: one `poll` over the socket and a pidfd per child.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, Stdio};
+
+use rustix::event::{poll, PollFd, PollFlags};
+use rustix::process::{pidfd_open, Pid, PidfdFlags};
+
+use super::wire::{self, Event, Request};
+
+/// The descriptor the control socket has in the init.
+pub const CONTROL_FD: i32 = 3;
+
+struct Running {
+    child: Child,
+    pidfd: OwnedFd,
+}
+
+/// Runs the init on the control socket at [`CONTROL_FD`] until the server closes it.
+pub fn run() -> io::Result<()> {
+    // SAFETY: the socket bubblewrap passed on at CONTROL_FD is this process's from here
+    // on; nothing else in it names that descriptor.
+    let sock = unsafe { OwnedFd::from_raw_fd(CONTROL_FD) };
+    rustix::io::fcntl_setfd(&sock, rustix::io::FdFlags::CLOEXEC)?;
+    // Whatever else was inherited is not the sandbox's processes' to have.
+    // SAFETY: close_range on descriptors this process owns and no longer uses.
+    unsafe { libc::syscall(libc::SYS_close_range, CONTROL_FD as u32 + 1, u32::MAX, 0) };
+    let mut running: HashMap<u64, Running> = HashMap::new();
+    // Every group ever started: a kill reaches what a process left behind after it ended.
+    let mut groups: HashMap<u64, i32> = HashMap::new();
+    let mut buf = Vec::new();
+    loop {
+        let ids: Vec<u64> = running.keys().copied().collect();
+        let mut fds = Vec::with_capacity(ids.len() + 1);
+        fds.push(PollFd::new(&sock, PollFlags::IN));
+        for id in &ids {
+            fds.push(PollFd::new(&running[id].pidfd, PollFlags::IN));
+        }
+        match poll(&mut fds, None) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+        let ready: Vec<bool> = fds.iter().map(|f| !f.revents().is_empty()).collect();
+        drop(fds);
+        for (i, id) in ids.iter().enumerate() {
+            if ready[i + 1] {
+                let mut r = running.remove(id).expect("a running child");
+                let code = match r.child.wait() {
+                    Ok(st) => st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(1)),
+                    Err(_) => 128 + libc::SIGKILL,
+                };
+                wire::send(sock.as_fd(), &Event::Exited { id: *id, code }, &[])?;
+            }
+        }
+        if ready[0] {
+            match wire::recv::<Request>(sock.as_fd(), &mut buf)? {
+                None => return Ok(()),
+                Some((req, fds)) => handle(sock.as_fd(), req, fds, &mut running, &mut groups)?,
+            }
+        }
+    }
+}
+
+fn handle(
+    sock: BorrowedFd<'_>,
+    req: Request,
+    fds: Vec<OwnedFd>,
+    running: &mut HashMap<u64, Running>,
+    groups: &mut HashMap<u64, i32>,
+) -> io::Result<()> {
+    match req {
+        Request::Spawn { id, argv, cwd, env } => {
+            let ev = match spawn(argv, cwd, env, fds) {
+                Ok(r) => {
+                    let pid = r.child.id() as i32;
+                    running.insert(id, r);
+                    groups.insert(id, pid);
+                    Event::Started { id, pid }
+                }
+                Err(e) => Event::Failed {
+                    id,
+                    error: e.to_string(),
+                },
+            };
+            wire::send(sock, &ev, &[])
+        }
+        Request::Kill { id, signal } => {
+            if let Some(pgid) = groups.get(&id) {
+                // SAFETY: kill(2) of a process group this init started.
+                unsafe { libc::kill(-pgid, signal) };
+            }
+            Ok(())
+        }
+    }
+}
+
+fn spawn(
+    argv: Vec<String>,
+    cwd: String,
+    env: Vec<(String, String)>,
+    fds: Vec<OwnedFd>,
+) -> io::Result<Running> {
+    let [stdin, stdout, stderr]: [OwnedFd; 3] = fds.try_into().map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a spawn without its three streams",
+        )
+    })?;
+    let (program, args) = argv
+        .split_first()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "an empty command"))?;
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .env_clear()
+        .envs(env)
+        .current_dir(&cwd)
+        .stdin(Stdio::from(stdin))
+        .stdout(Stdio::from(stdout))
+        .stderr(Stdio::from(stderr))
+        .process_group(0);
+    let child = cmd
+        .spawn()
+        .map_err(|e| io::Error::new(e.kind(), format!("{program:?} in {cwd:?}: {e}")))?;
+    let pidfd = pidfd_open(
+        Pid::from_raw(child.id() as i32).expect("a child's pid"),
+        PidfdFlags::empty(),
+    )?;
+    Ok(Running { child, pidfd })
+}

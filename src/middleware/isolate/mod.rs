@@ -1,0 +1,578 @@
+//! Sandboxes that isolate: a sandbox's processes run in an existing isolation engine
+//! (bubblewrap, [`engine`]), in a control group with limits ([`limits`]), behind a
+//! system-call filter ([`seccomp`]), started by a small init inside it ([`init`]) that
+//! the server talks to over a socket pair ([`wire`]).
+//!
+//! A [`Jail`] is one sandbox's isolation: started with the sandbox's first process and
+//! ended with the sandbox (every process it started ends with it: the pid namespace
+//! goes with its init, and the control group is killed). Its [`Process`]es keep their
+//! output, bounded, for clients to read from any cursor while they run and after.
+
+mod engine;
+pub mod init;
+mod limits;
+mod seccomp;
+mod wire;
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, Read};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+use tokio::sync::{oneshot, Notify};
+
+pub use engine::{bwrap, Network};
+pub use limits::Limits;
+
+use crate::fs::Owner;
+use wire::{Event, Request};
+
+/// How a server isolates its sandboxes.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub limits: Limits,
+    pub network: Network,
+    /// Bytes of each sandbox's private `/tmp`.
+    pub tmp_bytes: u64,
+    /// Who the processes of a sandbox the server's own user owns run as (never root).
+    pub stand_in: Owner,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            limits: Limits::default(),
+            network: Network::None,
+            tmp_bytes: 256 << 20,
+            stand_in: Owner {
+                uid: 65534,
+                gid: 65534,
+            },
+        }
+    }
+}
+
+/// The most output a process keeps; older output is dropped (and counted) first.
+pub const MAX_OUTPUT: usize = 16 << 20;
+
+/// A memory file holding `bytes`, read from its start.
+fn data_fd(name: &str, bytes: &[u8]) -> io::Result<OwnedFd> {
+    use rustix::fs::{memfd_create, MemfdFlags};
+    let fd = memfd_create(name, MemfdFlags::CLOEXEC)?;
+    let mut f = std::fs::File::from(fd);
+    io::Write::write_all(&mut f, bytes)?;
+    io::Seek::seek(&mut f, io::SeekFrom::Start(0))?;
+    Ok(OwnedFd::from(f))
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Which stream a chunk of output came on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// What a process has done so far.
+#[derive(Default)]
+struct State {
+    pid: Option<i32>,
+    /// Output chunks from number `first` on.
+    chunks: VecDeque<(Stream, Vec<u8>)>,
+    first: u64,
+    bytes: usize,
+    dropped_bytes: u64,
+    /// Streams still open (stdout, stderr).
+    open: u8,
+    exit: Option<i32>,
+    error: Option<String>,
+}
+
+/// One process of a sandbox.
+pub struct Process {
+    pub id: u64,
+    state: Mutex<State>,
+    changed: Notify,
+    stdin: tokio::sync::Mutex<Option<pipe::Sender>>,
+    started: Mutex<Option<oneshot::Sender<io::Result<i32>>>>,
+}
+
+/// Output from a cursor on, and where the process stands.
+#[derive(Debug, serde::Serialize)]
+pub struct Output {
+    pub chunks: Vec<(Stream, Vec<u8>)>,
+    /// The cursor after these chunks.
+    pub next: u64,
+    /// Bytes dropped before the first chunk still kept (the process wrote more than
+    /// [`MAX_OUTPUT`] that nobody read meanwhile).
+    pub dropped_bytes: u64,
+    pub pid: Option<i32>,
+    /// The exit code, once the process has ended and its output is all in.
+    pub exit_code: Option<i32>,
+    pub error: Option<String>,
+}
+
+impl Process {
+    fn new(id: u64) -> Arc<Process> {
+        Arc::new(Process {
+            id,
+            state: Mutex::new(State {
+                open: 2,
+                ..State::default()
+            }),
+            changed: Notify::new(),
+            stdin: tokio::sync::Mutex::new(None),
+            started: Mutex::new(None),
+        })
+    }
+
+    fn push(&self, stream: Stream, data: Vec<u8>) {
+        let mut s = lock(&self.state);
+        s.bytes += data.len();
+        s.chunks.push_back((stream, data));
+        while s.bytes > MAX_OUTPUT && s.chunks.len() > 1 {
+            let (_, old) = s.chunks.pop_front().expect("a chunk");
+            s.bytes -= old.len();
+            s.dropped_bytes += old.len() as u64;
+            s.first += 1;
+        }
+        drop(s);
+        self.changed.notify_waiters();
+    }
+
+    fn update(&self, f: impl FnOnce(&mut State)) {
+        f(&mut lock(&self.state));
+        self.changed.notify_waiters();
+    }
+
+    fn done(s: &State) -> bool {
+        s.exit.is_some() && s.open == 0
+    }
+
+    /// Output from `cursor` on; when there is none yet and the process runs, waits up
+    /// to `wait` for some.
+    pub async fn output(&self, cursor: u64, wait: Duration) -> Output {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let notified = self.changed.notified();
+            {
+                let s = lock(&self.state);
+                let end = s.first + s.chunks.len() as u64;
+                if cursor < end || Self::done(&s) || tokio::time::Instant::now() >= deadline {
+                    let from = cursor.max(s.first);
+                    let skip = (from - s.first) as usize;
+                    return Output {
+                        chunks: s.chunks.iter().skip(skip).cloned().collect(),
+                        next: end.max(cursor),
+                        dropped_bytes: s.dropped_bytes,
+                        pid: s.pid,
+                        exit_code: Self::done(&s).then_some(s.exit).flatten(),
+                        error: s.error.clone(),
+                    };
+                }
+            }
+            let _ = tokio::time::timeout_at(deadline, notified).await;
+        }
+    }
+
+    /// Waits until the process has ended and its output is all in; its exit code.
+    pub async fn wait(&self) -> i32 {
+        loop {
+            let notified = self.changed.notified();
+            {
+                let s = lock(&self.state);
+                if Self::done(&s) {
+                    return s.exit.unwrap_or(-1);
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Everything it wrote (as kept) on each stream.
+    pub fn collected(&self) -> (Vec<u8>, Vec<u8>) {
+        let s = lock(&self.state);
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        for (stream, d) in &s.chunks {
+            match stream {
+                Stream::Stdout => out.extend_from_slice(d),
+                Stream::Stderr => err.extend_from_slice(d),
+            }
+        }
+        (out, err)
+    }
+
+    /// Writes `data` to its stdin, then closes it when `end`.
+    pub async fn write_stdin(&self, data: &[u8], end: bool) -> io::Result<()> {
+        let mut stdin = self.stdin.lock().await;
+        let Some(w) = stdin.as_mut() else {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the process's stdin is closed",
+            ));
+        };
+        w.write_all(data).await?;
+        if end {
+            *stdin = None;
+        }
+        Ok(())
+    }
+}
+
+/// One sandbox's isolation: its bubblewrap, its init's socket, its control group and
+/// its processes.
+pub struct Jail {
+    key: String,
+    control: OwnedFd,
+    send: Mutex<()>,
+    bwrap: Mutex<std::process::Child>,
+    procs: Mutex<HashMap<u64, Arc<Process>>>,
+    next_id: AtomicU64,
+    ended: AtomicBool,
+    group: Option<limits::Group>,
+    /// What bubblewrap said on stderr (its last bytes): why a sandbox failed to start.
+    engine_err: Arc<Mutex<Vec<u8>>>,
+    pub limited: bool,
+    pub network: Network,
+    pub uid: u32,
+}
+
+impl Jail {
+    /// Starts the isolation of sandbox `key` whose workspace is `workspace`, for its
+    /// owner `owner`. Blocking.
+    pub fn start(
+        key: &str,
+        workspace: &Path,
+        owner: Owner,
+        opts: &Options,
+    ) -> io::Result<Arc<Jail>> {
+        let who = if owner.uid == 0 { opts.stand_in } else { owner };
+        let group = if rustix::process::getuid().is_root() {
+            static N: AtomicU64 = AtomicU64::new(0);
+            let name = format!(
+                "casfs/{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            );
+            match limits::Group::make(&name, &opts.limits) {
+                Ok(g) => Some(g),
+                Err(e) => {
+                    tracing::warn!("sandbox {key}: no limits: {e}");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        // Bubblewrap reaches the workspace by its path, as the sandbox's user: a
+        // stand-in is let through the sandbox's gate (as its owner is), and both keep
+        // the group of the sandboxes' directory (the socket's, as members have it).
+        let gate = workspace.parent().unwrap_or(workspace);
+        if who != owner {
+            let dir = crate::checkpoint::dirfd::open_dir_path(gate)?;
+            crate::fs::allow_passage(dir.as_fd(), who.uid)
+                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", gate.display())))?;
+        }
+        let mut groups = Vec::new();
+        if let Some(above) = gate.parent() {
+            let st = rustix::fs::stat(above)?;
+            if st.st_gid != 0 && st.st_gid != who.gid {
+                groups.push(st.st_gid);
+            }
+        }
+        let spec = engine::Spec {
+            workspace,
+            uid: who.uid,
+            gid: who.gid,
+            groups,
+            network: opts.network,
+            tmp_bytes: opts.tmp_bytes,
+        };
+        let mut started = engine::start(&spec, group.as_ref())?;
+        let engine_err = Arc::new(Mutex::new(Vec::new()));
+        if let Some(mut e) = started.child.stderr.take() {
+            let keep = engine_err.clone();
+            std::thread::Builder::new()
+                .name("casfs-bwrap-err".into())
+                .spawn(move || {
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n) = e.read(&mut buf) {
+                        if n == 0 {
+                            break;
+                        }
+                        let mut k = lock(&keep);
+                        k.extend_from_slice(&buf[..n]);
+                        let over = k.len().saturating_sub(4096);
+                        k.drain(..over);
+                    }
+                })?;
+        }
+        let jail = Arc::new(Jail {
+            key: key.to_string(),
+            control: started.control,
+            send: Mutex::new(()),
+            bwrap: Mutex::new(started.child),
+            procs: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            ended: AtomicBool::new(false),
+            limited: group.is_some(),
+            group,
+            engine_err,
+            network: opts.network,
+            uid: who.uid,
+        });
+        let reader = Arc::downgrade(&jail);
+        let sock = jail.control.as_fd().try_clone_to_owned()?;
+        std::thread::Builder::new()
+            .name("casfs-sandbox".into())
+            .spawn(move || Self::read_events(reader, sock))?;
+        Ok(jail)
+    }
+
+    /// Follows the init's events until its socket closes.
+    fn read_events(jail: std::sync::Weak<Jail>, sock: OwnedFd) {
+        let mut buf = Vec::new();
+        loop {
+            let got = wire::recv::<Event>(sock.as_fd(), &mut buf);
+            let Some(j) = jail.upgrade() else { return };
+            match got {
+                Ok(Some((ev, _))) => j.on_event(ev),
+                Ok(None) | Err(_) => {
+                    j.on_end();
+                    return;
+                }
+            }
+        }
+    }
+
+    fn process(&self, id: u64) -> Option<Arc<Process>> {
+        lock(&self.procs).get(&id).cloned()
+    }
+
+    fn on_event(&self, ev: Event) {
+        match ev {
+            Event::Started { id, pid } => {
+                if let Some(p) = self.process(id) {
+                    p.update(|s| s.pid = Some(pid));
+                    if let Some(tx) = lock(&p.started).take() {
+                        let _ = tx.send(Ok(pid));
+                    }
+                }
+            }
+            Event::Failed { id, error } => {
+                if let Some(p) = self.process(id) {
+                    if let Some(tx) = lock(&p.started).take() {
+                        let _ =
+                            tx.send(Err(io::Error::new(io::ErrorKind::NotFound, error.clone())));
+                    }
+                    p.update(|s| {
+                        s.exit = Some(127);
+                        s.error = Some(error);
+                    });
+                }
+            }
+            Event::Exited { id, code } => {
+                if let Some(p) = self.process(id) {
+                    p.update(|s| s.exit = Some(code));
+                }
+            }
+        }
+    }
+
+    /// The init is gone: every process is over.
+    fn on_end(&self) {
+        self.ended.store(true, Ordering::SeqCst);
+        let why = self.why_ended();
+        for p in lock(&self.procs).values() {
+            if let Some(tx) = lock(&p.started).take() {
+                let _ = tx.send(Err(io::Error::other(why.clone())));
+            }
+            p.update(|s| {
+                if s.exit.is_none() {
+                    s.exit = Some(128 + libc::SIGKILL);
+                    s.error.get_or_insert_with(|| why.clone());
+                }
+            });
+        }
+    }
+
+    fn why_ended(&self) -> String {
+        let err = String::from_utf8_lossy(&lock(&self.engine_err))
+            .trim()
+            .to_string();
+        if err.is_empty() {
+            format!("sandbox {:?} ended", self.key)
+        } else {
+            format!("sandbox {:?} ended: {err}", self.key)
+        }
+    }
+
+    /// Whether the sandbox's init is gone (nothing more can start in it).
+    pub fn ended(&self) -> bool {
+        self.ended.load(Ordering::SeqCst)
+    }
+
+    /// Starts `argv` in `cwd` (inside the sandbox) with exactly `env`. Its stdin stays
+    /// open for [`Process::write_stdin`] when `stdin`, else it reads end of file.
+    pub async fn spawn(
+        self: &Arc<Self>,
+        argv: Vec<String>,
+        cwd: String,
+        env: Vec<(String, String)>,
+        stdin: bool,
+    ) -> io::Result<Arc<Process>> {
+        if self.ended() {
+            return Err(io::Error::other(self.why_ended()));
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let p = Process::new(id);
+        let (tx, rx) = oneshot::channel();
+        *lock(&p.started) = Some(tx);
+        let flags = rustix::pipe::PipeFlags::CLOEXEC;
+        let (in_r, in_w) = rustix::pipe::pipe_with(flags)?;
+        let (out_r, out_w) = rustix::pipe::pipe_with(flags)?;
+        let (err_r, err_w) = rustix::pipe::pipe_with(flags)?;
+        lock(&self.procs).insert(id, p.clone());
+        let sent = {
+            let _g = lock(&self.send);
+            wire::send(
+                self.control.as_fd(),
+                &Request::Spawn { id, argv, cwd, env },
+                &[in_r.as_fd(), out_w.as_fd(), err_w.as_fd()],
+            )
+        };
+        drop((in_r, out_w, err_w));
+        if let Err(e) = sent {
+            lock(&self.procs).remove(&id);
+            return Err(io::Error::new(
+                e.kind(),
+                format!("{}: {e}", self.why_ended()),
+            ));
+        }
+        if stdin {
+            *p.stdin.lock().await = Some(pipe::Sender::from_owned_fd(in_w)?);
+        } else {
+            drop(in_w);
+        }
+        for (fd, stream) in [(out_r, Stream::Stdout), (err_r, Stream::Stderr)] {
+            let mut r = pipe::Receiver::from_owned_fd(fd)?;
+            let p = p.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 << 10];
+                loop {
+                    match r.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => p.push(stream, buf[..n].to_vec()),
+                    }
+                }
+                p.update(|s| s.open -= 1);
+            });
+        }
+        match rx.await {
+            Ok(Ok(_)) => Ok(p),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(io::Error::other(self.why_ended())),
+        }
+    }
+
+    /// A process of this sandbox.
+    pub fn get(&self, id: u64) -> Option<Arc<Process>> {
+        self.process(id)
+    }
+
+    /// `signal` to process `id`'s group.
+    pub fn kill(&self, id: u64, signal: i32) -> io::Result<()> {
+        let _g = lock(&self.send);
+        wire::send(self.control.as_fd(), &Request::Kill { id, signal }, &[])
+    }
+
+    /// Ends the sandbox: its init, and every process in it.
+    pub fn end(&self) {
+        self.ended.store(true, Ordering::SeqCst);
+        let _ = rustix::net::shutdown(&self.control, rustix::net::Shutdown::Both);
+        if let Some(g) = &self.group {
+            g.kill_all();
+        }
+        let mut b = lock(&self.bwrap);
+        for _ in 0..200 {
+            if let Ok(Some(_)) = b.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = b.kill();
+        let _ = b.wait();
+    }
+}
+
+impl Drop for Jail {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+/// The isolation of each live sandbox, by sandbox key: the provider ends a sandbox's
+/// before it unmounts or removes its workspace.
+#[derive(Default)]
+pub struct Jails {
+    map: Mutex<HashMap<String, Arc<Jail>>>,
+}
+
+impl Jails {
+    /// Sandbox `key`'s isolation, started by `start` if it has none (or its init is
+    /// gone). Blocking.
+    pub fn get_or_start(
+        &self,
+        key: &str,
+        start: impl FnOnce() -> io::Result<Arc<Jail>>,
+    ) -> io::Result<Arc<Jail>> {
+        let mut map = lock(&self.map);
+        if let Some(j) = map.get(key).filter(|j| !j.ended()) {
+            return Ok(j.clone());
+        }
+        let j = start()?;
+        if let Some(old) = map.insert(key.to_string(), j.clone()) {
+            old.end();
+        }
+        Ok(j)
+    }
+
+    /// Sandbox `key`'s isolation, if it has one.
+    pub fn get(&self, key: &str) -> Option<Arc<Jail>> {
+        lock(&self.map).get(key).cloned()
+    }
+
+    /// Ends sandbox `key`'s isolation and every process in it.
+    pub fn end(&self, key: &str) {
+        let j = lock(&self.map).remove(key);
+        if let Some(j) = j {
+            j.end();
+        }
+    }
+
+    /// How many sandboxes have isolation running.
+    pub fn len(&self) -> usize {
+        lock(&self.map).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Drop for Jails {
+    fn drop(&mut self) {
+        for (_, j) in lock(&self.map).drain() {
+            j.end();
+        }
+    }
+}

@@ -1,0 +1,571 @@
+//! Sandboxes that isolate: a sandbox's processes, run through `casfs serve`
+//! (`/v1/sandboxes/{key}/exec` and `/processes`) in bubblewrap with a control group and
+//! a seccomp filter, tried from inside as code a model wrote would try: read a
+//! root-only file of the host, write outside `/workspace`, see or signal the host's
+//! processes, reach the server's socket or a 127.0.0.1 service of the host, mount,
+//! ptrace, load a module, raise a limit, fork past the pids limit, allocate past the
+//! memory limit, see another sandbox's files, keep a process alive after the sandbox
+//! ends. Every attempt fails, and the host and the other sandbox are unaffected. Real
+//! members of the socket's group (useradd) make the sandboxes, on the pass's backend.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use base64::Engine;
+use serde_json::{json, Value};
+
+use crate::serve::{call, start, Served};
+use crate::users::{place, TestGroup, TestUser};
+use crate::MountsUnder;
+
+const HOST_SECRET: &str = "sk-host-only-7f3a9c";
+
+fn bwrap_missing() -> bool {
+    if !Path::new("/usr/bin/bwrap").exists() {
+        eprintln!("skipped: bubblewrap is not installed (scripts/setup.sh installs it)");
+        return true;
+    }
+    false
+}
+
+fn server(store: &Path, sandboxes: &Path, group: &TestGroup, extra: &[&str]) -> Served {
+    let mut args = vec![
+        "--socket-group",
+        group.name.as_str(),
+        "--mode",
+        crate::mount_mode().as_str(),
+    ];
+    args.extend_from_slice(extra);
+    start(store, sandboxes, &args, &[("OPENAI_API_KEY", HOST_SECRET)])
+}
+
+/// A sandbox `user` makes on `thread`: its key and workspace on the host.
+fn sandbox(user: &TestUser, s: &Served, thread: &str) -> (String, PathBuf) {
+    let (st, v) = user.http(
+        &s.socket,
+        "POST",
+        "/v1/sandboxes",
+        Some(&json!({ "thread": thread })),
+    );
+    assert_eq!(st, 200, "{v}");
+    (
+        v["key"].as_str().unwrap().to_string(),
+        PathBuf::from(v["path"].as_str().unwrap()),
+    )
+}
+
+/// `script` run in sandbox `key` as `user`: exit code, stdout, stderr.
+fn exec(user: &TestUser, s: &Served, key: &str, script: &str) -> (i64, String, String) {
+    let (st, v) = user.http(
+        &s.socket,
+        "POST",
+        &format!("/v1/sandboxes/{key}/exec"),
+        Some(&json!({ "command": script, "timeout_ms": 60_000 })),
+    );
+    assert_eq!(st, 200, "{script}: {v}");
+    (
+        v["exit_code"].as_i64().unwrap(),
+        v["stdout"].as_str().unwrap().to_string(),
+        v["stderr"].as_str().unwrap().to_string(),
+    )
+}
+
+/// `script` must fail inside the sandbox (what it tried did not happen).
+fn fails(user: &TestUser, s: &Served, key: &str, what: &str, script: &str) {
+    let (code, out, err) = exec(user, s, key, script);
+    assert_ne!(code, 0, "{what} succeeded inside the sandbox: {out} {err}");
+}
+
+/// A Python one-liner's shell command.
+fn py(code: &str) -> String {
+    format!("python3 -c '{code}'")
+}
+
+/// Boundary of item 7: from inside a member's sandbox nothing of the host, the server or
+/// another sandbox is reached, and what a process is (uid, capabilities, filter,
+/// environment) is what the engine gave it.
+#[test]
+fn a_sandbox_reaches_nothing_of_the_host_or_another_sandbox() {
+    if crate::needs_root("it makes users with useradd") || bwrap_missing() {
+        return;
+    }
+    let (t, store, sandboxes) = place();
+    let group = TestGroup::new();
+    let (a, b) = (TestUser::new(Some(&group)), TestUser::new(Some(&group)));
+    let _g = MountsUnder(sandboxes.clone());
+    let s = server(&store, &sandboxes, &group, &[]);
+    // A root-only file of the host, and a service of the host on loopback.
+    let canary = t.path().join("root-only");
+    std::fs::write(&canary, "root-only-canary").unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
+
+    let (key_a, root_a) = sandbox(&a, &s, "work");
+    let (key_b, root_b) = sandbox(&b, &s, "other");
+    b.sh(&root_b, "printf 'b-private\\n' > b-marker.txt");
+
+    // Who a process is.
+    let (code, out, _) = exec(
+        &a,
+        &s,
+        &key_a,
+        "id -u; grep -E '^(CapEff|CapPrm|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status; env",
+    );
+    assert_eq!(code, 0);
+    assert!(out.starts_with(&format!("{}\n", a.uid)), "{out}");
+    for want in [
+        "CapEff:\t0000000000000000",
+        "CapPrm:\t0000000000000000",
+        "NoNewPrivs:\t1",
+        "Seccomp:\t2",
+    ] {
+        assert!(out.contains(want), "{want} not in {out}");
+    }
+    assert!(
+        !out.contains(HOST_SECRET),
+        "the host's environment leaked: {out}"
+    );
+    assert!(!out.contains("OPENAI_API_KEY"), "{out}");
+
+    // The workspace is the sandbox's and is writable; writes reach the host's mount.
+    let (code, _, err) = exec(&a, &s, &key_a, "echo made-inside > /workspace/inside.txt");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        std::fs::read_to_string(root_a.join("inside.txt")).unwrap(),
+        "made-inside\n"
+    );
+
+    // Files of the host.
+    let c = canary.display().to_string();
+    fails(
+        &a,
+        &s,
+        &key_a,
+        "reading a root-only host file",
+        &format!("cat {c}"),
+    );
+    fails(&a, &s, &key_a, "reading /etc/shadow", "cat /etc/shadow");
+    fails(&a, &s, &key_a, "listing /root", "ls /root");
+    fails(&a, &s, &key_a, "listing /home", "ls /home");
+    fails(
+        &a,
+        &s,
+        &key_a,
+        "reaching the store",
+        &format!("ls {}", store.display()),
+    );
+    fails(
+        &a,
+        &s,
+        &key_a,
+        "reaching the sandboxes",
+        &format!("ls {}", sandboxes.display()),
+    );
+    let (_, out, _) = exec(&a, &s, &key_a, "cat /etc/passwd");
+    assert!(!out.contains(&a.name) && !out.contains(&b.name), "{out}");
+    // Writes outside /workspace.
+    for target in [
+        "/usr/casfs-escape",
+        "/etc/casfs-escape",
+        "/casfs-escape",
+        "/proc/casfs-escape",
+    ] {
+        fails(
+            &a,
+            &s,
+            &key_a,
+            "writing outside /workspace",
+            &format!("touch {target}"),
+        );
+    }
+    let (code, _, _) = exec(&a, &s, &key_a, "echo private > /tmp/casfs-private-tmp");
+    assert_eq!(code, 0, "the sandbox's own /tmp is writable");
+    assert!(
+        !Path::new("/tmp/casfs-private-tmp").exists(),
+        "its /tmp is the host's"
+    );
+
+    // The host's processes and the server.
+    let server_pid = s.child.id();
+    fails(
+        &a,
+        &s,
+        &key_a,
+        "signalling the server",
+        &format!("kill -0 {server_pid}"),
+    );
+    let (_, out, _) = exec(&a, &s, &key_a, "ls /proc | grep -c '^[0-9]'");
+    let visible: usize = out.trim().parse().unwrap();
+    assert!(
+        visible < 10,
+        "{visible} processes visible: the host's are there"
+    );
+    let sock = s.socket.display().to_string();
+    fails(
+        &a,
+        &s,
+        &key_a,
+        "reaching the server's socket",
+        &format!("test -e {sock}"),
+    );
+    fails(
+        &a,
+        &s,
+        &key_a,
+        "connecting to a 127.0.0.1 service of the host",
+        &py(&format!(
+            "import socket; socket.create_connection((\"127.0.0.1\", {port}), 3)"
+        )),
+    );
+    assert!(listener.accept().is_err(), "the host's service was reached");
+    fails(
+        &a,
+        &s,
+        &key_a,
+        "reaching an outside address",
+        &py("import socket; socket.create_connection((\"1.1.1.1\", 53), 3)"),
+    );
+
+    // What the filter and the missing capabilities refuse.
+    fails(
+        &a,
+        &s,
+        &key_a,
+        "mounting",
+        "mkdir -p /tmp/m && mount -t tmpfs x /tmp/m",
+    );
+    fails(&a, &s, &key_a, "a new user namespace", "unshare -r true");
+    for (what, call) in [
+        ("ptrace", "c.ptrace(0, 0, 0, 0)"),
+        ("finit_module", "c.syscall(313, 0, b\"\", 0)"),
+        ("keyctl", "c.syscall(250, 0, 0, 0, 0, 0)"),
+        ("bpf", "c.syscall(321, 0, 0, 0)"),
+        ("unshare", "c.syscall(272, 0x10000000)"),
+        ("setns", "c.syscall(308, 0, 0)"),
+    ] {
+        let (code, out, err) = exec(
+            &a,
+            &s,
+            &key_a,
+            &py(&format!(
+                "import ctypes, sys; c = ctypes.CDLL(None, use_errno=True); r = {call}; \
+                 print(r, ctypes.get_errno()); sys.exit(0 if r == -1 else 1)"
+            )),
+        );
+        assert_eq!(code, 0, "{what} was allowed: {out} {err}");
+        assert!(
+            out.trim().ends_with(&libc::EPERM.to_string()),
+            "{what}: {out}"
+        );
+    }
+    fails(
+        &a,
+        &s,
+        &key_a,
+        "raising a hard limit",
+        &py(
+            "import resource as r; s, h = r.getrlimit(r.RLIMIT_NOFILE); \
+             r.setrlimit(r.RLIMIT_NOFILE, (h + 1, h + 1))",
+        ),
+    );
+
+    // Another sandbox's files.
+    let (_, out, _) = exec(
+        &a,
+        &s,
+        &key_a,
+        "find / -path /proc -prune -o -name b-marker.txt -print 2>/dev/null; \
+         grep -rl b-private /workspace /tmp /etc 2>/dev/null | head -1",
+    );
+    assert!(
+        out.trim().is_empty(),
+        "another sandbox's file was seen: {out}"
+    );
+    let (code, out, _) = exec(&b, &s, &key_b, "cat /workspace/b-marker.txt");
+    assert_eq!(
+        (code, out.as_str()),
+        (0, "b-private\n"),
+        "B's own sandbox works"
+    );
+    // Another member's sandbox's processes are not A's to run.
+    let (st, _) = a.http(
+        &s.socket,
+        "POST",
+        &format!("/v1/sandboxes/{key_b}/exec"),
+        Some(&json!({"command": "true"})),
+    );
+    assert_eq!(st, 404, "A ran a process in B's sandbox");
+
+    // A process left behind is ended with its sandbox.
+    let (code, _, err) = exec(
+        &a,
+        &s,
+        &key_a,
+        "setsid sh -c 'sleep 1234 </dev/null >/dev/null 2>&1 &'; nohup sleep 1235 >/dev/null 2>&1 &",
+    );
+    assert_eq!(code, 0, "{err}");
+    let alive = |pattern: &str| {
+        std::process::Command::new("pgrep")
+            .args(["-u", &a.uid.to_string(), "-f", pattern])
+            .output()
+            .unwrap()
+            .status
+            .success()
+    };
+    assert!(alive("sleep 123[45]"), "the test's processes did not start");
+    let (st, v) = a.http(&s.socket, "DELETE", &format!("/v1/sandboxes/{key_a}"), None);
+    assert_eq!(st, 200, "{v}");
+    assert!(
+        crate::wait_for(Duration::from_secs(10), || !alive("sleep 123[45]")),
+        "a process outlived its sandbox"
+    );
+    assert!(std::fs::read_to_string(&canary).unwrap() == "root-only-canary");
+    drop(s);
+}
+
+/// Limits: a fork bomb stops at the pids limit, an allocation past the memory limit is
+/// killed inside the sandbox, and the host, the server and another sandbox go on.
+#[test]
+fn limits_hold_inside_and_the_host_goes_on() {
+    if crate::needs_root("it makes users with useradd") || bwrap_missing() {
+        return;
+    }
+    let (_t, store, sandboxes) = place();
+    let group = TestGroup::new();
+    let a = TestUser::new(Some(&group));
+    let _g = MountsUnder(sandboxes.clone());
+    let s = server(
+        &store,
+        &sandboxes,
+        &group,
+        &["--sandbox-pids", "48", "--sandbox-memory", "134217728"],
+    );
+    let (key, _) = sandbox(&a, &s, "bomb");
+    let (key2, _) = sandbox(&a, &s, "calm");
+    // Forks until refused, then reports how many it got.
+    let (code, out, err) = exec(
+        &a,
+        &s,
+        &key,
+        &py("import os, time\nn = 0\ntry:\n  for _ in range(500):\n    if os.fork() == 0:\n      time.sleep(30); os._exit(0)\n    n += 1\nexcept OSError as e:\n  print(\"refused\", n, e.errno)\n"),
+    );
+    assert_eq!(code, 0, "{out} {err}");
+    let got: usize = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the fork bomb was not stopped: {out} {err}"));
+    assert!(got < 48, "{got} processes started past the limit of 48");
+    // The other sandbox and the host still start processes.
+    let (code, out, _) = exec(&a, &s, &key2, "echo fine");
+    assert_eq!((code, out.as_str()), (0, "fine\n"));
+    assert!(std::process::Command::new("true")
+        .status()
+        .unwrap()
+        .success());
+
+    // 512 MiB in a sandbox of 128 MiB: killed there (or refused), never the host's.
+    let (code, out, err) = exec(
+        &a,
+        &s,
+        &key2,
+        &py("b = bytearray(512 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint(\"allocated\")"),
+    );
+    assert_ne!(
+        code, 0,
+        "512 MiB were allocated past a 128 MiB limit: {out} {err}"
+    );
+    assert!(!out.contains("allocated"));
+    let (st, v) = call(&s, "GET", "/v1/health", None);
+    assert_eq!(st, 200, "{v}");
+    let (code, out, _) = exec(&a, &s, &key, "echo after");
+    assert_eq!(
+        (code, out.as_str()),
+        (0, "after\n"),
+        "the sandbox went on after its OOM"
+    );
+}
+
+/// A background process streams its output from any cursor, takes stdin, and a kill
+/// ends it with everything it started.
+#[test]
+fn background_processes_stream_take_stdin_and_die_with_their_group() {
+    if crate::needs_root("it makes users with useradd") || bwrap_missing() {
+        return;
+    }
+    let (_t, store, sandboxes) = place();
+    let group = TestGroup::new();
+    let a = TestUser::new(Some(&group));
+    let _g = MountsUnder(sandboxes.clone());
+    let s = server(&store, &sandboxes, &group, &[]);
+    let (key, _) = sandbox(&a, &s, "bg");
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let start = |body: Value| -> u64 {
+        let (st, v) = a.http(
+            &s.socket,
+            "POST",
+            &format!("/v1/sandboxes/{key}/processes"),
+            Some(&body),
+        );
+        assert_eq!(st, 200, "{v}");
+        assert!(v["pid"].as_i64().unwrap() > 0, "{v}");
+        v["id"].as_u64().unwrap()
+    };
+    let output = |id: u64, after: u64| -> Value {
+        let (st, v) = a.http(
+            &s.socket,
+            "GET",
+            &format!("/v1/sandboxes/{key}/processes/{id}?after={after}&wait_ms=5000"),
+            None,
+        );
+        assert_eq!(st, 200, "{v}");
+        v
+    };
+    // What one stream carried (the two streams are two pipes: no order between them).
+    let stream = |v: &Value, which: &str| -> String {
+        v["chunks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["stream"] == which)
+            .map(|c| {
+                String::from_utf8(b64.decode(c["data_base64"].as_str().unwrap()).unwrap()).unwrap()
+            })
+            .collect()
+    };
+    let text = |v: &Value| stream(v, "stdout");
+
+    // stdin in, stdout out, in order, then the exit code once stdin ends.
+    let id = start(
+        json!({"command": "while read l; do echo \"got $l\"; done; echo done >&2", "stdin": true}),
+    );
+    let (st, v) = a.http(
+        &s.socket,
+        "POST",
+        &format!("/v1/sandboxes/{key}/processes/{id}/stdin"),
+        Some(&json!({"data": "one\n"})),
+    );
+    assert_eq!(st, 200, "{v}");
+    let v = output(id, 0);
+    assert_eq!(text(&v), "got one\n");
+    let next = v["next"].as_u64().unwrap();
+    let (st, _) = a.http(
+        &s.socket,
+        "POST",
+        &format!("/v1/sandboxes/{key}/processes/{id}/stdin"),
+        Some(&json!({"data": "two\n", "end": true})),
+    );
+    assert_eq!(st, 200);
+    let (mut out, mut err) = (String::new(), String::new());
+    let mut cursor = next;
+    let exit = loop {
+        let v = output(id, cursor);
+        out.push_str(&text(&v));
+        err.push_str(&stream(&v, "stderr"));
+        cursor = v["next"].as_u64().unwrap();
+        if let Some(c) = v["exit_code"].as_i64() {
+            break c;
+        }
+    };
+    assert_eq!(
+        (exit, out.as_str(), err.as_str()),
+        (0, "got two\n", "done\n")
+    );
+    // Read again from the start: everything is still there.
+    let v = output(id, 0);
+    assert_eq!(
+        (text(&v), stream(&v, "stderr")),
+        ("got one\ngot two\n".to_string(), "done\n".to_string())
+    );
+
+    // A kill ends the process and what it started in its group.
+    let id = start(json!({"command": "sleep 1200 & sleep 1201; echo never"}));
+    let alive = || {
+        std::process::Command::new("pgrep")
+            .args(["-u", &a.uid.to_string(), "-f", "sleep 120[01]"])
+            .output()
+            .unwrap()
+            .status
+            .success()
+    };
+    assert!(crate::wait_for(Duration::from_secs(5), alive));
+    let (st, v) = a.http(
+        &s.socket,
+        "POST",
+        &format!("/v1/sandboxes/{key}/processes/{id}/kill"),
+        Some(&json!({"signal": "SIGKILL"})),
+    );
+    assert_eq!(st, 200, "{v}");
+    let v = output(id, 0);
+    assert_eq!(v["exit_code"].as_i64(), Some(137), "{v}");
+    assert!(!text(&v).contains("never"));
+    assert!(
+        crate::wait_for(Duration::from_secs(5), || !alive()),
+        "the group outlived the kill"
+    );
+
+    // A program that does not exist is a clear error; the sandbox goes on.
+    let (st, v) = a.http(
+        &s.socket,
+        "POST",
+        &format!("/v1/sandboxes/{key}/processes"),
+        Some(&json!({"argv": ["/no/such/program"]})),
+    );
+    assert_eq!(st, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("/no/such/program"),
+        "{v}"
+    );
+}
+
+/// A sandbox the server's own user (root) made runs as the stand-in user, never root,
+/// and the host's network is there only when asked for.
+#[test]
+fn a_root_sandbox_runs_as_the_stand_in_and_host_network_is_opt_in() {
+    if crate::needs_root("it runs a root server") || bwrap_missing() {
+        return;
+    }
+    let (_t, store, sandboxes) = place();
+    let _g = MountsUnder(sandboxes.clone());
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let s = start(
+        &store,
+        &sandboxes,
+        &[
+            "--mode",
+            crate::mount_mode().as_str(),
+            "--sandbox-network",
+            "host",
+        ],
+        &[],
+    );
+    let (st, v) = call(
+        &s,
+        "POST",
+        "/v1/sandboxes",
+        Some(&json!({"thread": "root"})),
+    );
+    assert_eq!(st, 200, "{v}");
+    let key = v["key"].as_str().unwrap().to_string();
+    let (st, v) = call(
+        &s,
+        "POST",
+        &format!("/v1/sandboxes/{key}/exec"),
+        Some(
+            &json!({"command": format!("id -u; python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 3); print(\"connected\")'")}),
+        ),
+    );
+    assert_eq!(st, 200, "{v}");
+    let out = v["stdout"].as_str().unwrap();
+    assert!(out.starts_with("65534\n"), "{v}");
+    assert!(
+        out.contains("connected"),
+        "the host's network was asked for: {v}"
+    );
+}
