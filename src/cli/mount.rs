@@ -481,8 +481,22 @@ pub fn unmount(cli: &Cli, mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
         .ok()
         .map(|c| daemon::pid_file(&cli.store_root(), &c));
     let flags = if lazy { libc::MNT_DETACH } else { 0 };
+    // A descriptor held for an instant is let go: another process's child between its
+    // fork and its exec holds copies of every descriptor its parent had open.
+    let mut tries = 0;
     // SAFETY: a NUL-terminated path.
-    if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
+    let unmounted = loop {
+        if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
+            break Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        tries += 1;
+        if e.raw_os_error() != Some(libc::EBUSY) || tries >= 20 {
+            break Err(e);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    if unmounted.is_ok() {
         if let Some(p) = pid_file.filter(|_| !lazy) {
             if !daemon::wait_daemon_exit(&p) {
                 eprintln!("casfs: the mount daemon is still closing its store");
@@ -491,7 +505,7 @@ pub fn unmount(cli: &Cli, mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
         println!("unmounted {}", mountpoint.display());
         return Ok(());
     }
-    let e = std::io::Error::last_os_error();
+    let e = unmounted.unwrap_err();
     match e.raw_os_error() {
         Some(libc::EPERM) | Some(libc::EACCES)
             if is_overlay_mount(mountpoint) && namespace::inside().is_some() =>

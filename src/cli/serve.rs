@@ -291,6 +291,9 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
     if stand_in.uid == 0 {
         bail!("--sandbox-user {name:?}: a sandbox's processes are never root");
     }
+    if *sandbox_tmp < 1 << 20 {
+        bail!("--sandbox-tmp {sandbox_tmp}: give at least 1 MiB (1048576)");
+    }
     if !sandbox_cpus.is_finite() || *sandbox_cpus <= 0.0 {
         bail!("--sandbox-cpus {sandbox_cpus}: give a positive number of CPUs");
     }

@@ -140,6 +140,15 @@ impl SandboxHandle {
         }
     }
 
+    /// Which sandbox this is, told apart from an earlier or later one of its key (while
+    /// it lives).
+    pub fn instance(&self) -> usize {
+        match &self.workspace {
+            SandboxWorkspace::Mount(m) => Arc::as_ptr(m) as usize,
+            SandboxWorkspace::Dir(d) => Arc::as_ptr(d) as usize,
+        }
+    }
+
     /// A handle to the same sandbox that does not hold it (see [`SandboxHandle`]).
     pub fn look(&self) -> SandboxHandle {
         SandboxHandle::new(
@@ -573,6 +582,8 @@ impl SandboxProvider for CasfsProvider {
         if let Some(m) = doomed {
             self.discard(&key, m, secrets)?;
         }
+        // An earlier sandbox's processes of the key are not this one's.
+        self.jails.end(&key);
         let sandbox_err = |detail: String| MiddlewareError::Sandbox {
             key: key.clone(),
             detail,
@@ -806,10 +817,13 @@ impl SandboxProvider for DirProvider {
             .live
             .make_room(&mut live, &self.keys, ctx.thread.tenant())?
         {
+            self.jails.end(g.key());
             remove_tree(g.key(), &self.dir.join(g.key()))?;
         }
         let root = self.path(&key);
-        // What an earlier sandbox of the key left is not the thread's state.
+        // What an earlier sandbox of the key left is not the thread's state, nor are
+        // its processes.
+        self.jails.end(&key);
         remove_tree(&key, &root)?;
         let err = |e: std::io::Error| MiddlewareError::Sandbox {
             key: key.clone(),

@@ -97,9 +97,13 @@ const ETC: &[&str] = &[
     "/etc/ssl",
 ];
 
-/// A descriptor at a number of at least 10 (clear of those the child is given).
+/// The lowest number a descriptor to be given is kept at until the child moves it to
+/// its own number (3 on): clear of every number the child is given.
+const HIGH_FD: i32 = 64;
+
+/// A descriptor at a number of at least [`HIGH_FD`].
 fn high(fd: impl AsFd) -> io::Result<OwnedFd> {
-    Ok(rustix::io::fcntl_dupfd_cloexec(fd, 10)?)
+    Ok(rustix::io::fcntl_dupfd_cloexec(fd, HIGH_FD)?)
 }
 
 /// Starts bubblewrap for `spec`, in `group` when given; its init runs `casfs
@@ -156,12 +160,10 @@ pub fn start(spec: &Spec<'_>, group: Option<&Group>) -> io::Result<Started> {
         ]);
         arg(&["--ro-bind-try", "/etc/hosts", "/etc/hosts"]);
     }
-    arg(&[
-        "--die-with-parent",
-        "--new-session",
-        "--hostname",
-        "sandbox",
-    ]);
+    // No --die-with-parent: its parent-death signal follows the thread that started
+    // bubblewrap, not the server. The sandbox ends when its init's socket closes (the
+    // server ended it, or the server is gone), and its control group is killed.
+    arg(&["--new-session", "--hostname", "sandbox"]);
     arg(&["--cap-drop", "ALL"]);
     arg(&["--ro-bind", "/usr", "/usr"]);
     for l in ["bin", "lib", "lib64", "sbin", "lib32", "libx32"] {
@@ -209,6 +211,11 @@ pub fn start(spec: &Spec<'_>, group: Option<&Group>) -> io::Result<Started> {
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     let plan: Vec<(RawFd, RawFd)> = given.iter().map(|(f, n)| (f.as_raw_fd(), *n)).collect();
+    assert!(
+        CONTROL_FD + (plan.len() as i32) < HIGH_FD,
+        "a descriptor to give would be moved onto another"
+    );
+    let first_free = (CONTROL_FD + plan.len() as i32) as u32;
     let procs: Vec<RawFd> = group
         .map(|g| g.procs().iter().map(|f| f.as_raw_fd()).collect())
         .unwrap_or_default();
@@ -217,7 +224,8 @@ pub fn start(spec: &Spec<'_>, group: Option<&Group>) -> io::Result<Started> {
     let groups: Vec<libc::gid_t> = spec.groups.clone();
     let zero = CString::new("0").expect("no NUL");
     // SAFETY: between fork and exec only async-signal-safe calls are made (write,
-    // dup2, setgroups, setgid, setuid), on memory prepared before the fork.
+    // dup2, close_range, setgroups, setgid, setuid), on memory prepared before the
+    // fork.
     unsafe {
         cmd.pre_exec(move || {
             for &fd in &procs {
@@ -230,6 +238,8 @@ pub fn start(spec: &Spec<'_>, group: Option<&Group>) -> io::Result<Started> {
                     return Err(io::Error::last_os_error());
                 }
             }
+            // Nothing else of the server's reaches bubblewrap.
+            libc::syscall(libc::SYS_close_range, first_free, u32::MAX, 0);
             if switch
                 && (libc::setgroups(groups.len(), groups.as_ptr()) != 0
                     || libc::setgid(gid) != 0

@@ -34,6 +34,10 @@ pub fn run() -> io::Result<()> {
     // on; nothing else in it names that descriptor.
     let sock = unsafe { OwnedFd::from_raw_fd(CONTROL_FD) };
     rustix::io::fcntl_setfd(&sock, rustix::io::FdFlags::CLOEXEC)?;
+    // Not dumpable: the sandbox's processes (its uid) cannot open its /proc files (its
+    // memory, its descriptors: the control socket).
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
     // Whatever else was inherited is not the sandbox's processes' to have.
     // SAFETY: close_range on descriptors this process owns and no longer uses.
     unsafe { libc::syscall(libc::SYS_close_range, CONTROL_FD as u32 + 1, u32::MAX, 0) };

@@ -18,7 +18,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -57,8 +57,19 @@ impl Default for Options {
     }
 }
 
+/// The most processes a sandbox keeps (running, or ended with their output kept).
+pub const MAX_PROCESSES: usize = 256;
+
 /// The most output a process keeps; older output is dropped (and counted) first.
-pub const MAX_OUTPUT: usize = 16 << 20;
+pub const MAX_OUTPUT: usize = 8 << 20;
+
+/// The most output all processes of one sandbox keep together: a process that writes
+/// more drops its own oldest output first.
+pub const MAX_SANDBOX_OUTPUT: usize = 64 << 20;
+
+/// Process ids, unique across every sandbox of the server (a sandbox started again
+/// never reuses one).
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// A memory file holding `bytes`, read from its start.
 fn data_fd(name: &str, bytes: &[u8]) -> io::Result<OwnedFd> {
@@ -101,6 +112,8 @@ struct State {
 pub struct Process {
     pub id: u64,
     state: Mutex<State>,
+    /// The bytes its sandbox's processes keep, together.
+    kept: Arc<AtomicUsize>,
     changed: Notify,
     stdin: tokio::sync::Mutex<Option<pipe::Sender>>,
     started: Mutex<Option<oneshot::Sender<io::Result<i32>>>>,
@@ -122,9 +135,10 @@ pub struct Output {
 }
 
 impl Process {
-    fn new(id: u64) -> Arc<Process> {
+    fn new(id: u64, kept: Arc<AtomicUsize>) -> Arc<Process> {
         Arc::new(Process {
             id,
+            kept,
             state: Mutex::new(State {
                 open: 2,
                 ..State::default()
@@ -138,10 +152,14 @@ impl Process {
     fn push(&self, stream: Stream, data: Vec<u8>) {
         let mut s = lock(&self.state);
         s.bytes += data.len();
+        self.kept.fetch_add(data.len(), Ordering::Relaxed);
         s.chunks.push_back((stream, data));
-        while s.bytes > MAX_OUTPUT && s.chunks.len() > 1 {
+        while (s.bytes > MAX_OUTPUT || self.kept.load(Ordering::Relaxed) > MAX_SANDBOX_OUTPUT)
+            && s.chunks.len() > 1
+        {
             let (_, old) = s.chunks.pop_front().expect("a chunk");
             s.bytes -= old.len();
+            self.kept.fetch_sub(old.len(), Ordering::Relaxed);
             s.dropped_bytes += old.len() as u64;
             s.first += 1;
         }
@@ -198,6 +216,11 @@ impl Process {
         }
     }
 
+    /// Its exit code, once it has ended (its output may still be coming in).
+    pub fn exit_code(&self) -> Option<i32> {
+        lock(&self.state).exit
+    }
+
     /// Everything it wrote (as kept) on each stream.
     pub fn collected(&self) -> (Vec<u8>, Vec<u8>) {
         let s = lock(&self.state);
@@ -228,29 +251,44 @@ impl Process {
     }
 }
 
+impl Drop for Process {
+    fn drop(&mut self) {
+        let bytes = lock(&self.state).bytes;
+        self.kept.fetch_sub(bytes, Ordering::Relaxed);
+    }
+}
+
 /// One sandbox's isolation: its bubblewrap, its init's socket, its control group and
 /// its processes.
 pub struct Jail {
     key: String,
     control: OwnedFd,
     send: Mutex<()>,
-    bwrap: Mutex<std::process::Child>,
+    /// Bubblewrap and the control group, until the sandbox ends (then reaped).
+    engine: Mutex<Option<(std::process::Child, Option<limits::Group>)>>,
     procs: Mutex<HashMap<u64, Arc<Process>>>,
-    next_id: AtomicU64,
+    kept: Arc<AtomicUsize>,
     ended: AtomicBool,
-    group: Option<limits::Group>,
     /// What bubblewrap said on stderr (its last bytes): why a sandbox failed to start.
     engine_err: Arc<Mutex<Vec<u8>>>,
+    /// The gate a stand-in was let through (closed again at the end).
+    stand_in_gate: Option<std::path::PathBuf>,
+    /// Which sandbox it is (not an earlier one of its key).
+    instance: usize,
     pub limited: bool,
     pub network: Network,
     pub uid: u32,
 }
 
+/// How long the init may take to say it started a process.
+const START_WAIT: Duration = Duration::from_secs(10);
+
 impl Jail {
-    /// Starts the isolation of sandbox `key` whose workspace is `workspace`, for its
-    /// owner `owner`. Blocking.
+    /// Starts the isolation of sandbox `key` (its `instance`) whose workspace is
+    /// `workspace`, for its owner `owner`. Blocking.
     pub fn start(
         key: &str,
+        instance: usize,
         workspace: &Path,
         owner: Owner,
         opts: &Options,
@@ -273,17 +311,22 @@ impl Jail {
         } else {
             None
         };
-        // Bubblewrap reaches the workspace by its path, as the sandbox's user: a
-        // stand-in is let through the sandbox's gate (as its owner is), and both keep
-        // the group of the sandboxes' directory (the socket's, as members have it).
+        // Bubblewrap reaches the workspace by its path, as the sandbox's user. The
+        // owner passes the sandboxes' directory by the socket's group, which members
+        // have; a stand-in is let through it and through the sandbox's gate by its own
+        // ACL entries instead (no group of anyone's), the gate's closed again at the end.
         let gate = workspace.parent().unwrap_or(workspace);
-        if who != owner {
-            let dir = crate::checkpoint::dirfd::open_dir_path(gate)?;
-            crate::fs::allow_passage(dir.as_fd(), who.uid)
-                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", gate.display())))?;
-        }
+        let above = gate.parent().unwrap_or(gate);
         let mut groups = Vec::new();
-        if let Some(above) = gate.parent() {
+        let mut stand_in_gate = None;
+        if who != owner {
+            for dir in [above, gate] {
+                let fd = crate::checkpoint::dirfd::open_dir_path(dir)?;
+                crate::fs::allow_passage(fd.as_fd(), who.uid)
+                    .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
+            }
+            stand_in_gate = Some(gate.to_path_buf());
+        } else {
             let st = rustix::fs::stat(above)?;
             if st.st_gid != 0 && st.st_gid != who.gid {
                 groups.push(st.st_gid);
@@ -320,13 +363,14 @@ impl Jail {
             key: key.to_string(),
             control: started.control,
             send: Mutex::new(()),
-            bwrap: Mutex::new(started.child),
-            procs: Mutex::new(HashMap::new()),
-            next_id: AtomicU64::new(1),
-            ended: AtomicBool::new(false),
             limited: group.is_some(),
-            group,
+            engine: Mutex::new(Some((started.child, group))),
+            procs: Mutex::new(HashMap::new()),
+            kept: Arc::new(AtomicUsize::new(0)),
+            ended: AtomicBool::new(false),
             engine_err,
+            stand_in_gate,
+            instance,
             network: opts.network,
             uid: who.uid,
         });
@@ -338,7 +382,8 @@ impl Jail {
         Ok(jail)
     }
 
-    /// Follows the init's events until its socket closes.
+    /// Follows the init's events until its socket closes (or it says something
+    /// malformed: then the sandbox ends).
     fn read_events(jail: std::sync::Weak<Jail>, sock: OwnedFd) {
         let mut buf = Vec::new();
         loop {
@@ -347,7 +392,7 @@ impl Jail {
             match got {
                 Ok(Some((ev, _))) => j.on_event(ev),
                 Ok(None) | Err(_) => {
-                    j.on_end();
+                    j.end();
                     return;
                 }
             }
@@ -388,23 +433,6 @@ impl Jail {
         }
     }
 
-    /// The init is gone: every process is over.
-    fn on_end(&self) {
-        self.ended.store(true, Ordering::SeqCst);
-        let why = self.why_ended();
-        for p in lock(&self.procs).values() {
-            if let Some(tx) = lock(&p.started).take() {
-                let _ = tx.send(Err(io::Error::other(why.clone())));
-            }
-            p.update(|s| {
-                if s.exit.is_none() {
-                    s.exit = Some(128 + libc::SIGKILL);
-                    s.error.get_or_insert_with(|| why.clone());
-                }
-            });
-        }
-    }
-
     fn why_ended(&self) -> String {
         let err = String::from_utf8_lossy(&lock(&self.engine_err))
             .trim()
@@ -421,6 +449,35 @@ impl Jail {
         self.ended.load(Ordering::SeqCst)
     }
 
+    /// Which sandbox this is the isolation of.
+    pub fn instance(&self) -> usize {
+        self.instance
+    }
+
+    /// Sends `req` (with `fds`) to the init without waiting: an init that stops taking
+    /// requests (stopped by a signal from its own sandbox, say) ends its sandbox rather
+    /// than stall the server.
+    fn request(&self, req: &Request, fds: &[std::os::fd::BorrowedFd<'_>]) -> io::Result<()> {
+        let sent = {
+            let _g = lock(&self.send);
+            wire::send_now(self.control.as_fd(), req, fds)
+        };
+        match sent {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                self.end();
+                Err(io::Error::other(format!(
+                    "sandbox {:?} ended: its init stopped taking requests",
+                    self.key
+                )))
+            }
+            Err(e) => Err(io::Error::new(
+                e.kind(),
+                format!("{}: {e}", self.why_ended()),
+            )),
+        }
+    }
+
     /// Starts `argv` in `cwd` (inside the sandbox) with exactly `env`. Its stdin stays
     /// open for [`Process::write_stdin`] when `stdin`, else it reads end of file.
     pub async fn spawn(
@@ -433,30 +490,49 @@ impl Jail {
         if self.ended() {
             return Err(io::Error::other(self.why_ended()));
         }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let p = Process::new(id);
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let p = Process::new(id, self.kept.clone());
         let (tx, rx) = oneshot::channel();
         *lock(&p.started) = Some(tx);
         let flags = rustix::pipe::PipeFlags::CLOEXEC;
         let (in_r, in_w) = rustix::pipe::pipe_with(flags)?;
         let (out_r, out_w) = rustix::pipe::pipe_with(flags)?;
         let (err_r, err_w) = rustix::pipe::pipe_with(flags)?;
-        lock(&self.procs).insert(id, p.clone());
-        let sent = {
-            let _g = lock(&self.send);
-            wire::send(
-                self.control.as_fd(),
-                &Request::Spawn { id, argv, cwd, env },
-                &[in_r.as_fd(), out_w.as_fd(), err_w.as_fd()],
-            )
-        };
+        {
+            let mut procs = lock(&self.procs);
+            // The oldest finished processes are forgotten past MAX_PROCESSES: their
+            // output goes with them.
+            if procs.len() >= MAX_PROCESSES {
+                let mut done: Vec<u64> = procs
+                    .iter()
+                    .filter(|(_, p)| Process::done(&lock(&p.state)))
+                    .map(|(id, _)| *id)
+                    .collect();
+                done.sort_unstable();
+                let over = procs.len() + 1 - MAX_PROCESSES;
+                for id in done.into_iter().take(over) {
+                    procs.remove(&id);
+                }
+            }
+            if procs.len() >= MAX_PROCESSES {
+                return Err(io::Error::new(
+                    io::ErrorKind::QuotaExceeded,
+                    format!(
+                        "{MAX_PROCESSES} processes of sandbox {:?} still run",
+                        self.key
+                    ),
+                ));
+            }
+            procs.insert(id, p.clone());
+        }
+        let sent = self.request(
+            &Request::Spawn { id, argv, cwd, env },
+            &[in_r.as_fd(), out_w.as_fd(), err_w.as_fd()],
+        );
         drop((in_r, out_w, err_w));
         if let Err(e) = sent {
             lock(&self.procs).remove(&id);
-            return Err(io::Error::new(
-                e.kind(),
-                format!("{}: {e}", self.why_ended()),
-            ));
+            return Err(e);
         }
         if stdin {
             *p.stdin.lock().await = Some(pipe::Sender::from_owned_fd(in_w)?);
@@ -477,10 +553,22 @@ impl Jail {
                 p.update(|s| s.open -= 1);
             });
         }
-        match rx.await {
-            Ok(Ok(_)) => Ok(p),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(io::Error::other(self.why_ended())),
+        match tokio::time::timeout(START_WAIT, rx).await {
+            Ok(Ok(Ok(_))) => Ok(p),
+            Ok(Ok(Err(e))) => {
+                lock(&self.procs).remove(&id);
+                Err(e)
+            }
+            Ok(Err(_)) => Err(io::Error::other(self.why_ended())),
+            Err(_) => {
+                let this = self.clone();
+                tokio::task::spawn_blocking(move || this.end());
+                Err(io::Error::other(format!(
+                    "sandbox {:?} ended: its init did not start a process in {}s",
+                    self.key,
+                    START_WAIT.as_secs()
+                )))
+            }
         }
     }
 
@@ -489,28 +577,57 @@ impl Jail {
         self.process(id)
     }
 
-    /// `signal` to process `id`'s group.
-    pub fn kill(&self, id: u64, signal: i32) -> io::Result<()> {
-        let _g = lock(&self.send);
-        wire::send(self.control.as_fd(), &Request::Kill { id, signal }, &[])
+    /// Forgets process `id` and its output (an exec whose answer was made).
+    pub fn forget(&self, id: u64) {
+        lock(&self.procs).remove(&id);
     }
 
-    /// Ends the sandbox: its init, and every process in it.
+    /// `signal` to process `id`'s group.
+    pub fn kill(&self, id: u64, signal: i32) -> io::Result<()> {
+        self.request(&Request::Kill { id, signal }, &[])
+    }
+
+    /// Ends the sandbox: its init, and every process in it; waits (a second at most)
+    /// for bubblewrap. Blocking; only the first call does anything.
     pub fn end(&self) {
         self.ended.store(true, Ordering::SeqCst);
         let _ = rustix::net::shutdown(&self.control, rustix::net::Shutdown::Both);
-        if let Some(g) = &self.group {
+        let Some((mut child, group)) = lock(&self.engine).take() else {
+            return;
+        };
+        if let Some(g) = &group {
             g.kill_all();
         }
-        let mut b = lock(&self.bwrap);
+        let mut gone = false;
         for _ in 0..200 {
-            if let Ok(Some(_)) = b.try_wait() {
-                return;
+            if let Ok(Some(_)) = child.try_wait() {
+                gone = true;
+                break;
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-        let _ = b.kill();
-        let _ = b.wait();
+        if !gone {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        drop(group);
+        if let Some(gate) = &self.stand_in_gate {
+            if let Ok(fd) = crate::checkpoint::dirfd::open_dir_path(gate) {
+                let _ = crate::fs::gate_directory(fd.as_fd(), None);
+            }
+        }
+        let why = self.why_ended();
+        for p in lock(&self.procs).values() {
+            if let Some(tx) = lock(&p.started).take() {
+                let _ = tx.send(Err(io::Error::other(why.clone())));
+            }
+            p.update(|s| {
+                if s.exit.is_none() {
+                    s.exit = Some(128 + libc::SIGKILL);
+                    s.error.get_or_insert_with(|| why.clone());
+                }
+            });
+        }
     }
 }
 
@@ -529,18 +646,25 @@ pub struct Jails {
 
 impl Jails {
     /// Sandbox `key`'s isolation, started by `start` if it has none (or its init is
-    /// gone). Blocking.
+    /// gone, or it is an earlier sandbox's of the key). Blocking.
     pub fn get_or_start(
         &self,
         key: &str,
+        instance: usize,
         start: impl FnOnce() -> io::Result<Arc<Jail>>,
     ) -> io::Result<Arc<Jail>> {
         let mut map = lock(&self.map);
-        if let Some(j) = map.get(key).filter(|j| !j.ended()) {
+        if let Some(j) = map
+            .get(key)
+            .filter(|j| !j.ended() && j.instance() == instance)
+        {
             return Ok(j.clone());
         }
+        let old = map.remove(key);
         let j = start()?;
-        if let Some(old) = map.insert(key.to_string(), j.clone()) {
+        map.insert(key.to_string(), j.clone());
+        drop(map);
+        if let Some(old) = old {
             old.end();
         }
         Ok(j)
@@ -554,6 +678,21 @@ impl Jails {
     /// Ends sandbox `key`'s isolation and every process in it.
     pub fn end(&self, key: &str) {
         let j = lock(&self.map).remove(key);
+        if let Some(j) = j {
+            j.end();
+        }
+    }
+
+    /// Ends sandbox `key`'s isolation if it is that of `instance` (a sandbox that went
+    /// while its isolation was being started).
+    pub fn end_instance(&self, key: &str, instance: usize) {
+        let j = {
+            let mut map = lock(&self.map);
+            match map.get(key) {
+                Some(j) if j.instance() == instance => map.remove(key),
+                _ => None,
+            }
+        };
         if let Some(j) = j {
             j.end();
         }

@@ -52,8 +52,27 @@ pub enum Event {
     },
 }
 
-/// Sends `msg` with `fds` (at most three).
+/// Sends `msg` with `fds` (at most three), waiting for room.
 pub fn send<T: Serialize>(sock: BorrowedFd<'_>, msg: &T, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    send_with(sock, msg, fds, SendFlags::NOSIGNAL)
+}
+
+/// As [`send`], but `WouldBlock` at once when the other side has not taken what was
+/// sent before.
+pub fn send_now<T: Serialize>(
+    sock: BorrowedFd<'_>,
+    msg: &T,
+    fds: &[BorrowedFd<'_>],
+) -> io::Result<()> {
+    send_with(sock, msg, fds, SendFlags::NOSIGNAL | SendFlags::DONTWAIT)
+}
+
+fn send_with<T: Serialize>(
+    sock: BorrowedFd<'_>,
+    msg: &T,
+    fds: &[BorrowedFd<'_>],
+    flags: SendFlags,
+) -> io::Result<()> {
     let bytes = serde_json::to_vec(msg).map_err(io::Error::other)?;
     if bytes.len() > MAX_MESSAGE {
         return Err(io::Error::new(
@@ -70,12 +89,7 @@ pub fn send<T: Serialize>(sock: BorrowedFd<'_>, msg: &T, fds: &[BorrowedFd<'_>])
         ));
     }
     loop {
-        match sendmsg(
-            sock,
-            &[IoSlice::new(&bytes)],
-            &mut cmsg,
-            SendFlags::NOSIGNAL,
-        ) {
+        match sendmsg(sock, &[IoSlice::new(&bytes)], &mut cmsg, flags) {
             Ok(_) => return Ok(()),
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(e.into()),

@@ -143,16 +143,36 @@ impl Server {
             .ok_or_else(|| invalid("this server's sandboxes run no processes"))?;
         let opts = self.isolation();
         let key = key.to_string();
+        let s = self.clone();
         blocking(move || {
-            jails
-                .get_or_start(&key, || Jail::start(&key, &h.root, h.owner, &opts))
+            let instance = h.instance();
+            let jail = jails
+                .get_or_start(&key, instance, || {
+                    Jail::start(&key, instance, &h.root, h.owner, &opts)
+                })
                 .map_err(|e| {
                     ApiError::new(
                         StatusCode::SERVICE_UNAVAILABLE,
                         "sandbox",
                         format!("isolating sandbox {key:?}: {e}"),
                     )
-                })
+                })?;
+            // Destroyed meanwhile: its destroy may have ended the isolation before
+            // this one was made, so this one ends here.
+            drop(h);
+            let same =
+                s.mw.provider()
+                    .look(&key)
+                    .is_some_and(|now| now.instance() == instance);
+            if !same {
+                jails.end_instance(&key, instance);
+                return Err(ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "not_found",
+                    format!("no live sandbox {key:?}"),
+                ));
+            }
+            Ok(jail)
         })
         .await
     }
@@ -174,23 +194,49 @@ async fn start(
     key: &str,
     req: &Start,
     stdin: bool,
-) -> Result<Arc<Process>, ApiError> {
+) -> Result<(Arc<Jail>, Arc<Process>), ApiError> {
     let argv = req.argv()?;
     let env = req.env()?;
     let jail = s.jail(who, key).await?;
-    jail.spawn(argv, req.cwd(), env, stdin)
+    let p = jail
+        .spawn(argv, req.cwd(), env, stdin)
         .await
         .map_err(|e| match e.kind() {
             // The init could not start it: no such program or directory, ...
             std::io::ErrorKind::NotFound | std::io::ErrorKind::InvalidInput => {
                 ApiError::new(StatusCode::BAD_REQUEST, "invalid", e.to_string())
             }
+            std::io::ErrorKind::QuotaExceeded => ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_processes",
+                e.to_string(),
+            ),
             _ => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "sandbox", e.to_string()),
-        })
+        })?;
+    Ok((jail, p))
 }
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
+}
+
+/// Kills an exec's process group unless it has ended (its request was dropped: the
+/// client went away).
+struct KillOnDrop {
+    jail: Arc<Jail>,
+    id: u64,
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let ended = self
+            .jail
+            .get(self.id)
+            .is_none_or(|p| p.exit_code().is_some());
+        if !ended {
+            let _ = self.jail.kill(self.id, libc::SIGKILL);
+        }
+    }
 }
 
 /// `POST /v1/sandboxes/{key}/exec`: runs a command to its end.
@@ -205,20 +251,31 @@ pub(super) async fn exec(
             "exec's stdin is empty: start a process for one to write",
         ));
     }
-    let p = start(&s, &who, &key, &req, false).await?;
+    let (jail, p) = start(&s, &who, &key, &req, false).await?;
+    // A client that goes away before the end takes its process with it.
+    let _kill = KillOnDrop {
+        jail: jail.clone(),
+        id: p.id,
+    };
     let timed_out = match req.timeout_ms {
         Some(ms) => tokio::time::timeout(Duration::from_millis(ms), p.wait())
             .await
             .is_err(),
         None => false,
     };
-    if timed_out {
-        if let Some(j) = s.mw.provider().jails().and_then(|j| j.get(&key)) {
-            let _ = j.kill(p.id, libc::SIGKILL);
+    let code = if timed_out {
+        let _ = jail.kill(p.id, libc::SIGKILL);
+        // A process that left the group (setsid) may hold the output open: what came
+        // in by then is the answer.
+        match tokio::time::timeout(Duration::from_secs(2), p.wait()).await {
+            Ok(c) => c,
+            Err(_) => p.exit_code().unwrap_or(128 + libc::SIGKILL),
         }
-    }
-    let code = p.wait().await;
+    } else {
+        p.wait().await
+    };
     let (out, err) = p.collected();
+    jail.forget(p.id);
     Ok(Json(json!({
         "stdout": text(&out),
         "stderr": text(&err),
@@ -239,7 +296,7 @@ pub(super) async fn spawn(
             "timeout_ms is exec's; kill a background process instead",
         ));
     }
-    let p = start(&s, &who, &key, &req, req.stdin).await?;
+    let (_, p) = start(&s, &who, &key, &req, req.stdin).await?;
     let pid = p.output(0, Duration::ZERO).await.pid;
     Ok(Json(json!({"id": p.id, "pid": pid})))
 }
