@@ -6,7 +6,9 @@
 #  3. the commands as a user runs them from outside the namespace: mount, exec, status,
 #     checkpoint, restore, a killed daemon's work adopted, unmount; and what a program
 #     inside can get at (the holder's environment, capabilities, a forged pid file);
-#  4. a host that forbids user namespaces (scripts/without-userns.py): `auto` falls back
+#  4. a sandbox's processes under a `casfs serve` of that user: isolated by bubblewrap
+#     (no control group is delegated to it: no limits);
+#  5. a host that forbids user namespaces (scripts/without-userns.py): `auto` falls back
 #     to FUSE and says why, `--mode overlay` refuses and names the setting.
 # Run as root (it makes the user and gives it /dev/fuse) after scripts/setup.sh and with
 # scripts/services.sh sourced, as scripts/test.sh does.
@@ -130,6 +132,27 @@ joined=$(as_user "$casfs" exec "$mp4" -- stat -L -c %i /proc/self/ns/user)
 c unmount "$mp4" >/dev/null
 as_user "$casfs" --store "$work/store3" unmount "$mp3" >/dev/null
 pkill -u "$user" -x sleep 2>/dev/null || true
+
+echo "== a sandbox's processes under a casfs serve of $user: isolated, without limits"
+stop_holder
+sleep 0.2
+srv=$work/serve
+as_user mkdir "$srv"
+as_user "$casfs" --store "$srv/store" serve --socket "$srv/s.sock" --sandboxes "$srv/sb" \
+  >"$srv.log" 2>&1 &
+for _ in $(seq 200); do [ -S "$srv/s.sock" ] && break; sleep 0.1; done
+api() { as_user curl -sS --unix-socket "$srv/s.sock" -H 'Content-Type: application/json' "$@"; }
+api -X POST http://x/v1/sandboxes -d '{"thread":"iso"}' >/dev/null
+probe='id -u; echo w > /workspace/w && cat /workspace/w; grep -E "^(CapEff|Seccomp):" /proc/self/status; ls /home 2>&1'
+out=$(api -X POST http://x/v1/sandboxes/iso/exec \
+  -d "$(python3 -c 'import json, sys; print(json.dumps({"command": sys.argv[1]}))' "$probe")")
+echo "$out" | python3 -c 'import json, sys
+r = json.load(sys.stdin)
+o = r["stdout"]
+assert o.startswith(sys.argv[1] + "\nw\n"), r
+assert "CapEff:\t0000000000000000" in o and "Seccomp:\t2" in o, r
+assert "No such file" in o, r' "$uid" || fail "isolated exec under $user's server: $out $(cat "$srv.log")"
+pkill -u "$user" -f "$srv/store" 2>/dev/null || true
 
 echo "== a host without user namespaces"
 # In a namespace of its own whose user.max_user_namespaces is 0 (scripts/without-userns.py).
