@@ -131,7 +131,11 @@ fn list_named(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Vec<(Vec<u8>, Vec<
             },
         );
         match got {
-            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+            // Not in this kernel, or refused by a filter that predates them (systemd's
+            // SystemCallFilter= with SystemCallErrorNumber=EPERM, a container's
+            // seccomp profile): the /proc way from now on, which answers a real
+            // permission error the same way.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS) | Some(libc::EPERM)) => {
                 AT_CALLS.store(false, Ordering::Relaxed)
             }
             other => return other,
@@ -215,4 +219,48 @@ pub fn fsync_all(fd: i32, want: &[(Vec<u8>, Vec<u8>)]) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod refused_tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    /// Under a filter that refuses `listxattrat`/`getxattrat` with EPERM (the Debian
+    /// unit's, on systemd releases that predate them), a symlink's xattrs are still
+    /// read, through /proc.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn refused_xattrat_calls_fall_back_to_proc() {
+        let t = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("nowhere", t.path().join("link")).unwrap();
+        let dir = std::fs::File::open(t.path()).unwrap();
+        let expect = super::super::dirfd::lstat_at(dir.as_fd(), c"link")
+            .unwrap()
+            .unwrap();
+        let got = std::thread::spawn(move || {
+            use std::collections::BTreeMap;
+            let rules: BTreeMap<i64, Vec<seccompiler::SeccompRule>> =
+                [(SYS_GETXATTRAT, Vec::new()), (SYS_LISTXATTRAT, Vec::new())].into();
+            let filter = seccompiler::SeccompFilter::new(
+                rules,
+                seccompiler::SeccompAction::Allow,
+                seccompiler::SeccompAction::Errno(libc::EPERM as u32),
+                seccompiler::TargetArch::x86_64,
+            )
+            .unwrap();
+            let prog: seccompiler::BpfProgram = filter.try_into().unwrap();
+            // SAFETY: prctl with integer arguments, on this thread only.
+            assert_eq!(
+                unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) },
+                0
+            );
+            // This thread only (no TSYNC): the test process's others keep every call.
+            seccompiler::apply_filter(&prog).unwrap();
+            list_at(dir.as_fd(), c"link", &expect)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(got.unwrap(), Vec::new());
+    }
 }
