@@ -231,7 +231,8 @@ api "$user" POST /v1/runs '{"thread": "pkg-c", "run_id": "after"}' >/dev/null
 api "$user" POST /v1/runs/after/abort '{"cancelled": true}' >/dev/null
 # A new sandbox (FUSE now), restored at the head: the restored file is the caller's.
 c4="$(run pkg-a r3 "test \"\$(cat a.txt)\" = \"\$(printf 'one\ntwo')\" && printf 'three\n' >> a.txt")"
-api "$user" GET /v1/sandboxes | json '[s["mode"] for s in v if s["key"] == "pkg-a"]' | grep -qx "\['fuse'\]" ||
+# A member's sandbox keys name the member (`user@thread`): found by its thread.
+api "$user" GET /v1/sandboxes | json '[s["mode"] for s in v if s["thread"] == "pkg-a"]' | grep -qx "\['fuse'\]" ||
   fail "serve.env's CASFS_SERVE_ARGS did not reach the service"
 [ "$(casfs --store /var/lib/casfs cat "$c4" a.txt)" = "$(printf 'one\ntwo\nthree')" ] || fail "checkpoint $c4's a.txt"
 
