@@ -158,12 +158,13 @@ impl Server {
                     )
                 })?;
             // Destroyed meanwhile: its destroy may have ended the isolation before
-            // this one was made, so this one ends here.
-            drop(h);
+            // this one was made, so this one ends here. (`h` is still held: no later
+            // sandbox can have its instance meanwhile.)
             let same =
                 s.mw.provider()
                     .look(&key)
                     .is_some_and(|now| now.instance() == instance);
+            drop(h);
             if !same {
                 jails.end_instance(&key, instance);
                 return Err(ApiError::new(
