@@ -40,6 +40,36 @@ fn server(store: &Path, sandboxes: &Path, group: &TestGroup, extra: &[&str]) -> 
     start(store, sandboxes, &args, &[("OPENAI_API_KEY", HOST_SECRET)])
 }
 
+/// A root server whose socket's group has member `a` (and more flags), with everything
+/// it made removed when dropped: the server first, then the mounts, the user, the group
+/// and the directories.
+struct Members {
+    s: Served,
+    _mounts: MountsUnder,
+    a: TestUser,
+    group: TestGroup,
+    t: tempfile::TempDir,
+    store: PathBuf,
+    sandboxes: PathBuf,
+}
+
+fn members(extra: &[&str]) -> Members {
+    let (t, store, sandboxes) = place();
+    let group = TestGroup::new();
+    let a = TestUser::new(Some(&group));
+    let mounts = MountsUnder(sandboxes.clone());
+    let s = server(&store, &sandboxes, &group, extra);
+    Members {
+        s,
+        _mounts: mounts,
+        a,
+        group,
+        t,
+        store,
+        sandboxes,
+    }
+}
+
 /// A sandbox `user` makes on `thread`: its key and workspace on the host.
 fn sandbox(user: &TestUser, s: &Served, thread: &str) -> (String, PathBuf) {
     let (st, v) = user.http(
@@ -90,11 +120,9 @@ fn a_sandbox_reaches_nothing_of_the_host_or_another_sandbox() {
     if crate::needs_root("it makes users with useradd") || bwrap_missing() {
         return;
     }
-    let (t, store, sandboxes) = place();
-    let group = TestGroup::new();
-    let (a, b) = (TestUser::new(Some(&group)), TestUser::new(Some(&group)));
-    let _g = MountsUnder(sandboxes.clone());
-    let s = server(&store, &sandboxes, &group, &[]);
+    let m = members(&[]);
+    let (s, a, t, store, sandboxes) = (&m.s, &m.a, &m.t, &m.store, &m.sandboxes);
+    let b = TestUser::new(Some(&m.group));
     // A root-only file of the host, and a service of the host on loopback.
     let canary = t.path().join("root-only");
     std::fs::write(&canary, "root-only-canary").unwrap();
@@ -102,21 +130,21 @@ fn a_sandbox_reaches_nothing_of_the_host_or_another_sandbox() {
     let port = listener.local_addr().unwrap().port();
     listener.set_nonblocking(true).unwrap();
 
-    let (key_a, root_a) = sandbox(&a, &s, "work");
+    let (key_a, root_a) = sandbox(a, s, "work");
     // The probes below are Python: a missing interpreter must not pass them.
-    let (code, out, err) = exec(&a, &s, &key_a, &py("print(6 * 7)"));
+    let (code, out, err) = exec(a, s, &key_a, &py("print(6 * 7)"));
     assert_eq!(
         (code, out.as_str()),
         (0, "42\n"),
         "python3 in the sandbox: {err}"
     );
-    let (key_b, root_b) = sandbox(&b, &s, "other");
+    let (key_b, root_b) = sandbox(&b, s, "other");
     b.sh(&root_b, "printf 'b-private\\n' > b-marker.txt");
 
     // Who a process is.
     let (code, out, _) = exec(
-        &a,
-        &s,
+        a,
+        s,
         &key_a,
         "id -u; grep -E '^(CapEff|CapPrm|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status; env",
     );
@@ -137,7 +165,7 @@ fn a_sandbox_reaches_nothing_of_the_host_or_another_sandbox() {
     assert!(!out.contains("OPENAI_API_KEY"), "{out}");
 
     // The workspace is the sandbox's and is writable; writes reach the host's mount.
-    let (code, _, err) = exec(&a, &s, &key_a, "echo made-inside > /workspace/inside.txt");
+    let (code, _, err) = exec(a, s, &key_a, "echo made-inside > /workspace/inside.txt");
     assert_eq!(code, 0, "{err}");
     assert_eq!(
         std::fs::read_to_string(root_a.join("inside.txt")).unwrap(),
@@ -147,30 +175,30 @@ fn a_sandbox_reaches_nothing_of_the_host_or_another_sandbox() {
     // Files of the host.
     let c = canary.display().to_string();
     fails(
-        &a,
-        &s,
+        a,
+        s,
         &key_a,
         "reading a root-only host file",
         &format!("cat {c}"),
     );
-    fails(&a, &s, &key_a, "reading /etc/shadow", "cat /etc/shadow");
-    fails(&a, &s, &key_a, "listing /root", "ls /root");
-    fails(&a, &s, &key_a, "listing /home", "ls /home");
+    fails(a, s, &key_a, "reading /etc/shadow", "cat /etc/shadow");
+    fails(a, s, &key_a, "listing /root", "ls /root");
+    fails(a, s, &key_a, "listing /home", "ls /home");
     fails(
-        &a,
-        &s,
+        a,
+        s,
         &key_a,
         "reaching the store",
         &format!("ls {}", store.display()),
     );
     fails(
-        &a,
-        &s,
+        a,
+        s,
         &key_a,
         "reaching the sandboxes",
         &format!("ls {}", sandboxes.display()),
     );
-    let (_, out, _) = exec(&a, &s, &key_a, "cat /etc/passwd");
+    let (_, out, _) = exec(a, s, &key_a, "cat /etc/passwd");
     assert!(!out.contains(&a.name) && !out.contains(&b.name), "{out}");
     // Writes outside /workspace.
     for target in [
@@ -180,14 +208,14 @@ fn a_sandbox_reaches_nothing_of_the_host_or_another_sandbox() {
         "/proc/casfs-escape",
     ] {
         fails(
-            &a,
-            &s,
+            a,
+            s,
             &key_a,
             "writing outside /workspace",
             &format!("touch {target}"),
         );
     }
-    let (code, _, _) = exec(&a, &s, &key_a, "echo private > /tmp/casfs-private-tmp");
+    let (code, _, _) = exec(a, s, &key_a, "echo private > /tmp/casfs-private-tmp");
     assert_eq!(code, 0, "the sandbox's own /tmp is writable");
     assert!(
         !Path::new("/tmp/casfs-private-tmp").exists(),
@@ -197,13 +225,13 @@ fn a_sandbox_reaches_nothing_of_the_host_or_another_sandbox() {
     // The host's processes and the server.
     let server_pid = s.child.id();
     fails(
-        &a,
-        &s,
+        a,
+        s,
         &key_a,
         "signalling the server",
         &format!("kill -0 {server_pid}"),
     );
-    let (_, out, _) = exec(&a, &s, &key_a, "ls /proc | grep -c '^[0-9]'");
+    let (_, out, _) = exec(a, s, &key_a, "ls /proc | grep -c '^[0-9]'");
     let visible: usize = out.trim().parse().unwrap();
     assert!(
         visible < 10,
@@ -211,15 +239,15 @@ fn a_sandbox_reaches_nothing_of_the_host_or_another_sandbox() {
     );
     let sock = s.socket.display().to_string();
     fails(
-        &a,
-        &s,
+        a,
+        s,
         &key_a,
         "reaching the server's socket",
         &format!("test -e {sock}"),
     );
     fails(
-        &a,
-        &s,
+        a,
+        s,
         &key_a,
         "connecting to a 127.0.0.1 service of the host",
         &py(&format!(
@@ -228,8 +256,8 @@ fn a_sandbox_reaches_nothing_of_the_host_or_another_sandbox() {
     );
     assert!(listener.accept().is_err(), "the host's service was reached");
     fails(
-        &a,
-        &s,
+        a,
+        s,
         &key_a,
         "reaching an outside address",
         &py("import socket; socket.create_connection((\"1.1.1.1\", 53), 3)"),
@@ -237,13 +265,13 @@ fn a_sandbox_reaches_nothing_of_the_host_or_another_sandbox() {
 
     // What the filter and the missing capabilities refuse.
     fails(
-        &a,
-        &s,
+        a,
+        s,
         &key_a,
         "mounting",
         "mkdir -p /tmp/m && mount -t tmpfs x /tmp/m",
     );
-    fails(&a, &s, &key_a, "a new user namespace", "unshare -r true");
+    fails(a, s, &key_a, "a new user namespace", "unshare -r true");
     // Each answered by the filter itself: without it, ptrace(TRACEME) and keyctl would
     // succeed, unshare(CLONE_NEWUSER) would meet bubblewrap's --disable-userns
     // (ENOSPC), and clone3 would read its argument (EFAULT); finit_module and bpf
@@ -263,8 +291,8 @@ fn a_sandbox_reaches_nothing_of_the_host_or_another_sandbox() {
         ("bpf", "c.syscall(321, 0, 0, 0)", libc::EPERM),
     ] {
         let (code, out, err) = exec(
-            &a,
-            &s,
+            a,
+            s,
             &key_a,
             &py(&format!(
                 "import ctypes, sys; c = ctypes.CDLL(None, use_errno=True); r = {call}; \
@@ -276,8 +304,8 @@ fn a_sandbox_reaches_nothing_of_the_host_or_another_sandbox() {
     }
     // A call through the x32 ABI (getpid | 0x40000000) ends the process (SIGSYS).
     let (code, out, _) = exec(
-        &a,
-        &s,
+        a,
+        s,
         &key_a,
         &py("import ctypes; print(ctypes.CDLL(None).syscall(0x40000000 | 39))"),
     );
@@ -287,8 +315,8 @@ fn a_sandbox_reaches_nothing_of_the_host_or_another_sandbox() {
         "an x32 call went through: {out}"
     );
     fails(
-        &a,
-        &s,
+        a,
+        s,
         &key_a,
         "raising a hard limit",
         &py(
@@ -299,8 +327,8 @@ fn a_sandbox_reaches_nothing_of_the_host_or_another_sandbox() {
 
     // Another sandbox's files.
     let (_, out, _) = exec(
-        &a,
-        &s,
+        a,
+        s,
         &key_a,
         "find / -path /proc -prune -o -name b-marker.txt -print 2>/dev/null; \
          grep -rl b-private /workspace /tmp /etc 2>/dev/null | head -1",
@@ -309,7 +337,7 @@ fn a_sandbox_reaches_nothing_of_the_host_or_another_sandbox() {
         out.trim().is_empty(),
         "another sandbox's file was seen: {out}"
     );
-    let (code, out, _) = exec(&b, &s, &key_b, "cat /workspace/b-marker.txt");
+    let (code, out, _) = exec(&b, s, &key_b, "cat /workspace/b-marker.txt");
     assert_eq!(
         (code, out.as_str()),
         (0, "b-private\n"),
@@ -353,8 +381,8 @@ fn a_sandbox_reaches_nothing_of_the_host_or_another_sandbox() {
 
     // A process left behind is ended with its sandbox.
     let (code, _, err) = exec(
-        &a,
-        &s,
+        a,
+        s,
         &key_a,
         "setsid sh -c 'sleep 1234 </dev/null >/dev/null 2>&1 &'; nohup sleep 1235 >/dev/null 2>&1 &",
     );
@@ -375,7 +403,7 @@ fn a_sandbox_reaches_nothing_of_the_host_or_another_sandbox() {
         "a process outlived its sandbox"
     );
     assert!(std::fs::read_to_string(&canary).unwrap() == "root-only-canary");
-    drop(s);
+    drop(m);
 }
 
 /// Limits: a fork bomb stops at the pids limit, an allocation past the memory limit is
@@ -385,22 +413,14 @@ fn limits_hold_inside_and_the_host_goes_on() {
     if crate::needs_root("it makes users with useradd") || bwrap_missing() {
         return;
     }
-    let (_t, store, sandboxes) = place();
-    let group = TestGroup::new();
-    let a = TestUser::new(Some(&group));
-    let _g = MountsUnder(sandboxes.clone());
-    let s = server(
-        &store,
-        &sandboxes,
-        &group,
-        &["--sandbox-pids", "48", "--sandbox-memory", "134217728"],
-    );
-    let (key, _) = sandbox(&a, &s, "bomb");
-    let (key2, _) = sandbox(&a, &s, "calm");
+    let m = members(&["--sandbox-pids", "48", "--sandbox-memory", "134217728"]);
+    let (s, a) = (&m.s, &m.a);
+    let (key, _) = sandbox(a, s, "bomb");
+    let (key2, _) = sandbox(a, s, "calm");
     // Forks until refused, then reports how many it got.
     let (code, out, err) = exec(
-        &a,
-        &s,
+        a,
+        s,
         &key,
         &py("import os, time\nn = 0\ntry:\n  for _ in range(500):\n    if os.fork() == 0:\n      time.sleep(30); os._exit(0)\n    n += 1\nexcept OSError as e:\n  print(\"refused\", n, e.errno)\n"),
     );
@@ -412,7 +432,7 @@ fn limits_hold_inside_and_the_host_goes_on() {
         .unwrap_or_else(|| panic!("the fork bomb was not stopped: {out} {err}"));
     assert!(got < 48, "{got} processes started past the limit of 48");
     // The other sandbox and the host still start processes.
-    let (code, out, _) = exec(&a, &s, &key2, "echo fine");
+    let (code, out, _) = exec(a, s, &key2, "echo fine");
     assert_eq!((code, out.as_str()), (0, "fine\n"));
     assert!(std::process::Command::new("true")
         .status()
@@ -421,8 +441,8 @@ fn limits_hold_inside_and_the_host_goes_on() {
 
     // 512 MiB in a sandbox of 128 MiB: killed there (or refused), never the host's.
     let (code, out, err) = exec(
-        &a,
-        &s,
+        a,
+        s,
         &key2,
         &py("b = bytearray(512 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint(\"allocated\")"),
     );
@@ -431,9 +451,9 @@ fn limits_hold_inside_and_the_host_goes_on() {
         "512 MiB were allocated past a 128 MiB limit: {out} {err}"
     );
     assert!(!out.contains("allocated"));
-    let (st, v) = call(&s, "GET", "/v1/health", None);
+    let (st, v) = call(s, "GET", "/v1/health", None);
     assert_eq!(st, 200, "{v}");
-    let (code, out, _) = exec(&a, &s, &key, "echo after");
+    let (code, out, _) = exec(a, s, &key, "echo after");
     assert_eq!(
         (code, out.as_str()),
         (0, "after\n"),
@@ -448,12 +468,9 @@ fn background_processes_stream_take_stdin_and_die_with_their_group() {
     if crate::needs_root("it makes users with useradd") || bwrap_missing() {
         return;
     }
-    let (_t, store, sandboxes) = place();
-    let group = TestGroup::new();
-    let a = TestUser::new(Some(&group));
-    let _g = MountsUnder(sandboxes.clone());
-    let s = server(&store, &sandboxes, &group, &[]);
-    let (key, _) = sandbox(&a, &s, "bg");
+    let m = members(&[]);
+    let (s, a) = (&m.s, &m.a);
+    let (key, _) = sandbox(a, s, "bg");
     let b64 = base64::engine::general_purpose::STANDARD;
     let start = |body: Value| -> u64 {
         let (st, v) = a.http(

@@ -124,13 +124,10 @@ pub fn start(spec: &Spec<'_>, group: Option<&Group>) -> io::Result<Started> {
     )?;
     let programs = seccomp::programs()?;
     let exe = std::fs::File::open("/proc/self/exe")?;
-    let ws = rustix::fs::open(
-        spec.workspace,
-        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    )
-    .map_err(io::Error::from)
-    .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", spec.workspace.display())))?;
+    // The workspace's own mountpoint, under the sandboxes' directory and the gate the
+    // provider made (the server's directories): bubblewrap binds it by this path.
+    let ws = crate::checkpoint::dirfd::open_dir_path(spec.workspace)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", spec.workspace.display())))?;
     let passwd = format!(
         "root:x:0:0:root:/root:/usr/sbin/nologin\n\
          sandbox:x:{}:{}:sandbox:/workspace:/bin/sh\n\
