@@ -25,7 +25,7 @@ mod workspace;
 pub use chunk_cache::{ChunkCache, ChunkReader};
 pub use dirty::{null_tag, Tag, MOUNTS_CF};
 pub use listing::{list_dir_noatime, read_dir_fd, Listed};
-pub use owner::{allow_passage, gate_directory, Owner};
+pub use owner::{gate_directory, Owner};
 pub use reads::ReadLog;
 pub use transport::{kernel_enabled as fuse_uring_enabled, FuseTransport};
 pub use view::{mount_objects, mount_tree, MountedTree, TreeView, ViewOptions};

@@ -165,67 +165,6 @@ pub fn gate_directory(dir: std::os::fd::BorrowedFd<'_>, guest: Option<u32>) -> s
     Ok(())
 }
 
-/// Lets user `uid` pass through the directory `dir` (search, `--x`) besides whoever
-/// may already: an entry `user:<uid>:--x` added to its POSIX access ACL (made from its
-/// mode if it has none), the mask widened to let it count. Nothing else changes: no
-/// one else gains a right, and `uid` may neither list nor write it.
-pub fn allow_passage(dir: std::os::fd::BorrowedFd<'_>, uid: u32) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    const UNDEFINED: u32 = u32::MAX;
-    let fd = dir.as_raw_fd();
-    let name = c"system.posix_acl_access";
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: a valid descriptor, a NUL-terminated name and a buffer of the length given.
-    let n = unsafe { libc::fgetxattr(fd, name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    let mut entries: Vec<(u16, u16, u32)> = if n >= 4 {
-        buf[4..n as usize]
-            .chunks_exact(8)
-            .map(|e| {
-                (
-                    u16::from_le_bytes([e[0], e[1]]),
-                    u16::from_le_bytes([e[2], e[3]]),
-                    u32::from_le_bytes([e[4], e[5], e[6], e[7]]),
-                )
-            })
-            .collect()
-    } else {
-        let e = std::io::Error::last_os_error();
-        if n >= 0 || !matches!(e.raw_os_error(), Some(libc::ENODATA)) {
-            return Err(e);
-        }
-        let st = rustix::fs::fstat(dir)?;
-        let m = st.st_mode as u16;
-        vec![
-            (0x01, (m >> 6) & 7, UNDEFINED),
-            (0x04, (m >> 3) & 7, UNDEFINED),
-            (0x20, m & 7, UNDEFINED),
-        ]
-    };
-    match entries.iter_mut().find(|e| e.0 == 0x02 && e.2 == uid) {
-        Some(e) => e.1 |= 1,
-        None => entries.push((0x02, 1, uid)),
-    }
-    match entries.iter_mut().find(|e| e.0 == 0x10) {
-        Some(e) => e.1 |= 1,
-        None => {
-            let group = entries.iter().find(|e| e.0 == 0x04).map_or(0, |e| e.1);
-            entries.push((0x10, group | 1, UNDEFINED));
-        }
-    }
-    entries.sort_by_key(|e| (e.0, e.2));
-    let mut out = 2u32.to_le_bytes().to_vec();
-    for (tag, perm, id) in entries {
-        out.extend_from_slice(&tag.to_le_bytes());
-        out.extend_from_slice(&perm.to_le_bytes());
-        out.extend_from_slice(&id.to_le_bytes());
-    }
-    // SAFETY: a valid descriptor, a NUL-terminated name and a buffer of the length given.
-    if unsafe { libc::fsetxattr(fd, name.as_ptr(), out.as_ptr().cast(), out.len(), 0) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 /// The kernel's encoding of a POSIX access ACL (`posix_acl_xattr_header` and its
 /// entries, in tag order): owner rwx, user `uid` --x, group ---, mask --x, others ---.
 fn access_acl(uid: u32) -> Vec<u8> {

@@ -633,6 +633,7 @@ fn a_root_sandbox_runs_as_the_stand_in_and_host_network_is_opt_in() {
     );
     assert_eq!(st, 200, "{v}");
     let key = v["key"].as_str().unwrap().to_string();
+    let root = std::path::PathBuf::from(v["path"].as_str().unwrap());
     let (st, v) = call(
         &s,
         "POST",
@@ -659,4 +660,16 @@ fn a_root_sandbox_runs_as_the_stand_in_and_host_network_is_opt_in() {
         out.contains("connected"),
         "the host's network was asked for: {v}"
     );
+    // The sandbox is the stand-in's: its processes write its workspace, and what they
+    // make is the stand-in's on the host.
+    let (st, v) = call(
+        &s,
+        "POST",
+        &format!("/v1/sandboxes/{key}/exec"),
+        Some(&json!({"command": "mkdir -p d && echo made > d/f && cat d/f && stat -c %u ."})),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["stdout"], "made\n65534\n", "{v}");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(root.join("d/f")).unwrap().uid(), 65534);
 }

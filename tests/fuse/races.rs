@@ -188,7 +188,8 @@ impl Drop for RemovedFlat {
 /// Makes a chain of `depth` directories `d/d/d/...` in `dir`, as a program in a
 /// sandbox may.
 fn deep_chain(dir: &std::path::Path, depth: usize) {
-    let script = "import os, sys\nos.chdir(sys.argv[1])\nfor i in range(int(sys.argv[2])):\n    os.mkdir('d')\n    os.chdir('d')\n";
+    // As the sandbox's own user would make it: each directory the workspace owner's.
+    let script = "import os, sys\nos.chdir(sys.argv[1])\nst = os.stat('.')\nfor i in range(int(sys.argv[2])):\n    os.mkdir('d')\n    os.chown('d', st.st_uid, st.st_gid)\n    os.chdir('d')\n";
     let out = Command::new("python3")
         .args(["-c", script])
         .arg(dir)

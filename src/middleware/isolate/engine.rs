@@ -47,8 +47,6 @@ pub struct Spec<'a> {
     /// Who its processes are: never root.
     pub uid: u32,
     pub gid: u32,
-    /// Supplementary groups (none but what it needs to reach the workspace).
-    pub groups: Vec<u32>,
     pub network: Network,
     /// Bytes of its private `/tmp`.
     pub tmp_bytes: u64,
@@ -58,6 +56,8 @@ pub struct Spec<'a> {
 /// the init's control socket.
 pub struct Started {
     pub child: Child,
+    /// What bubblewrap binds from, until the sandbox's init runs (then dropped).
+    pub stage: Option<Stage>,
     pub control: OwnedFd,
 }
 
@@ -96,6 +96,146 @@ const ETC: &[&str] = &[
     "/etc/os-release",
     "/etc/ssl",
 ];
+
+/// Where a root server stages what bubblewrap binds: a directory of root's that every
+/// user passes (and none but root writes).
+const STAGE_ROOT: &str = "/run/casfs-stage";
+
+/// Copies of a sandbox's workspace mount and of the casfs executable, attached under
+/// [`STAGE_ROOT`] for bubblewrap to bind by path (as the sandbox's user). Dropped once
+/// the sandbox's init runs (bubblewrap has its own copies by then): detached and
+/// removed. What a server that died left there is swept by the next one's stage.
+pub struct Stage {
+    root: OwnedFd,
+    name: String,
+}
+
+impl Stage {
+    fn make(ws: &OwnedFd, exe: &OwnedFd) -> io::Result<Stage> {
+        use rustix::fs::{mkdirat, openat, Mode, OFlags, CWD};
+        use rustix::mount::{move_mount, open_tree, MoveMountFlags, OpenTreeFlags};
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let named = |what: &str, e: rustix::io::Errno| {
+            io::Error::new(
+                io::Error::from(e).kind(),
+                format!("staging a sandbox's {what} under {STAGE_ROOT}: {e}"),
+            )
+        };
+        match mkdirat(CWD, STAGE_ROOT, Mode::from_raw_mode(0o755)) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => return Err(named("directory", e)),
+        }
+        let root = openat(
+            CWD,
+            STAGE_ROOT,
+            OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| named("directory", e))?;
+        let st = rustix::fs::fstat(&root).map_err(|e| named("directory", e))?;
+        if st.st_uid != 0 || st.st_mode & 0o022 != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("{STAGE_ROOT} is not root's alone: refused as a stage"),
+            ));
+        }
+        Self::sweep(&root);
+        let name = format!(
+            "{}-{}",
+            std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        mkdirat(&root, name.as_str(), Mode::from_raw_mode(0o755))
+            .map_err(|e| named("directory", e))?;
+        let stage = Stage { root, name };
+        let dir = openat(
+            &stage.root,
+            stage.name.as_str(),
+            OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| named("directory", e))?;
+        mkdirat(&dir, "workspace", Mode::from_raw_mode(0o755))
+            .map_err(|e| named("workspace", e))?;
+        drop(
+            openat(
+                &dir,
+                "init",
+                OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o644),
+            )
+            .map_err(|e| named("init", e))?,
+        );
+        let clone = OpenTreeFlags::OPEN_TREE_CLONE
+            | OpenTreeFlags::OPEN_TREE_CLOEXEC
+            | OpenTreeFlags::AT_EMPTY_PATH;
+        for (from, flags, to, what) in [
+            (
+                ws,
+                clone | OpenTreeFlags::AT_RECURSIVE,
+                "workspace",
+                "workspace",
+            ),
+            (exe, clone, "init", "init"),
+        ] {
+            let tree = open_tree(from, "", flags).map_err(|e| named(what, e))?;
+            move_mount(&tree, "", &dir, to, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
+                .map_err(|e| named(what, e))?;
+        }
+        Ok(stage)
+    }
+
+    /// The path of `entry` of this stage.
+    fn path(&self, entry: &str) -> String {
+        format!("{STAGE_ROOT}/{}/{entry}", self.name)
+    }
+
+    /// Detaches and removes stage `name` (in `root`, [`STAGE_ROOT`]).
+    fn clear(root: &OwnedFd, name: &str) {
+        use rustix::fs::{openat, unlinkat, AtFlags, Mode, OFlags};
+        for entry in ["workspace", "init"] {
+            if let Ok(c) = CString::new(format!("{STAGE_ROOT}/{name}/{entry}")) {
+                // SAFETY: a NUL-terminated path.
+                unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH | libc::UMOUNT_NOFOLLOW) };
+            }
+        }
+        let flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC;
+        if let Ok(dir) = openat(root, name, flags, Mode::empty()) {
+            let _ = unlinkat(&dir, "init", AtFlags::empty());
+            let _ = unlinkat(&dir, "workspace", AtFlags::REMOVEDIR);
+        }
+        let _ = unlinkat(root, name, AtFlags::REMOVEDIR);
+    }
+
+    /// Clears the stages of servers that are gone.
+    fn sweep(root: &OwnedFd) {
+        let Ok(dir) = rustix::fs::Dir::read_from(root) else {
+            return;
+        };
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(pid) = name
+                .split_once('-')
+                .and_then(|(p, _)| p.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            // SAFETY: kill with signal 0 sends nothing; it asks whether `pid` exists.
+            let gone = pid > 0
+                && unsafe { libc::kill(pid, 0) } != 0
+                && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+            if gone {
+                Self::clear(root, &name);
+            }
+        }
+    }
+}
+
+impl Drop for Stage {
+    fn drop(&mut self) {
+        Self::clear(&self.root, &self.name);
+    }
+}
 
 /// The lowest number a descriptor to be given is kept at until the child moves it to
 /// its own number (3 on): clear of every number the child is given.
@@ -187,10 +327,23 @@ pub fn start(spec: &Spec<'_>, group: Option<&Group>) -> io::Result<Started> {
         "--tmpfs",
         "/tmp",
     ]);
-    let w = give(ws, &mut given)?;
-    arg(&["--bind-fd", &w.to_string(), "/workspace"]);
-    let x = give(OwnedFd::from(exe), &mut given)?;
-    arg(&["--ro-bind-fd", &x.to_string(), "/.casfs-init"]);
+    // A server run by root starts bubblewrap as the sandbox's user, who need not be able
+    // to pass the directories above the workspace (bubblewrap resolves what it binds by
+    // path, as that user): copies of the workspace's mount and of the init are staged
+    // where that user passes ([`Stage`]) until the sandbox's init runs.
+    let stage = if rustix::process::getuid().is_root() {
+        let st = Stage::make(&ws, &OwnedFd::from(exe))?;
+        arg(&["--bind", &st.path("workspace"), "/workspace"]);
+        arg(&["--ro-bind", &st.path("init"), "/.casfs-init"]);
+        drop(ws);
+        Some(st)
+    } else {
+        let w = give(ws, &mut given)?;
+        arg(&["--bind-fd", &w.to_string(), "/workspace"]);
+        let x = give(OwnedFd::from(exe), &mut given)?;
+        arg(&["--ro-bind-fd", &x.to_string(), "/.casfs-init"]);
+        None
+    };
     for p in &programs {
         let s = give(seccomp::to_fd(p)?, &mut given)?;
         arg(&["--add-seccomp-fd", &s.to_string()]);
@@ -216,9 +369,8 @@ pub fn start(spec: &Spec<'_>, group: Option<&Group>) -> io::Result<Started> {
     let procs: Vec<RawFd> = group
         .map(|g| g.procs().iter().map(|f| f.as_raw_fd()).collect())
         .unwrap_or_default();
-    let switch = rustix::process::getuid().is_root();
+    let switch = stage.is_some();
     let (uid, gid) = (spec.uid, spec.gid);
-    let groups: Vec<libc::gid_t> = spec.groups.clone();
     let zero = CString::new("0").expect("no NUL");
     // SAFETY: between fork and exec only async-signal-safe calls are made (write,
     // dup2, close_range, setgroups, setgid, setuid), on memory prepared before the
@@ -235,10 +387,18 @@ pub fn start(spec: &Spec<'_>, group: Option<&Group>) -> io::Result<Started> {
                     return Err(io::Error::last_os_error());
                 }
             }
-            // Nothing else of the server's reaches bubblewrap.
-            libc::syscall(libc::SYS_close_range, first_free, u32::MAX, 0);
+            // Nothing else of the server's reaches bubblewrap: closed at exec (the
+            // pipe that reports an error of this closure to the server stays usable).
+            const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+            libc::syscall(
+                libc::SYS_close_range,
+                first_free,
+                u32::MAX,
+                CLOSE_RANGE_CLOEXEC,
+            );
+            // Only the sandbox's user: no group of root's, nor of anyone's.
             if switch
-                && (libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                && (libc::setgroups(0, std::ptr::null()) != 0
                     || libc::setgid(gid) != 0
                     || libc::setuid(uid) != 0)
             {
@@ -254,5 +414,6 @@ pub fn start(spec: &Spec<'_>, group: Option<&Group>) -> io::Result<Started> {
     Ok(Started {
         child,
         control: ours,
+        stage,
     })
 }

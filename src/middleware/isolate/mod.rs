@@ -266,13 +266,13 @@ pub struct Jail {
     send: Mutex<()>,
     /// Bubblewrap and the control group, until the sandbox ends (then reaped).
     engine: Mutex<Option<(std::process::Child, Option<limits::Group>)>>,
+    /// What bubblewrap binds from, until the init runs (a root server's).
+    stage: Mutex<Option<engine::Stage>>,
     procs: Mutex<HashMap<u64, Arc<Process>>>,
     kept: Arc<AtomicUsize>,
     ended: AtomicBool,
     /// What bubblewrap said on stderr (its last bytes): why a sandbox failed to start.
     engine_err: Arc<Mutex<Vec<u8>>>,
-    /// The gate a stand-in was let through (closed again at the end).
-    stand_in_gate: Option<std::path::PathBuf>,
     /// Which sandbox it is (not an earlier one of its key).
     instance: usize,
     pub limited: bool,
@@ -311,32 +311,10 @@ impl Jail {
         } else {
             None
         };
-        // Bubblewrap reaches the workspace by its path, as the sandbox's user. The
-        // owner passes the sandboxes' directory by the socket's group, which members
-        // have; a stand-in is let through it and through the sandbox's gate by its own
-        // ACL entries instead (no group of anyone's), the gate's closed again at the end.
-        let gate = workspace.parent().unwrap_or(workspace);
-        let above = gate.parent().unwrap_or(gate);
-        let mut groups = Vec::new();
-        let mut stand_in_gate = None;
-        if who != owner {
-            for dir in [above, gate] {
-                let fd = crate::checkpoint::dirfd::open_dir_path(dir)?;
-                crate::fs::allow_passage(fd.as_fd(), who.uid)
-                    .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
-            }
-            stand_in_gate = Some(gate.to_path_buf());
-        } else {
-            let st = rustix::fs::stat(above)?;
-            if st.st_gid != 0 && st.st_gid != who.gid {
-                groups.push(st.st_gid);
-            }
-        }
         let spec = engine::Spec {
             workspace,
             uid: who.uid,
             gid: who.gid,
-            groups,
             network: opts.network,
             tmp_bytes: opts.tmp_bytes,
         };
@@ -365,11 +343,11 @@ impl Jail {
             send: Mutex::new(()),
             limited: group.is_some(),
             engine: Mutex::new(Some((started.child, group))),
+            stage: Mutex::new(started.stage),
             procs: Mutex::new(HashMap::new()),
             kept: Arc::new(AtomicUsize::new(0)),
             ended: AtomicBool::new(false),
             engine_err,
-            stand_in_gate,
             instance,
             network: opts.network,
             uid: who.uid,
@@ -404,6 +382,8 @@ impl Jail {
     }
 
     fn on_event(&self, ev: Event) {
+        // The init runs: bubblewrap bound what was staged for it.
+        lock(&self.stage).take();
         match ev {
             Event::Started { id, pid } => {
                 if let Some(p) = self.process(id) {
@@ -592,6 +572,7 @@ impl Jail {
     pub fn end(&self) {
         self.ended.store(true, Ordering::SeqCst);
         let _ = rustix::net::shutdown(&self.control, rustix::net::Shutdown::Both);
+        lock(&self.stage).take();
         let Some((mut child, group)) = lock(&self.engine).take() else {
             return;
         };
@@ -611,11 +592,6 @@ impl Jail {
             let _ = child.wait();
         }
         drop(group);
-        if let Some(gate) = &self.stand_in_gate {
-            if let Ok(fd) = crate::checkpoint::dirfd::open_dir_path(gate) {
-                let _ = crate::fs::gate_directory(fd.as_fd(), None);
-            }
-        }
         let why = self.why_ended();
         for p in lock(&self.procs).values() {
             if let Some(tx) = lock(&p.started).take() {

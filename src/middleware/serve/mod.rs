@@ -324,6 +324,18 @@ impl Server {
         *self.isolation.lock().unwrap_or_else(|p| p.into_inner()) = o;
     }
 
+    /// Whose a sandbox made for `who` is: a member's own; one that no member of the host
+    /// owns (the server's own user's, a token's) is the stand-in's when the server is
+    /// root and runs processes, so that its isolated processes (never root) can write
+    /// its workspace. A server of another user keeps its own (it can give none away).
+    fn workspace_owner(&self, who: &Caller) -> Option<crate::fs::Owner> {
+        // SAFETY: geteuid cannot fail.
+        let root = unsafe { libc::geteuid() } == 0;
+        who.owner.or_else(|| {
+            (root && self.mw.provider().jails().is_some()).then(|| self.isolation().stand_in)
+        })
+    }
+
     fn isolation(&self) -> crate::middleware::isolate::Options {
         self.isolation
             .lock()
@@ -760,7 +772,7 @@ async fn start_run(
         let reserved = Reservation::take(&s, &who, &b.run_id)?;
         let mut ctx = RunContext::new(thread, b.run_id.clone());
         ctx.tenant = b.tenant;
-        ctx.owner = who.owner;
+        ctx.owner = s.workspace_owner(&who);
         // A DELETE of the sandbox meanwhile waits for the run to hold it.
         let _making = s.sandboxes.making(&s.mw.provider().key(&ctx));
         let events = Arc::new(Mutex::new(EventRing::new(s.limits().max_events)));

@@ -135,8 +135,9 @@ pub(super) async fn create(
         let head = s.mw.publisher().head_checkpoint(&t)?;
         let mut ctx = RunContext::new(t.clone(), "sandbox-api");
         ctx.tenant = b.tenant;
-        // The caller's workspace (a member of the socket's group who is not root).
-        ctx.owner = who.owner;
+        // The caller's workspace (a member of the socket's group who is not root), or
+        // the stand-in's (see `workspace_owner`).
+        ctx.owner = s.workspace_owner(&who);
         // A DELETE of the key meanwhile waits until this is made and shown.
         let _making = s.sandboxes.making(&s.mw.provider().key(&ctx));
         let (h, outcome) = s.mw.provider().ensure(&ctx, &s.mw.secrets)?;
