@@ -13,12 +13,16 @@
  * - `fs` goes through the server (`/v1/sandboxes/{key}/fs/...`), which resolves every
  *   path beneath the workspace's root whatever links it holds and acts as the sandbox's
  *   owner; `fs.watch` follows casfs's own file events.
- * - `process.exec`/`spawn` run a POSIX shell on this host in the workspace, each in a
- *   process group of its own (a kill ends what it started). This is no isolation:
- *   processes are the host's, as the calling user, with the host's network.
- *
- * The server and this process must share a filesystem view (the same host), since the
- * workspace is a directory the server mounted.
+ * - `process.exec`/`spawn` run a POSIX shell through the server, isolated (the default,
+ *   `isolation: 'sandbox'`): in bubblewrap, in the sandbox's own user, mount, pid, ipc,
+ *   uts and network namespaces, the workspace at `/workspace` and a private `/tmp` the
+ *   only places it writes, as an unprivileged user without capabilities, under the
+ *   server's memory, pids and CPU limits and a seccomp filter, with only the environment
+ *   the sandbox was given. Each process leads a process group of its own (a kill ends
+ *   what it started; the sandbox's destroy ends them all). Nothing of this host is
+ *   needed: the server may be another machine's (TCP with its token).
+ * - `isolation: 'none'` runs them on this host instead, as the calling user with the
+ *   host's network and files: no isolation. It needs the server's host.
  */
 import { randomBytes } from 'node:crypto'
 import * as fs from 'node:fs'
@@ -34,25 +38,35 @@ import type {
   SandboxProvider,
   SnapshotRef,
 } from './contracts.js'
-import { CasfsError } from './errors.js'
+import { CasfsError, UnsupportedCapabilityError } from './errors.js'
 import { lastEvent, sandboxEvents, type EventsOptions, type FileEvent } from './events.js'
+import { IsolatedProcesses } from './isolated.js'
 import { SandboxProcesses } from './process.js'
 
 /** The virtual root the framework names the workspace by. */
 export const WORKSPACE_ROOT = '/workspace'
 
 export interface CasfsSandboxOptions {
-  /** A client of `casfs serve` on this host (see `connect`). */
+  /** A client of `casfs serve` (see `connect`). */
   client: CasfsClient
+  /**
+   * Where processes run. `sandbox` (the default): through the server, isolated (see
+   * above); the server may be on another host. `none`: on this host as the calling
+   * user, in the workspace the server mounted here: no isolation.
+   */
+  isolation?: 'sandbox' | 'none'
   /** The server's tenant the sandboxes are made under (default `tanstack`). */
   tenant?: string
   /** The provider's name (default `casfs`). */
   name?: string
   /** The shell commands run in (default `/bin/sh`). */
   shell?: string
-  /** Environment every process of every sandbox gets (over this process's). */
+  /** Environment every process of every sandbox gets. */
   env?: Record<string, string>
-  /** Start processes from this process's environment (default true). */
+  /**
+   * `isolation: 'none'` only: start processes from this process's environment (default
+   * true). An isolated sandbox's processes get only the environment they are given.
+   */
   inheritEnv?: boolean
   /**
    * Record each sandbox's file events from its creation, so that `events({ after: 0 })`
@@ -61,9 +75,9 @@ export interface CasfsSandboxOptions {
    */
   eventsFromCreate?: boolean
   /**
-   * The casfs binary, for sandboxes of a server run by a user who is not root, whose
-   * mounts live in that user's namespace: their processes start through `casfs exec`
-   * (default: `$CASFS_BIN`, else `casfs` on PATH).
+   * `isolation: 'none'` only: the casfs binary, for sandboxes of a server run by a user
+   * who is not root, whose mounts live in that user's namespace: their processes start
+   * through `casfs exec` (default: `$CASFS_BIN`, else `casfs` on PATH).
    */
   casfsBin?: string
 }
@@ -78,7 +92,8 @@ export interface CasfsSandboxHandle extends SandboxHandle {
   events: (options?: EventsOptions) => AsyncGenerator<FileEvent, void, undefined>
 }
 
-const CAPABILITIES: SandboxCapabilities = {
+/** What a sandbox whose processes run on this host (`isolation: 'none'`) does. */
+const HOST_CAPABILITIES: SandboxCapabilities = {
   fs: true,
   exec: true,
   env: true,
@@ -91,6 +106,10 @@ const CAPABILITIES: SandboxCapabilities = {
   durableFilesystem: true,
   fork: true,
 }
+
+/** What an isolated sandbox does: its network is its own (loopback only, unless the
+ * server gives it the host's), so a port it listens on is not this host's. */
+const ISOLATED_CAPABILITIES: SandboxCapabilities = { ...HOST_CAPABILITIES, ports: false }
 
 /** `bin` as an absolute path, looked up on this process's `PATH` when it names no
  * directory (a sandbox's processes may get an environment without one). */
@@ -148,6 +167,11 @@ export function casfsSandbox(options: CasfsSandboxOptions): SandboxProvider {
   const name = options.name ?? 'casfs'
   const shell = options.shell ?? '/bin/sh'
   const inherit = options.inheritEnv ?? true
+  const isolated = (options.isolation ?? 'sandbox') === 'sandbox'
+  if (!['sandbox', 'none'].includes(options.isolation ?? 'sandbox')) {
+    throw new Error(`casfs: isolation ${String(options.isolation)}: give 'sandbox' or 'none'`)
+  }
+  const CAPABILITIES = isolated ? ISOLATED_CAPABILITIES : HOST_CAPABILITIES
 
   const make = async (thread: string): Promise<Schemas['CreatedSandbox']> =>
     client.call(
@@ -199,8 +223,23 @@ export function casfsSandbox(options: CasfsSandboxOptions): SandboxProvider {
         throw e
       }
     }
+    // A path as the sandbox's processes see it: the workspace at `/workspace` when
+    // isolated, the mount here otherwise.
+    const inside = (p: string): string => {
+      if (!isolated) return resolve(p)
+      const r = rel(p)
+      return r === '' ? WORKSPACE_ROOT : `${WORKSPACE_ROOT}/${r}`
+    }
     const casfsBin = onPath(options.casfsBin ?? process.env.CASFS_BIN ?? 'casfs')
-    const processes = new SandboxProcesses({
+    const processes: IsolatedProcesses | SandboxProcesses = isolated
+      ? new IsolatedProcesses({
+          client,
+          key,
+          cwd: (c) => (c === undefined ? WORKSPACE_ROOT : inside(c)),
+          env: (extra) => ({ ...envVars, ...(extra ?? {}) }),
+          shell,
+        })
+      : new SandboxProcesses({
       cwd: (c) => (c === undefined ? root : resolve(c)),
       env: (extra) => ({ ...(inherit ? process.env : {}), ...envVars, ...(extra ?? {}) }),
       shell,
@@ -249,7 +288,7 @@ export function casfsSandbox(options: CasfsSandboxOptions): SandboxProvider {
         args.push('clone')
         if (depth !== undefined && depth !== 'full') args.push('--depth', String(depth))
         if (ref !== undefined) args.push('--branch', quote(ref))
-        args.push('--', quote(url), quote(dir === undefined ? '.' : resolve(dir)))
+        args.push('--', quote(url), quote(dir === undefined ? '.' : inside(dir)))
         await run(args.join(' '))
       },
       status: async (dir) => (await run('git status --porcelain', dir)).stdout,
@@ -415,7 +454,16 @@ export function casfsSandbox(options: CasfsSandboxOptions): SandboxProvider {
         spawn: (command, opts) => processes.spawn(command, opts),
       },
       ports: {
-        connect: (port) => Promise.resolve({ url: `http://127.0.0.1:${port}` }),
+        connect: (port) =>
+          isolated
+            ? Promise.reject(
+                new UnsupportedCapabilityError(
+                  name,
+                  'ports',
+                  "an isolated sandbox's network is its own; isolation: 'none' shares this host's",
+                ),
+              )
+            : Promise.resolve({ url: `http://127.0.0.1:${port}` }),
       },
       env: {
         set: (vars) => {
@@ -430,7 +478,8 @@ export function casfsSandbox(options: CasfsSandboxOptions): SandboxProvider {
         return restore(snap.id, envVars)
       },
       destroy: async () => {
-        await processes.killAll()
+        // The server's destroy ends an isolated sandbox's processes with it.
+        if (!isolated) await processes.killAll()
         await drop(key)
       },
     }

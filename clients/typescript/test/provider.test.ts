@@ -1,8 +1,9 @@
 // The casfs sandbox provider on a real `casfs serve` (the backend CASFS_MOUNT_MODE
 // names): the framework's provider and handle contract: fs on the mount (lstat, list
 // paths as the framework joins them, watch), a shell that streams, takes stdin and
-// is killed with everything it started, env, ports, git, and native snapshots: a
-// snapshot is a casfs checkpoint, a restore and a fork are new mounts of one.
+// is killed with everything it started, env, git, and native snapshots: a snapshot is
+// a casfs checkpoint, a restore and a fork are new mounts of one. Processes run
+// isolated through the server by default; `isolation: 'none'` runs them on this host.
 import { execFileSync } from 'node:child_process'
 import { existsSync, mkdtempSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
@@ -55,7 +56,7 @@ describe('provider', () => {
       fs: true,
       exec: true,
       env: true,
-      ports: true,
+      ports: false,
       backgroundProcesses: true,
       writableStdin: true,
       killableProcesses: true,
@@ -173,11 +174,12 @@ describe('provider', () => {
     const r = await h.process.exec('pwd; echo "$GREETING $EXTRA"; echo err >&2; exit 3', {
       env: { EXTRA: 'and more' },
     })
-    expect(r.stdout).toBe(`${h.workspaceRoot}\nhi there and more\n`)
+    expect(r.stdout).toBe('/workspace\nhi there and more\n')
     expect(r.stderr).toBe('err\n')
     expect(r.exitCode).toBe(3)
     await h.fs.mkdir('/workspace/sub')
-    expect((await h.process.exec('pwd', { cwd: '/workspace/sub' })).stdout).toBe(`${h.workspaceRoot}/sub\n`)
+    expect((await h.process.exec('pwd', { cwd: '/workspace/sub' })).stdout).toBe('/workspace/sub\n')
+    expect((await h.process.exec('pwd', { cwd: 'sub' })).stdout).toBe('/workspace/sub\n')
     const ac = new AbortController()
     const slow = h.process.exec('sleep 30', { signal: ac.signal })
     setTimeout(() => ac.abort(), 100)
@@ -193,15 +195,29 @@ describe('provider', () => {
     expect(first.value).toBe('got input\n')
     expect(await p.wait()).toBe(0)
     // A background grandchild that would write a heartbeat forever.
-    const beat = `${h.workspaceRoot}/beat`
-    const k = await h.process.spawn(`( while :; do date +%s%N > '${beat}'; sleep 0.1; done ) & echo $!; wait`)
+    const k = await h.process.spawn(`( while :; do date +%s%N > beat; sleep 0.1; done ) & echo $!; wait`)
     const pid = Number((await k.stdout[Symbol.asyncIterator]().next()).value)
-    expect(alive(pid)).toBe(true)
+    // Pids are the sandbox's own: the grandchild is seen from inside it.
+    const alive = async (): Promise<boolean> =>
+      (await h.process.exec(`kill -0 ${pid} 2>/dev/null`)).exitCode === 0
+    expect(await alive()).toBe(true)
     await k.kill()
     expect(await k.wait()).toBeGreaterThan(128)
-    for (let i = 0; i < 50 && alive(pid); i++) await sleep(50)
-    expect(alive(pid)).toBe(false)
+    for (let i = 0; i < 50 && (await alive()); i++) await sleep(50)
+    expect(await alive()).toBe(false)
+    const last = await h.fs.read('/workspace/beat')
+    await sleep(300)
+    expect(await h.fs.read('/workspace/beat')).toBe(last)
     expect(await p.wait()).toBe(0)
+    // Output split inside a UTF-8 character comes back whole; stderr apart.
+    const u = await h.process.spawn(`printf '\\303'; sleep 0.2; printf '\\251 caf\\303\\251\\n'; echo e >&2`)
+    let text = ''
+    for await (const c of u.stdout) text += c
+    expect(text).toBe('é café\n')
+    expect(await u.wait()).toBe(0)
+    let err = ''
+    for await (const c of u.stderr) err += c
+    expect(err).toBe('e\n')
   })
 
   test('destroy ends the sandbox processes and unmounts it', async () => {
@@ -225,9 +241,9 @@ describe('provider', () => {
     expect(log.stdout).toBe("it's the first\n")
   })
 
-  test('ports are reached on loopback', async () => {
+  test("an isolated sandbox's ports are its own, not this host's", async () => {
     const h = await create()
-    expect(await h.ports.connect(8123)).toEqual({ url: 'http://127.0.0.1:8123' })
+    await expect(h.ports.connect(8123)).rejects.toThrow(/does not support ports/)
   })
 
   test('a snapshot is a checkpoint; restore and fork mount it', async () => {
@@ -282,10 +298,58 @@ describe('provider', () => {
     }
   })
 
-  test('processes run as the caller, in the mount (no isolation)', async () => {
-    const h = await create()
+  test('processes are isolated: another user, only their own environment and files', async () => {
+    process.env.CASFS_TS_TEST_SECRET = 'host-only-value'
+    try {
+      const h = await create()
+      await h.env.set({ GIVEN: 'yes' })
+      const r = await h.process.exec(
+        'id -u; echo "secret=${CASFS_TS_TEST_SECRET:-unset} given=$GIVEN"; ' +
+          'ls /root 2>&1 >/dev/null && echo root-listed; ' +
+          'touch /etc/x /usr/x 2>/dev/null && echo wrote-outside; ' +
+          'touch /tmp/ok /workspace/ok && echo wrote-inside; ' +
+          'test -e ' + quote(s.served.socketPath) + ' && echo socket-seen; ' +
+          'cat /proc/1/cmdline | tr "\\0" " "; echo',
+      )
+      const lines = r.stdout.split('\n')
+      // Never root; a root server's sandbox is its stand-in user's, not the caller's (a
+      // server of another user runs them as that user, the one it can be).
+      expect(lines[0]).not.toBe('0')
+      if (process.getuid?.() === 0) expect(lines[0]).toBe('65534')
+      expect(lines[1]).toBe('secret=unset given=yes')
+      expect(r.stdout).not.toContain('root-listed')
+      expect(r.stdout).not.toContain('wrote-outside')
+      expect(r.stdout).toContain('wrote-inside')
+      expect(r.stdout).not.toContain('socket-seen')
+      // Its pid 1 is the sandbox's init, not this host's.
+      expect(lines.at(-2)).toContain('sandbox-init')
+      expect(await h.fs.exists('/workspace/ok')).toBe(true)
+      // No network but its own loopback.
+      const net = await h.process.exec('cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d " "')
+      expect(net.stdout.trim().split('\n')).toEqual(['lo'])
+    } finally {
+      delete process.env.CASFS_TS_TEST_SECRET
+    }
+  })
+})
+
+function quote(x: string): string {
+  return `'${x.replace(/'/g, `'\\''`)}'`
+}
+
+describe("isolation: 'none'", () => {
+  let host: SandboxProvider
+  beforeAll(() => {
+    host = casfsSandbox({ client: s.client, isolation: 'none' })
+  })
+
+  test('processes run as the caller, in the mount, with its ports (no isolation)', async () => {
+    expect(host.capabilities().ports).toBe(true)
+    const h = (await host.create({ id: 'host' })) as CasfsSandboxHandle
+    made.push(h)
     const who = (await h.process.exec('id -u')).stdout.trim()
     expect(who).toBe(String(process.getuid?.()))
+    expect((await h.process.exec('pwd')).stdout).toBe(`${h.workspaceRoot}\n`)
     // The sandbox's processes see the mount; so does this host process, unless the
     // server is not root's: then the mount lives in that user's namespace, which the
     // processes enter (`casfs exec`) and this one does not.
@@ -294,5 +358,20 @@ describe('provider', () => {
     const here = execFileSync('cat', ['/proc/self/mountinfo'], { encoding: 'utf8' })
     const rootless = process.getuid?.() !== 0 && h.mode === 'overlay'
     expect(here.includes(` ${h.workspaceRoot} `)).toBe(!rootless)
+    expect(await h.ports.connect(8123)).toEqual({ url: 'http://127.0.0.1:8123' })
+    // Its kill reaches a background grandchild, a host process.
+    const k = await h.process.spawn('sleep 60 & echo $!; wait')
+    const pid = Number((await k.stdout[Symbol.asyncIterator]().next()).value)
+    expect(alive(pid)).toBe(true)
+    await h.destroy()
+    expect(await k.wait()).toBeGreaterThan(128)
+    for (let i = 0; i < 50 && alive(pid); i++) await sleep(50)
+    expect(alive(pid)).toBe(false)
+  })
+
+  test('a bad isolation is refused by name', () => {
+    expect(() =>
+      casfsSandbox({ client: s.client, isolation: 'docker' as unknown as 'none' }),
+    ).toThrow(/isolation docker/)
   })
 })
