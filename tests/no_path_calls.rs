@@ -119,6 +119,11 @@ const ALLOWED: &[(&str, &str, &str)] = &[
         "the host's /bin, /lib, ... (merged-usr links or not), never a workspace's",
     ),
     (
+        "src/middleware/isolate/init.rs",
+        "let netns = rustix::fs::open(",
+        "the init's own network namespace (/proc/self/ns/net, inside the sandbox), for its proxy",
+    ),
+    (
         "src/middleware/isolate/limits.rs",
         "if !v2 && PathBuf::from(\"/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes\").exists() {",
         "whether the host's cgroup v1 accounts swap: a file of the cgroup file system",

@@ -62,6 +62,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         sandbox_cpus,
         sandbox_tmp,
         sandbox_user,
+        sandbox_allow,
     } = &cli.command
     else {
         unreachable!("dispatched on Serve")
@@ -291,6 +292,9 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
     if stand_in.uid == 0 {
         bail!("--sandbox-user {name:?}: a sandbox's processes are never root");
     }
+    if !sandbox_allow.is_empty() && *sandbox_network == casfs::middleware::isolate::Network::Host {
+        bail!("--sandbox-allow: sandboxes on the host's network (--sandbox-network host) reach everything already");
+    }
     if *sandbox_tmp < 1 << 20 {
         bail!("--sandbox-tmp {sandbox_tmp}: give at least 1 MiB (1048576)");
     }
@@ -304,6 +308,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
             cpu_millis: (*sandbox_cpus * 1000.0) as u64,
         },
         network: *sandbox_network,
+        allow: sandbox_allow.clone(),
         tmp_bytes: *sandbox_tmp,
         stand_in,
     });

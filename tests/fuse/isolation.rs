@@ -673,3 +673,132 @@ fn a_root_sandbox_runs_as_the_stand_in_and_host_network_is_opt_in() {
     use std::os::unix::fs::MetadataExt;
     assert_eq!(std::fs::metadata(root.join("d/f")).unwrap().uid(), 65534);
 }
+
+/// A host service for the network tests: answers every request with `body`, counting
+/// the connections it took.
+fn http_service(body: &'static str) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{Read, Write};
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = seen.clone();
+    std::thread::spawn(move || {
+        for mut c in l.incoming().flatten() {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
+            let mut head = Vec::new();
+            let mut b = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match c.read(&mut b) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&b[..n]),
+                }
+            }
+            let _ = write!(
+                c,
+                "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (port, seen)
+}
+
+/// Item 4 (network policy): a sandbox without the host's network reaches exactly the
+/// destinations of the server's allow-list, through the proxy casfs runs in its
+/// namespace (plain HTTP and CONNECT), and nothing else: not another port of the host,
+/// not a name on the list that leads to the host's loopback, not any address directly.
+/// A server without a list gives its sandboxes no proxy at all.
+#[test]
+fn the_allow_list_is_the_only_way_out() {
+    if crate::needs_root("it makes users with useradd") || bwrap_missing() {
+        return;
+    }
+    let (allowed, allowed_seen) = http_service("allowed\n");
+    let (denied, denied_seen) = http_service("denied\n");
+    let m = members(&[
+        "--sandbox-allow",
+        &format!("127.0.0.1:{allowed}"),
+        "--sandbox-allow",
+        &format!("localhost:{denied}"),
+    ]);
+    let (key, root) = sandbox(&m.a, &m.s, "net");
+    let script = r#"
+import http.client, os, socket, sys
+A, D = int(sys.argv[1]), int(sys.argv[2])
+print("proxy", os.environ.get("HTTPS_PROXY"))
+def get(host, port):
+    c = http.client.HTTPConnection("127.0.0.1", 3128, timeout=10)
+    c.request("GET", "http://%s:%d/" % (host, port))
+    r = c.getresponse()
+    return "%d %s" % (r.status, r.read().decode().strip())
+def tunnel(host, port):
+    c = http.client.HTTPConnection("127.0.0.1", 3128, timeout=10)
+    c.set_tunnel(host, port)
+    try:
+        c.request("GET", "/")
+        r = c.getresponse()
+        return "%d %s" % (r.status, r.read().decode().strip())
+    except OSError as e:
+        return "refused"
+def direct(host, port):
+    try:
+        socket.create_connection((host, port), 3)
+        return "connected"
+    except OSError as e:
+        return "failed"
+print("get-allowed", get("127.0.0.1", A))
+print("tunnel-allowed", tunnel("127.0.0.1", A))
+print("get-denied", get("127.0.0.1", D).split()[0])
+print("tunnel-denied", tunnel("127.0.0.1", D))
+print("name-inward", get("localhost", D).split()[0])
+print("direct", direct("127.0.0.1", A))
+print("outside", direct("192.0.2.1", 80))
+"#;
+    std::fs::write(root.join("net.py"), script).unwrap();
+    let (code, out, err) = exec(
+        &m.a,
+        &m.s,
+        &key,
+        &format!("python3 /workspace/net.py {allowed} {denied}"),
+    );
+    assert_eq!(code, 0, "{out} {err}");
+    assert_eq!(
+        out,
+        "proxy http://127.0.0.1:3128\n\
+         get-allowed 200 allowed\n\
+         tunnel-allowed 200 allowed\n\
+         get-denied 403\n\
+         tunnel-denied refused\n\
+         name-inward 502\n\
+         direct failed\n\
+         outside failed\n",
+        "{err}"
+    );
+    assert_eq!(
+        allowed_seen.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "the allowed service saw the two requests the proxy let through"
+    );
+    assert_eq!(
+        denied_seen.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "nothing reached the service not on the list"
+    );
+    drop(m);
+
+    // Without a list: no proxy, no way out.
+    let m = members(&[]);
+    let (key, _) = sandbox(&m.a, &m.s, "closed");
+    let (code, out, _) = exec(
+        &m.a,
+        &m.s,
+        &key,
+        &format!(
+            "echo \"proxy=${{HTTPS_PROXY:-none}}\"; {}",
+            py("import socket; socket.create_connection((\"127.0.0.1\", 3128), 3)")
+        ),
+    );
+    assert_ne!(code, 0, "{out}");
+    assert!(out.starts_with("proxy=none\n"), "{out}");
+}

@@ -11,6 +11,7 @@
 mod engine;
 pub mod init;
 mod limits;
+pub mod proxy;
 mod seccomp;
 mod wire;
 
@@ -41,6 +42,9 @@ pub struct Options {
     pub tmp_bytes: u64,
     /// Who the processes of a sandbox the server's own user owns run as (never root).
     pub stand_in: Owner,
+    /// Where a sandbox without the host's network may go, through its proxy
+    /// ([`proxy`]); empty: nowhere.
+    pub allow: Vec<proxy::Allowed>,
 }
 
 impl Default for Options {
@@ -53,6 +57,7 @@ impl Default for Options {
                 uid: 65534,
                 gid: 65534,
             },
+            allow: Vec::new(),
         }
     }
 }
@@ -268,6 +273,11 @@ pub struct Jail {
     engine: Mutex<Option<(std::process::Child, Option<limits::Group>)>>,
     /// What bubblewrap binds from, until the init runs (a root server's).
     stage: Mutex<Option<engine::Stage>>,
+    /// Told the init's network namespace once it runs (then taken).
+    ready: Mutex<Option<std::sync::mpsc::SyncSender<Option<OwnedFd>>>>,
+    /// The sandbox's proxy, while it runs.
+    proxy: Mutex<Option<tokio::task::AbortHandle>>,
+    proxied: AtomicBool,
     procs: Mutex<HashMap<u64, Arc<Process>>>,
     kept: Arc<AtomicUsize>,
     ended: AtomicBool,
@@ -337,6 +347,7 @@ impl Jail {
                     }
                 })?;
         }
+        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
         let jail = Arc::new(Jail {
             key: key.to_string(),
             control: started.control,
@@ -344,6 +355,9 @@ impl Jail {
             limited: group.is_some(),
             engine: Mutex::new(Some((started.child, group))),
             stage: Mutex::new(started.stage),
+            ready: Mutex::new(Some(ready_tx)),
+            proxy: Mutex::new(None),
+            proxied: AtomicBool::new(false),
             procs: Mutex::new(HashMap::new()),
             kept: Arc::new(AtomicUsize::new(0)),
             ended: AtomicBool::new(false),
@@ -357,7 +371,34 @@ impl Jail {
         std::thread::Builder::new()
             .name("casfs-sandbox".into())
             .spawn(move || Self::read_events(reader, sock))?;
+        // Its init runs (or the sandbox failed to start).
+        let netns = match ready_rx.recv_timeout(START_WAIT) {
+            Ok(Some(ns)) => ns,
+            Ok(None) | Err(_) => {
+                jail.end();
+                return Err(io::Error::other(format!(
+                    "sandbox {key:?} did not start: {}",
+                    jail.why_ended()
+                )));
+            }
+        };
+        if opts.network == Network::None && !opts.allow.is_empty() {
+            match proxy::start(netns, opts.allow.clone().into(), key.to_string()) {
+                Ok(h) => {
+                    *lock(&jail.proxy) = Some(h);
+                    jail.proxied.store(true, Ordering::SeqCst);
+                }
+                // Without its proxy a sandbox reaches nothing: it goes on, closed.
+                Err(e) => tracing::warn!("sandbox {key}: no proxy, no network: {e}"),
+            }
+        }
         Ok(jail)
+    }
+
+    /// Whether the sandbox's processes have a proxy to the allow-list (at
+    /// `127.0.0.1:`[`proxy::PORT`]).
+    pub fn proxied(&self) -> bool {
+        self.proxied.load(Ordering::SeqCst)
     }
 
     /// Follows the init's events until its socket closes (or it says something
@@ -368,6 +409,13 @@ impl Jail {
             let got = wire::recv::<Event>(sock.as_fd(), &mut buf);
             let Some(j) = jail.upgrade() else { return };
             match got {
+                Ok(Some((Event::Ready, fds))) => {
+                    // The init runs: bubblewrap bound what was staged for it.
+                    lock(&j.stage).take();
+                    if let Some(tx) = lock(&j.ready).take() {
+                        let _ = tx.send(fds.into_iter().next());
+                    }
+                }
                 Ok(Some((ev, _))) => j.on_event(ev),
                 Ok(None) | Err(_) => {
                     j.end();
@@ -382,9 +430,8 @@ impl Jail {
     }
 
     fn on_event(&self, ev: Event) {
-        // The init runs: bubblewrap bound what was staged for it.
-        lock(&self.stage).take();
         match ev {
+            Event::Ready => {}
             Event::Started { id, pid } => {
                 if let Some(p) = self.process(id) {
                     p.update(|s| s.pid = Some(pid));
@@ -573,6 +620,12 @@ impl Jail {
         self.ended.store(true, Ordering::SeqCst);
         let _ = rustix::net::shutdown(&self.control, rustix::net::Shutdown::Both);
         lock(&self.stage).take();
+        if let Some(tx) = lock(&self.ready).take() {
+            let _ = tx.send(None);
+        }
+        if let Some(p) = lock(&self.proxy).take() {
+            p.abort();
+        }
         let Some((mut child, group)) = lock(&self.engine).take() else {
             return;
         };

@@ -36,6 +36,9 @@ pub enum Request {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "ev", rename_all = "snake_case")]
 pub enum Event {
+    /// The init runs (bubblewrap has made the sandbox); its network namespace comes
+    /// with this message.
+    Ready,
     Started {
         id: u64,
         pid: i32,

@@ -116,11 +116,25 @@ impl Start {
         }
     }
 
-    fn env(&self) -> Result<Vec<(String, String)>, ApiError> {
+    /// The process's environment: the base, the proxy's when the sandbox has one, then
+    /// the request's.
+    fn env(&self, proxied: bool) -> Result<Vec<(String, String)>, ApiError> {
         let mut env: std::collections::BTreeMap<String, String> = BASE_ENV
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
+        if proxied {
+            let url = format!(
+                "http://127.0.0.1:{}",
+                crate::middleware::isolate::proxy::PORT
+            );
+            for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+                env.insert(k.into(), url.clone());
+            }
+            for k in ["NO_PROXY", "no_proxy"] {
+                env.insert(k.into(), "localhost,127.0.0.1,::1".into());
+            }
+        }
         for (k, v) in &self.env {
             if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
                 return Err(invalid(format!("an environment variable {k:?}")));
@@ -197,8 +211,9 @@ async fn start(
     stdin: bool,
 ) -> Result<(Arc<Jail>, Arc<Process>), ApiError> {
     let argv = req.argv()?;
-    let env = req.env()?;
+    req.env(false)?;
     let jail = s.jail(who, key).await?;
+    let env = req.env(jail.proxied())?;
     let p = jail
         .spawn(argv, req.cwd(), env, stdin)
         .await
