@@ -201,12 +201,16 @@ export function casfsSandbox(options: CasfsSandboxOptions): SandboxProvider {
     // the workspace's root whatever its links say, and acts as the sandbox's owner.
     const rel = (p: string): string => path.relative(root, resolve(p))
     const readBytes = async (p: string): Promise<Uint8Array> => {
+      const answer = client.api.GET('/v1/sandboxes/{key}/fs/read', {
+        params: { path: { key }, query: { path: rel(p) } },
+        parseAs: 'arrayBuffer',
+      })
+      // An empty file is an empty body, which openapi-fetch answers as no data.
       const data = await client.call(
         `GET /v1/sandboxes/${key}/fs/read`,
-        client.api.GET('/v1/sandboxes/{key}/fs/read', {
-          params: { path: { key }, query: { path: rel(p) } },
-          parseAs: 'arrayBuffer',
-        }),
+        answer.then((r) =>
+          r.response.ok && r.data === undefined ? { ...r, data: new ArrayBuffer(0) } : r,
+        ),
       )
       return new Uint8Array(data as unknown as ArrayBuffer)
     }
