@@ -173,6 +173,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         }
         Command::NamespaceHolder => Ok(casfs::mount::namespace::run_holder()?),
         Command::SandboxInit => Ok(casfs::middleware::isolate::init::run()?),
+        Command::SandboxSpawn => Ok(casfs::middleware::isolate::spare_main()?),
         Command::Serve { .. } => super::serve::run(cli),
         Command::Completions { shell } => super::generate::completions(*shell),
         Command::ManPages { dir } => super::generate::man_pages(dir),

@@ -248,6 +248,11 @@ pub enum Command {
     #[command(hide = true)]
     SandboxInit,
 
+    /// A spare process `casfs serve` starts ahead of a sandbox, which becomes its
+    /// bubblewrap (talks to the server on descriptor 3)
+    #[command(hide = true)]
+    SandboxSpawn,
+
     /// Unmount a casfs mount
     Unmount {
         mountpoint: PathBuf,

@@ -19,10 +19,9 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
-use std::os::unix::process::CommandExt;
+use std::os::fd::{AsFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 
 use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
 
@@ -58,6 +57,8 @@ pub struct Started {
     pub child: Child,
     /// What bubblewrap binds from, until the sandbox's init runs (then dropped).
     pub stage: Option<Stage>,
+    /// Its control group (none where the server may make none).
+    pub group: Option<Group>,
     pub control: OwnedFd,
 }
 
@@ -248,7 +249,7 @@ fn high(fd: impl AsFd) -> io::Result<OwnedFd> {
 
 /// Starts bubblewrap for `spec`, in `group` when given; its init runs `casfs
 /// sandbox-init` from this very executable.
-pub fn start(spec: &Spec<'_>, group: Option<&Group>) -> io::Result<Started> {
+pub(super) fn start(spec: &Spec<'_>, spare: super::spare::Spare) -> io::Result<Started> {
     if spec.uid == 0 {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
@@ -354,66 +355,27 @@ pub fn start(spec: &Spec<'_>, group: Option<&Group>) -> io::Result<Started> {
     arg(&["--chdir", "/workspace", "--clearenv"]);
     arg(&["--", "/.casfs-init", "sandbox-init"]);
 
-    let mut cmd = Command::new(&bwrap);
-    cmd.args(&args)
-        .env_clear()
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let plan: Vec<(RawFd, RawFd)> = given.iter().map(|(f, n)| (f.as_raw_fd(), *n)).collect();
     assert!(
-        CONTROL_FD + (plan.len() as i32) < HIGH_FD,
+        CONTROL_FD + (given.len() as i32) < HIGH_FD,
         "a descriptor to give would be moved onto another"
     );
-    let first_free = (CONTROL_FD + plan.len() as i32) as u32;
-    let procs: Vec<RawFd> = group
-        .map(|g| g.procs().iter().map(|f| f.as_raw_fd()).collect())
-        .unwrap_or_default();
-    let switch = stage.is_some();
-    let (uid, gid) = (spec.uid, spec.gid);
-    let zero = CString::new("0").expect("no NUL");
-    // SAFETY: between fork and exec only async-signal-safe calls are made (write,
-    // dup2, close_range, setgroups, setgid, setuid), on memory prepared before the
-    // fork.
-    unsafe {
-        cmd.pre_exec(move || {
-            for &fd in &procs {
-                if libc::write(fd, zero.as_ptr().cast(), 1) != 1 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-            for &(from, to) in &plan {
-                if libc::dup2(from, to) < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-            // Nothing else of the server's reaches bubblewrap: closed at exec (the
-            // pipe that reports an error of this closure to the server stays usable).
-            const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
-            libc::syscall(
-                libc::SYS_close_range,
-                first_free,
-                u32::MAX,
-                CLOSE_RANGE_CLOEXEC,
-            );
-            // Only the sandbox's user: no group of root's, nor of anyone's.
-            if switch
-                && (libc::setgroups(0, std::ptr::null()) != 0
-                    || libc::setgid(gid) != 0
-                    || libc::setuid(uid) != 0)
-            {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let child = cmd
-        .spawn()
-        .map_err(|e| io::Error::new(e.kind(), format!("starting {}: {e}", bwrap.display())))?;
+    // The spare becomes bubblewrap: the descriptors at their numbers, nothing else of
+    // the server's, and (a root server's) only the sandbox's user, with no group of
+    // root's nor of anyone's.
+    let launch = super::spare::Launch {
+        bwrap: bwrap.to_string_lossy().into_owned(),
+        args,
+        user: stage.is_some().then_some((spec.uid, spec.gid)),
+        targets: given.iter().map(|(_, n)| *n).collect(),
+    };
+    let fds: Vec<_> = given.iter().map(|(f, _)| f.as_fd()).collect();
+    let (child, group) = spare.launch(&launch, &fds)?;
+    drop(fds);
     drop(given);
     Ok(Started {
         child,
         control: ours,
         stage,
+        group,
     })
 }

@@ -13,6 +13,7 @@ pub mod init;
 mod limits;
 pub mod proxy;
 mod seccomp;
+mod spare;
 mod wire;
 
 use std::collections::{HashMap, VecDeque};
@@ -29,6 +30,7 @@ use tokio::sync::{oneshot, Notify};
 
 pub use engine::{bwrap, Network};
 pub use limits::Limits;
+pub use spare::{end as end_spare, run as spare_main};
 
 use crate::fs::Owner;
 use wire::{Event, Request};
@@ -304,23 +306,27 @@ impl Jail {
         opts: &Options,
     ) -> io::Result<Arc<Jail>> {
         let who = if owner.uid == 0 { opts.stand_in } else { owner };
-        let group = if rustix::process::getuid().is_root() {
+        let t0 = std::time::Instant::now();
+        let limits = opts.limits;
+        let key_ = key.to_string();
+        let spare = spare::take(limits, move || {
+            if !rustix::process::getuid().is_root() {
+                return None;
+            }
             static N: AtomicU64 = AtomicU64::new(0);
             let name = format!(
                 "casfs/{}-{}",
                 std::process::id(),
                 N.fetch_add(1, Ordering::Relaxed)
             );
-            match limits::Group::make(&name, &opts.limits) {
+            match limits::Group::make(&name, &limits) {
                 Ok(g) => Some(g),
                 Err(e) => {
-                    tracing::warn!("sandbox {key}: no limits: {e}");
+                    tracing::warn!("sandbox {key_}: no limits: {e}");
                     None
                 }
             }
-        } else {
-            None
-        };
+        })?;
         let spec = engine::Spec {
             workspace,
             uid: who.uid,
@@ -328,7 +334,10 @@ impl Jail {
             network: opts.network,
             tmp_bytes: opts.tmp_bytes,
         };
-        let mut started = engine::start(&spec, group.as_ref())?;
+        let t_group = t0.elapsed();
+        let mut started = engine::start(&spec, spare)?;
+        let group = started.group.take();
+        let t_engine = t0.elapsed();
         let engine_err = Arc::new(Mutex::new(Vec::new()));
         if let Some(mut e) = started.child.stderr.take() {
             let keep = engine_err.clone();
@@ -382,6 +391,7 @@ impl Jail {
                 )));
             }
         };
+        let t_ready = t0.elapsed();
         if opts.network == Network::None && !opts.allow.is_empty() {
             match proxy::start(netns, opts.allow.clone().into(), key.to_string()) {
                 Ok(h) => {
@@ -392,6 +402,11 @@ impl Jail {
                 Err(e) => tracing::warn!("sandbox {key}: no proxy, no network: {e}"),
             }
         }
+        tracing::debug!(
+            "sandbox {key}: control group in {t_group:?}, bubblewrap started at {t_engine:?}, \
+             its init ready at {t_ready:?}, isolated in {:?}",
+            t0.elapsed()
+        );
         Ok(jail)
     }
 

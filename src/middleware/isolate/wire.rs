@@ -16,6 +16,9 @@ use serde::{Deserialize, Serialize};
 /// The largest message either side sends (a spawn's command, directory and environment).
 pub const MAX_MESSAGE: usize = 256 << 10;
 
+/// The most descriptors one message carries (a spare's: bubblewrap's every one).
+pub const MAX_FDS: usize = 16;
+
 /// From the server to the init.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -55,7 +58,7 @@ pub enum Event {
     },
 }
 
-/// Sends `msg` with `fds` (at most three), waiting for room.
+/// Sends `msg` with `fds` (at most [`MAX_FDS`]), waiting for room.
 pub fn send<T: Serialize>(sock: BorrowedFd<'_>, msg: &T, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     send_with(sock, msg, fds, SendFlags::NOSIGNAL)
 }
@@ -83,7 +86,7 @@ fn send_with<T: Serialize>(
             format!("a message of {} bytes (at most {MAX_MESSAGE})", bytes.len()),
         ));
     }
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(3))];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut cmsg = SendAncillaryBuffer::new(&mut space);
     if !fds.is_empty() && !cmsg.push(SendAncillaryMessage::ScmRights(fds)) {
         return Err(io::Error::new(
@@ -107,7 +110,7 @@ pub fn recv<T: for<'de> Deserialize<'de>>(
     buf: &mut Vec<u8>,
 ) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
     buf.resize(MAX_MESSAGE, 0);
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(3))];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut cmsg = RecvAncillaryBuffer::new(&mut space);
     let n = loop {
         match recvmsg(

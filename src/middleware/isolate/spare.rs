@@ -1,0 +1,273 @@
+//! A process started ahead of the sandbox that will need it (`casfs sandbox-spawn`),
+//! already in a control group of its own, waiting to become that sandbox's bubblewrap.
+//!
+//! Moving a process into a control group on a cgroup v1 host costs a grace period of
+//! RCU per hierarchy (measured here: 6 to 20 ms each, four hierarchies), and it must
+//! happen before bubblewrap forks. A spare pays it while no one waits: a sandbox's
+//! start takes the spare (when its limits are the server's current ones) and a new
+//! one is made in the background. The spare holds nothing but its socket to the
+//! server; when the server goes, the socket closes and the spare exits.
+//!
+//! The spare receives bubblewrap's arguments, its user and the descriptors it is to
+//! have at their numbers (`SCM_RIGHTS`), puts them there, closes everything else at
+//! exec, becomes the sandbox's user and execs bubblewrap: the same process, so the
+//! server's `Child` of it is bubblewrap's. Its socket closes at that exec: the server
+//! reads the end of it as the exec done, and a message as why it failed.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
+use serde::{Deserialize, Serialize};
+
+use super::limits::{Group, Limits};
+use super::wire;
+
+/// The descriptor a spare has its socket at when it starts.
+const SPARE_FD: RawFd = 3;
+
+/// Where the spare keeps what it receives before it moves each to its number.
+const HIGH_FD: RawFd = 64;
+
+/// What a spare is asked to become.
+#[derive(Serialize, Deserialize)]
+pub(super) struct Launch {
+    pub bwrap: String,
+    pub args: Vec<String>,
+    /// Become this user (a root server's spare), with no supplementary group.
+    pub user: Option<(u32, u32)>,
+    /// The number each descriptor that comes with the message gets, in order.
+    pub targets: Vec<RawFd>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Failed {
+    error: String,
+}
+
+/// A spare process and its control group.
+pub(super) struct Spare {
+    pub child: Child,
+    sock: OwnedFd,
+    pub group: Option<Group>,
+}
+
+impl Spare {
+    /// Starts one in `group` (joined before it runs).
+    pub fn start(group: Option<Group>) -> io::Result<Spare> {
+        let (ours, theirs) = socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )?;
+        let theirs = rustix::io::fcntl_dupfd_cloexec(&theirs, HIGH_FD)?;
+        let theirs_fd = theirs.as_raw_fd();
+        let procs: Vec<RawFd> = group
+            .as_ref()
+            .map(|g| g.procs().iter().map(|f| f.as_raw_fd()).collect())
+            .unwrap_or_default();
+        let zero = c"0";
+        let mut cmd = Command::new("/proc/self/exe");
+        cmd.arg("sandbox-spawn")
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        // SAFETY: between fork and exec only async-signal-safe calls are made (write,
+        // dup2, close_range), on memory prepared before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                for &fd in &procs {
+                    if libc::write(fd, zero.as_ptr().cast(), 1) != 1 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                if libc::dup2(theirs_fd, SPARE_FD) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                // Nothing else of the server's reaches it: closed at exec (the pipe
+                // that reports an error of this closure stays usable until then).
+                const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+                libc::syscall(
+                    libc::SYS_close_range,
+                    (SPARE_FD + 1) as u32,
+                    u32::MAX,
+                    CLOSE_RANGE_CLOEXEC,
+                );
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| io::Error::new(e.kind(), format!("starting a spare sandbox: {e}")))?;
+        drop(theirs);
+        Ok(Spare {
+            child,
+            sock: ours,
+            group,
+        })
+    }
+
+    /// Makes it bubblewrap as `launch` says, with `fds`: its `Child` and group.
+    pub fn launch(
+        mut self,
+        launch: &Launch,
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> io::Result<(Child, Option<Group>)> {
+        let failed = |e: io::Error, mut child: Child| {
+            let _ = child.kill();
+            let _ = child.wait();
+            e
+        };
+        if let Err(e) = wire::send(self.sock.as_fd(), launch, fds) {
+            return Err(failed(e, self.child));
+        }
+        let mut buf = Vec::new();
+        match wire::recv::<Failed>(self.sock.as_fd(), &mut buf) {
+            // Its socket closed at the exec (or it died: then it has exited).
+            Ok(None) => match self.child.try_wait() {
+                Ok(Some(st)) => Err(io::Error::other(format!("bubblewrap ended at once ({st})"))),
+                _ => Ok((self.child, self.group.take())),
+            },
+            Ok(Some((f, _))) => Err(failed(
+                io::Error::other(format!("starting bubblewrap: {}", f.error)),
+                self.child,
+            )),
+            Err(e) => Err(failed(e, self.child)),
+        }
+    }
+}
+
+/// The spare kept for the next sandbox, with the limits its group has.
+static KEPT: Mutex<Option<(Limits, Spare)>> = Mutex::new(None);
+/// Whether one is being made.
+static MAKING: AtomicBool = AtomicBool::new(false);
+
+/// A spare for a sandbox with `limits`: the one kept if its limits are these, else one
+/// started now (`group` makes its control group). Either way a new one is made for the
+/// next sandbox in the background.
+pub(super) fn take(
+    limits: Limits,
+    group: impl Fn() -> Option<Group> + Send + Sync + Clone + 'static,
+) -> io::Result<Spare> {
+    let kept = KEPT
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+        .filter(|(l, _)| *l == limits)
+        .map(|(_, s)| s);
+    let spare = match kept {
+        Some(s) => s,
+        None => Spare::start(group())?,
+    };
+    if !MAKING.swap(true, Ordering::SeqCst) {
+        let made = std::thread::Builder::new()
+            .name("casfs-spare".into())
+            .spawn(move || {
+                match Spare::start(group()) {
+                    Ok(s) => {
+                        let old = KEPT
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .replace((limits, s));
+                        drop(old);
+                    }
+                    Err(e) => tracing::warn!("no spare sandbox: {e}"),
+                }
+                MAKING.store(false, Ordering::SeqCst);
+            });
+        if made.is_err() {
+            MAKING.store(false, Ordering::SeqCst);
+        }
+    }
+    Ok(spare)
+}
+
+/// Ends the kept spare (the server stops).
+pub fn end() {
+    let kept = KEPT.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let Some((_, mut s)) = kept {
+        let _ = rustix::net::shutdown(&s.sock, rustix::net::Shutdown::Both);
+        let _ = s.child.wait();
+    }
+}
+
+/// `casfs sandbox-spawn`: waits for the server's [`Launch`], then becomes bubblewrap.
+/// Returns when the server went away first.
+pub fn run() -> io::Result<()> {
+    // SAFETY: the socket the server put at SPARE_FD is this process's from here on.
+    let first = unsafe { OwnedFd::from_raw_fd(SPARE_FD) };
+    // Out of the way of the numbers it is to give.
+    let sock = rustix::io::fcntl_dupfd_cloexec(&first, HIGH_FD * 2)?;
+    drop(first);
+    let mut buf = Vec::new();
+    let Some((launch, fds)) = wire::recv::<Launch>(sock.as_fd(), &mut buf)? else {
+        return Ok(());
+    };
+    let e = become_bwrap(&launch, fds);
+    wire::send(
+        sock.as_fd(),
+        &Failed {
+            error: e.to_string(),
+        },
+        &[],
+    )?;
+    Err(e)
+}
+
+/// Puts `fds` at their numbers and execs bubblewrap; returns only what failed.
+fn become_bwrap(launch: &Launch, fds: Vec<OwnedFd>) -> io::Error {
+    if fds.len() != launch.targets.len()
+        || launch.targets.iter().any(|&t| !(3..HIGH_FD).contains(&t))
+    {
+        return io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "descriptors and their numbers differ",
+        );
+    }
+    let mut high = Vec::with_capacity(fds.len());
+    for f in &fds {
+        match rustix::io::fcntl_dupfd_cloexec(f, HIGH_FD) {
+            Ok(h) => high.push(h),
+            Err(e) => return e.into(),
+        }
+    }
+    drop(fds);
+    for (f, &to) in high.iter().zip(&launch.targets) {
+        // SAFETY: dup2 onto a number this process gives away; the copy is not CLOEXEC.
+        if unsafe { libc::dup2(f.as_raw_fd(), to) } < 0 {
+            return io::Error::last_os_error();
+        }
+    }
+    drop(high);
+    let first_free = launch.targets.iter().max().map_or(3, |m| m + 1);
+    // SAFETY: marks descriptors this process no longer needs close-on-exec.
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first_free as u32,
+            u32::MAX,
+            1u32 << 2,
+        )
+    };
+    if let Some((uid, gid)) = launch.user {
+        // SAFETY: plain system calls of a single-threaded process.
+        let switched = unsafe {
+            libc::setgroups(0, std::ptr::null()) == 0
+                && libc::setgid(gid) == 0
+                && libc::setuid(uid) == 0
+        };
+        if !switched {
+            return io::Error::last_os_error();
+        }
+    }
+    Command::new(&launch.bwrap)
+        .args(&launch.args)
+        .env_clear()
+        .exec()
+}
