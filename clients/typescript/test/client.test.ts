@@ -2,7 +2,6 @@
 // CasfsError with the server's kind, and the example run end to end.
 import { execFile } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
-import { createServer } from 'node:net'
 import { existsSync } from 'node:fs'
 import { join, resolve } from 'node:path'
 import { promisify } from 'node:util'
@@ -10,22 +9,11 @@ import { promisify } from 'node:util'
 import { afterAll, beforeAll, describe, expect, test } from 'vitest'
 
 import { CasfsCheckpointStore, CasfsError, connect } from '../src/index.js'
-import { casfsBin, serve } from './helpers.js'
+import { casfsBin, freePort, serve } from './helpers.js'
 
 const run = promisify(execFile)
 
 /** A free loopback port. */
-async function freePort(): Promise<number> {
-  return new Promise((ok, fail) => {
-    const srv = createServer()
-    srv.once('error', fail)
-    srv.listen(0, '127.0.0.1', () => {
-      const a = srv.address()
-      srv.close(() => ok(typeof a === 'object' && a ? a.port : 0))
-    })
-  })
-}
-
 describe('client', () => {
   let s: Awaited<ReturnType<typeof serve>>
   beforeAll(async () => {

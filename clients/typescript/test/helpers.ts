@@ -1,4 +1,5 @@
 import { existsSync, mkdtempSync, rmSync } from 'node:fs'
+import { createServer } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join, resolve } from 'node:path'
 
@@ -62,4 +63,16 @@ export async function codeOf(p: Promise<unknown>): Promise<string> {
     return x.code ?? x.kind ?? String(e)
   }
   throw new Error('expected a rejection')
+}
+
+/** A TCP port of 127.0.0.1 free right now. */
+export async function freePort(): Promise<number> {
+  return new Promise((ok, fail) => {
+    const srv = createServer()
+    srv.once('error', fail)
+    srv.listen(0, '127.0.0.1', () => {
+      const a = srv.address()
+      srv.close(() => ok(typeof a === 'object' && a ? a.port : 0))
+    })
+  })
 }

@@ -5,6 +5,7 @@
 // a casfs checkpoint, a restore and a fork are new mounts of one. Processes run
 // isolated through the server by default; `isolation: 'none'` runs them on this host.
 import { execFileSync } from 'node:child_process'
+import { randomBytes } from 'node:crypto'
 import { existsSync, mkdtempSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -18,7 +19,7 @@ import {
   type SandboxHandle,
   type SandboxProvider,
 } from '../src/index.js'
-import { serve, sleep } from './helpers.js'
+import { freePort, serve, sleep } from './helpers.js'
 
 let s: Awaited<ReturnType<typeof serve>>
 let provider: SandboxProvider
@@ -376,5 +377,36 @@ describe("isolation: 'none'", () => {
     expect(() =>
       casfsSandbox({ client: s.client, isolation: 'docker' as unknown as 'none' }),
     ).toThrow(/isolation docker/)
+  })
+})
+
+describe('an agent host on another machine (loopback TCP with a token stands in)', () => {
+  test('processes, files and snapshots go through the server alone', async () => {
+    const port = await freePort()
+    const tcp = await serve({ listen: { port, token: randomBytes(24).toString('hex') } })
+    try {
+      const remote = casfsSandbox({ client: tcp.client })
+      const h = (await remote.create({ id: 'remote', env: { FROM: 'remote' } })) as CasfsSandboxHandle
+      await h.fs.write('/workspace/in.txt', 'written remotely\n')
+      const r = await h.process.exec('cat in.txt; echo "$FROM"; echo made > out.txt; id -u')
+      expect(r.exitCode).toBe(0)
+      const [a, b, uid] = r.stdout.trim().split('\n')
+      expect([a, b]).toEqual(['written remotely', 'remote'])
+      expect(uid).not.toBe('0')
+      expect(await h.fs.read('/workspace/out.txt')).toBe('made\n')
+      const p = await h.process.spawn('read x; echo "got $x"')
+      await p.stdin.write('it\n')
+      let out = ''
+      for await (const c of p.stdout) out += c
+      expect(out).toBe('got it\n')
+      expect(await p.wait()).toBe(0)
+      const snap = await h.snapshot!('remote')
+      const back = (await remote.restoreSnapshot!({ snapshotId: snap.id })) as CasfsSandboxHandle
+      expect((await back.process.exec('cat out.txt')).stdout).toBe('made\n')
+      await back.destroy()
+      await h.destroy()
+    } finally {
+      await tcp.cleanup()
+    }
   })
 })
