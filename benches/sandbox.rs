@@ -202,7 +202,7 @@ fn main() {
     res.param("mode", &mode);
     let docker = docker::version();
     match &docker {
-        Some(v) => res.note(&format!(
+        Some(v) => res.note(format!(
             "docker: Docker Engine {v} (Engine API on /var/run/docker.sock)"
         )),
         None => res.note(
@@ -475,7 +475,7 @@ mod docker {
             .status()
             .unwrap();
         assert!(st.success());
-        let tar = Command::new("tar")
+        let mut tar = Command::new("tar")
             .arg("-C")
             .arg(&root)
             .args(["-c", "."])
@@ -484,10 +484,11 @@ mod docker {
             .unwrap();
         let st = Command::new("docker")
             .args(["import", "-", name])
-            .stdin(tar.stdout.unwrap())
+            .stdin(tar.stdout.take().unwrap())
             .stdout(Stdio::null())
             .status()
             .unwrap();
+        assert!(tar.wait().unwrap().success(), "tar of Docker's image");
         assert!(st.success(), "docker import");
         let _ = std::fs::remove_dir_all(&root);
     }
