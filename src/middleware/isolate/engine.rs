@@ -99,20 +99,24 @@ const ETC: &[&str] = &[
 ];
 
 /// Where a root server stages what bubblewrap binds: a directory of root's that every
-/// user passes (and none but root writes).
+/// user may pass but not list (0711), and none but root writes.
 const STAGE_ROOT: &str = "/run/casfs-stage";
 
 /// Copies of a sandbox's workspace mount and of the casfs executable, attached under
-/// [`STAGE_ROOT`] for bubblewrap to bind by path (as the sandbox's user). Dropped once
-/// the sandbox's init runs (bubblewrap has its own copies by then): detached and
-/// removed. What a server that died left there is swept by the next one's stage.
+/// [`STAGE_ROOT`] for bubblewrap to bind by path (as the sandbox's user), in a
+/// directory that is a gate only that user passes (0700, root's, an ACL entry for the
+/// user; [`crate::fs::gate_directory`]): the copy of the workspace is not behind the
+/// sandbox's own gate, so no one else may reach it, even for the moment it is there.
+/// Dropped once the sandbox's init runs (bubblewrap has its own copies by then):
+/// detached and removed. What a server that died left there is swept by the next
+/// one's stage.
 pub struct Stage {
     root: OwnedFd,
     name: String,
 }
 
 impl Stage {
-    fn make(ws: &OwnedFd, exe: &OwnedFd) -> io::Result<Stage> {
+    fn make(ws: &OwnedFd, exe: &OwnedFd, uid: u32) -> io::Result<Stage> {
         use rustix::fs::{mkdirat, openat, Mode, OFlags, CWD};
         use rustix::mount::{move_mount, open_tree, MoveMountFlags, OpenTreeFlags};
         static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -122,7 +126,7 @@ impl Stage {
                 format!("staging a sandbox's {what} under {STAGE_ROOT}: {e}"),
             )
         };
-        match mkdirat(CWD, STAGE_ROOT, Mode::from_raw_mode(0o755)) {
+        match mkdirat(CWD, STAGE_ROOT, Mode::from_raw_mode(0o711)) {
             Ok(()) | Err(rustix::io::Errno::EXIST) => {}
             Err(e) => return Err(named("directory", e)),
         }
@@ -140,13 +144,18 @@ impl Stage {
                 format!("{STAGE_ROOT} is not root's alone: refused as a stage"),
             ));
         }
+        // Passed, never listed.
+        if st.st_mode & 0o777 != 0o711 {
+            rustix::fs::fchmod(&root, Mode::from_raw_mode(0o711))
+                .map_err(|e| named("directory", e))?;
+        }
         Self::sweep(&root);
         let name = format!(
             "{}-{}",
             std::process::id(),
             N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         );
-        mkdirat(&root, name.as_str(), Mode::from_raw_mode(0o755))
+        mkdirat(&root, name.as_str(), Mode::from_raw_mode(0o700))
             .map_err(|e| named("directory", e))?;
         let stage = Stage { root, name };
         let dir = openat(
@@ -156,6 +165,12 @@ impl Stage {
             Mode::empty(),
         )
         .map_err(|e| named("directory", e))?;
+        crate::fs::gate_directory(dir.as_fd(), Some(uid)).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("the gate of a sandbox's stage under {STAGE_ROOT}: {e}"),
+            )
+        })?;
         mkdirat(&dir, "workspace", Mode::from_raw_mode(0o755))
             .map_err(|e| named("workspace", e))?;
         drop(
@@ -333,7 +348,7 @@ pub(super) fn start(spec: &Spec<'_>, spare: super::spare::Spare) -> io::Result<S
     // path, as that user): copies of the workspace's mount and of the init are staged
     // where that user passes ([`Stage`]) until the sandbox's init runs.
     let stage = if rustix::process::getuid().is_root() {
-        let st = Stage::make(&ws, &OwnedFd::from(exe))?;
+        let st = Stage::make(&ws, &OwnedFd::from(exe), spec.uid)?;
         arg(&["--bind", &st.path("workspace"), "/workspace"]);
         arg(&["--ro-bind", &st.path("init"), "/.casfs-init"]);
         drop(ws);
@@ -378,4 +393,51 @@ pub(super) fn start(spec: &Spec<'_>, spare: super::spare::Spare) -> io::Result<S
         stage,
         group,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    /// The copy of a workspace staged for bubblewrap is behind a gate of its own that
+    /// only the sandbox's user passes; the stages' directory is passed, never listed;
+    /// a dropped stage leaves nothing.
+    #[test]
+    fn a_stage_is_a_gate_only_its_user_passes() {
+        if !rustix::process::getuid().is_root() {
+            eprintln!("skipped: a stage is a root server's");
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("secret.txt"), "theirs").unwrap();
+        let ws = crate::checkpoint::dirfd::open_dir_path(t.path()).unwrap();
+        let exe = OwnedFd::from(std::fs::File::open("/proc/self/exe").unwrap());
+        let stage = Stage::make(&ws, &exe, 4242).unwrap();
+        let root = std::fs::metadata(STAGE_ROOT).unwrap();
+        assert_eq!((root.uid(), root.mode() & 0o777), (0, 0o711));
+        let dir = Path::new(STAGE_ROOT).join(&stage.name);
+        let gate = std::fs::metadata(&dir).unwrap();
+        // 0700 and the ACL, whose mask (`--x`) shows as the group's bits.
+        assert_eq!((gate.uid(), gate.mode() & 0o777), (0, 0o710));
+        let acl = std::process::Command::new("getfacl")
+            .args(["-n", "-p"])
+            .arg(&dir)
+            .output()
+            .unwrap();
+        let acl = String::from_utf8_lossy(&acl.stdout);
+        assert!(acl.contains("user:4242:--x"), "{acl}");
+        assert!(
+            !acl.lines()
+                .any(|l| l.starts_with("other::") && l != "other::---"),
+            "{acl}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(Path::new(&stage.path("workspace")).join("secret.txt"))
+                .unwrap(),
+            "theirs"
+        );
+        drop(stage);
+        assert!(!dir.exists(), "a dropped stage is removed");
+    }
 }
