@@ -101,7 +101,8 @@ install -m0755 packaging/deb/postinst packaging/deb/prerm packaging/deb/postrm "
 install -D -m0644 packaging/deb/lintian-overrides "$root/usr/share/lintian/overrides/casfs"
 
 # Depends: the shared libraries the binary links (librocksdb, libstdc++, libc, ...) as
-# dpkg-shlibdeps finds their packages, and fuse3 for fusermount3.
+# dpkg-shlibdeps finds their packages, fuse3 for fusermount3, and bubblewrap, which
+# isolates a sandbox's processes.
 mkdir -p "$work/src/debian"
 printf 'Source: casfs\nMaintainer: %s\n\nPackage: casfs\nArchitecture: any\n' "$maint" \
   > "$work/src/debian/control"
@@ -115,7 +116,7 @@ Version: $debv
 Architecture: $arch
 Maintainer: $maint
 Installed-Size: $(installed_size "$root")
-Depends: $shlibs, fuse3
+Depends: $shlibs, fuse3, bubblewrap
 Section: admin
 Priority: optional
 Description: content-addressed workspace filesystem for agent sandboxes
@@ -162,6 +163,6 @@ dpkg-deb --root-owner-group -Zxz --build "$root" "$deb" >/dev/null
 dpkg-deb --root-owner-group -Zxz --build "$dbg" "$dbgdeb" >/dev/null
 say "binary: $(stat -c %s "$built") bytes as built (profile dist), $(stat -c %s "$bin") shipped," \
   "$(stat -c %s "$debug_file") of debug info in casfs-dbgsym"
-say "Depends: $shlibs, fuse3"
+say "Depends: $shlibs, fuse3, bubblewrap"
 echo "$deb"
 echo "$dbgdeb"

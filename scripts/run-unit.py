@@ -412,6 +412,8 @@ def check(unit, state):
     if not traces:
         die("no trace: start with --trace")
     calls, families, devices, problems = {}, set(), set(), []
+    restrict_ns = last(svc, "RestrictNamespaces") == "yes"
+    mdwe = last(svc, "MemoryDenyWriteExecute") == "yes"
     for t in traces:
         for line in open(os.path.join(state, t), errors="replace"):
             m = TRACE_LINE.match(line)
@@ -427,15 +429,15 @@ def check(unit, state):
                 pm = re.search(r'"(/dev/[^"]*)"', rest)
                 if pm and "= -1" not in rest:
                     devices.add(pm.group(1))
-            if name in ("unshare", "setns") and "= -1" not in rest:
+            if restrict_ns and name in ("unshare", "setns") and "= -1" not in rest:
                 problems.append(f"RestrictNamespaces=: {line.strip()}")
-            if name in ("clone", "clone3") and "CLONE_NEW" in rest:
+            if restrict_ns and name in ("clone", "clone3") and "CLONE_NEW" in rest:
                 problems.append(f"RestrictNamespaces=: {line.strip()}")
             if name in ("sched_setscheduler", "sched_setattr") and re.search(r"SCHED_(FIFO|RR|DEADLINE)", rest):
                 problems.append(f"RestrictRealtime=: {line.strip()}")
             if name == "personality" and not re.match(r"\(0xffffffff\)", rest):
                 problems.append(f"LockPersonality=: {line.strip()}")
-            if name in ("mmap", "mprotect", "pkey_mprotect"):
+            if mdwe and name in ("mmap", "mprotect", "pkey_mprotect"):
                 w, x = "PROT_WRITE" in rest, "PROT_EXEC" in rest
                 if (name == "mmap" and w and x) or (name != "mmap" and x):
                     problems.append(f"MemoryDenyWriteExecute=: {line.strip()}")

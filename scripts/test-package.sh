@@ -203,6 +203,29 @@ checkpoints() {
 before="$(checkpoints)"
 [ "$(echo "$before" | wc -l)" = 3 ] || fail "expected 3 checkpoints, found: $before"
 
+step "a sandbox's processes under the unit: isolated, as $user and as root's stand-in"
+# exec_in USER KEY COMMAND: the exec's answer; fails unless it exited 0.
+exec_in() {
+  local body
+  body="$(python3 -c 'import json,sys; print(json.dumps({"command": sys.argv[1]}))' "$3")"
+  local out
+  out="$(api "$1" POST "/v1/sandboxes/$2/exec" "$body")"
+  [ "$(echo "$out" | json 'v["exit_code"]')" = 0 ] || fail "exec in $2 as $1: $out"
+  echo "$out" | json 'v["stdout"]'
+}
+# Its own user, a workspace it writes, no root-only file, no network but loopback.
+probe='id -u && echo made > made.txt && test ! -r /etc/shadow && ! ls /var/lib/casfs 2>/dev/null && grep -c : /proc/net/dev'
+x="$(api "$user" POST /v1/sandboxes '{"thread": "pkg-x"}')"
+key="$(echo "$x" | json 'v["key"]')"
+got="$(exec_in "$user" "$key" "$probe")"
+[ "$got" = "$(printf '%s\n1' "$(id -u "$user")")" ] || fail "a process in $user's sandbox said: $got"
+[ "$(stat -c %U "$(echo "$x" | json 'v["path"]')/made.txt")" = "$user" ] || fail "made.txt is not $user's"
+rkey="$(api root POST /v1/sandboxes '{"thread": "pkg-root"}' | json 'v["key"]')"
+got="$(exec_in root "$rkey" "$probe")"
+[ "$got" = "$(printf '%s\n1' "$(id -u nobody)")" ] || fail "a process in root's sandbox said: $got"
+api "$user" DELETE "/v1/sandboxes/$key" >/dev/null
+api root DELETE "/v1/sandboxes/$rkey" >/dev/null
+
 step "the npm package, from an empty project, against the service"
 answer="$(scripts/test-npm-package.sh "$sock" "$user")"
 echo "$answer" | json 'v["ok"] is True and "pkg-a" in v["threads"] and "pkg-b" in v["threads"]' | grep -qx True ||
