@@ -686,6 +686,9 @@ impl Drop for Jail {
 #[derive(Default)]
 pub struct Jails {
     map: Mutex<HashMap<String, Arc<Jail>>>,
+    /// One start at a time per key (a start waits for its sandbox's init, which its own
+    /// processes could stall: it never holds `map`, which every request reads).
+    starting: Mutex<HashMap<String, Arc<Mutex<()>>>>,
 }
 
 impl Jails {
@@ -697,18 +700,34 @@ impl Jails {
         instance: usize,
         start: impl FnOnce() -> io::Result<Arc<Jail>>,
     ) -> io::Result<Arc<Jail>> {
-        let mut map = lock(&self.map);
-        if let Some(j) = map
-            .get(key)
-            .filter(|j| !j.ended() && j.instance() == instance)
+        let cell = lock(&self.starting)
+            .entry(key.to_string())
+            .or_default()
+            .clone();
+        let started = {
+            let _one = lock(&cell);
+            let live = lock(&self.map)
+                .get(key)
+                .filter(|j| !j.ended() && j.instance() == instance)
+                .cloned();
+            match live {
+                Some(j) => Ok((j, None)),
+                // A sandbox destroyed meanwhile is the caller's to find out (its
+                // instance is gone): it ends this one then.
+                None => start().map(|j| {
+                    let old = lock(&self.map).insert(key.to_string(), j.clone());
+                    (j, old)
+                }),
+            }
+        };
         {
-            return Ok(j.clone());
+            let mut starting = lock(&self.starting);
+            if Arc::strong_count(&cell) == 2 {
+                starting.remove(key);
+            }
         }
-        let old = map.remove(key);
-        let j = start()?;
-        map.insert(key.to_string(), j.clone());
-        drop(map);
-        if let Some(old) = old {
+        let (j, old) = started?;
+        if let Some(old) = old.filter(|o| !Arc::ptr_eq(o, &j)) {
             old.end();
         }
         Ok(j)

@@ -33,6 +33,9 @@ const SPARE_FD: RawFd = 3;
 /// Where the spare keeps what it receives before it moves each to its number.
 const HIGH_FD: RawFd = 64;
 
+/// How long a spare may take to exec bubblewrap.
+const LAUNCH_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What a spare is asked to become.
 #[derive(Serialize, Deserialize)]
 pub(super) struct Launch {
@@ -51,9 +54,10 @@ struct Failed {
 
 /// A spare process and its control group.
 pub(super) struct Spare {
-    pub child: Child,
+    /// Until it is launched (or ended).
+    child: Option<Child>,
     sock: OwnedFd,
-    pub group: Option<Group>,
+    group: Option<Group>,
 }
 
 impl Spare {
@@ -93,12 +97,15 @@ impl Spare {
                 // Nothing else of the server's reaches it: closed at exec (the pipe
                 // that reports an error of this closure stays usable until then).
                 const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
-                libc::syscall(
+                if libc::syscall(
                     libc::SYS_close_range,
                     (SPARE_FD + 1) as u32,
                     u32::MAX,
                     CLOSE_RANGE_CLOEXEC,
-                );
+                ) != 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
                 Ok(())
             });
         }
@@ -107,7 +114,7 @@ impl Spare {
             .map_err(|e| io::Error::new(e.kind(), format!("starting a spare sandbox: {e}")))?;
         drop(theirs);
         Ok(Spare {
-            child,
+            child: Some(child),
             sock: ours,
             group,
         })
@@ -119,26 +126,62 @@ impl Spare {
         launch: &Launch,
         fds: &[std::os::fd::BorrowedFd<'_>],
     ) -> io::Result<(Child, Option<Group>)> {
+        let Some(mut child) = self.child.take() else {
+            return Err(io::Error::other("a spare launched twice"));
+        };
         let failed = |e: io::Error, mut child: Child| {
             let _ = child.kill();
             let _ = child.wait();
             e
         };
+        if launch.user.is_some_and(|(uid, gid)| uid == 0 || gid == 0) {
+            return Err(failed(
+                io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    "a sandbox's processes are never root's, nor of group 0",
+                ),
+                child,
+            ));
+        }
+        // A spare stopped on its way (its user's processes may signal it once it is
+        // theirs) does not stall the start for longer than this.
+        let _ = rustix::net::sockopt::set_socket_timeout(
+            &self.sock,
+            rustix::net::sockopt::Timeout::Recv,
+            Some(LAUNCH_WAIT),
+        );
         if let Err(e) = wire::send(self.sock.as_fd(), launch, fds) {
-            return Err(failed(e, self.child));
+            return Err(failed(e, child));
         }
         let mut buf = Vec::new();
         match wire::recv::<Failed>(self.sock.as_fd(), &mut buf) {
             // Its socket closed at the exec (or it died: then it has exited).
-            Ok(None) => match self.child.try_wait() {
+            Ok(None) => match child.try_wait() {
                 Ok(Some(st)) => Err(io::Error::other(format!("bubblewrap ended at once ({st})"))),
-                _ => Ok((self.child, self.group.take())),
+                _ => Ok((child, self.group.take())),
             },
             Ok(Some((f, _))) => Err(failed(
                 io::Error::other(format!("starting bubblewrap: {}", f.error)),
-                self.child,
+                child,
             )),
-            Err(e) => Err(failed(e, self.child)),
+            Err(e) => Err(failed(e, child)),
+        }
+    }
+
+    /// Whether it still waits to be launched.
+    fn alive(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+}
+
+impl Drop for Spare {
+    /// An unlaunched spare is ended and reaped before its group goes.
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
         }
     }
 }
@@ -147,6 +190,8 @@ impl Spare {
 static KEPT: Mutex<Option<(Limits, Spare)>> = Mutex::new(None);
 /// Whether one is being made.
 static MAKING: AtomicBool = AtomicBool::new(false);
+/// The server stops: no more spares are kept.
+static STOPPED: AtomicBool = AtomicBool::new(false);
 
 /// A spare for a sandbox with `limits`: the one kept if its limits are these, else one
 /// started now (`group` makes its control group). Either way a new one is made for the
@@ -155,12 +200,12 @@ pub(super) fn take(
     limits: Limits,
     group: impl Fn() -> Option<Group> + Send + Sync + Clone + 'static,
 ) -> io::Result<Spare> {
-    let kept = KEPT
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .take()
+    let kept = KEPT.lock().unwrap_or_else(|p| p.into_inner()).take();
+    // One of other limits, or one that died, is ended (outside the lock).
+    let kept = kept
         .filter(|(l, _)| *l == limits)
-        .map(|(_, s)| s);
+        .map(|(_, s)| s)
+        .and_then(|mut s| s.alive().then_some(s));
     let spare = match kept {
         Some(s) => s,
         None => Spare::start(group())?,
@@ -170,13 +215,14 @@ pub(super) fn take(
             .name("casfs-spare".into())
             .spawn(move || {
                 match Spare::start(group()) {
-                    Ok(s) => {
+                    Ok(s) if !STOPPED.load(Ordering::SeqCst) => {
                         let old = KEPT
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
                             .replace((limits, s));
                         drop(old);
                     }
+                    Ok(s) => drop(s),
                     Err(e) => tracing::warn!("no spare sandbox: {e}"),
                 }
                 MAKING.store(false, Ordering::SeqCst);
@@ -190,11 +236,13 @@ pub(super) fn take(
 
 /// Ends the kept spare (the server stops).
 pub fn end() {
-    let kept = KEPT.lock().unwrap_or_else(|p| p.into_inner()).take();
-    if let Some((_, mut s)) = kept {
-        let _ = rustix::net::shutdown(&s.sock, rustix::net::Shutdown::Both);
-        let _ = s.child.wait();
+    STOPPED.store(true, Ordering::SeqCst);
+    // One being made is ended by its maker.
+    while MAKING.load(Ordering::SeqCst) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
     }
+    let kept = KEPT.lock().unwrap_or_else(|p| p.into_inner()).take();
+    drop(kept);
 }
 
 /// `casfs sandbox-spawn`: waits for the server's [`Launch`], then becomes bubblewrap.
@@ -247,23 +295,33 @@ fn become_bwrap(launch: &Launch, fds: Vec<OwnedFd>) -> io::Error {
     drop(high);
     let first_free = launch.targets.iter().max().map_or(3, |m| m + 1);
     // SAFETY: marks descriptors this process no longer needs close-on-exec.
-    unsafe {
+    if unsafe {
         libc::syscall(
             libc::SYS_close_range,
             first_free as u32,
             u32::MAX,
             1u32 << 2,
         )
-    };
+    } != 0
+    {
+        return io::Error::last_os_error();
+    }
     if let Some((uid, gid)) = launch.user {
+        if uid == 0 || gid == 0 {
+            return io::Error::new(io::ErrorKind::PermissionDenied, "never root, nor group 0");
+        }
         // SAFETY: plain system calls of a single-threaded process.
         let switched = unsafe {
             libc::setgroups(0, std::ptr::null()) == 0
                 && libc::setgid(gid) == 0
                 && libc::setuid(uid) == 0
         };
-        if !switched {
-            return io::Error::last_os_error();
+        // And no way back.
+        if !switched || rustix::process::geteuid().is_root() || unsafe { libc::setuid(0) } == 0 {
+            return io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "could not become the sandbox's user",
+            );
         }
     }
     Command::new(&launch.bwrap)
