@@ -435,8 +435,9 @@ pub enum Command {
         sandbox_user: Option<String>,
         /// A destination a sandbox without the host's network may reach through the
         /// proxy casfs runs in it (HTTP_PROXY, HTTPS_PROXY): HOST, *.DOMAIN or ADDRESS,
-        /// with :PORT (else 80 and 443); repeat it for more. A name that resolves to a
-        /// loopback or link-local address is refused unless that address is listed
+        /// with :PORT (else 80 and 443); repeat it for more. A name that resolves to an
+        /// address off the public internet (loopback, private, link-local) or to one of
+        /// the host's own is refused unless that address is listed
         #[arg(long, value_name = "DEST")]
         sandbox_allow: Vec<casfs::middleware::isolate::proxy::Allowed>,
     },

@@ -9,9 +9,11 @@
 //! server's own, in the host's namespace. `CONNECT host:port` (HTTPS, any TLS or TCP
 //! protocol) and plain `http://` requests in absolute form are served; every other
 //! request, and every destination not on the list, is answered 403 and logged. A name
-//! on the list that resolves to a loopback, link-local or unspecified address is
-//! refused (a name made to point at the host's own services): only an address written
-//! on the list as itself reaches one.
+//! on the list that resolves to an address off the public internet (loopback, private,
+//! link-local, shared or reserved ranges) or to one of the host's own is refused (a
+//! name made to point at the host's or its network's services): only an address
+//! written on the list as itself reaches one. A plain `http://` request goes out with
+//! `Host` the authority checked, `Connection: close` and no `Proxy-*` header.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -113,20 +115,79 @@ impl Allowed {
     }
 }
 
-/// An address a name must not lead to: the host's own loopback, link-local or
-/// unspecified addresses.
+/// An address a name must not lead to: any that is not the public internet's (the
+/// host's loopback, private networks, link-local, shared and reserved ranges, metadata
+/// services on them) or that is one of the host's own.
 fn inward(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(a) => {
-            a.is_loopback() || a.is_link_local() || a.is_unspecified() || a.is_broadcast()
-        }
+    let v4 = |a: std::net::Ipv4Addr| {
+        let o = a.octets();
+        a.is_loopback()
+            || a.is_private()
+            || a.is_link_local()
+            || a.is_unspecified()
+            || a.is_broadcast()
+            || a.is_multicast()
+            || o[0] == 0
+            || (o[0] == 100 && (o[1] & 0xc0) == 64)
+            || (o[0] == 192 && o[1] == 0 && o[2] == 0)
+            || o[0] >= 240
+    };
+    let outside = match ip {
+        IpAddr::V4(a) => v4(a),
         IpAddr::V6(a) => {
+            let s = a.segments();
             a.is_loopback()
                 || a.is_unspecified()
-                || (a.segments()[0] & 0xffc0) == 0xfe80
-                || a.to_ipv4_mapped().is_some_and(|m| inward(IpAddr::V4(m)))
+                || a.is_multicast()
+                || (s[0] & 0xfe00) == 0xfc00
+                || (s[0] & 0xffc0) == 0xfe80
+                || (s[0] & 0xffc0) == 0xfec0
+                || a.to_ipv4_mapped().is_some_and(v4)
+                // NAT64 carries an IPv4 address in its last 32 bits.
+                || (s[..6] == [0x64, 0xff9b, 0, 0, 0, 0]
+                    && v4(std::net::Ipv4Addr::new(
+                        (s[6] >> 8) as u8,
+                        s[6] as u8,
+                        (s[7] >> 8) as u8,
+                        s[7] as u8,
+                    )))
         }
+    };
+    outside || host_addresses().contains(&ip)
+}
+
+/// The addresses of the host's own interfaces (where a connection lands on the host).
+fn host_addresses() -> Vec<IpAddr> {
+    let mut out = Vec::new();
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `list`, freed below; each entry is read while it lives.
+    unsafe {
+        if libc::getifaddrs(&mut list) != 0 {
+            return out;
+        }
+        let mut p = list;
+        while !p.is_null() {
+            let a = (*p).ifa_addr;
+            if !a.is_null() {
+                match i32::from((*a).sa_family) {
+                    libc::AF_INET => {
+                        let sin = &*(a as *const libc::sockaddr_in);
+                        out.push(IpAddr::from(
+                            u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
+                        ));
+                    }
+                    libc::AF_INET6 => {
+                        let sin6 = &*(a as *const libc::sockaddr_in6);
+                        out.push(IpAddr::from(sin6.sin6_addr.s6_addr));
+                    }
+                    _ => {}
+                }
+            }
+            p = (*p).ifa_next;
+        }
+        libc::freeifaddrs(list);
     }
+    out
 }
 
 /// Starts the proxy of sandbox `key` in the network namespace `netns`, on the server's
@@ -158,10 +219,20 @@ pub fn start(
     Ok(runtime.spawn(serve(listener, allow, key)).abort_handle())
 }
 
+/// The most proxy connections of all sandboxes together.
+const MAX_ALL_CONNECTIONS: usize = 4096;
+static ALL: Semaphore = Semaphore::const_new(MAX_ALL_CONNECTIONS);
+
 async fn serve(listener: TcpListener, allow: Arc<[Allowed]>, key: String) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    // Its connections, aborted with it (the sandbox ended) when this task is.
+    let mut conns = tokio::task::JoinSet::new();
     loop {
+        while conns.try_join_next().is_some() {}
         let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let Ok(all) = ALL.acquire().await else {
             return;
         };
         let conn = match listener.accept().await {
@@ -173,11 +244,12 @@ async fn serve(listener: TcpListener, allow: Arc<[Allowed]>, key: String) {
             }
         };
         let (allow, key) = (allow.clone(), key.clone());
-        tokio::spawn(async move {
+        conns.spawn(async move {
             if let Err(e) = relay(conn, &allow, &key).await {
                 tracing::debug!(sandbox = %key, "proxy: {e}");
             }
             drop(permit);
+            drop(all);
         });
     }
 }
@@ -276,12 +348,26 @@ async fn relay(mut conn: TcpStream, allow: &[Allowed], key: &str) -> io::Result<
         } else {
             path.to_string()
         };
-        // The request as the origin takes it: its path, the other lines as they came.
-        let tail = &head[first.len()..];
-        (
-            authority.to_string(),
-            Some(format!("{method} {path} {version}{tail}")),
-        )
+        // The request as the origin takes it: its path, `Host` the authority checked
+        // (not one the client wrote), one request per connection, nothing for proxies.
+        let host = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
+        let mut out = format!("{method} {path} {version}\r\nHost: {host}\r\nConnection: close\r\n");
+        for line in head[first.len()..].split("\r\n").filter(|l| !l.is_empty()) {
+            let name = line
+                .split(':')
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_ascii_lowercase();
+            if !matches!(name.as_str(), "host" | "connection" | "keep-alive")
+                && !name.starts_with("proxy-")
+            {
+                out.push_str(line);
+                out.push_str("\r\n");
+            }
+        }
+        out.push_str("\r\n");
+        (authority.to_string(), Some(out))
     };
     let authority = authority
         .rsplit_once('@')
@@ -371,15 +457,29 @@ mod tests {
         for ip in [
             "127.0.0.1",
             "0.0.0.0",
-            "169.254.1.1",
+            "0.1.2.3",
+            "169.254.169.254",
+            "10.0.0.1",
+            "172.17.0.1",
+            "192.168.1.1",
+            "100.64.0.1",
+            "224.0.0.1",
+            "255.255.255.255",
             "::1",
             "fe80::1",
+            "fd00:ec2::254",
             "::ffff:127.0.0.1",
+            "::ffff:10.1.2.3",
+            "64:ff9b::7f00:1",
         ] {
             assert!(inward(ip.parse().unwrap()), "{ip}");
         }
-        for ip in ["192.0.2.1", "10.0.0.1", "2001:db8::1"] {
+        for ip in ["93.184.216.34", "2606:4700::1111", "64:ff9b::5db8:d822"] {
             assert!(!inward(ip.parse().unwrap()), "{ip}");
+        }
+        // The host's own addresses, whatever they are.
+        for ip in host_addresses() {
+            assert!(inward(ip), "{ip}");
         }
         assert_eq!(host_port("[::1]:80", None), Some(("::1".into(), 80)));
         assert_eq!(
