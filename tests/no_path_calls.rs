@@ -119,6 +119,11 @@ const ALLOWED: &[(&str, &str, &str)] = &[
         "the host's /bin, /lib, ... (merged-usr links or not), never a workspace's",
     ),
     (
+        "src/middleware/isolate/engine.rs",
+        "let stat = std::fs::read_to_string(format!(\"/proc/{pid}/stat\")).ok()?;",
+        "a process's start time, from procfs (which server a stage under /run is)",
+    ),
+    (
         "src/middleware/isolate/init.rs",
         "let netns = rustix::fs::open(",
         "the init's own network namespace (/proc/self/ns/net, inside the sandbox), for its proxy",

@@ -150,11 +150,17 @@ impl Stage {
                 .map_err(|e| named("directory", e))?;
         }
         Self::sweep(&root);
+        // Named by the server (its pid and start time: a later process with its pid is
+        // another server) and a count.
+        let me = std::process::id();
         let name = format!(
-            "{}-{}",
-            std::process::id(),
+            "{me}.{}-{}",
+            start_time(me).unwrap_or(0),
             N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         );
+        // A stage of this name left by a server that died with this pid and start time
+        // cannot be (the start time differs), but clear one anyway.
+        Self::clear(&root, &name);
         mkdirat(&root, name.as_str(), Mode::from_raw_mode(0o700))
             .map_err(|e| named("directory", e))?;
         let stage = Stage { root, name };
@@ -230,21 +236,29 @@ impl Stage {
         };
         for e in dir.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            let Some(pid) = name
+            let Some((pid, started)) = name
                 .split_once('-')
-                .and_then(|(p, _)| p.parse::<i32>().ok())
+                .and_then(|(p, _)| p.split_once('.'))
+                .and_then(|(p, t)| Some((p.parse::<u32>().ok()?, t.parse::<u64>().ok()?)))
             else {
+                // Not a stage's name (or an earlier version's): its server is gone.
+                Self::clear(root, &name);
                 continue;
             };
-            // SAFETY: kill with signal 0 sends nothing; it asks whether `pid` exists.
-            let gone = pid > 0
-                && unsafe { libc::kill(pid, 0) } != 0
-                && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
-            if gone {
+            // Its server is gone, or the pid is another process's now.
+            if start_time(pid) != Some(started) {
                 Self::clear(root, &name);
             }
         }
     }
+}
+
+/// When process `pid` started (clock ticks after boot, `/proc/<pid>/stat`'s 22nd field).
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command in parentheses (which may hold spaces and parentheses).
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
 }
 
 impl Drop for Stage {

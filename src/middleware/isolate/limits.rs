@@ -1,8 +1,9 @@
 //! A sandbox's control group: its memory (the OOM killer acts inside it only), its
 //! number of processes (a fork bomb stays inside) and its CPU time, on cgroup v1 (a
 //! hybrid host, such as this project's CI) and v2 alike, through `cgroups-rs`. The
-//! sandbox's first process joins it before it runs anything (the bubblewrap it starts
-//! writes itself into each `cgroup.procs`), so nothing of the sandbox is ever outside.
+//! sandbox's bubblewrap joins it before it runs anything (as the spare process that
+//! becomes bubblewrap, [`super::spare`], which writes itself into each
+//! `cgroup.procs`), so nothing of the sandbox is ever outside.
 //!
 //! A server that may not make control groups (one run by a user who is not root, on a
 //! host that delegates none to them) runs sandboxes without these limits; its status
