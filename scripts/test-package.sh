@@ -44,10 +44,12 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# The group the package makes is left by a purge, by design; this test removes it
-# again if it was not there before.
+# The group and the user the package makes are left by a purge, by design; this test
+# removes them again if they were not there before.
 had_group=no
 getent group casfs >/dev/null && had_group=yes
+had_sandbox_user=no
+getent passwd casfs-sandbox >/dev/null && had_sandbox_user=yes
 command -v npm >/dev/null 2>&1 || fail "npm (Node.js 20.18 or later) is needed: scripts/setup.sh installs it"
 
 work="$(mktemp -d)"
@@ -106,6 +108,7 @@ cleanup() {
   groupdel "$user" 2>/dev/null
   groupdel "$outsider" 2>/dev/null
   [ $had_group = no ] && groupdel casfs 2>/dev/null
+  [ $had_sandbox_user = no ] && userdel casfs-sandbox 2>/dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -203,7 +206,7 @@ checkpoints() {
 before="$(checkpoints)"
 [ "$(echo "$before" | wc -l)" = 3 ] || fail "expected 3 checkpoints, found: $before"
 
-step "a sandbox's processes under the unit: isolated, as $user and as root's stand-in"
+step "a sandbox's processes under the unit: isolated, as $user and as casfs-sandbox (root's)"
 # exec_in USER KEY COMMAND: the exec's answer; fails unless it exited 0.
 exec_in() {
   local body
@@ -222,7 +225,7 @@ got="$(exec_in "$user" "$key" "$probe")"
 [ "$(stat -c %U "$(echo "$x" | json 'v["path"]')/made.txt")" = "$user" ] || fail "made.txt is not $user's"
 rkey="$(api root POST /v1/sandboxes '{"thread": "pkg-root"}' | json 'v["key"]')"
 got="$(exec_in root "$rkey" "$probe")"
-[ "$got" = "$(printf '%s\n1' "$(id -u nobody)")" ] || fail "a process in root's sandbox said: $got"
+[ "$got" = "$(printf '%s\n1' "$(id -u casfs-sandbox)")" ] || fail "a process in root's sandbox said: $got"
 api "$user" DELETE "/v1/sandboxes/$key" >/dev/null
 api root DELETE "/v1/sandboxes/$rkey" >/dev/null
 

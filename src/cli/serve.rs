@@ -289,8 +289,15 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
     let name = sandbox_user.as_deref().unwrap_or("nobody");
     let stand_in =
         casfs::fs::Owner::of_user(name).with_context(|| format!("--sandbox-user {name:?}"))?;
-    if stand_in.uid == 0 {
-        bail!("--sandbox-user {name:?}: a sandbox's processes are never root");
+    if stand_in.uid == 0 || stand_in.gid == 0 {
+        bail!("--sandbox-user {name:?}: a sandbox's processes are never root's, nor of group 0");
+    }
+    if name == "nobody" && rustix::process::geteuid().is_root() {
+        tracing::warn!(
+            "--sandbox-user nobody: the sandboxes no member owns are nobody's, a user other \
+             services may run as too; give them a user of their own (the Debian package's \
+             casfs-sandbox)"
+        );
     }
     if !sandbox_allow.is_empty() && *sandbox_network == casfs::middleware::isolate::Network::Host {
         bail!("--sandbox-allow: sandboxes on the host's network (--sandbox-network host) reach everything already");
