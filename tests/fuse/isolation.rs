@@ -785,6 +785,45 @@ print("outside", direct("192.0.2.1", 80))
         0,
         "nothing reached the service not on the list"
     );
+    // A sandbox may narrow the server's list, never widen it.
+    let (st, v) = m.a.http(
+        &m.s.socket,
+        "POST",
+        "/v1/sandboxes",
+        Some(&json!({ "thread": "wider", "network": { "allow": ["example.com"] } })),
+    );
+    assert_eq!(st, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not within the server's allow-list"),
+        "{v}"
+    );
+    let (st, v) = m.a.http(
+        &m.s.socket,
+        "POST",
+        "/v1/sandboxes",
+        Some(&json!({ "thread": "narrow", "network": { "allow": [] } })),
+    );
+    assert_eq!(st, 200, "{v}");
+    let narrow = v["key"].as_str().unwrap().to_string();
+    let (code, out, _) = exec(
+        &m.a,
+        &m.s,
+        &narrow,
+        &format!(
+            "echo \"proxy=${{HTTPS_PROXY:-none}}\"; {}",
+            py("import socket; socket.create_connection((\"127.0.0.1\", 3128), 3)")
+        ),
+    );
+    assert_ne!(code, 0, "{out}");
+    assert!(out.starts_with("proxy=none\n"), "{out}");
+    assert_eq!(
+        allowed_seen.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "a sandbox that asked for no network reached nothing"
+    );
     drop(m);
 
     // Without a list: no proxy, no way out.

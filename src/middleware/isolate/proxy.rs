@@ -109,6 +109,26 @@ impl Allowed {
         port_ok && host_ok
     }
 
+    /// Whether every destination `other` lets through this entry lets through too (a
+    /// sandbox's own list may only narrow the server's).
+    pub fn covers(&self, other: &Allowed) -> bool {
+        let ports_ok = match (self.port, other.port) {
+            (None, None) => true,
+            (None, Some(p)) => p == 80 || p == 443,
+            (Some(a), Some(b)) => a == b,
+            (Some(_), None) => false,
+        };
+        let hosts_ok = match self.host.strip_prefix("*.") {
+            None => self.host == other.host,
+            // `*.d` covers `x.d`, `*.x.d` and `*.d`, never `d` itself.
+            Some(d) => {
+                let o = other.host.strip_prefix("*.").unwrap_or(&other.host);
+                o == d && other.host.starts_with("*.") || o.ends_with(&format!(".{d}"))
+            }
+        };
+        ports_ok && hosts_ok
+    }
+
     /// Whether this entry names `host` as an address literally.
     fn is_address(&self) -> bool {
         self.host.parse::<IpAddr>().is_ok()
@@ -447,6 +467,15 @@ mod tests {
         let v6: Allowed = "[2001:db8::1]:22".parse().unwrap();
         assert!(v6.matches("2001:db8::1", 22) && v6.is_address());
         assert_eq!(v6.to_string(), "[2001:db8::1]:22");
+        let p = |s: &str| s.parse::<Allowed>().unwrap();
+        assert!(p("*.example.com").covers(&p("api.example.com:443")));
+        assert!(p("*.example.com").covers(&p("*.api.example.com")));
+        assert!(p("*.example.com").covers(&p("*.example.com")));
+        assert!(!p("*.example.com").covers(&p("example.com")));
+        assert!(!p("*.example.com").covers(&p("api.example.com:22")));
+        assert!(p("example.com:8080").covers(&p("example.com:8080")));
+        assert!(!p("example.com:8080").covers(&p("example.com")));
+        assert!(!p("example.com").covers(&p("*.example.com")));
         for bad in ["", "a b", "x:0", "x:99999", "[::1", "*.", "a..b"] {
             assert!(bad.parse::<Allowed>().is_err(), "{bad}");
         }

@@ -155,7 +155,11 @@ impl Server {
             .jails()
             .cloned()
             .ok_or_else(|| invalid("this server's sandboxes run no processes"))?;
-        let opts = self.isolation();
+        let mut opts = self.isolation();
+        // What the sandbox asked for, when it narrowed the server's list.
+        if let Some(n) = self.sandboxes.network(key) {
+            opts.allow = n;
+        }
         let key = key.to_string();
         let s = self.clone();
         blocking(move || {

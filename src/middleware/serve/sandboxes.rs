@@ -43,6 +43,8 @@ pub(super) struct ApiSandbox {
     cfg: FileEvents,
     /// Its watcher, once started (at creation, or at the first events request).
     watcher: Arc<Mutex<Option<Watcher>>>,
+    /// Where its processes may go, when it asked for less than the server allows.
+    pub(super) network: Option<Vec<crate::middleware::isolate::proxy::Allowed>>,
 }
 
 impl Drop for ApiSandbox {
@@ -62,6 +64,14 @@ pub(super) struct ApiSandboxes {
 }
 
 impl ApiSandboxes {
+    /// Where sandbox `key`'s processes may go, when it narrowed the server's list.
+    pub(super) fn network(
+        &self,
+        key: &str,
+    ) -> Option<Vec<crate::middleware::isolate::proxy::Allowed>> {
+        self.lock().get(key).and_then(|a| a.network.clone())
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, ApiSandbox>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -106,6 +116,15 @@ pub(super) struct Create {
     /// Record file events from now (the default), or, when false, from the first
     /// events request.
     events: Option<bool>,
+    /// Where its processes may go: a narrowing of the server's `--sandbox-allow` (the
+    /// whole list when absent).
+    network: Option<NetworkRequest>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct NetworkRequest {
+    allow: Vec<String>,
 }
 
 fn outcome_name(o: EnsureOutcome) -> &'static str {
@@ -132,6 +151,10 @@ pub(super) async fn create(
                 )));
             }
         }
+        let network = match &b.network {
+            None => None,
+            Some(n) => Some(s.network_within(&n.allow)?),
+        };
         let head = s.mw.publisher().head_checkpoint(&t)?;
         let mut ctx = RunContext::new(t.clone(), "sandbox-api");
         ctx.tenant = b.tenant;
@@ -159,6 +182,13 @@ pub(super) async fn create(
         };
         let eager = b.events.unwrap_or(true);
         s.register(&h, &t, eager)?;
+        // A resumed sandbox keeps what it asked for unless this asks again (it takes
+        // effect at its next isolation's start).
+        if network.is_some() {
+            if let Some(a) = s.sandboxes.lock().get_mut(&h.key) {
+                a.network = network;
+            }
+        }
         Ok(Json(json!({
             "key": h.key,
             "path": h.root,
@@ -216,6 +246,7 @@ impl Server {
                         handle: h.downgrade(),
                         cfg,
                         watcher: watcher.clone(),
+                        network: None,
                     },
                 );
                 // The earlier sandbox's watcher is joined outside the lock.
@@ -230,6 +261,30 @@ impl Server {
             }
         }
         Ok(())
+    }
+
+    /// The destinations `asked` names, each within the server's allow-list.
+    fn network_within(
+        &self,
+        asked: &[String],
+    ) -> Result<Vec<crate::middleware::isolate::proxy::Allowed>, ApiError> {
+        if asked.len() > 256 {
+            return Err(ApiError::bad("network.allow: at most 256 destinations"));
+        }
+        let server = self.isolation().allow;
+        let mut out = Vec::with_capacity(asked.len());
+        for a in asked {
+            let d: crate::middleware::isolate::proxy::Allowed = a
+                .parse()
+                .map_err(|e: String| ApiError::bad(format!("network.allow: {e}")))?;
+            if !server.iter().any(|s| s.covers(&d)) {
+                return Err(ApiError::bad(format!(
+                    "network.allow: {a:?} is not within the server's allow-list (--sandbox-allow)"
+                )));
+            }
+            out.push(d);
+        }
+        Ok(out)
     }
 
     /// Whether API sandbox `key` records its events now.
