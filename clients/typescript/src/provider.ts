@@ -55,6 +55,15 @@ export interface CasfsSandboxOptions {
    * user, in the workspace the server mounted here: no isolation.
    */
   isolation?: 'sandbox' | 'none'
+  /**
+   * Where an isolated sandbox's processes may go, through the proxy the server runs in
+   * it (`HTTPS_PROXY`): `HOST`, `*.DOMAIN` or `ADDRESS`, with `:PORT` (else 80 and 443),
+   * each within the server's `--sandbox-allow` list (else the create is refused). With
+   * the framework's policy: `network: 'allow'` takes the server's whole list, `deny` or
+   * `ask` only these (none given: no network at all). Neither this nor a policy: the
+   * server's whole list.
+   */
+  allowNetwork?: string[]
   /** The server's tenant the sandboxes are made under (default `tanstack`). */
   tenant?: string
   /** The provider's name (default `casfs`). */
@@ -108,8 +117,28 @@ const HOST_CAPABILITIES: SandboxCapabilities = {
 }
 
 /** What an isolated sandbox does: its network is its own (loopback only, unless the
- * server gives it the host's), so a port it listens on is not this host's. */
-const ISOLATED_CAPABILITIES: SandboxCapabilities = { ...HOST_CAPABILITIES, ports: false }
+ * server gives it the host's), so a port it listens on is not this host's; where it
+ * may go is an allow-list the server's proxy enforces (`allowNetwork`). */
+const ISOLATED_CAPABILITIES: SandboxCapabilities = {
+  ...HOST_CAPABILITIES,
+  ports: false,
+  networkPolicy: true,
+}
+
+/** The network an isolated sandbox asks the server for, from the framework's policy and
+ * the provider's `allowNetwork`: undefined for the server's whole list. */
+function networkFor(
+  policy: unknown,
+  allowNetwork: string[] | undefined,
+): { allow: string[] } | undefined {
+  const p = policy as
+    | { capabilities?: { network?: string }; default?: string }
+    | undefined
+  const decision = p === undefined ? undefined : (p.capabilities?.network ?? p.default ?? 'ask')
+  if (decision === 'allow') return undefined
+  if (decision === undefined && allowNetwork === undefined) return undefined
+  return { allow: [...(allowNetwork ?? [])] }
+}
 
 /** `bin` as an absolute path, looked up on this process's `PATH` when it names no
  * directory (a sandbox's processes may get an environment without one). */
@@ -173,13 +202,20 @@ export function casfsSandbox(options: CasfsSandboxOptions): SandboxProvider {
   }
   const CAPABILITIES = isolated ? ISOLATED_CAPABILITIES : HOST_CAPABILITIES
 
-  const make = async (thread: string): Promise<Schemas['CreatedSandbox']> =>
-    client.call(
+  const make = async (thread: string, policy?: unknown): Promise<Schemas['CreatedSandbox']> => {
+    const network = isolated ? networkFor(policy, options.allowNetwork) : undefined
+    return client.call(
       'POST /v1/sandboxes',
       client.api.POST('/v1/sandboxes', {
-        body: { thread, tenant, events: options.eventsFromCreate ?? false },
+        body: {
+          thread,
+          tenant,
+          events: options.eventsFromCreate ?? false,
+          ...(network === undefined ? {} : { network }),
+        },
       }),
     )
+  }
 
   const drop = async (key: string): Promise<void> => {
     await client.call(
@@ -188,7 +224,11 @@ export function casfsSandbox(options: CasfsSandboxOptions): SandboxProvider {
     )
   }
 
-  const handleOf = (info: Schemas['CreatedSandbox'], env: Record<string, string>): CasfsSandboxHandle => {
+  const handleOf = (
+    info: Schemas['CreatedSandbox'],
+    env: Record<string, string>,
+    policy?: unknown,
+  ): CasfsSandboxHandle => {
     const root = info.path
     const key = info.key
     const thread = info.thread
@@ -479,7 +519,7 @@ export function casfsSandbox(options: CasfsSandboxOptions): SandboxProvider {
       snapshot,
       fork: async () => {
         const snap = await snapshot('fork')
-        return restore(snap.id, envVars)
+        return restore(snap.id, envVars, policy)
       },
       destroy: async () => {
         // The server's destroy ends an isolated sandbox's processes with it.
@@ -490,7 +530,11 @@ export function casfsSandbox(options: CasfsSandboxOptions): SandboxProvider {
     return handle
   }
 
-  const restore = async (snapshotId: string, env: Record<string, string>): Promise<CasfsSandboxHandle> => {
+  const restore = async (
+    snapshotId: string,
+    env: Record<string, string>,
+    policy?: unknown,
+  ): Promise<CasfsSandboxHandle> => {
     const thread = newThread('restore')
     await client.call(
       `POST /v1/threads/${thread}/fork`,
@@ -499,7 +543,7 @@ export function casfsSandbox(options: CasfsSandboxOptions): SandboxProvider {
         body: { from: snapshotId },
       }),
     )
-    return handleOf(await make(thread), env)
+    return handleOf(await make(thread, policy), env, policy)
   }
 
   return {
@@ -507,7 +551,11 @@ export function casfsSandbox(options: CasfsSandboxOptions): SandboxProvider {
     capabilities: () => ({ ...CAPABILITIES }),
     create: async (input) => {
       abortIf(input.signal)
-      return handleOf(await make(newThread(input.id ?? 'sandbox')), input.env ?? {})
+      return handleOf(
+        await make(newThread(input.id ?? 'sandbox'), input.policy),
+        input.env ?? {},
+        input.policy,
+      )
     },
     resume: async (input) => {
       abortIf(input.signal)
@@ -524,7 +572,7 @@ export function casfsSandbox(options: CasfsSandboxOptions): SandboxProvider {
     },
     restoreSnapshot: async (input) => {
       abortIf(input.signal)
-      return restore(input.snapshotId, input.env ?? {})
+      return restore(input.snapshotId, input.env ?? {}, input.policy)
     },
     destroy: async (input) => {
       abortIf(input.signal)

@@ -5,6 +5,7 @@
 // a casfs checkpoint, a restore and a fork are new mounts of one. Processes run
 // isolated through the server by default; `isolation: 'none'` runs them on this host.
 import { execFileSync } from 'node:child_process'
+import { createServer as httpServer } from 'node:http'
 import { randomBytes } from 'node:crypto'
 import { existsSync, mkdtempSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
@@ -62,7 +63,7 @@ describe('provider', () => {
       writableStdin: true,
       killableProcesses: true,
       snapshots: true,
-      networkPolicy: false,
+      networkPolicy: true,
       durableFilesystem: true,
       fork: true,
     })
@@ -349,6 +350,7 @@ describe("isolation: 'none'", () => {
 
   test('processes run as the caller, in the mount, with its ports (no isolation)', async () => {
     expect(host.capabilities().ports).toBe(true)
+    expect(host.capabilities().networkPolicy).toBe(false)
     const h = (await host.create({ id: 'host' })) as CasfsSandboxHandle
     made.push(h)
     const who = (await h.process.exec('id -u')).stdout.trim()
@@ -407,6 +409,45 @@ describe('an agent host on another machine (loopback TCP with a token stands in)
       await h.destroy()
     } finally {
       await tcp.cleanup()
+    }
+  })
+})
+
+describe('network policy: the server\'s allow-list, narrowed per sandbox', () => {
+  test('a sandbox reaches what it was allowed through its proxy, and nothing else', async () => {
+    let hits = 0
+    const svc = httpServer((_req, res) => {
+      hits++
+      res.end('from the host\n')
+    })
+    await new Promise<void>((r) => svc.listen(0, '127.0.0.1', () => r()))
+    const port = (svc.address() as { port: number }).port
+    const net = await serve({ args: ['--sandbox-allow', `127.0.0.1:${port}`] })
+    // Through the proxy (127.0.0.1 itself is the sandbox's own loopback).
+    const get = `python3 -c 'import http.client as h; c = h.HTTPConnection("127.0.0.1", 3128, timeout=10); c.request("GET", "http://127.0.0.1:${port}/"); r = c.getresponse(); print(r.status, r.read().decode().strip())'`
+    try {
+      const allowed = casfsSandbox({ client: net.client, allowNetwork: [`127.0.0.1:${port}`] })
+      expect(allowed.capabilities().networkPolicy).toBe(true)
+      const a = await allowed.create({ id: 'net-allowed' })
+      const r = await a.process.exec(`echo "$HTTPS_PROXY"; ${get}`)
+      expect(r.stdout).toBe('http://127.0.0.1:3128\n200 from the host\n')
+      // The framework's policy: deny takes only allowNetwork, none given here.
+      const closed = casfsSandbox({ client: net.client })
+      const c = await closed.create({ id: 'net-denied', policy: { capabilities: { network: 'deny' } } })
+      const d = await c.process.exec(`echo "proxy=\${HTTPS_PROXY:-none}"; ${get}`)
+      expect(d.stdout).toBe('proxy=none\n')
+      expect(d.exitCode).not.toBe(0)
+      // Allowed by policy: the server's whole list.
+      const open = await closed.create({ id: 'net-open', policy: { capabilities: { network: 'allow' } } })
+      expect((await open.process.exec(get)).stdout).toBe('200 from the host\n')
+      expect(hits).toBe(2)
+      // Never more than the server allows.
+      const wider = casfsSandbox({ client: net.client, allowNetwork: ['example.com'] })
+      await expect(wider.create({ id: 'net-wider' })).rejects.toThrow(/not within the server's allow-list/)
+      for (const h of [a, c, open]) await h.destroy()
+    } finally {
+      await net.cleanup()
+      svc.close()
     }
   })
 })
