@@ -319,30 +319,6 @@ impl Server {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Sets how sandboxes' processes are isolated (for sandboxes started from now on).
-    pub fn set_isolation(&self, o: crate::middleware::isolate::Options) {
-        *self.isolation.lock().unwrap_or_else(|p| p.into_inner()) = o;
-    }
-
-    /// Whose a sandbox made for `who` is: a member's own; one that no member of the host
-    /// owns (the server's own user's, a token's) is the stand-in's when the server is
-    /// root and runs processes, so that its isolated processes (never root) can write
-    /// its workspace. A server of another user keeps its own (it can give none away).
-    fn workspace_owner(&self, who: &Caller) -> Option<crate::fs::Owner> {
-        // SAFETY: geteuid cannot fail.
-        let root = unsafe { libc::geteuid() } == 0;
-        who.owner.or_else(|| {
-            (root && self.mw.provider().jails().is_some()).then(|| self.isolation().stand_in)
-        })
-    }
-
-    fn isolation(&self) -> crate::middleware::isolate::Options {
-        self.isolation
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
     pub fn limits(&self) -> ServeLimits {
         *self.limits.lock().unwrap_or_else(|p| p.into_inner())
     }
