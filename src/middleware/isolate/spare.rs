@@ -237,8 +237,11 @@ pub(super) fn take(
 /// Ends the kept spare (the server stops).
 pub fn end() {
     STOPPED.store(true, Ordering::SeqCst);
-    // One being made is ended by its maker.
-    while MAKING.load(Ordering::SeqCst) {
+    // One being made is ended by its maker (waited for a while, never forever).
+    for _ in 0..1000 {
+        if !MAKING.load(Ordering::SeqCst) {
+            break;
+        }
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     let kept = KEPT.lock().unwrap_or_else(|p| p.into_inner()).take();
