@@ -23,8 +23,6 @@ use std::os::fd::{AsFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::process::Child;
 
-use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
-
 use super::init::CONTROL_FD;
 use super::limits::Group;
 use super::seccomp;
@@ -286,12 +284,7 @@ pub(super) fn start(spec: &Spec<'_>, spare: super::spare::Spare) -> io::Result<S
         ));
     }
     let bwrap = bwrap()?;
-    let (ours, theirs) = socketpair(
-        AddressFamily::UNIX,
-        SocketType::SEQPACKET,
-        SocketFlags::CLOEXEC,
-        None,
-    )?;
+    let (ours, theirs) = super::wire::pair()?;
     let programs = seccomp::programs()?;
     let exe = std::fs::File::open("/proc/self/exe")?;
     // The workspace's own mountpoint, under the sandboxes' directory and the gate the

@@ -279,7 +279,6 @@ pub struct Jail {
     ready: Mutex<Option<std::sync::mpsc::SyncSender<Option<OwnedFd>>>>,
     /// The sandbox's proxy, while it runs.
     proxy: Mutex<Option<tokio::task::AbortHandle>>,
-    proxied: AtomicBool,
     procs: Mutex<HashMap<u64, Arc<Process>>>,
     kept: Arc<AtomicUsize>,
     ended: AtomicBool,
@@ -366,7 +365,6 @@ impl Jail {
             stage: Mutex::new(started.stage),
             ready: Mutex::new(Some(ready_tx)),
             proxy: Mutex::new(None),
-            proxied: AtomicBool::new(false),
             procs: Mutex::new(HashMap::new()),
             kept: Arc::new(AtomicUsize::new(0)),
             ended: AtomicBool::new(false),
@@ -394,10 +392,7 @@ impl Jail {
         let t_ready = t0.elapsed();
         if opts.network == Network::None && !opts.allow.is_empty() {
             match proxy::start(netns, opts.allow.clone().into(), key.to_string()) {
-                Ok(h) => {
-                    *lock(&jail.proxy) = Some(h);
-                    jail.proxied.store(true, Ordering::SeqCst);
-                }
+                Ok(h) => *lock(&jail.proxy) = Some(h),
                 // Without its proxy a sandbox reaches nothing: it goes on, closed.
                 Err(e) => tracing::warn!("sandbox {key}: no proxy, no network: {e}"),
             }
@@ -413,7 +408,7 @@ impl Jail {
     /// Whether the sandbox's processes have a proxy to the allow-list (at
     /// `127.0.0.1:`[`proxy::PORT`]).
     pub fn proxied(&self) -> bool {
-        self.proxied.load(Ordering::SeqCst)
+        lock(&self.proxy).is_some()
     }
 
     /// Follows the init's events until its socket closes (or it says something

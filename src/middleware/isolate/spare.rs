@@ -21,7 +21,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
 use serde::{Deserialize, Serialize};
 
 use super::limits::{Group, Limits};
@@ -63,12 +62,7 @@ pub(super) struct Spare {
 impl Spare {
     /// Starts one in `group` (joined before it runs).
     pub fn start(group: Option<Group>) -> io::Result<Spare> {
-        let (ours, theirs) = socketpair(
-            AddressFamily::UNIX,
-            SocketType::SEQPACKET,
-            SocketFlags::CLOEXEC,
-            None,
-        )?;
+        let (ours, theirs) = wire::pair()?;
         let theirs = rustix::io::fcntl_dupfd_cloexec(&theirs, HIGH_FD)?;
         let theirs_fd = theirs.as_raw_fd();
         let procs: Vec<RawFd> = group

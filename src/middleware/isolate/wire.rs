@@ -58,6 +58,18 @@ pub enum Event {
     },
 }
 
+/// A connected pair of `SOCK_SEQPACKET` sockets, close-on-exec: the server's end and
+/// the one it gives a child.
+pub fn pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
+    Ok(socketpair(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )?)
+}
+
 /// Sends `msg` with `fds` (at most [`MAX_FDS`]), waiting for room.
 pub fn send<T: Serialize>(sock: BorrowedFd<'_>, msg: &T, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     send_with(sock, msg, fds, SendFlags::NOSIGNAL)

@@ -116,9 +116,21 @@ impl Start {
         }
     }
 
+    /// The request's variables, refused (before anything starts) unless each is one.
+    fn checked_env(&self) -> Result<(), ApiError> {
+        match self
+            .env
+            .iter()
+            .find(|(k, v)| k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0'))
+        {
+            Some((k, _)) => Err(invalid(format!("an environment variable {k:?}"))),
+            None => Ok(()),
+        }
+    }
+
     /// The process's environment: the base, the proxy's when the sandbox has one, then
-    /// the request's.
-    fn env(&self, proxied: bool) -> Result<Vec<(String, String)>, ApiError> {
+    /// the request's (checked).
+    fn env(&self, proxied: bool) -> Vec<(String, String)> {
         let mut env: std::collections::BTreeMap<String, String> = BASE_ENV
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -135,13 +147,8 @@ impl Start {
                 env.insert(k.into(), "localhost,127.0.0.1,::1".into());
             }
         }
-        for (k, v) in &self.env {
-            if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-                return Err(invalid(format!("an environment variable {k:?}")));
-            }
-            env.insert(k.clone(), v.clone());
-        }
-        Ok(env.into_iter().collect())
+        env.extend(self.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        env.into_iter().collect()
     }
 }
 
@@ -239,9 +246,9 @@ async fn start(
     stdin: bool,
 ) -> Result<(Arc<Jail>, Arc<Process>), ApiError> {
     let argv = req.argv()?;
-    req.env(false)?;
+    req.checked_env()?;
     let jail = s.jail(who, key).await?;
-    let env = req.env(jail.proxied())?;
+    let env = req.env(jail.proxied());
     let p = jail
         .spawn(argv, req.cwd(), env, stdin)
         .await
