@@ -50,22 +50,47 @@ mod common;
 use common::work::make_files;
 use common::*;
 
-/// One HTTP/1.1 request over the server's socket: the status and the JSON answer.
-fn call(socket: &Path, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+/// One HTTP/1.1 request over a Unix socket (a JSON body, `Connection: close`): the
+/// status and the body's bytes (a chunked one put back together).
+fn request(socket: &Path, method: &str, path: &str, body: Option<&Value>) -> (u16, Vec<u8>) {
     let mut s = UnixStream::connect(socket).unwrap();
     let body = body.map(|b| b.to_string()).unwrap_or_default();
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let (head, rest) = out.split_once("\r\n\r\n").unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).unwrap();
+    let end = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&out[..end]).to_ascii_lowercase();
     let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    (status, serde_json::from_str(rest).unwrap_or(Value::Null))
+    let rest = out[end + 4..].to_vec();
+    if head.contains("transfer-encoding: chunked") {
+        return (status, unchunk(&rest));
+    }
+    (status, rest)
+}
+
+fn unchunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(i) = b.windows(2).position(|w| w == b"\r\n") {
+        let n = usize::from_str_radix(String::from_utf8_lossy(&b[..i]).trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&b[i + 2..i + 2 + n]);
+        b = &b[i + 2 + n + 2..];
+    }
+    out
+}
+
+/// One request to the server: the status and the JSON answer.
+fn call(socket: &Path, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+    let (status, b) = request(socket, method, path, body);
+    (status, serde_json::from_slice(&b).unwrap_or(Value::Null))
 }
 
 fn ok(socket: &Path, method: &str, path: &str, body: Option<&Value>) -> Value {
@@ -390,7 +415,6 @@ fn main() {
 
 /// Docker through its Engine API, as a provider on dockerode drives it.
 mod docker {
-    use std::io::{Read, Write};
     use std::os::unix::net::UnixStream;
     use std::path::Path;
     use std::process::{Command, Stdio};
@@ -400,43 +424,10 @@ mod docker {
 
     const SOCKET: &str = "/var/run/docker.sock";
 
-    /// One request: the status and the body's bytes (a raw stream for an exec).
+    /// One request to the engine: the status and the body's bytes (a raw stream for
+    /// an exec).
     fn request(method: &str, path: &str, body: Option<&Value>) -> (u16, Vec<u8>) {
-        let mut s = UnixStream::connect(SOCKET).unwrap();
-        let body = body.map(|b| b.to_string()).unwrap_or_default();
-        write!(
-            s,
-            "{method} {path} HTTP/1.1\r\nHost: docker\r\nConnection: close\r\n\
-             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        let mut out = Vec::new();
-        s.read_to_end(&mut out).unwrap();
-        let end = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
-        let head = String::from_utf8_lossy(&out[..end]).to_string();
-        let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-        let mut rest = out[end + 4..].to_vec();
-        if head
-            .to_ascii_lowercase()
-            .contains("transfer-encoding: chunked")
-        {
-            rest = unchunk(&rest);
-        }
-        (status, rest)
-    }
-
-    fn unchunk(mut b: &[u8]) -> Vec<u8> {
-        let mut out = Vec::new();
-        while let Some(i) = b.windows(2).position(|w| w == b"\r\n") {
-            let n = usize::from_str_radix(String::from_utf8_lossy(&b[..i]).trim(), 16).unwrap_or(0);
-            if n == 0 {
-                break;
-            }
-            out.extend_from_slice(&b[i + 2..i + 2 + n]);
-            b = &b[i + 2 + n + 2..];
-        }
-        out
+        super::request(Path::new(SOCKET), method, path, body)
     }
 
     fn api(method: &str, path: &str, body: Option<&Value>) -> Value {
