@@ -12,6 +12,7 @@
  * followed from the server's cursor as it comes (long polls), each stream decoded as
  * UTF-8 across chunk boundaries.
  */
+import { Chunks } from './chunks.js'
 import type { CasfsClient } from './client.js'
 import type { ExecResult, ProcessOptions, SpawnHandle } from './contracts.js'
 import { CasfsError } from './errors.js'
@@ -36,52 +37,6 @@ const KILLED = 128 + 9
 
 const abortError = (what: string): Error =>
   Object.assign(new Error(`aborted: ${what.slice(0, 80)}`), { name: 'AbortError' })
-
-/** Text chunks of one stream, buffered, each iterator from the start. */
-class Chunks implements AsyncIterable<string> {
-  private readonly chunks: string[] = []
-  private ended = false
-  private waiters: Array<() => void> = []
-  private readonly decoder = new TextDecoder('utf-8')
-
-  push(bytes: Uint8Array): void {
-    const s = this.decoder.decode(bytes, { stream: true })
-    if (s !== '') {
-      this.chunks.push(s)
-      this.wake()
-    }
-  }
-
-  end(): void {
-    if (this.ended) return
-    const rest = this.decoder.decode()
-    if (rest !== '') this.chunks.push(rest)
-    this.ended = true
-    this.wake()
-  }
-
-  private wake(): void {
-    const w = this.waiters
-    this.waiters = []
-    for (const f of w) f()
-  }
-
-  text(): string {
-    return this.chunks.join('')
-  }
-
-  async *[Symbol.asyncIterator](): AsyncIterator<string> {
-    let i = 0
-    for (;;) {
-      if (i < this.chunks.length) {
-        yield this.chunks[i++] as string
-        continue
-      }
-      if (this.ended) return
-      await new Promise<void>((r) => this.waiters.push(r))
-    }
-  }
-}
 
 /** One process the server runs, its output followed until it ends. */
 class Followed {

@@ -9,6 +9,7 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process'
 
+import { Chunks } from './chunks.js'
 import type { ExecResult, ProcessOptions, SpawnHandle } from './contracts.js'
 
 /** What the processes of one sandbox share. */
@@ -40,56 +41,6 @@ function killGroup(child: ChildProcess, signal: NodeJS.Signals | number = 'SIGTE
     process.kill(-child.pid, signal)
   } catch {
     // Gone already (ESRCH), or never started.
-  }
-}
-
-/** A text stream as an async iterable of the chunks in the order they came, buffered
- * (a reader that falls behind never stalls the process), each iterator from the start.
- */
-class Chunks implements AsyncIterable<string> {
-  private readonly chunks: string[] = []
-  private ended = false
-  private waiters: Array<() => void> = []
-
-  constructor(stream: NodeJS.ReadableStream | null) {
-    if (!stream) {
-      this.ended = true
-      return
-    }
-    stream.setEncoding('utf8')
-    stream.on('data', (d: string) => {
-      this.chunks.push(d)
-      this.wake()
-    })
-    const end = (): void => {
-      this.ended = true
-      this.wake()
-    }
-    stream.on('end', end)
-    stream.on('close', end)
-    stream.on('error', end)
-  }
-
-  private wake(): void {
-    const w = this.waiters
-    this.waiters = []
-    for (const f of w) f()
-  }
-
-  text(): string {
-    return this.chunks.join('')
-  }
-
-  async *[Symbol.asyncIterator](): AsyncIterator<string> {
-    let i = 0
-    for (;;) {
-      if (i < this.chunks.length) {
-        yield this.chunks[i++] as string
-        continue
-      }
-      if (this.ended) return
-      await new Promise<void>((r) => this.waiters.push(r))
-    }
   }
 }
 
@@ -139,8 +90,8 @@ export class SandboxProcesses {
       return Promise.reject(e)
     }
     child.stdin?.end()
-    const out = new Chunks(child.stdout)
-    const err = new Chunks(child.stderr)
+    const out = Chunks.of(child.stdout)
+    const err = Chunks.of(child.stderr)
     return new Promise((resolve, reject) => {
       child.once('error', reject)
       child.once('close', (code, signal) => {
@@ -163,8 +114,8 @@ export class SandboxProcesses {
     } catch (e) {
       return Promise.reject(e)
     }
-    const stdout = new Chunks(child.stdout)
-    const stderr = new Chunks(child.stderr)
+    const stdout = Chunks.of(child.stdout)
+    const stderr = Chunks.of(child.stderr)
     const exited = new Promise<number>((resolve, reject) => {
       child.once('error', reject)
       child.once('close', (code, signal) => resolve(exitCodeOf(code, signal)))
