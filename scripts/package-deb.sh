@@ -116,7 +116,7 @@ Version: $debv
 Architecture: $arch
 Maintainer: $maint
 Installed-Size: $(installed_size "$root")
-Depends: $shlibs, fuse3, bubblewrap
+Depends: $shlibs, fuse3, bubblewrap, e2fsprogs
 Section: admin
 Priority: optional
 Description: content-addressed workspace filesystem for agent sandboxes
@@ -163,6 +163,6 @@ dpkg-deb --root-owner-group -Zxz --build "$root" "$deb" >/dev/null
 dpkg-deb --root-owner-group -Zxz --build "$dbg" "$dbgdeb" >/dev/null
 say "binary: $(stat -c %s "$built") bytes as built (profile dist), $(stat -c %s "$bin") shipped," \
   "$(stat -c %s "$debug_file") of debug info in casfs-dbgsym"
-say "Depends: $shlibs, fuse3, bubblewrap"
+say "Depends: $shlibs, fuse3, bubblewrap, e2fsprogs"
 echo "$deb"
 echo "$dbgdeb"

@@ -10,10 +10,11 @@ set -euo pipefail
 # `casfs serve` in the demo and fetches rustup (with ca-certificates) where Rust is
 # missing; fonts-dejavu-core labels `casfs bench --plot`; acl's getfacl shows the tests
 # the gates `casfs serve` puts in front of members' sandboxes; bubblewrap isolates
-# sandboxes' processes (`casfs serve`'s /exec and /processes).
+# sandboxes' processes (`casfs serve`'s /exec and /processes); e2fsprogs' mkfs.ext4
+# makes each sandbox's bounded disk.
 PACKAGES=(librocksdb-dev libclang-dev clang pkg-config build-essential fuse3
           git zstd tar rsync restic attr fuse-overlayfs libacl1-dev curl ca-certificates
-          fonts-dejavu-core acl bubblewrap)
+          fonts-dejavu-core acl bubblewrap e2fsprogs)
 
 # The FUSE tests' POSIX probe is a Python script; any python3 on PATH will do.
 command -v python3 >/dev/null 2>&1 || PACKAGES+=(python3)

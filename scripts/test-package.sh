@@ -226,6 +226,11 @@ got="$(exec_in "$user" "$key" "$probe")"
 rkey="$(api root POST /v1/sandboxes '{"thread": "pkg-root"}' | json 'v["key"]')"
 got="$(exec_in root "$rkey" "$probe")"
 [ "$got" = "$(printf '%s\n1' "$(id -u casfs-sandbox)")" ] || fail "a process in root's sandbox said: $got"
+# Each bounded by a disk of its own (the unit lets casfs make loop devices).
+disks="$(find /var/lib/casfs/mounts -maxdepth 1 -name '*.disk' | wc -l)"
+[ "$disks" -ge 2 ] || fail "the sandboxes have $disks bounded disk(s), not 2"
+size="$(exec_in "$user" "$key" "df -P /workspace | awk 'NR == 2 { print \$2 }'")"
+[ "$size" -le $((9 << 20)) ] || fail "$user's sandbox's workspace has $size KiB of room, not its 8 GiB"
 api "$user" DELETE "/v1/sandboxes/$key" >/dev/null
 api root DELETE "/v1/sandboxes/$rkey" >/dev/null
 

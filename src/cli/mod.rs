@@ -59,6 +59,9 @@ pub struct Cli {
 /// for a thread's head; either may end in `~N` for the Nth parent.
 pub type Ref = String;
 
+// Parsed once per process: `serve`'s many flags make its variant the largest, which
+// costs nothing worth boxing for.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 pub enum Command {
     /// Create a store (other commands that write create it too)
@@ -429,6 +432,14 @@ pub enum Command {
         /// Size of each sandbox's private /tmp, in bytes
         #[arg(long, value_name = "BYTES", default_value_t = 256 << 20)]
         sandbox_tmp: u64,
+        /// Bytes one sandbox's writes to its workspace may take (what it changed since
+        /// it was made, copies of changed files included): its uncaptured work lives in
+        /// a file system of that size of its own (a sparse ext4 image on a loop
+        /// device), and a write past it fails with ENOSPC inside the sandbox; 0: no
+        /// bound but the store's file system. Root servers only [default: 8 GiB for a
+        /// root server where loop devices work, else none]
+        #[arg(long, value_name = "BYTES")]
+        sandbox_disk: Option<u64>,
         /// The user the processes of sandboxes the server's own user owns run as (never
         /// root) [default: nobody]
         #[arg(long, value_name = "USER")]

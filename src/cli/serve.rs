@@ -61,6 +61,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         sandbox_pids,
         sandbox_cpus,
         sandbox_tmp,
+        sandbox_disk,
         sandbox_user,
         sandbox_allow,
     } = &cli.command
@@ -196,6 +197,40 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
     if *plain || *mode != casfs::mount::MountMode::Fuse {
         casfs::middleware::start_inotify().map_err(|e| anyhow!(e))?;
     }
+    let sandbox_disk = match *sandbox_disk {
+        Some(0) => None,
+        Some(bytes) => {
+            if *plain {
+                bail!("--sandbox-disk: a plain-directory sandbox (--plain) is not a mount of its own to bound");
+            }
+            if !rustix::process::geteuid().is_root() {
+                bail!(
+                    "--sandbox-disk: a sandbox's disk is a file system of its own on a loop \
+                     device, which only root mounts (a server that is not root has no bound \
+                     but its store's file system)"
+                );
+            }
+            if bytes < casfs::mount::disk::MIN_BYTES {
+                bail!(
+                    "--sandbox-disk {bytes}: give at least {} (16 MiB)",
+                    casfs::mount::disk::MIN_BYTES
+                );
+            }
+            casfs::mount::disk::usable().with_context(|| format!("--sandbox-disk {bytes}"))?;
+            Some(bytes)
+        }
+        None if *plain || !rustix::process::geteuid().is_root() => None,
+        None => match casfs::mount::disk::usable() {
+            Ok(()) => Some(casfs::mount::disk::DEFAULT_BYTES),
+            Err(e) => {
+                tracing::warn!(
+                    "sandboxes' disks are not bounded ({e}): their writes take the store's \
+                     file system's room"
+                );
+                None
+            }
+        },
+    };
     let provider: Arc<dyn SandboxProvider> = if *plain {
         Arc::new(
             DirProvider::new(store.clone(), &sandboxes)
@@ -220,6 +255,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
                     // the server's own user, as --sandbox-user: let them in. The gate
                     // in front of each sandbox keeps everyone else out.
                     allow_other: true,
+                    disk_bytes: sandbox_disk,
                     ..WorkspaceOptions::default()
                 },
             )

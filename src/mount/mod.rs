@@ -10,6 +10,7 @@
 
 pub mod control;
 pub mod daemon;
+pub mod disk;
 pub mod namespace;
 pub mod overlay;
 mod thread_mount;

@@ -163,6 +163,8 @@ pub fn discard_mount_state(
     dirty.clear_all(&mut b);
     dirty.commit(b)?;
     dirty.sync()?;
+    // A bounded directory's file system goes with its image.
+    super::disk::remove(&dir).map_err(|e| CheckpointError::io(&dir, e))?;
     match crate::checkpoint::dirfd::remove_path(&dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -198,6 +200,15 @@ impl MountedThread {
         opts: &WorkspaceOptions,
         mode: MountMode,
     ) -> CheckpointResult<MountedThread> {
+        let mut opts = opts.clone();
+        if let Some(bytes) = opts.disk_bytes {
+            let dir = mount_dir(store.root(), mountpoint);
+            super::disk::bound(&dir, bytes).map_err(|e| CheckpointError::io(&dir, e))?;
+            // Local copies of clean files (a read cache, dropped when short of room)
+            // take at most a quarter of it.
+            opts.local_copies_bytes = opts.local_copies_bytes.min(bytes / 4);
+        }
+        let opts = &opts;
         match mode {
             MountMode::Fuse => {
                 if !overlay::release_to_fuse(&store, mountpoint)? {

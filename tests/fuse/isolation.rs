@@ -4,9 +4,10 @@
 //! root-only file of the host, write outside `/workspace`, see or signal the host's
 //! processes, reach the server's socket or a 127.0.0.1 service of the host, mount,
 //! ptrace, load a module, raise a limit, fork past the pids limit, allocate past the
-//! memory limit, see another sandbox's files, keep a process alive after the sandbox
-//! ends. Every attempt fails, and the host and the other sandbox are unaffected. Real
-//! members of the socket's group (useradd) make the sandboxes, on the pass's backend.
+//! memory limit, fill the disk past its bound, see another sandbox's files, keep a
+//! process alive after the sandbox ends. Every attempt fails, and the host and the
+//! other sandbox are unaffected. Real members of the socket's group (useradd) make the
+//! sandboxes, on the pass's backend.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -458,6 +459,124 @@ fn limits_hold_inside_and_the_host_goes_on() {
         (code, out.as_str()),
         (0, "after\n"),
         "the sandbox went on after its OOM"
+    );
+}
+
+/// Disk: a sandbox's writes past its bound (`--sandbox-disk`) fail inside it with
+/// ENOSPC, in one large file and in many small ones, and in its /tmp past its size; what it wrote takes no more of
+/// the host than the bound; another sandbox, the host and the sandbox itself (once it
+/// frees room) go on; destroying it leaves no file system or image behind.
+#[test]
+fn writes_past_the_disk_bound_fail_inside_and_nothing_else_fills() {
+    if crate::needs_root("it makes users with useradd") || bwrap_missing() {
+        return;
+    }
+    const BOUND: u64 = 64 << 20;
+    let m = members(&[
+        "--sandbox-disk",
+        &BOUND.to_string(),
+        "--sandbox-tmp",
+        &(16u64 << 20).to_string(),
+    ]);
+    let (s, a) = (&m.s, &m.a);
+    let (key, _) = sandbox(a, s, "full");
+    let (key2, _) = sandbox(a, s, "roomy");
+    let images = || -> Vec<std::fs::Metadata> {
+        std::fs::read_dir(m.store.join("mounts"))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".disk"))
+            .map(|e| e.metadata().unwrap())
+            .collect()
+    };
+    assert_eq!(images().len(), 2, "each sandbox has a disk of its own");
+
+    // Directories: rows of the store's database on FUSE, inodes of the disk on
+    // overlay; either way one per 8 KiB of the bound at most.
+    let (code, out, err) = exec(
+        a,
+        s,
+        &key,
+        &py("import os\nn = 0\ntry:\n  for i in range(100000): os.mkdir(f\"/workspace/d{i}\"); n += 1\nexcept OSError as e: print(n, e.errno)"),
+    );
+    let got: Vec<u64> = out
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert!(
+        code == 0 && got.len() == 2 && got[1] == 28 && got[0] <= BOUND / 8192,
+        "directories past the bound: {out} {err}"
+    );
+    let (code, _, err) = exec(a, s, &key, "rm -rf /workspace/d*");
+    assert_eq!(code, 0, "{err}");
+    // 200 MiB into a disk of 64.
+    let (_, out, err) = exec(
+        a,
+        s,
+        &key,
+        "dd if=/dev/zero of=/workspace/big bs=1M count=200 2>&1; echo rc=$?; stat -c %s /workspace/big",
+    );
+    assert!(
+        out.contains("No space left on device") && !out.contains("rc=0"),
+        "200 MiB were written into a 64 MiB disk: {out} {err}"
+    );
+    let written: u64 = out.lines().last().unwrap().trim().parse().unwrap();
+    assert!(written < BOUND, "{written} bytes written past the bound");
+    // Many small files: refused too once the disk is full.
+    fails(
+        a,
+        s,
+        &key,
+        "small files past the bound",
+        &py("import os\nfor i in range(100000):\n  with open(f\"/workspace/f{i}\", \"w\") as f: f.write(\"x\" * 100)"),
+    );
+    // Its private /tmp is bounded too.
+    fails(
+        a,
+        s,
+        &key,
+        "a /tmp past its size",
+        "dd if=/dev/zero of=/tmp/big bs=1M count=64",
+    );
+    // The host holds no more of it than the bound.
+    for md in images() {
+        use std::os::unix::fs::MetadataExt;
+        assert!(
+            md.blocks() * 512 <= BOUND,
+            "a sandbox's disk takes {} bytes of the host",
+            md.blocks() * 512
+        );
+    }
+    // The other sandbox writes more than the first's whole bound could hold over time.
+    let (code, out, err) = exec(
+        a,
+        s,
+        &key2,
+        "dd if=/dev/zero of=/workspace/a bs=1M count=40 2>&1 && rm /workspace/a && dd if=/dev/zero of=/workspace/b bs=1M count=40 2>&1 && echo ok",
+    );
+    assert_eq!(code, 0, "{out} {err}");
+    assert!(out.ends_with("ok\n"), "{out}");
+    // Freed room is room again.
+    let (code, out, err) = exec(
+        a,
+        s,
+        &key,
+        "rm -f /workspace/big /workspace/f* && echo again > /workspace/after && cat /workspace/after",
+    );
+    assert_eq!((code, out.as_str()), (0, "again\n"), "{err}");
+    // Destroyed: no disk, image or loop device of it is left.
+    for k in [&key, &key2] {
+        let (st, v) = a.http(&s.socket, "DELETE", &format!("/v1/sandboxes/{k}"), None);
+        assert_eq!(st, 200, "{v}");
+    }
+    assert!(images().is_empty(), "a destroyed sandbox's image is left");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let store = m.store.to_string_lossy().into_owned();
+    assert!(
+        !mounts
+            .lines()
+            .any(|l| l.contains(&store) && l.contains(" ext4 ")),
+        "a destroyed sandbox's disk is still mounted"
     );
 }
 

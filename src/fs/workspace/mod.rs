@@ -104,6 +104,11 @@ pub struct WorkspaceOptions {
     /// the tree's view at once, O(1): what a sandbox restored at a new checkpoint
     /// wants, since the next run's tree is another.
     pub build_lower_image: bool,
+    /// The mount's uncaptured work (upper files, an overlay's uppers) lives in a file
+    /// system of this many bytes of its own, and a write past it fails with ENOSPC
+    /// (`crate::mount::disk`); none: in the store's directory, bounded by its file
+    /// system only.
+    pub disk_bytes: Option<u64>,
 }
 
 impl Default for WorkspaceOptions {
@@ -117,6 +122,7 @@ impl Default for WorkspaceOptions {
             fuse_uring: super::transport::default_uring(),
             owner: crate::fs::Owner::current(),
             build_lower_image: true,
+            disk_bytes: None,
         }
     }
 }
@@ -189,6 +195,10 @@ pub struct Workspace {
     mounted_at: i64,
     /// Limit of [`Copies`] in bytes.
     copies_limit: u64,
+    /// Changed nodes at most (with a bounded disk): a directory, symlink or special
+    /// file is a row of the database rather than a file of the disk, so their number
+    /// is bounded as the disk's inodes are, one per 8 KiB.
+    max_dirty: usize,
     /// Nodes unloaded since freed memory was last given back to the system.
     unloaded_since_trim: AtomicU64,
     /// Clean files opened since the last checkpoint, in first-open order.
@@ -282,6 +292,9 @@ impl Workspace {
                 unloaded: HashMap::new(),
             }),
             copies_limit: opts.local_copies_bytes,
+            max_dirty: opts.disk_bytes.map_or(usize::MAX, |b| {
+                usize::try_from(b / 8192).unwrap_or(usize::MAX)
+            }),
             reads: crate::fs::ReadLog::default(),
             unloaded_since_trim: AtomicU64::new(0),
             barrier: RwLock::new(()),

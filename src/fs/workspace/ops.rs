@@ -41,6 +41,9 @@ impl WorkspaceFs {
         if tx.lookup(parent, name)?.is_some() {
             return Err(Errno::EEXIST);
         }
+        if tx.st.dirty.len() >= self.ws().max_dirty {
+            return Err(Errno::ENOSPC);
+        }
         let node = tx.make_node(kind, mode, req, parent, Body::Other { rdev });
         let ino = tx.alloc(node);
         let body = match kind {
@@ -118,7 +121,13 @@ impl WorkspaceFs {
             }
         };
         let prepared = match wanted {
-            Some((c, atime, mtime)) => Some((c, ws.prepare_upper(&c, atime, mtime)?)),
+            Some((c, atime, mtime)) => match ws.prepare_upper(&c, atime, mtime) {
+                Ok(p) => Some((c, p)),
+                // A copy to read through is an optimisation: without room (a bounded
+                // mount's disk full) the chunks serve the reads.
+                Err(Errno::ENOSPC) if !write => None,
+                Err(e) => return Err(e),
+            },
             None => None,
         };
         let mut tx = ws.tx();

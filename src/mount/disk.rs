@@ -1,0 +1,301 @@
+//! A bound on a mount's uncaptured work: its directory in the store (an overlay's
+//! generations with their uppers, a FUSE workspace's upper files) made a file system of
+//! its own, ext4 on a loop device over a sparse image beside it (`mounts/<key>.disk`),
+//! `nosuid,nodev`. A write past the bound fails with `ENOSPC` inside the mount, and
+//! nothing else of the host fills: the image never grows past its size. This is how
+//! container engines without file system quotas bound a container's layer (Docker's
+//! `devicemapper`, Kubernetes' `LocalStorageCapacityIsolationFSQuotaMonitoring` off);
+//! the kernels casfs runs on need not have `CONFIG_QFMT_V2` or XFS quotas.
+//!
+//! Making one costs a sparse file, `mkfs.ext4` (e2fsprogs, with lazy inode tables: a
+//! few milliseconds) and a mount. The loop device clears itself when the file system
+//! is unmounted (`LO_FLAGS_AUTOCLEAR`). Root only: ext4 cannot be mounted in a user
+//! namespace.
+
+use std::ffi::CString;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// The smallest bound: room for ext4's own structures and a journal.
+pub const MIN_BYTES: u64 = 16 << 20;
+
+/// A root server's bound when none is given: a sparse image takes only what is
+/// written.
+pub const DEFAULT_BYTES: u64 = 8 << 30;
+
+/// `mkfs.ext4`, from e2fsprogs (Debian's `required` priority).
+const MKFS: &str = "/usr/sbin/mkfs.ext4";
+
+// <linux/loop.h>
+const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
+const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
+const LO_FLAGS_AUTOCLEAR: u32 = 4;
+const LO_FLAGS_DIRECT_IO: u32 = 16;
+
+#[repr(C)]
+struct LoopInfo64 {
+    lo_device: u64,
+    lo_inode: u64,
+    lo_rdevice: u64,
+    lo_offset: u64,
+    lo_sizelimit: u64,
+    lo_number: u32,
+    lo_encrypt_type: u32,
+    lo_encrypt_key_size: u32,
+    lo_flags: u32,
+    lo_file_name: [u8; 64],
+    lo_crypt_name: [u8; 64],
+    lo_encrypt_key: [u8; 32],
+    lo_init: [u64; 2],
+}
+
+#[repr(C)]
+struct LoopConfig {
+    fd: u32,
+    block_size: u32,
+    info: LoopInfo64,
+    reserved: [u64; 8],
+}
+
+/// Whether bounded disks can be made here: `Err` names what is missing (the loop
+/// control device, `mkfs.ext4`).
+pub fn usable() -> io::Result<()> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open("/dev/loop-control")
+        .map_err(|e| io::Error::new(e.kind(), format!("/dev/loop-control: {e}")))?;
+    if !Path::new(MKFS).exists() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{MKFS} is not installed (Debian's e2fsprogs)"),
+        ));
+    }
+    Ok(())
+}
+
+/// The image of the mount directory `dir`.
+fn image_of(dir: &Path) -> PathBuf {
+    let mut s = dir.as_os_str().to_owned();
+    s.push(".disk");
+    PathBuf::from(s)
+}
+
+/// Whether `dir` is the root of a file system other than its parent's.
+fn mounted_at(dir: &Path) -> bool {
+    let (Ok(d), Some(Ok(p))) = (
+        std::fs::symlink_metadata(dir),
+        dir.parent().map(std::fs::symlink_metadata),
+    ) else {
+        return false;
+    };
+    d.is_dir() && d.dev() != p.dev()
+}
+
+/// Makes the mount directory `dir` a file system of `bytes` (see the module's
+/// comment), or keeps the one it is already: mounted by an earlier server that was
+/// killed, or an image such a server left, mounted again with what it holds. A
+/// directory that already holds work made without a bound is refused (mounting over
+/// it would hide that work).
+pub fn bound(dir: &Path, bytes: u64) -> io::Result<()> {
+    if bytes < MIN_BYTES {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("a disk bound of {bytes} bytes: give at least {MIN_BYTES}"),
+        ));
+    }
+    if mounted_at(dir) {
+        return Ok(());
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            if std::fs::read_dir(dir)?.next().is_some() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!(
+                        "{} holds uncaptured work made without a disk bound; discard or \
+                         checkpoint it first",
+                        dir.display()
+                    ),
+                ));
+            }
+        }
+        Err(e) => return Err(e),
+    }
+    let image = image_of(dir);
+    let (file, fresh) = match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&image)
+    {
+        Ok(f) => (f, false),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&image)?;
+            // Sparse: blocks are taken as the file system writes them, never more.
+            f.set_len(bytes)?;
+            (f, true)
+        }
+        Err(e) => return Err(e),
+    };
+    let made = attach(&file).and_then(|(dev, path)| {
+        if fresh {
+            mkfs(&path)?;
+        }
+        mount(&path, dir)?;
+        drop(dev);
+        Ok(())
+    });
+    if let Err(e) = made {
+        if fresh {
+            let _ = std::fs::remove_file(&image);
+        }
+        return Err(io::Error::new(
+            e.kind(),
+            format!("a disk of {bytes} bytes for {}: {e}", dir.display()),
+        ));
+    }
+    // Its root is the store's, as the directory it stands for.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    if fresh {
+        let _ = std::fs::remove_dir(dir.join("lost+found"));
+    }
+    Ok(())
+}
+
+/// Unmounts the bounded file system of mount directory `dir`, if it is one, and
+/// removes its image: what it held is gone. Lazily: a process still holding a file of
+/// it keeps that file until it lets go (the loop device then clears itself).
+pub fn remove(dir: &Path) -> io::Result<()> {
+    if mounted_at(dir) {
+        let c = CString::new(dir.as_os_str().as_encoded_bytes())
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: a NUL-terminated path.
+        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH | libc::UMOUNT_NOFOLLOW) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    match std::fs::remove_file(image_of(dir)) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// A free loop device set up over `file`: the open device and its path.
+fn attach(file: &File) -> io::Result<(File, PathBuf)> {
+    let ctl = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open("/dev/loop-control")?;
+    let mut last = None;
+    // Another process may take the free device first: ask again.
+    for _ in 0..16 {
+        // SAFETY: an ioctl without an argument on the loop control device.
+        let n = unsafe { libc::ioctl(ctl.as_raw_fd(), LOOP_CTL_GET_FREE as _) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let path = PathBuf::from(format!("/dev/loop{n}"));
+        let dev = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&path)?;
+        let config = LoopConfig {
+            fd: file.as_raw_fd() as u32,
+            block_size: 0,
+            info: LoopInfo64 {
+                lo_device: 0,
+                lo_inode: 0,
+                lo_rdevice: 0,
+                lo_offset: 0,
+                lo_sizelimit: 0,
+                lo_number: 0,
+                lo_encrypt_type: 0,
+                lo_encrypt_key_size: 0,
+                lo_flags: LO_FLAGS_AUTOCLEAR | LO_FLAGS_DIRECT_IO,
+                lo_file_name: [0; 64],
+                lo_crypt_name: [0; 64],
+                lo_encrypt_key: [0; 32],
+                lo_init: [0; 2],
+            },
+            reserved: [0; 8],
+        };
+        // SAFETY: LOOP_CONFIGURE reads a `struct loop_config` that outlives the call.
+        if unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_CONFIGURE as _, &config) } == 0 {
+            return Ok((dev, path));
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EBUSY) {
+            return Err(e);
+        }
+        last = Some(e);
+    }
+    Err(last.unwrap_or_else(|| io::Error::from(io::ErrorKind::WouldBlock)))
+}
+
+/// An ext4 file system on device `dev`: no blocks reserved for root, one inode per
+/// 8 KiB, inode tables and journal zeroed later by the kernel.
+fn mkfs(dev: &Path) -> io::Result<()> {
+    let out = std::process::Command::new(MKFS)
+        .args([
+            "-q",
+            "-F",
+            "-m",
+            "0",
+            "-i",
+            "8192",
+            "-E",
+            "lazy_itable_init=1,lazy_journal_init=1,nodiscard",
+            "-L",
+            "casfs-disk",
+        ])
+        .arg(dev)
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| io::Error::new(e.kind(), format!("running {MKFS}: {e}")))?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "{MKFS} {}: {}",
+            dev.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+fn mount(dev: &Path, dir: &Path) -> io::Result<()> {
+    let c = |p: &Path| {
+        CString::new(p.as_os_str().as_encoded_bytes())
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+    };
+    let (src, target) = (c(dev)?, c(dir)?);
+    let fstype = CString::new("ext4").expect("no NUL");
+    // SAFETY: NUL-terminated strings that outlive the call.
+    let r = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            std::ptr::null(),
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
