@@ -960,3 +960,121 @@ print("outside", direct("192.0.2.1", 80))
     assert_ne!(code, 0, "{out}");
     assert!(out.starts_with("proxy=none\n"), "{out}");
 }
+
+/// Ports: a server a sandbox's process runs on its own loopback is reached from the host
+/// through the channel the server opens, with the channel's token only; another member
+/// gets no channel to it; a port nothing listens on answers 502; the channel ends with
+/// the sandbox.
+#[test]
+fn a_port_inside_is_reached_through_its_channel_with_its_token_only() {
+    if crate::needs_root("it makes users with useradd") || bwrap_missing() {
+        return;
+    }
+    let m = members(&[]);
+    let (s, a) = (&m.s, &m.a);
+    let b = TestUser::new(Some(&m.group));
+    let (key, _) = sandbox(a, s, "web");
+    let (code, _, err) = exec(a, s, &key, "echo served-inside > /workspace/page.txt");
+    assert_eq!(code, 0, "{err}");
+    let (st, v) = a.http(
+        &s.socket,
+        "POST",
+        &format!("/v1/sandboxes/{key}/processes"),
+        Some(&json!({
+            "command": "exec python3 -m http.server 8000 --bind 127.0.0.1 --directory /workspace"
+        })),
+    );
+    assert_eq!(st, 200, "{v}");
+    let (code, out, err) = exec(
+        a,
+        s,
+        &key,
+        &py("import socket, time\nfor _ in range(200):\n  try:\n    socket.create_connection((\"127.0.0.1\", 8000)).close(); print(\"up\"); break\n  except OSError: time.sleep(0.05)"),
+    );
+    assert_eq!((code, out.as_str()), (0, "up\n"), "{err}");
+    let channel = |who: &TestUser, port: u16| {
+        who.http(
+            &s.socket,
+            "POST",
+            &format!("/v1/sandboxes/{key}/ports"),
+            Some(&json!({ "port": port })),
+        )
+    };
+    let (st, v) = channel(a, 8000);
+    assert_eq!(st, 200, "{v}");
+    let url = v["url"].as_str().unwrap().to_string();
+    let addr = url.strip_prefix("http://").unwrap().to_string();
+    assert!(addr.starts_with("127.0.0.1:"), "{url}");
+    let (header, token) = (
+        v["header"].as_str().unwrap().to_string(),
+        v["token"].as_str().unwrap().to_string(),
+    );
+    assert_eq!(token.len(), 64);
+    let get = |extra: &str| -> String {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(&addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        write!(
+            c,
+            "GET /page.txt HTTP/1.1\r\nHost: x\r\n{extra}Connection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut got = String::new();
+        let _ = c.read_to_string(&mut got);
+        got
+    };
+    let page = get(&format!("{header}: {token}\r\n"));
+    assert!(
+        page.starts_with("HTTP/1.0 200") && page.ends_with("served-inside\n"),
+        "{page}"
+    );
+    // Without the token, with another, or with it twice: refused before the sandbox.
+    for extra in [
+        String::new(),
+        format!("{header}: {}\r\n", "0".repeat(64)),
+        format!("{header}: {token}\r\n{header}: {token}\r\n"),
+    ] {
+        let got = get(&extra);
+        assert!(got.starts_with("HTTP/1.1 403"), "{extra:?}: {got}");
+    }
+    // The same port again: the same channel.
+    let (st, v) = channel(a, 8000);
+    assert_eq!((st, v["url"].as_str()), (200, Some(url.as_str())), "{v}");
+    // Another member: no such sandbox.
+    let (st, v) = channel(&b, 8000);
+    assert_eq!(st, 404, "{v}");
+    // Nothing listens on 8001 inside.
+    let (st, v) = channel(a, 8001);
+    assert_eq!(st, 200, "{v}");
+    let other = v["url"]
+        .as_str()
+        .unwrap()
+        .strip_prefix("http://")
+        .unwrap()
+        .to_string();
+    let got = {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(&other).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        write!(
+            c,
+            "GET / HTTP/1.1\r\nHost: x\r\n{header}: {}\r\n\r\n",
+            v["token"].as_str().unwrap()
+        )
+        .unwrap();
+        let mut got = String::new();
+        let _ = c.read_to_string(&mut got);
+        got
+    };
+    assert!(got.starts_with("HTTP/1.1 502"), "{got}");
+    // Ended with the sandbox.
+    let (st, v) = a.http(&s.socket, "DELETE", &format!("/v1/sandboxes/{key}"), None);
+    assert_eq!(st, 200, "{v}");
+    assert!(
+        crate::wait_for(Duration::from_secs(10), || std::net::TcpStream::connect(
+            &addr
+        )
+        .is_err()),
+        "the channel outlived its sandbox"
+    );
+}

@@ -38,7 +38,7 @@ import type {
   SandboxProvider,
   SnapshotRef,
 } from './contracts.js'
-import { CasfsError, UnsupportedCapabilityError } from './errors.js'
+import { CasfsError } from './errors.js'
 import { lastEvent, sandboxEvents, type EventsOptions, type FileEvent } from './events.js'
 import { IsolatedProcesses } from './isolated.js'
 import { SandboxProcesses } from './process.js'
@@ -117,11 +117,11 @@ const HOST_CAPABILITIES: SandboxCapabilities = {
 }
 
 /** What an isolated sandbox does: its network is its own (loopback only, unless the
- * server gives it the host's), so a port it listens on is not this host's; where it
- * may go is an allow-list the server's proxy enforces (`allowNetwork`). */
+ * server gives it the host's), so a port it listens on is reached through a channel
+ * the server opens (a URL and a token); where it may go is an allow-list the server's
+ * proxy enforces (`allowNetwork`). */
 const ISOLATED_CAPABILITIES: SandboxCapabilities = {
   ...HOST_CAPABILITIES,
-  ports: false,
   networkPolicy: true,
 }
 
@@ -498,16 +498,19 @@ export function casfsSandbox(options: CasfsSandboxOptions): SandboxProvider {
         spawn: (command, opts) => processes.spawn(command, opts),
       },
       ports: {
-        connect: (port) =>
-          isolated
-            ? Promise.reject(
-                new UnsupportedCapabilityError(
-                  name,
-                  'ports',
-                  "an isolated sandbox's network is its own; isolation: 'none' shares this host's",
-                ),
-              )
-            : Promise.resolve({ url: `http://127.0.0.1:${port}` }),
+        connect: async (port) => {
+          if (!isolated) return { url: `http://127.0.0.1:${port}` }
+          // A channel on the server's host to the port in the sandbox's own network:
+          // every connection's first request carries the token in the header.
+          const c = await client.call(
+            `POST /v1/sandboxes/${key}/ports`,
+            client.api.POST('/v1/sandboxes/{key}/ports', {
+              params: { path: { key } },
+              body: { port },
+            }),
+          )
+          return { url: c.url, token: c.token, headers: { [c.header]: c.token } }
+        },
       },
       env: {
         set: (vars) => {

@@ -58,7 +58,7 @@ describe('provider', () => {
       fs: true,
       exec: true,
       env: true,
-      ports: false,
+      ports: true,
       backgroundProcesses: true,
       writableStdin: true,
       killableProcesses: true,
@@ -246,9 +246,29 @@ describe('provider', () => {
     expect(log.stdout).toBe("it's the first\n")
   })
 
-  test("an isolated sandbox's ports are its own, not this host's", async () => {
+  test("an isolated sandbox's port is reached through its channel, with its token", async () => {
     const h = await create()
-    await expect(h.ports.connect(8123)).rejects.toThrow(/does not support ports/)
+    await h.fs.write('/workspace/page.txt', 'served inside')
+    const server = await h.process.spawn(
+      'exec python3 -m http.server 8123 --bind 127.0.0.1 --directory /workspace',
+    )
+    const up = await h.process.exec(
+      `python3 -c 'import socket, time
+for _ in range(200):
+  try:
+    socket.create_connection(("127.0.0.1", 8123)).close(); print("up"); break
+  except OSError: time.sleep(0.05)'`,
+    )
+    expect(up.stdout).toBe('up\n')
+    const ch = await h.ports.connect(8123)
+    expect(ch.url).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/)
+    const page = await fetch(`${ch.url}/page.txt`, { headers: ch.headers ?? {} })
+    expect(page.status).toBe(200)
+    expect(await page.text()).toBe('served inside')
+    // Without the token the channel refuses before the sandbox.
+    const refused = await fetch(`${ch.url}/page.txt`)
+    expect(refused.status).toBe(403)
+    await server.kill()
   })
 
   test('a snapshot is a checkpoint; restore and fork mount it', async () => {

@@ -11,6 +11,7 @@
 mod engine;
 pub mod init;
 mod limits;
+pub mod ports;
 pub mod proxy;
 mod seccomp;
 mod spare;
@@ -18,6 +19,7 @@ mod wire;
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read};
+use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -279,6 +281,10 @@ pub struct Jail {
     ready: Mutex<Option<std::sync::mpsc::SyncSender<Option<OwnedFd>>>>,
     /// The sandbox's proxy, while it runs.
     proxy: Mutex<Option<tokio::task::AbortHandle>>,
+    /// The sandbox's network namespace, while it runs (channels to its ports enter it).
+    netns: Mutex<Option<Arc<OwnedFd>>>,
+    /// Channels to its ports, by port, closed when it ends.
+    ports: Mutex<HashMap<u16, ports::Channel>>,
     procs: Mutex<HashMap<u64, Arc<Process>>>,
     kept: Arc<AtomicUsize>,
     ended: AtomicBool,
@@ -365,6 +371,8 @@ impl Jail {
             stage: Mutex::new(started.stage),
             ready: Mutex::new(Some(ready_tx)),
             proxy: Mutex::new(None),
+            netns: Mutex::new(None),
+            ports: Mutex::new(HashMap::new()),
             procs: Mutex::new(HashMap::new()),
             kept: Arc::new(AtomicUsize::new(0)),
             ended: AtomicBool::new(false),
@@ -390,7 +398,10 @@ impl Jail {
             }
         };
         let t_ready = t0.elapsed();
+        let netns = Arc::new(netns);
+        *lock(&jail.netns) = Some(netns.clone());
         if opts.network == Network::None && !opts.allow.is_empty() {
+            let netns = netns.as_fd().try_clone_to_owned()?;
             match proxy::start(netns, opts.allow.clone().into(), key.to_string()) {
                 Ok(h) => *lock(&jail.proxy) = Some(h),
                 // Without its proxy a sandbox reaches nothing: it goes on, closed.
@@ -403,6 +414,38 @@ impl Jail {
             t0.elapsed()
         );
         Ok(jail)
+    }
+
+    /// A channel to `port` inside the sandbox (opened at `bind` if there is none yet):
+    /// its address and token ([`ports`]).
+    pub fn channel(&self, port: u16, bind: std::net::IpAddr) -> io::Result<(SocketAddr, Arc<str>)> {
+        let netns = lock(&self.netns)
+            .clone()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "the sandbox has ended"))?;
+        let mut open = lock(&self.ports);
+        if let Some(c) = open.get(&port) {
+            return Ok((c.addr, c.token.clone()));
+        }
+        if open.len() >= ports::MAX_PORTS {
+            return Err(io::Error::new(
+                io::ErrorKind::QuotaExceeded,
+                format!(
+                    "a sandbox has channels to at most {} ports",
+                    ports::MAX_PORTS
+                ),
+            ));
+        }
+        let c = ports::open(netns, port, bind, self.key.clone())?;
+        let got = (c.addr, c.token.clone());
+        // Ended meanwhile (its end took the namespace after this took it): closed here.
+        if self.ended.load(Ordering::SeqCst) {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "the sandbox has ended",
+            ));
+        }
+        open.insert(port, c);
+        Ok(got)
     }
 
     /// Whether the sandbox's processes have a proxy to the allow-list (at
@@ -636,6 +679,8 @@ impl Jail {
         if let Some(p) = lock(&self.proxy).take() {
             p.abort();
         }
+        lock(&self.ports).clear();
+        lock(&self.netns).take();
         let Some((mut child, group)) = lock(&self.engine).take() else {
             return;
         };

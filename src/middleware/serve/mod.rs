@@ -90,6 +90,7 @@ pub const ROUTES: &[&str] = &[
     "GET /v1/sandboxes/{key}/processes/{id}",
     "POST /v1/sandboxes/{key}/processes/{id}/stdin",
     "POST /v1/sandboxes/{key}/processes/{id}/kill",
+    "POST /v1/sandboxes/{key}/ports",
     "POST /v1/maintenance",
     "POST /v1/threads/{thread}/fork",
     "PUT /v1/stores/{store}",
@@ -453,6 +454,7 @@ impl Server {
                 "/v1/sandboxes/{key}/processes/{id}/kill",
                 post(processes::kill),
             )
+            .route("/v1/sandboxes/{key}/ports", post(processes::port))
             .route("/v1/maintenance", post(maintain))
             .route("/v1/threads/{thread}/fork", post(writers::fork))
             .route("/v1/stores/{store}", put(stores::open))

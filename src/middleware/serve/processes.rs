@@ -1,7 +1,8 @@
 //! A sandbox's processes for its client, under `/v1/sandboxes/{key}/...`: `exec` (run
 //! to the end: output and exit code), `processes` (start one in the background), and
 //! for each process its output from a cursor (waiting for more while it runs), stdin
-//! writes and kill of its whole group. They run isolated
+//! writes and kill of its whole group; and channels to the ports its servers listen on
+//! inside (`ports`, [`crate::middleware::isolate::ports`]). They run isolated
 //! ([`crate::middleware::isolate`]): in the sandbox's own namespaces, limits and filter,
 //! as its owner (never root), the workspace at `/workspace`. Only the caller's own
 //! sandbox is served; another's is not found.
@@ -455,4 +456,43 @@ pub(super) async fn kill(
     jail.kill(id, sig)
         .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "sandbox", e.to_string()))?;
     Ok(Json(json!({"ok": true})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PortBody {
+    /// The port a process of the sandbox listens on, at 127.0.0.1 in its network.
+    port: u16,
+}
+
+/// `POST /v1/sandboxes/{key}/ports`: a channel to a port inside the sandbox (the same
+/// one again for the same port): a URL on the host's loopback and the token every
+/// connection's first request carries.
+pub(super) async fn port(
+    State(s): State<Arc<Server>>,
+    who: Caller,
+    ApiPath(key): ApiPath<String>,
+    ApiJson(body): ApiJson<PortBody>,
+) -> ApiResult {
+    if body.port == 0 {
+        return Err(invalid("port 0"));
+    }
+    let jail = s.jail(&who, &key).await?;
+    let (addr, token) = jail
+        .channel(body.port, std::net::Ipv4Addr::LOCALHOST.into())
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::QuotaExceeded => ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_ports",
+                e.to_string(),
+            ),
+            std::io::ErrorKind::NotFound => not_found(&key, e.to_string()),
+            _ => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "sandbox", e.to_string()),
+        })?;
+    Ok(Json(json!({
+        "url": format!("http://{addr}"),
+        "port": body.port,
+        "header": crate::middleware::isolate::ports::TOKEN_HEADER,
+        "token": &*token,
+    })))
 }
