@@ -63,6 +63,18 @@ impl WriterLease {
     }
 }
 
+/// A fresh secret: 32 bytes from the system's random source, in hex.
+pub fn secret_hex() -> String {
+    let mut b = [0u8; 32];
+    getrandom::fill(&mut b).expect("the system's random source");
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Whether secrets `a` and `b` are equal, in time that depends on their lengths only.
+pub fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
 /// A lease's owner secret: 32 random bytes in hex, told only to the writer that took
 /// the lease. Stores keep only its hash ([`OwnerToken::digest`]), so reading a store's
 /// files does not give it away either; `Debug` never shows it.
@@ -73,9 +85,7 @@ pub struct OwnerToken(String);
 impl OwnerToken {
     /// A fresh secret from the system's random source.
     pub fn generate() -> OwnerToken {
-        let mut b = [0u8; 32];
-        getrandom::fill(&mut b).expect("the system's random source");
-        OwnerToken(b.iter().map(|x| format!("{x:02x}")).collect())
+        OwnerToken(secret_hex())
     }
 
     /// A secret as a client sent it.
@@ -131,13 +141,7 @@ impl LeaseRecord {
     pub fn owned_by(&self, l: &WriterLease) -> bool {
         let given = l.owner_token.digest();
         // Compared in constant time, though both are hashes.
-        !self.owner_digest.is_empty()
-            && given.len() == self.owner_digest.len()
-            && given
-                .bytes()
-                .zip(self.owner_digest.bytes())
-                .fold(0u8, |a, (x, y)| a | (x ^ y))
-                == 0
+        !self.owner_digest.is_empty() && same_secret(given.as_bytes(), self.owner_digest.as_bytes())
     }
 
     /// The lease this record is, as told to the writer that presented `owner`.

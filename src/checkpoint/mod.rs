@@ -29,7 +29,10 @@ pub use capture::{
 };
 pub use checkpoint_store::CheckpointStore;
 pub use error::{CheckpointError, CheckpointResult};
-pub use lease::{holder_name, LeaseKeeper, LeaseRecord, LeaseStatus, OwnerToken, WriterLease};
+pub use lease::{
+    holder_name, same_secret, secret_hex, LeaseKeeper, LeaseRecord, LeaseStatus, OwnerToken,
+    WriterLease,
+};
 pub use pg_store::PgCheckpointStore;
 pub use record::{check_tenant_name, MAX_TENANT_LEN};
 pub use record::{

@@ -216,11 +216,12 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
                     casfs::mount::disk::MIN_BYTES
                 );
             }
-            casfs::mount::disk::usable().with_context(|| format!("--sandbox-disk {bytes}"))?;
+            casfs::mount::disk::usable(&root)
+                .with_context(|| format!("--sandbox-disk {bytes}: making a disk"))?;
             Some(bytes)
         }
         None if *plain || !rustix::process::geteuid().is_root() => None,
-        None => match casfs::mount::disk::usable() {
+        None => match casfs::mount::disk::usable(&root) {
             Ok(()) => Some(casfs::mount::disk::DEFAULT_BYTES),
             Err(e) => {
                 tracing::warn!(

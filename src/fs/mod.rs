@@ -307,6 +307,19 @@ pub fn is_overlay_mount(path: &std::path::Path) -> bool {
     }
 }
 
+/// Detaches the mount at `path` lazily (`MNT_DETACH`: processes inside keep what they
+/// hold; a dead FUSE daemon never blocks it), not following a symbolic link there.
+pub fn detach(path: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // SAFETY: a NUL-terminated path.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH | libc::UMOUNT_NOFOLLOW) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Whether `path` is a FUSE mount whose daemon is gone ("transport endpoint is not
 /// connected"). Asked with statfs, which the kernel never answers from its caches (a
 /// stat of the mountpoint may still succeed from cached attributes).

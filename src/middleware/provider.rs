@@ -541,11 +541,7 @@ fn check_key(key: &str) -> MiddlewareResult<()> {
 
 /// Detaches whatever FUSE mount (live or dead) sits at `path`.
 fn detach_mount(path: &Path) {
-    use std::os::unix::ffi::OsStrExt;
-    if let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) {
-        // SAFETY: a NUL-terminated path; MNT_DETACH never blocks on a dead daemon.
-        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-    }
+    let _ = crate::fs::detach(path);
 }
 
 impl SandboxProvider for CasfsProvider {

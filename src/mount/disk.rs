@@ -26,8 +26,19 @@ pub const MIN_BYTES: u64 = 16 << 20;
 /// written.
 pub const DEFAULT_BYTES: u64 = 8 << 30;
 
-/// `mkfs.ext4`, from e2fsprogs (Debian's `required` priority).
-const MKFS: &str = "/usr/sbin/mkfs.ext4";
+/// Where e2fsprogs puts `mkfs.ext4` (`/sbin` on a system without a merged `/usr`).
+const MKFS: [&str; 2] = ["/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4"];
+
+fn mkfs_path() -> io::Result<&'static str> {
+    MKFS.into_iter()
+        .find(|p| Path::new(p).exists())
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                "mkfs.ext4 is not installed (e2fsprogs)".to_string(),
+            )
+        })
+}
 
 // <linux/loop.h>
 const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
@@ -60,22 +71,17 @@ struct LoopConfig {
     reserved: [u64; 8],
 }
 
-/// Whether bounded disks can be made here: `Err` names what is missing (the loop
-/// control device, `mkfs.ext4`).
-pub fn usable() -> io::Result<()> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_CLOEXEC)
-        .open("/dev/loop-control")
-        .map_err(|e| io::Error::new(e.kind(), format!("/dev/loop-control: {e}")))?;
-    if !Path::new(MKFS).exists() {
-        return Err(io::Error::new(
-            io::ErrorKind::NotFound,
-            format!("{MKFS} is not installed (Debian's e2fsprogs)"),
-        ));
-    }
-    Ok(())
+/// Whether bounded disks can be made in the store at `store_root`: one is made (of
+/// [`MIN_BYTES`]) and removed again, so that a host where loop devices, `mkfs.ext4` or
+/// ext4 do not work says so before a sandbox needs one. `Err` says what failed.
+pub fn usable(store_root: &Path) -> io::Result<()> {
+    let dir = store_root.join("mounts").join(".disk-probe");
+    let _ = remove(&dir);
+    let _ = std::fs::remove_dir(&dir);
+    let made = bound(&dir, MIN_BYTES);
+    let removed = remove(&dir).and_then(|()| std::fs::remove_dir(&dir));
+    made.map(|_| ())?;
+    removed
 }
 
 /// The image of the mount directory `dir`.
@@ -100,8 +106,8 @@ fn mounted_at(dir: &Path) -> bool {
 /// comment), or keeps the one it is already: mounted by an earlier server that was
 /// killed, or an image such a server left, mounted again with what it holds. A
 /// directory that already holds work made without a bound is refused (mounting over
-/// it would hide that work).
-pub fn bound(dir: &Path, bytes: u64) -> io::Result<()> {
+/// it would hide that work). Returns whether the disk was made now (empty).
+pub fn bound(dir: &Path, bytes: u64) -> io::Result<bool> {
     if bytes < MIN_BYTES {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -109,7 +115,7 @@ pub fn bound(dir: &Path, bytes: u64) -> io::Result<()> {
         ));
     }
     if mounted_at(dir) {
-        return Ok(());
+        return Ok(false);
     }
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => {}
@@ -171,7 +177,7 @@ pub fn bound(dir: &Path, bytes: u64) -> io::Result<()> {
     if fresh {
         let _ = std::fs::remove_dir(dir.join("lost+found"));
     }
-    Ok(())
+    Ok(fresh)
 }
 
 /// Unmounts the bounded file system of mount directory `dir`, if it is one, and
@@ -179,14 +185,22 @@ pub fn bound(dir: &Path, bytes: u64) -> io::Result<()> {
 /// it keeps that file until it lets go (the loop device then clears itself).
 pub fn remove(dir: &Path) -> io::Result<()> {
     if mounted_at(dir) {
-        let c = CString::new(dir.as_os_str().as_encoded_bytes())
-            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        // SAFETY: a NUL-terminated path.
-        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH | libc::UMOUNT_NOFOLLOW) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        crate::fs::detach(dir)?;
     }
-    match std::fs::remove_file(image_of(dir)) {
+    // Emptied first: a mount namespace another process copied while the disk was
+    // mounted (`unshare -m`) keeps the file system, and so the image, alive after it
+    // is unlinked; truncated, it holds no blocks of the host whoever keeps it.
+    let image = image_of(dir);
+    match OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&image)
+    {
+        Ok(f) => f.set_len(0)?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    }
+    match std::fs::remove_file(&image) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
     }
@@ -246,15 +260,18 @@ fn attach(file: &File) -> io::Result<(File, PathBuf)> {
     Err(last.unwrap_or_else(|| io::Error::from(io::ErrorKind::WouldBlock)))
 }
 
-/// An ext4 file system on device `dev`: no blocks reserved for root, one inode per
-/// 8 KiB, inode tables and journal zeroed later by the kernel.
+/// An ext4 file system on device `dev`: 1% of its blocks kept for root (the server:
+/// an overlay's next generation is made there when a full sandbox is restored; a
+/// sandbox's processes are never root), one inode per 8 KiB, inode tables and journal
+/// zeroed later by the kernel.
 fn mkfs(dev: &Path) -> io::Result<()> {
-    let out = std::process::Command::new(MKFS)
+    let mkfs = mkfs_path()?;
+    let out = std::process::Command::new(mkfs)
         .args([
             "-q",
             "-F",
             "-m",
-            "0",
+            "1",
             "-i",
             "8192",
             "-E",
@@ -266,10 +283,10 @@ fn mkfs(dev: &Path) -> io::Result<()> {
         .env_clear()
         .stdin(std::process::Stdio::null())
         .output()
-        .map_err(|e| io::Error::new(e.kind(), format!("running {MKFS}: {e}")))?;
+        .map_err(|e| io::Error::new(e.kind(), format!("running {mkfs}: {e}")))?;
     if !out.status.success() {
         return Err(io::Error::other(format!(
-            "{MKFS} {}: {}",
+            "{mkfs} {}: {}",
             dev.display(),
             String::from_utf8_lossy(&out.stderr).trim()
         )));

@@ -200,15 +200,31 @@ impl MountedThread {
         opts: &WorkspaceOptions,
         mode: MountMode,
     ) -> CheckpointResult<MountedThread> {
-        let mut opts = opts.clone();
-        if let Some(bytes) = opts.disk_bytes {
-            let dir = mount_dir(store.root(), mountpoint);
-            super::disk::bound(&dir, bytes).map_err(|e| CheckpointError::io(&dir, e))?;
-            // Local copies of clean files (a read cache, dropped when short of room)
-            // take at most a quarter of it.
-            opts.local_copies_bytes = opts.local_copies_bytes.min(bytes / 4);
+        let dir = mount_dir(store.root(), mountpoint);
+        let made = match opts.disk_bytes {
+            Some(bytes) => {
+                super::disk::bound(&dir, bytes).map_err(|e| CheckpointError::io(&dir, e))?
+            }
+            None => false,
+        };
+        let mounted = Self::mount_backend(store, mountpoint, thread, at, opts, mode);
+        if mounted.is_err() && made {
+            // A disk made for a mount that failed goes with it (it holds nothing).
+            if let Err(e) = super::disk::remove(&dir).and_then(|()| std::fs::remove_dir_all(&dir)) {
+                tracing::warn!("removing the disk of {}: {e}", dir.display());
+            }
         }
-        let opts = &opts;
+        mounted
+    }
+
+    fn mount_backend(
+        store: Arc<Store>,
+        mountpoint: &Path,
+        thread: ThreadId,
+        at: Option<CheckpointId>,
+        opts: &WorkspaceOptions,
+        mode: MountMode,
+    ) -> CheckpointResult<MountedThread> {
         match mode {
             MountMode::Fuse => {
                 if !overlay::release_to_fuse(&store, mountpoint)? {
@@ -484,12 +500,7 @@ impl MountedThread {
     pub fn detach(&self) {
         match &self.backend {
             Backend::Fuse { .. } => {
-                if let Ok(c) =
-                    std::ffi::CString::new(self.mountpoint.as_os_str().as_encoded_bytes())
-                {
-                    // SAFETY: a NUL-terminated path.
-                    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-                }
+                let _ = crate::fs::detach(&self.mountpoint);
             }
             Backend::Overlay(o) => o.detach(),
         }

@@ -791,6 +791,15 @@ fn a_root_sandbox_runs_as_the_stand_in_and_host_network_is_opt_in() {
     assert_eq!(v["stdout"], "made\n65534\n", "{v}");
     use std::os::unix::fs::MetadataExt;
     assert_eq!(std::fs::metadata(root.join("d/f")).unwrap().uid(), 65534);
+    // On the host's network its ports are the host's: no channel (which would let its
+    // owner reach the host's loopback services through the server).
+    let (st, v) = call(
+        &s,
+        "POST",
+        &format!("/v1/sandboxes/{key}/ports"),
+        Some(&json!({ "port": port })),
+    );
+    assert_eq!(st, 400, "{v}");
 }
 
 /// A host service for the network tests: answers every request with `body`, counting
@@ -981,7 +990,7 @@ fn a_port_inside_is_reached_through_its_channel_with_its_token_only() {
         "POST",
         &format!("/v1/sandboxes/{key}/processes"),
         Some(&json!({
-            "command": "exec python3 -m http.server 8000 --bind 127.0.0.1 --directory /workspace"
+            "command": "exec python3 -m http.server 8000 --bind 127.0.0.1 --protocol HTTP/1.1 --directory /workspace"
         })),
     );
     assert_eq!(st, 200, "{v}");
@@ -1025,8 +1034,30 @@ fn a_port_inside_is_reached_through_its_channel_with_its_token_only() {
     };
     let page = get(&format!("{header}: {token}\r\n"));
     assert!(
-        page.starts_with("HTTP/1.0 200") && page.ends_with("served-inside\n"),
+        page.starts_with("HTTP/1.1 200") && page.ends_with("served-inside\n"),
         "{page}"
+    );
+    // One request per connection: a second one behind it (without the token) on a
+    // connection kept alive is never answered; the server inside closes after the
+    // first.
+    let got = {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(&addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        write!(
+            c,
+            "GET /page.txt HTTP/1.1\r\nHost: x\r\n{header}: {token}\r\nConnection: keep-alive\r\n\r\n\
+             GET /page.txt HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
+        .unwrap();
+        let mut got = String::new();
+        let _ = c.read_to_string(&mut got);
+        got
+    };
+    assert_eq!(
+        got.matches("HTTP/1.1 200").count(),
+        1,
+        "a request without the token was answered: {got}"
     );
     // Without the token, with another, or with it twice: refused before the sandbox.
     for extra in [

@@ -199,6 +199,9 @@ pub struct Workspace {
     /// file is a row of the database rather than a file of the disk, so their number
     /// is bounded as the disk's inodes are, one per 8 KiB.
     max_dirty: usize,
+    /// Clean files may get a local copy to be read through passthrough: not on a
+    /// bounded disk, where the room is the workspace's writes'.
+    read_copies: bool,
     /// Nodes unloaded since freed memory was last given back to the system.
     unloaded_since_trim: AtomicU64,
     /// Clean files opened since the last checkpoint, in first-open order.
@@ -292,6 +295,7 @@ impl Workspace {
                 unloaded: HashMap::new(),
             }),
             copies_limit: opts.local_copies_bytes,
+            read_copies: opts.disk_bytes.is_none(),
             max_dirty: opts.disk_bytes.map_or(usize::MAX, |b| {
                 usize::try_from(b / 8192).unwrap_or(usize::MAX)
             }),

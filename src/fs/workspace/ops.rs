@@ -109,7 +109,8 @@ impl WorkspaceFs {
                     ..
                 } if !(write && trunc)
                     && (write
-                        || (ws.passthrough.load(Ordering::Relaxed)
+                        || (ws.read_copies
+                            && ws.passthrough.load(Ordering::Relaxed)
                             && n.extra().open_plain == 0
                             && c.size >= MATERIALIZE_MIN
                             // A local copy is an optimisation: not when space is short.

@@ -400,6 +400,10 @@ impl Jail {
         let t_ready = t0.elapsed();
         let netns = Arc::new(netns);
         *lock(&jail.netns) = Some(netns.clone());
+        if jail.ended.load(Ordering::SeqCst) {
+            // Ended meanwhile (its init gone): nothing holds the namespace for it.
+            lock(&jail.netns).take();
+        }
         if opts.network == Network::None && !opts.allow.is_empty() {
             let netns = netns.as_fd().try_clone_to_owned()?;
             match proxy::start(netns, opts.allow.clone().into(), key.to_string()) {
@@ -419,6 +423,18 @@ impl Jail {
     /// A channel to `port` inside the sandbox (opened at `bind` if there is none yet):
     /// its address and token ([`ports`]).
     pub fn channel(&self, port: u16, bind: std::net::IpAddr) -> io::Result<(SocketAddr, Arc<str>)> {
+        if self.network == Network::Host {
+            // Its ports are the host's own: a channel would only let its owner reach
+            // the host's loopback services through the server.
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "sandbox {:?} is on the host's network: a port it listens on is the \
+                     host's, at 127.0.0.1:{port}",
+                    self.key
+                ),
+            ));
+        }
         let netns = lock(&self.netns)
             .clone()
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "the sandbox has ended"))?;

@@ -1,33 +1,30 @@
 //! A sandbox's ports for its client (the framework's `ports.connect`): a server a
-//! sandbox's process runs on `127.0.0.1:PORT` in the sandbox's own network is reached
-//! through a channel casfs opens on the host, a TCP listener at an address of the
-//! server's (`127.0.0.1` for a socket server) that takes a connection only if its first
-//! request carries the channel's token (header [`TOKEN_HEADER`], 256 random bits,
-//! compared in constant time, removed before the request goes on), then relays the
-//! connection, as it is, to the port inside: keep-alive, streaming and WebSocket
-//! upgrades pass. Any user of the host may connect to the listener; only the holder of
-//! the token, which the sandbox's owner got from the server, gets through. The channel
-//! ends with the sandbox.
+//! sandbox's process runs on its own loopback (`127.0.0.1:PORT`, else `[::1]:PORT`) is
+//! reached through a channel casfs opens on the host's loopback, a TCP listener that
+//! takes a connection only if its request carries the channel's token (header
+//! [`TOKEN_HEADER`], 256 random bits, compared in constant time, removed before the
+//! request goes on), then relays the connection as it is to the port inside. Each
+//! connection carries one request: the request goes on with `Connection: close` (its
+//! server closes once it answered), so that every request is checked; a WebSocket or
+//! other upgrade keeps its connection. Any user of the host may connect to the
+//! listener; only the holder of the token, which the sandbox's owner got from the
+//! server, gets through. A sandbox on the host's own network gets no channel (its
+//! ports are the host's). The channel ends with the sandbox's isolation.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::os::fd::{AsFd, OwnedFd};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+
+use super::proxy::{accept_loop, in_netns, refuse, MAX_HEAD, WAIT};
 
 /// The header a request through a channel carries its token in.
 pub const TOKEN_HEADER: &str = "x-casfs-port-token";
 
 /// Ports one sandbox may have channels to.
 pub const MAX_PORTS: usize = 16;
-/// Connections through one channel at once.
-const MAX_CONNECTIONS: usize = 256;
-/// A first request head's most bytes, and how long it may take to come.
-const MAX_HEAD: usize = 16 << 10;
-const WAIT: Duration = Duration::from_secs(10);
 
 /// An open channel to a sandbox's port.
 pub struct Channel {
@@ -72,46 +69,11 @@ async fn serve(
     token: Arc<str>,
     key: String,
 ) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    // Its connections, aborted with it (the sandbox ended) when this task is.
-    let mut conns = tokio::task::JoinSet::new();
-    loop {
-        while conns.try_join_next().is_some() {}
-        let Ok(permit) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        let conn = match listener.accept().await {
-            Ok((c, _)) => c,
-            Err(e) => {
-                tracing::warn!(sandbox = %key, port, "channel: accept: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let (netns, token, key) = (netns.clone(), token.clone(), key.clone());
-        conns.spawn(async move {
-            if let Err(e) = relay(conn, &netns, port, &token).await {
-                tracing::debug!(sandbox = %key, port, "channel: {e}");
-            }
-            drop(permit);
-        });
-    }
-}
-
-async fn answer(conn: &mut TcpStream, status: &str, msg: &str) -> std::io::Result<()> {
-    let body = format!("casfs: {msg}\n");
-    let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    conn.write_all(head.as_bytes()).await?;
-    conn.write_all(body.as_bytes()).await?;
-    conn.shutdown().await
-}
-
-/// Whether `a` and `b` are equal, in time that depends on their lengths only.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+    accept_loop(listener, "channel", key, move |conn| {
+        let (netns, token) = (netns.clone(), token.clone());
+        async move { relay(conn, netns, port, &token).await }
+    })
+    .await
 }
 
 /// What the bytes a connection sent first are.
@@ -123,45 +85,56 @@ enum Head {
     Bad,
     /// A request without the channel's token (or with two).
     Refused,
-    /// A request with the channel's token: the header's line, to cut out.
-    Allowed(std::ops::Range<usize>),
+    /// A request with the channel's token: the head to send on instead (the token's
+    /// line cut out; unless it asks for an upgrade, `Connection: close` in place of
+    /// what it said of its connection), and where the head ended.
+    Allowed(Vec<u8>, usize),
 }
 
 fn check_head(buf: &[u8], token: &str) -> Head {
     let mut headers = [httparse::EMPTY_HEADER; 128];
     let mut req = httparse::Request::new(&mut headers);
-    match req.parse(buf) {
-        Ok(httparse::Status::Complete(_)) => {}
+    let end = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => return Head::More,
         Err(_) => return Head::Bad,
+    };
+    let is = |h: &httparse::Header, name: &str| h.name.eq_ignore_ascii_case(name);
+    let tokens: Vec<_> = req.headers.iter().filter(|h| is(h, TOKEN_HEADER)).collect();
+    if tokens.len() != 1 || !crate::checkpoint::same_secret(tokens[0].value, token.as_bytes()) {
+        return Head::Refused;
     }
-    let mut found = None;
-    for h in req.headers.iter() {
-        if h.name.eq_ignore_ascii_case(TOKEN_HEADER) {
-            if found.is_some() || !same(h.value, token.as_bytes()) {
-                return Head::Refused;
-            }
-            // The header's whole line, found by the value's place in `buf`.
-            let at = h.value.as_ptr() as usize - buf.as_ptr() as usize;
-            let start = buf[..at]
-                .iter()
-                .rposition(|&b| b == b'\n')
-                .map_or(0, |i| i + 1);
-            let after = at + h.value.len();
-            let stop = after
-                + buf[after..]
+    let upgrade = req.headers.iter().any(|h| is(h, "upgrade"));
+    // httparse took the head as valid: one header per line, so lines are headers.
+    let mut lines = buf[..end].split_inclusive(|&b| b == b'\n');
+    let mut out = Vec::with_capacity(end + 20);
+    out.extend_from_slice(lines.next().unwrap_or_default());
+    for line in lines {
+        let name = line.split(|&b| b == b':').next().unwrap_or_default();
+        let name = String::from_utf8_lossy(name);
+        let name = name.trim();
+        if name.is_empty() {
+            break;
+        }
+        let drop = name.eq_ignore_ascii_case(TOKEN_HEADER)
+            || (!upgrade
+                && ["connection", "keep-alive", "proxy-connection"]
                     .iter()
-                    .position(|&b| b == b'\n')
-                    .map_or(0, |i| i + 1);
-            found = Some(start..stop);
+                    .any(|n| name.eq_ignore_ascii_case(n)));
+        if !drop {
+            out.extend_from_slice(line);
         }
     }
-    found.map_or(Head::Refused, Head::Allowed)
+    if !upgrade {
+        out.extend_from_slice(b"Connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    Head::Allowed(out, end)
 }
 
 async fn relay(
     mut conn: TcpStream,
-    netns: &Arc<OwnedFd>,
+    netns: Arc<OwnedFd>,
     port: u16,
     token: &str,
 ) -> std::io::Result<()> {
@@ -173,19 +146,23 @@ async fn relay(
             if n == 0 {
                 return Ok(None);
             }
+            // Parsed once the head's end has come (not again for each byte).
+            let from = buf.len().saturating_sub(3);
             buf.extend_from_slice(&chunk[..n]);
-            match check_head(&buf, token) {
-                Head::More if buf.len() < MAX_HEAD => {}
-                Head::More => return Ok(Some(Head::Bad)),
-                h => return Ok(Some(h)),
+            if memchr::memmem::find(&buf[from..], b"\r\n\r\n").is_none() {
+                if buf.len() >= MAX_HEAD {
+                    return Ok(Some(Head::Bad));
+                }
+                continue;
             }
+            return Ok(Some(check_head(&buf, token)));
         }
     })
     .await;
-    let line = match head {
-        Ok(Ok(Some(Head::Allowed(line)))) => line,
+    let (head, end) = match head {
+        Ok(Ok(Some(Head::Allowed(head, end)))) => (head, end),
         Ok(Ok(Some(Head::Refused))) => {
-            return answer(
+            return refuse(
                 &mut conn,
                 "403 Forbidden",
                 &format!("a request through this channel carries its token in {TOKEN_HEADER}"),
@@ -193,17 +170,16 @@ async fn relay(
             .await
         }
         Ok(Ok(Some(_))) => {
-            return answer(&mut conn, "400 Bad Request", "not an HTTP request").await
+            return refuse(&mut conn, "400 Bad Request", "not an HTTP request").await
         }
         Ok(Ok(None)) => return Ok(()),
         Ok(Err(e)) => return Err(e),
-        Err(_) => return answer(&mut conn, "408 Request Timeout", "no request").await,
+        Err(_) => return refuse(&mut conn, "408 Request Timeout", "no request").await,
     };
-    buf.drain(line);
-    let mut inside = match connect_inside(netns.clone(), port).await {
+    let mut inside = match connect_inside(netns, port).await {
         Ok(s) => s,
         Err(e) => {
-            return answer(
+            return refuse(
                 &mut conn,
                 "502 Bad Gateway",
                 &format!("nothing answers on port {port} in the sandbox ({e})"),
@@ -211,40 +187,46 @@ async fn relay(
             .await
         }
     };
-    inside.write_all(&buf).await?;
+    inside.write_all(&head).await?;
+    inside.write_all(&buf[end..]).await?;
     tokio::io::copy_bidirectional(&mut conn, &mut inside).await?;
     Ok(())
 }
 
-/// A connection to `127.0.0.1:port` in network namespace `netns`: its socket is made
-/// by a thread of its own that enters the namespace (a socket stays in the namespace
-/// it was made in) and ends; the connection is then made here.
+/// A connection to `port` on the loopback of network namespace `netns`: 127.0.0.1, else
+/// ::1 (a server listening on `localhost` may have taken either). Its socket is made in
+/// the namespace ([`in_netns`]), the connection then here.
 async fn connect_inside(netns: Arc<OwnedFd>, port: u16) -> std::io::Result<TcpStream> {
-    let fd = std::thread::Builder::new()
-        .name("casfs-port-ns".into())
-        .spawn(move || -> std::io::Result<OwnedFd> {
-            rustix::thread::move_into_link_name_space(
-                netns.as_fd(),
-                Some(rustix::thread::LinkNameSpaceType::Network),
-            )?;
-            Ok(rustix::net::socket_with(
-                rustix::net::AddressFamily::INET,
-                rustix::net::SocketType::STREAM,
-                rustix::net::SocketFlags::CLOEXEC | rustix::net::SocketFlags::NONBLOCK,
-                None,
-            )?)
-        })?
-        .join()
-        .map_err(|_| {
-            std::io::Error::other("the thread entering the sandbox's network panicked")
-        })??;
-    let socket = tokio::net::TcpSocket::from_std_stream(std::net::TcpStream::from(fd));
-    tokio::time::timeout(
-        WAIT,
-        socket.connect(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port)),
-    )
-    .await
-    .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?
+    let mut last = None;
+    for ip in [
+        IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(Ipv6Addr::LOCALHOST),
+    ] {
+        let ns = netns.clone();
+        let fd = tokio::task::spawn_blocking(move || {
+            in_netns(&ns, || {
+                let family = match ip {
+                    IpAddr::V4(_) => rustix::net::AddressFamily::INET,
+                    IpAddr::V6(_) => rustix::net::AddressFamily::INET6,
+                };
+                Ok(rustix::net::socket_with(
+                    family,
+                    rustix::net::SocketType::STREAM,
+                    rustix::net::SocketFlags::CLOEXEC | rustix::net::SocketFlags::NONBLOCK,
+                    None,
+                )?)
+            })
+        })
+        .await
+        .map_err(std::io::Error::other)??;
+        let socket = tokio::net::TcpSocket::from_std_stream(std::net::TcpStream::from(fd));
+        match tokio::time::timeout(WAIT, socket.connect(SocketAddr::new(ip, port))).await {
+            Ok(Ok(s)) => return Ok(s),
+            Ok(Err(e)) => last = Some(e),
+            Err(_) => last = Some(std::io::Error::from(std::io::ErrorKind::TimedOut)),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound)))
 }
 
 #[cfg(test)]
@@ -252,16 +234,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_the_channels_token_opens_it_and_its_line_is_cut() {
+    fn only_the_channels_token_opens_it_and_each_connection_carries_one_request() {
         let t = "ab12";
-        let req =
-            b"GET /x HTTP/1.1\r\nHost: h\r\nX-Casfs-Port-Token: ab12\r\nAccept: */*\r\n\r\nrest";
-        let Head::Allowed(line) = check_head(req, t) else {
+        let req = b"GET /x HTTP/1.1\r\nHost: h\r\nX-Casfs-Port-Token: ab12\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\nAccept: */*\r\n\r\nrest";
+        let Head::Allowed(head, end) = check_head(req, t) else {
             panic!("the right token was refused");
         };
-        let mut v = req.to_vec();
-        v.drain(line);
-        assert_eq!(v, b"GET /x HTTP/1.1\r\nHost: h\r\nAccept: */*\r\n\r\nrest");
+        assert_eq!(
+            head,
+            b"GET /x HTTP/1.1\r\nHost: h\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+        );
+        assert_eq!(&req[end..], b"rest");
+        // An upgrade keeps its connection; the token goes all the same.
+        let ws = b"GET /ws HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nx-casfs-port-token: ab12\r\n\r\n";
+        let Head::Allowed(head, _) = check_head(ws, t) else {
+            panic!("an upgrade with the token was refused");
+        };
+        assert_eq!(
+            head,
+            b"GET /ws HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
+        );
         // Wrong, missing, repeated, a prefix: refused.
         for bad in [
             &b"GET / HTTP/1.1\r\nx-casfs-port-token: ab13\r\n\r\n"[..],

@@ -29,13 +29,13 @@ use tokio::sync::Semaphore;
 pub const PORT: u16 = 3128;
 
 /// The most connections one sandbox's proxy serves at once (more wait for a slot).
-const MAX_CONNECTIONS: usize = 256;
+pub(super) const MAX_CONNECTIONS: usize = 256;
 
 /// The longest request head read before the destination is known.
-const MAX_HEAD: usize = 16 << 10;
+pub(super) const MAX_HEAD: usize = 16 << 10;
 
 /// How long a client may take to send its request head, and the proxy to connect.
-const WAIT: Duration = Duration::from_secs(10);
+pub(super) const WAIT: Duration = Duration::from_secs(10);
 
 /// A destination the sandboxes may reach: a host name (`example.com`), every name under
 /// a domain (`*.example.com`), or an address (`192.0.2.1`, `[2001:db8::1]`); with a
@@ -210,6 +210,28 @@ fn host_addresses() -> Vec<IpAddr> {
     out
 }
 
+/// `f` run in network namespace `netns`, by a thread of its own that enters it and
+/// ends (a socket `f` makes stays in the namespace it was made in). Blocks: async code
+/// calls it through `spawn_blocking`.
+pub(super) fn in_netns<T: Send>(
+    netns: &OwnedFd,
+    f: impl FnOnce() -> io::Result<T> + Send,
+) -> io::Result<T> {
+    std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .name("casfs-netns".into())
+            .spawn_scoped(s, || {
+                rustix::thread::move_into_link_name_space(
+                    std::os::fd::AsFd::as_fd(netns),
+                    Some(rustix::thread::LinkNameSpaceType::Network),
+                )?;
+                f()
+            })?
+            .join()
+            .map_err(|_| io::Error::other("the thread entering the sandbox's network panicked"))?
+    })
+}
+
 /// Starts the proxy of sandbox `key` in the network namespace `netns`, on the server's
 /// runtime; it runs until the handle is aborted (the sandbox ends).
 pub fn start(
@@ -219,21 +241,11 @@ pub fn start(
 ) -> io::Result<tokio::task::AbortHandle> {
     let runtime = tokio::runtime::Handle::try_current()
         .map_err(|e| io::Error::other(format!("no runtime to run the proxy on: {e}")))?;
-    // A thread of its own enters the namespace, makes the socket (which stays in it)
-    // and ends.
-    let listener = std::thread::Builder::new()
-        .name("casfs-proxy-ns".into())
-        .spawn(move || -> io::Result<std::net::TcpListener> {
-            rustix::thread::move_into_link_name_space(
-                std::os::fd::AsFd::as_fd(&netns),
-                Some(rustix::thread::LinkNameSpaceType::Network),
-            )?;
-            let l = std::net::TcpListener::bind(("127.0.0.1", PORT))?;
-            l.set_nonblocking(true)?;
-            Ok(l)
-        })?
-        .join()
-        .map_err(|_| io::Error::other("the thread entering the sandbox's network panicked"))??;
+    let listener = in_netns(&netns, || {
+        let l = std::net::TcpListener::bind(("127.0.0.1", PORT))?;
+        l.set_nonblocking(true)?;
+        Ok(l)
+    })?;
     let _in = runtime.enter();
     let listener = TcpListener::from_std(listener)?;
     Ok(runtime.spawn(serve(listener, allow, key)).abort_handle())
@@ -244,8 +256,24 @@ const MAX_ALL_CONNECTIONS: usize = 4096;
 static ALL: Semaphore = Semaphore::const_new(MAX_ALL_CONNECTIONS);
 
 async fn serve(listener: TcpListener, allow: Arc<[Allowed]>, key: String) {
+    let k = key.clone();
+    accept_loop(listener, "proxy", key, move |conn| {
+        let (allow, key) = (allow.clone(), k.clone());
+        async move { relay(conn, &allow, &key).await }
+    })
+    .await
+}
+
+/// Accepts connections on `listener` until this task is aborted (its sandbox ended),
+/// each handled by `handle` on a task of its own, aborted with this one: at most
+/// [`MAX_CONNECTIONS`] at once here, and [`MAX_ALL_CONNECTIONS`] over every sandbox's
+/// proxy and channels together (more wait for a slot).
+pub(super) async fn accept_loop<F, Fut>(listener: TcpListener, what: &str, key: String, handle: F)
+where
+    F: Fn(TcpStream) -> Fut,
+    Fut: std::future::Future<Output = io::Result<()>> + Send + 'static,
+{
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    // Its connections, aborted with it (the sandbox ended) when this task is.
     let mut conns = tokio::task::JoinSet::new();
     loop {
         while conns.try_join_next().is_some() {}
@@ -258,15 +286,16 @@ async fn serve(listener: TcpListener, allow: Arc<[Allowed]>, key: String) {
         let conn = match listener.accept().await {
             Ok((c, _)) => c,
             Err(e) => {
-                tracing::warn!(sandbox = %key, "proxy: accept: {e}");
+                tracing::warn!(sandbox = %key, "{what}: accept: {e}");
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
         };
-        let (allow, key) = (allow.clone(), key.clone());
+        let job = handle(conn);
+        let (what, key) = (what.to_string(), key.clone());
         conns.spawn(async move {
-            if let Err(e) = relay(conn, &allow, &key).await {
-                tracing::debug!(sandbox = %key, "proxy: {e}");
+            if let Err(e) = job.await {
+                tracing::debug!(sandbox = %key, "{what}: {e}");
             }
             drop(permit);
             drop(all);
@@ -274,7 +303,8 @@ async fn serve(listener: TcpListener, allow: Arc<[Allowed]>, key: String) {
     }
 }
 
-async fn refuse(conn: &mut TcpStream, status: &str, msg: &str) -> io::Result<()> {
+/// Answers `status` with `msg` and closes the connection.
+pub(super) async fn refuse(conn: &mut TcpStream, status: &str, msg: &str) -> io::Result<()> {
     let body = format!("casfs: {msg}\n");
     let head = format!(
         "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",

@@ -121,12 +121,12 @@ impl Identities {
     pub(super) fn holder(&self, token: &str) -> Option<Principal> {
         let mut found = None;
         if let Some(a) = &self.admin_token {
-            if same(a, token) {
+            if crate::checkpoint::same_secret(a.as_bytes(), token.as_bytes()) {
                 found = Some(Principal::Admin);
             }
         }
         for (tenant, t) in &self.tenant_tokens {
-            if same(t, token) && found.is_none() {
+            if crate::checkpoint::same_secret(t.as_bytes(), token.as_bytes()) && found.is_none() {
                 found = Some(Principal::Tenant(tenant.clone()));
             }
         }
@@ -165,11 +165,6 @@ impl Identities {
             owner: peer.owner(),
         })
     }
-}
-
-/// Constant-time equality of two secrets (their lengths are not secret).
-fn same(a: &str, b: &str) -> bool {
-    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |x, (p, q)| x | (p ^ q)) == 0
 }
 
 /// The tenant of Unix user `uid`: their user name, or the uid in decimal where the

@@ -487,6 +487,7 @@ pub(super) async fn port(
                 e.to_string(),
             ),
             std::io::ErrorKind::NotFound => not_found(&key, e.to_string()),
+            std::io::ErrorKind::InvalidInput => invalid(e.to_string()),
             _ => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "sandbox", e.to_string()),
         })?;
     Ok(Json(json!({

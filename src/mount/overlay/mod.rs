@@ -200,10 +200,7 @@ fn cstr(p: &Path) -> std::io::Result<CString> {
 
 /// Detaches whatever is mounted at `path` (lazily: users keep what they hold).
 fn detach(path: &Path) {
-    if let Ok(c) = cstr(path) {
-        // SAFETY: a NUL-terminated path.
-        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-    }
+    let _ = crate::fs::detach(path);
 }
 
 /// Detaches the overlay (`identity` `id`) at `path` and returns once the path no longer
