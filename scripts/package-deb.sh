@@ -46,7 +46,7 @@ export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/
 
 say "building casfs $version (cargo build --profile dist --locked)"
 start=$(date +%s)
-nice cargo build --profile dist --locked --bin casfs
+nice cargo build --profile dist --locked --bin casfs --bin casfs-sandbox-init
 say "built in $(($(date +%s) - start)) s"
 built="$target/dist/casfs"
 say "$("$built" --version)"
@@ -69,6 +69,11 @@ strip --remove-section=.comment --remove-section=.note --strip-all -o "$root/usr
 objcopy --add-gnu-debuglink="$debug_file" "$root/usr/bin/casfs"
 chmod 0755 "$root/usr/bin/casfs"
 bin="$root/usr/bin/casfs"
+# A sandbox's init, small so that it starts fast (casfs finds it here).
+install -d "$root/usr/libexec/casfs"
+strip --remove-section=.comment --remove-section=.note --strip-all \
+  -o "$root/usr/libexec/casfs/casfs-sandbox-init" "$target/dist/casfs-sandbox-init"
+chmod 0755 "$root/usr/libexec/casfs/casfs-sandbox-init"
 
 # Man pages and completions, from the binary itself.
 install -d "$root/usr/share/man/man1"

@@ -226,6 +226,7 @@ got="$(exec_in "$user" "$key" "$probe")"
 rkey="$(api root POST /v1/sandboxes '{"thread": "pkg-root"}' | json 'v["key"]')"
 got="$(exec_in root "$rkey" "$probe")"
 [ "$got" = "$(printf '%s\n1' "$(id -u casfs-sandbox)")" ] || fail "a process in root's sandbox said: $got"
+[ -x /usr/libexec/casfs/casfs-sandbox-init ] || fail "the package has no sandbox init"
 # Each bounded by a disk of its own (the unit lets casfs make loop devices).
 disks="$(find /var/lib/casfs/mounts -maxdepth 1 -name '*.disk' | wc -l)"
 [ "$disks" -ge 2 ] || fail "the sandboxes have $disks bounded disk(s), not 2"

@@ -232,6 +232,10 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
             }
         },
     };
+    if let Some(bytes) = sandbox_disk {
+        // Formatted ahead, so that the first sandboxes do not wait for mkfs.ext4.
+        casfs::mount::disk::warm(&root, bytes);
+    }
     let provider: Arc<dyn SandboxProvider> = if *plain {
         Arc::new(
             DirProvider::new(store.clone(), &sandboxes)

@@ -7,17 +7,21 @@
 //! `devicemapper`, Kubernetes' `LocalStorageCapacityIsolationFSQuotaMonitoring` off);
 //! the kernels casfs runs on need not have `CONFIG_QFMT_V2` or XFS quotas.
 //!
-//! Making one costs a sparse file, `mkfs.ext4` (e2fsprogs, with lazy inode tables: a
-//! few milliseconds) and a mount. The loop device clears itself when the file system
+//! Making one costs a sparse file, `mkfs.ext4` (e2fsprogs, with lazy inode tables:
+//! about 15 ms) and a mount; the file and its file system are made ahead (two spare
+//! images per size under `mounts/.spare`), so that a sandbox's creation pays for the
+//! loop device and the mount only. The loop device clears itself when the file system
 //! is unmounted (`LO_FLAGS_AUTOCLEAR`). Root only: ext4 cannot be mounted in a user
 //! namespace.
 
+use std::collections::BTreeSet;
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 /// The smallest bound: room for ext4's own structures and a journal.
 pub const MIN_BYTES: u64 = 16 << 20;
@@ -78,10 +82,120 @@ pub fn usable(store_root: &Path) -> io::Result<()> {
     let dir = store_root.join("mounts").join(".disk-probe");
     let _ = remove(&dir);
     let _ = std::fs::remove_dir(&dir);
-    let made = bound(&dir, MIN_BYTES);
+    let made = bound_with(&dir, MIN_BYTES, false);
     let removed = remove(&dir).and_then(|()| std::fs::remove_dir(&dir));
     made.map(|_| ())?;
     removed
+}
+
+/// Formatted images kept ready, per size: a disk is then an attach and a mount, and
+/// `mkfs.ext4` (most of a disk's cost) is paid while no one waits.
+const SPARES: usize = 2;
+
+/// Where the spare images for mount directory `dir` are kept (`mounts/.spare`).
+fn spares_of(dir: &Path) -> PathBuf {
+    dir.parent().unwrap_or(Path::new("/")).join(".spare")
+}
+
+/// Moves a spare image of `bytes` into place as `image`; whether there was one.
+fn take_spare(spares: &Path, bytes: u64, image: &Path) -> bool {
+    let Ok(rd) = std::fs::read_dir(spares) else {
+        return false;
+    };
+    let prefix = format!("{bytes}-");
+    rd.flatten().any(|e| {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        name.starts_with(&prefix)
+            && name.ends_with(".disk")
+            && std::fs::rename(e.path(), image).is_ok()
+    })
+}
+
+/// The spare images of `bytes` in `spares`.
+fn spare_count(spares: &Path, bytes: u64) -> usize {
+    let prefix = format!("{bytes}-");
+    std::fs::read_dir(spares).map_or(0, |rd| {
+        rd.flatten()
+            .filter(|e| {
+                let n = e.file_name();
+                let n = n.to_string_lossy();
+                n.starts_with(&prefix) && n.ends_with(".disk")
+            })
+            .count()
+    })
+}
+
+/// Makes spare images of `bytes` for the mount directories under the store at
+/// `store_root`, ahead of the first disk.
+pub fn warm(store_root: &Path, bytes: u64) {
+    refill(store_root.join("mounts").join(".spare"), bytes);
+}
+
+/// Makes spare images of `bytes` in `spares` until there are [`SPARES`], on a thread
+/// of its own (one per directory at a time); other files there (other sizes, pieces
+/// of a process that stopped making one) go.
+fn refill(spares: PathBuf, bytes: u64) {
+    static RUNNING: Mutex<BTreeSet<PathBuf>> = Mutex::new(BTreeSet::new());
+    let running = || RUNNING.lock().unwrap_or_else(|p| p.into_inner());
+    if !running().insert(spares.clone()) {
+        return;
+    }
+    let dir = spares.clone();
+    let spawned = std::thread::Builder::new()
+        .name("casfs-disk-spares".into())
+        .spawn(move || {
+            let mut made = 0u64;
+            loop {
+                if let Err(e) = make_spares(&dir, bytes, &mut made) {
+                    tracing::warn!("making spare disks in {}: {e}", dir.display());
+                    running().remove(&dir);
+                    return;
+                }
+                // Checked again under the lock: a disk taken meanwhile is made again.
+                let mut r = running();
+                if spare_count(&dir, bytes) >= SPARES {
+                    r.remove(&dir);
+                    return;
+                }
+            }
+        });
+    if spawned.is_err() {
+        running().remove(&spares);
+    }
+}
+
+fn make_spares(spares: &Path, bytes: u64, made: &mut u64) -> io::Result<()> {
+    match std::fs::DirBuilder::new().mode(0o700).create(spares) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    let prefix = format!("{bytes}-");
+    for e in std::fs::read_dir(spares)?.flatten() {
+        let n = e.file_name();
+        if !n.to_string_lossy().starts_with(&prefix) || !n.to_string_lossy().ends_with(".disk") {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+    while spare_count(spares, bytes) < SPARES {
+        *made += 1;
+        let name = format!("{bytes}-{}-{made}", std::process::id());
+        let tmp = spares.join(format!("{name}.tmp"));
+        let f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)?;
+        let formatted = f.set_len(bytes).and_then(|()| mkfs(&tmp));
+        drop(f);
+        if let Err(e) = formatted {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+        std::fs::rename(&tmp, spares.join(format!("{name}.disk")))?;
+    }
+    Ok(())
 }
 
 /// The image of the mount directory `dir`.
@@ -106,8 +220,13 @@ fn mounted_at(dir: &Path) -> bool {
 /// comment), or keeps the one it is already: mounted by an earlier server that was
 /// killed, or an image such a server left, mounted again with what it holds. A
 /// directory that already holds work made without a bound is refused (mounting over
-/// it would hide that work). Returns whether the disk was made now (empty).
+/// it would hide that work). Returns whether the disk was made now (empty). A new
+/// disk is a spare image made ahead where there is one (and another is made).
 pub fn bound(dir: &Path, bytes: u64) -> io::Result<bool> {
+    bound_with(dir, bytes, true)
+}
+
+fn bound_with(dir: &Path, bytes: u64, spares: bool) -> io::Result<bool> {
     if bytes < MIN_BYTES {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -134,29 +253,42 @@ pub fn bound(dir: &Path, bytes: u64) -> io::Result<bool> {
         Err(e) => return Err(e),
     }
     let image = image_of(dir);
-    let (file, fresh) = match OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&image)
-    {
-        Ok(f) => (f, false),
+    let open = || {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&image)
+    };
+    // (the image, whether it is new, whether it still needs a file system)
+    let (file, fresh, unformatted) = match open() {
+        Ok(f) => (f, false, false),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            let f = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(&image)?;
-            // Sparse: blocks are taken as the file system writes them, never more.
-            f.set_len(bytes)?;
-            (f, true)
+            let taken = spares && {
+                let dir = spares_of(dir);
+                let taken = take_spare(&dir, bytes, &image);
+                refill(dir, bytes);
+                taken
+            };
+            if taken {
+                (open()?, true, false)
+            } else {
+                let f = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                    .open(&image)?;
+                // Sparse: blocks are taken as the file system writes them, never more.
+                f.set_len(bytes)?;
+                (f, true, true)
+            }
         }
         Err(e) => return Err(e),
     };
     let made = attach(&file).and_then(|(dev, path)| {
-        if fresh {
+        if unformatted {
             mkfs(&path)?;
         }
         mount(&path, dir)?;
@@ -260,7 +392,7 @@ fn attach(file: &File) -> io::Result<(File, PathBuf)> {
     Err(last.unwrap_or_else(|| io::Error::from(io::ErrorKind::WouldBlock)))
 }
 
-/// An ext4 file system on device `dev`: 1% of its blocks kept for root (the server:
+/// An ext4 file system on device (or image file) `dev`: 1% of its blocks kept for root (the server:
 /// an overlay's next generation is made there when a full sandbox is restored; a
 /// sandbox's processes are never root), one inode per 8 KiB, inode tables and journal
 /// zeroed later by the kernel.

@@ -564,8 +564,33 @@ fn writes_past_the_disk_bound_fail_inside_and_nothing_else_fills() {
         "rm -f /workspace/big /workspace/f* && echo again > /workspace/after && cat /workspace/after",
     );
     assert_eq!((code, out.as_str()), (0, "again\n"), "{err}");
+    // A new sandbox's disk is one formatted ahead; another is made in its place.
+    let spares = || {
+        std::fs::read_dir(m.store.join("mounts/.spare")).map_or(0, |rd| {
+            rd.flatten()
+                .filter(|e| {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    n.starts_with(&format!("{BOUND}-")) && n.ends_with(".disk")
+                })
+                .count()
+        })
+    };
+    assert!(
+        crate::wait_for(Duration::from_secs(20), || spares() == 2),
+        "no spare disks were made ahead ({} of 2)",
+        spares()
+    );
+    let (key3, _) = sandbox(a, s, "third");
+    let (code, out, err) = exec(a, s, &key3, "echo fine > /workspace/f && cat /workspace/f");
+    assert_eq!((code, out.as_str()), (0, "fine\n"), "{err}");
+    assert!(
+        crate::wait_for(Duration::from_secs(20), || spares() == 2),
+        "the spare taken was not made again ({} of 2)",
+        spares()
+    );
+
     // Destroyed: no disk, image or loop device of it is left.
-    for k in [&key, &key2] {
+    for k in [&key, &key2, &key3] {
         let (st, v) = a.http(&s.socket, "DELETE", &format!("/v1/sandboxes/{k}"), None);
         assert_eq!(st, 200, "{v}");
     }
