@@ -8,7 +8,7 @@
 //! the kernels casfs runs on need not have `CONFIG_QFMT_V2` or XFS quotas.
 //!
 //! Making one costs a sparse file, `mkfs.ext4` (e2fsprogs, with lazy inode tables:
-//! about 15 ms) and a mount; the file and its file system are made ahead (two spare
+//! about 15 ms) and a mount; the file and its file system are made ahead (four spare
 //! images per size under `mounts/.spare`), so that a sandbox's creation pays for the
 //! loop device and the mount only. The loop device clears itself when the file system
 //! is unmounted (`LO_FLAGS_AUTOCLEAR`). Root only: ext4 cannot be mounted in a user
@@ -89,8 +89,9 @@ pub fn usable(store_root: &Path) -> io::Result<()> {
 }
 
 /// Formatted images kept ready, per size: a disk is then an attach and a mount, and
-/// `mkfs.ext4` (most of a disk's cost) is paid while no one waits.
-const SPARES: usize = 2;
+/// `mkfs.ext4` (most of a disk's cost) is paid while no one waits (four: a fork and a
+/// restore make a sandbox each, and a burst of them should not wait).
+const SPARES: usize = 4;
 
 /// Where the spare images for mount directory `dir` are kept (`mounts/.spare`).
 fn spares_of(dir: &Path) -> PathBuf {
@@ -187,7 +188,7 @@ fn make_spares(spares: &Path, bytes: u64, made: &mut u64) -> io::Result<()> {
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&tmp)?;
-        let formatted = f.set_len(bytes).and_then(|()| mkfs(&tmp));
+        let formatted = f.set_len(bytes).and_then(|()| mkfs(&tmp, true));
         drop(f);
         if let Err(e) = formatted {
             let _ = std::fs::remove_file(&tmp);
@@ -289,7 +290,7 @@ fn bound_with(dir: &Path, bytes: u64, spares: bool) -> io::Result<bool> {
     };
     let made = attach(&file).and_then(|(dev, path)| {
         if unformatted {
-            mkfs(&path)?;
+            mkfs(&path, false)?;
         }
         mount(&path, dir)?;
         drop(dev);
@@ -396,9 +397,21 @@ fn attach(file: &File) -> io::Result<(File, PathBuf)> {
 /// an overlay's next generation is made there when a full sandbox is restored; a
 /// sandbox's processes are never root), one inode per 8 KiB, inode tables and journal
 /// zeroed later by the kernel.
-fn mkfs(dev: &Path) -> io::Result<()> {
+/// `ahead`: a spare, made at a lower priority than the work that is waited for.
+fn mkfs(dev: &Path, ahead: bool) -> io::Result<()> {
+    use std::os::unix::process::CommandExt;
     let mkfs = mkfs_path()?;
-    let out = std::process::Command::new(mkfs)
+    let mut cmd = std::process::Command::new(mkfs);
+    if ahead {
+        // SAFETY: setpriority is async-signal-safe; it changes only the child.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::setpriority(libc::PRIO_PROCESS, 0, 10);
+                Ok(())
+            });
+        }
+    }
+    let out = cmd
         .args([
             "-q",
             "-F",

@@ -576,16 +576,16 @@ fn writes_past_the_disk_bound_fail_inside_and_nothing_else_fills() {
         })
     };
     assert!(
-        crate::wait_for(Duration::from_secs(20), || spares() == 2),
-        "no spare disks were made ahead ({} of 2)",
+        crate::wait_for(Duration::from_secs(30), || spares() == 4),
+        "no spare disks were made ahead ({} of 4)",
         spares()
     );
     let (key3, _) = sandbox(a, s, "third");
     let (code, out, err) = exec(a, s, &key3, "echo fine > /workspace/f && cat /workspace/f");
     assert_eq!((code, out.as_str()), (0, "fine\n"), "{err}");
     assert!(
-        crate::wait_for(Duration::from_secs(20), || spares() == 2),
-        "the spare taken was not made again ({} of 2)",
+        crate::wait_for(Duration::from_secs(30), || spares() == 4),
+        "the spare taken was not made again ({} of 4)",
         spares()
     );
 
