@@ -115,13 +115,18 @@ const ALLOWED: &[(&str, &str, &str)] = &[
     ),
     (
         "src/middleware/isolate/engine.rs",
-        "let beside = std::fs::read_link(\"/proc/self/exe\")",
+        "let exe = std::fs::read_link(\"/proc/self/exe\").ok();",
         "the server's own executable's place, through its magic link: where its init is",
     ),
     (
         "src/middleware/isolate/engine.rs",
-        "if let Ok(f) = std::fs::File::open(p) {",
-        "the sandbox's init: beside the server's executable, or the package's libexec",
+        "use std::os::unix::prelude::OpenOptionsExt;",
+        "the trait for the no-follow open of the sandbox's init (below)",
+    ),
+    (
+        "src/middleware/isolate/engine.rs",
+        "let opened = std::fs::OpenOptions::new()",
+        "the sandbox's init beside the server's executable (no link followed, owner and mode checked)",
     ),
     (
         "src/middleware/isolate/engine.rs",

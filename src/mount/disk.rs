@@ -98,24 +98,40 @@ fn spares_of(dir: &Path) -> PathBuf {
     dir.parent().unwrap_or(Path::new("/")).join(".spare")
 }
 
-/// Moves a spare image of `bytes` into place as `image`; whether there was one.
+/// How spare images of `bytes` are named: by the options they were made with (a
+/// change of [`mkfs`]'s options is a new version) and their size.
+fn spare_prefix(bytes: u64) -> String {
+    format!("ext4v1-{bytes}-")
+}
+
+/// Moves a spare image of `bytes` into place as `image` (never over a file there);
+/// whether there was one.
 fn take_spare(spares: &Path, bytes: u64, image: &Path) -> bool {
     let Ok(rd) = std::fs::read_dir(spares) else {
         return false;
     };
-    let prefix = format!("{bytes}-");
+    let prefix = spare_prefix(bytes);
     rd.flatten().any(|e| {
         let name = e.file_name();
         let name = name.to_string_lossy();
-        name.starts_with(&prefix)
-            && name.ends_with(".disk")
-            && std::fs::rename(e.path(), image).is_ok()
+        name.starts_with(&prefix) && name.ends_with(".disk") && rename_new(&e.path(), image).is_ok()
     })
+}
+
+/// Renames `from` to `to` unless `to` exists (`RENAME_NOREPLACE`).
+fn rename_new(from: &Path, to: &Path) -> io::Result<()> {
+    Ok(rustix::fs::renameat_with(
+        rustix::fs::CWD,
+        from,
+        rustix::fs::CWD,
+        to,
+        rustix::fs::RenameFlags::NOREPLACE,
+    )?)
 }
 
 /// The spare images of `bytes` in `spares`.
 fn spare_count(spares: &Path, bytes: u64) -> usize {
-    let prefix = format!("{bytes}-");
+    let prefix = spare_prefix(bytes);
     std::fs::read_dir(spares).map_or(0, |rd| {
         rd.flatten()
             .filter(|e| {
@@ -146,9 +162,13 @@ fn refill(spares: PathBuf, bytes: u64) {
     let spawned = std::thread::Builder::new()
         .name("casfs-disk-spares".into())
         .spawn(move || {
-            let mut made = 0u64;
+            // Below the work that is waited for; mkfs.ext4 inherits it.
+            // SAFETY: setpriority of this thread only (nice is per thread on Linux).
+            unsafe {
+                libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10);
+            }
             loop {
-                if let Err(e) = make_spares(&dir, bytes, &mut made) {
+                if let Err(e) = make_spares(&dir, bytes) {
                     tracing::warn!("making spare disks in {}: {e}", dir.display());
                     running().remove(&dir);
                     return;
@@ -166,21 +186,24 @@ fn refill(spares: PathBuf, bytes: u64) {
     }
 }
 
-fn make_spares(spares: &Path, bytes: u64, made: &mut u64) -> io::Result<()> {
+fn make_spares(spares: &Path, bytes: u64) -> io::Result<()> {
+    // Numbers no other spare of this process had (taken ones' included).
+    static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     match std::fs::DirBuilder::new().mode(0o700).create(spares) {
         Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
         _ => {}
     }
-    let prefix = format!("{bytes}-");
+    let prefix = spare_prefix(bytes);
     for e in std::fs::read_dir(spares)?.flatten() {
         let n = e.file_name();
-        if !n.to_string_lossy().starts_with(&prefix) || !n.to_string_lossy().ends_with(".disk") {
+        let n = n.to_string_lossy();
+        if !n.starts_with(&prefix) || !n.ends_with(".disk") {
             let _ = std::fs::remove_file(e.path());
         }
     }
     while spare_count(spares, bytes) < SPARES {
-        *made += 1;
-        let name = format!("{bytes}-{}-{made}", std::process::id());
+        let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("{prefix}{}-{n}", std::process::id());
         let tmp = spares.join(format!("{name}.tmp"));
         let f = OpenOptions::new()
             .write(true)
@@ -188,13 +211,14 @@ fn make_spares(spares: &Path, bytes: u64, made: &mut u64) -> io::Result<()> {
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&tmp)?;
-        let formatted = f.set_len(bytes).and_then(|()| mkfs(&tmp, true));
+        let formatted = f.set_len(bytes).and_then(|()| mkfs(&tmp));
         drop(f);
-        if let Err(e) = formatted {
+        if let Err(e) =
+            formatted.and_then(|()| rename_new(&tmp, &spares.join(format!("{name}.disk"))))
+        {
             let _ = std::fs::remove_file(&tmp);
             return Err(e);
         }
-        std::fs::rename(&tmp, spares.join(format!("{name}.disk")))?;
     }
     Ok(())
 }
@@ -272,7 +296,14 @@ fn bound_with(dir: &Path, bytes: u64, spares: bool) -> io::Result<bool> {
                 taken
             };
             if taken {
-                (open()?, true, false)
+                match open() {
+                    Ok(f) => (f, true, false),
+                    Err(e) => {
+                        // Not to be found again as a disk with work in it.
+                        let _ = std::fs::remove_file(&image);
+                        return Err(e);
+                    }
+                }
             } else {
                 let f = OpenOptions::new()
                     .read(true)
@@ -290,7 +321,7 @@ fn bound_with(dir: &Path, bytes: u64, spares: bool) -> io::Result<bool> {
     };
     let made = attach(&file).and_then(|(dev, path)| {
         if unformatted {
-            mkfs(&path, false)?;
+            mkfs(&path)?;
         }
         mount(&path, dir)?;
         drop(dev);
@@ -397,21 +428,9 @@ fn attach(file: &File) -> io::Result<(File, PathBuf)> {
 /// an overlay's next generation is made there when a full sandbox is restored; a
 /// sandbox's processes are never root), one inode per 8 KiB, inode tables and journal
 /// zeroed later by the kernel.
-/// `ahead`: a spare, made at a lower priority than the work that is waited for.
-fn mkfs(dev: &Path, ahead: bool) -> io::Result<()> {
-    use std::os::unix::process::CommandExt;
+fn mkfs(dev: &Path) -> io::Result<()> {
     let mkfs = mkfs_path()?;
-    let mut cmd = std::process::Command::new(mkfs);
-    if ahead {
-        // SAFETY: setpriority is async-signal-safe; it changes only the child.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::setpriority(libc::PRIO_PROCESS, 0, 10);
-                Ok(())
-            });
-        }
-    }
-    let out = cmd
+    let out = std::process::Command::new(mkfs)
         .args([
             "-q",
             "-F",

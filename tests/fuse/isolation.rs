@@ -565,27 +565,29 @@ fn writes_past_the_disk_bound_fail_inside_and_nothing_else_fills() {
     );
     assert_eq!((code, out.as_str()), (0, "again\n"), "{err}");
     // A new sandbox's disk is one formatted ahead; another is made in its place.
-    let spares = || {
-        std::fs::read_dir(m.store.join("mounts/.spare")).map_or(0, |rd| {
+    let spares = || -> std::collections::BTreeSet<String> {
+        std::fs::read_dir(m.store.join("mounts/.spare")).map_or(Default::default(), |rd| {
             rd.flatten()
-                .filter(|e| {
-                    let n = e.file_name().to_string_lossy().into_owned();
-                    n.starts_with(&format!("{BOUND}-")) && n.ends_with(".disk")
-                })
-                .count()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.contains(&format!("-{BOUND}-")) && n.ends_with(".disk"))
+                .collect()
         })
     };
     assert!(
-        crate::wait_for(Duration::from_secs(30), || spares() == 4),
-        "no spare disks were made ahead ({} of 4)",
+        crate::wait_for(Duration::from_secs(30), || spares().len() == 4),
+        "no spare disks were made ahead ({:?})",
         spares()
     );
+    let before = spares();
     let (key3, _) = sandbox(a, s, "third");
     let (code, out, err) = exec(a, s, &key3, "echo fine > /workspace/f && cat /workspace/f");
     assert_eq!((code, out.as_str()), (0, "fine\n"), "{err}");
     assert!(
-        crate::wait_for(Duration::from_secs(30), || spares() == 4),
-        "the spare taken was not made again ({} of 4)",
+        crate::wait_for(Duration::from_secs(30), || {
+            let now = spares();
+            now.len() == 4 && now != before
+        }),
+        "no spare was taken, or the one taken was not made again ({before:?}, now {:?})",
         spares()
     );
 
@@ -1083,6 +1085,26 @@ fn a_port_inside_is_reached_through_its_channel_with_its_token_only() {
         got.matches("HTTP/1.1 200").count(),
         1,
         "a request without the token was answered: {got}"
+    );
+    // Nor behind an upgrade the server inside does not take (it answers 200, not 101).
+    let got = {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(&addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        write!(
+            c,
+            "GET /page.txt HTTP/1.1\r\nHost: x\r\n{header}: {token}\r\nConnection: keep-alive, Upgrade\r\nUpgrade: h2c\r\n\r\n\
+             GET /page.txt HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
+        .unwrap();
+        let mut got = String::new();
+        let _ = c.read_to_string(&mut got);
+        got
+    };
+    assert_eq!(
+        got.matches("HTTP/1.1 200").count(),
+        1,
+        "a request behind a refused upgrade was answered: {got}"
     );
     // Without the token, with another, or with it twice: refused before the sandbox.
     for extra in [

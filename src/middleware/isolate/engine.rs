@@ -274,25 +274,44 @@ fn high(fd: impl AsFd) -> io::Result<OwnedFd> {
     Ok(rustix::io::fcntl_dupfd_cloexec(fd, HIGH_FD)?)
 }
 
-/// Where `casfs-sandbox-init` is installed when not beside the server's executable
-/// (the Debian package's place).
+/// Where the Debian package installs `casfs-sandbox-init` for its `/usr/bin/casfs`.
 const INIT_INSTALLED: &str = "/usr/libexec/casfs/casfs-sandbox-init";
 
 /// The sandbox's init: `casfs-sandbox-init`, a small executable that starts in a
-/// fraction of `casfs`'s time (it links neither RocksDB nor libstdc++), found beside
-/// the server's own executable or where the package installs it; else this very
+/// fraction of `casfs`'s time (it links neither RocksDB nor libstdc++), of the same
+/// build as the server: beside its executable (or, for the package's `/usr/bin/casfs`,
+/// in `/usr/libexec/casfs`). Taken only when it is a regular file (no link followed)
+/// of root's or the server's user that no one else may write, so that a server run
+/// from a directory others write into (`/tmp`) never runs their file; else this very
 /// executable (`casfs sandbox-init`).
 fn init_exe() -> io::Result<std::fs::File> {
-    let beside = std::fs::read_link("/proc/self/exe")
-        .ok()
-        .and_then(|p| Some(p.parent()?.join("casfs-sandbox-init")));
-    for p in beside
-        .iter()
-        .map(|p| p.as_path())
-        .chain([Path::new(INIT_INSTALLED)])
-    {
-        if let Ok(f) = std::fs::File::open(p) {
-            return Ok(f);
+    use std::os::unix::prelude::OpenOptionsExt;
+    let exe = std::fs::read_link("/proc/self/exe").ok();
+    let dir = exe.as_deref().and_then(Path::parent);
+    let init = match dir {
+        Some(d) if d == Path::new("/usr/bin") => Some(PathBuf::from(INIT_INSTALLED)),
+        Some(d) => Some(d.join("casfs-sandbox-init")),
+        None => None,
+    };
+    if let Some(p) = init {
+        let opened = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(&p);
+        if let Ok(f) = opened {
+            let ok = rustix::fs::fstat(&f).is_ok_and(|st| {
+                rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile
+                    && (st.st_uid == 0 || st.st_uid == rustix::process::geteuid().as_raw())
+                    && st.st_mode & 0o022 == 0
+            });
+            if ok {
+                return Ok(f);
+            }
+            tracing::warn!(
+                "{}: not a regular file of root's or ours that only its owner writes; \
+                 sandboxes start this executable as their init instead",
+                p.display()
+            );
         }
     }
     std::fs::File::open("/proc/self/exe")

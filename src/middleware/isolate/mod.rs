@@ -285,6 +285,8 @@ pub struct Jail {
     netns: Mutex<Option<Arc<OwnedFd>>>,
     /// Channels to its ports, by port, closed when it ends.
     ports: Mutex<HashMap<u16, ports::Channel>>,
+    /// Connections through its channels at once ([`ports::MAX_CONNECTIONS`]).
+    channel_slots: Arc<tokio::sync::Semaphore>,
     procs: Mutex<HashMap<u64, Arc<Process>>>,
     kept: Arc<AtomicUsize>,
     ended: AtomicBool,
@@ -373,6 +375,7 @@ impl Jail {
             proxy: Mutex::new(None),
             netns: Mutex::new(None),
             ports: Mutex::new(HashMap::new()),
+            channel_slots: Arc::new(tokio::sync::Semaphore::new(ports::MAX_CONNECTIONS)),
             procs: Mutex::new(HashMap::new()),
             kept: Arc::new(AtomicUsize::new(0)),
             ended: AtomicBool::new(false),
@@ -451,7 +454,13 @@ impl Jail {
                 ),
             ));
         }
-        let c = ports::open(netns, port, bind, self.key.clone())?;
+        let c = ports::open(
+            netns,
+            port,
+            bind,
+            self.key.clone(),
+            self.channel_slots.clone(),
+        )?;
         let got = (c.addr, c.token.clone());
         // Ended meanwhile (its end took the namespace after this took it): closed here.
         if self.ended.load(Ordering::SeqCst) {

@@ -6,7 +6,8 @@
 //! request goes on), then relays the connection as it is to the port inside. Each
 //! connection carries one request: the request goes on with `Connection: close` (its
 //! server closes once it answered), so that every request is checked; a WebSocket or
-//! other upgrade keeps its connection. Any user of the host may connect to the
+//! other upgrade keeps its connection once the server inside answers 101 (any other
+//! answer is the connection's last). Any user of the host may connect to the
 //! listener; only the holder of the token, which the sandbox's owner got from the
 //! server, gets through. A sandbox on the host's own network gets no channel (its
 //! ports are the host's). The channel ends with the sandbox's isolation.
@@ -17,6 +18,7 @@ use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 
 use super::proxy::{accept_loop, in_netns, refuse, MAX_HEAD, WAIT};
 
@@ -39,41 +41,46 @@ impl Drop for Channel {
     }
 }
 
+/// Connections through the channels of every sandbox together (a sandbox's own are
+/// its `slots`, [`MAX_CONNECTIONS`] over all its channels).
+static ALL: Semaphore = Semaphore::const_new(4096);
+
+/// Connections through one sandbox's channels at once.
+pub const MAX_CONNECTIONS: usize = 256;
+
 /// Opens a channel to `port` in network namespace `netns` (sandbox `key`'s), listening
-/// at `bind` (port chosen by the kernel), on the server's runtime.
-pub fn open(netns: Arc<OwnedFd>, port: u16, bind: IpAddr, key: String) -> std::io::Result<Channel> {
+/// at `bind` (port chosen by the kernel), on the server's runtime; its connections take
+/// the sandbox's `slots`.
+pub fn open(
+    netns: Arc<OwnedFd>,
+    port: u16,
+    bind: IpAddr,
+    key: String,
+    slots: Arc<Semaphore>,
+) -> std::io::Result<Channel> {
     let runtime = tokio::runtime::Handle::try_current()
         .map_err(|e| std::io::Error::other(format!("no runtime to run the channel on: {e}")))?;
-    let mut raw = [0u8; 32];
-    getrandom::fill(&mut raw).map_err(|e| std::io::Error::other(e.to_string()))?;
-    let token: Arc<str> = raw
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<String>()
-        .into();
+    let token: Arc<str> = crate::checkpoint::secret_hex().into();
     let listener = std::net::TcpListener::bind((bind, 0))?;
     listener.set_nonblocking(true)?;
     let addr = listener.local_addr()?;
     let _in = runtime.enter();
     let listener = TcpListener::from_std(listener)?;
+    let t = token.clone();
     let task = runtime
-        .spawn(serve(listener, netns, port, token.clone(), key))
+        .spawn(accept_loop(
+            listener,
+            "channel",
+            key,
+            slots,
+            &ALL,
+            move |conn| {
+                let (netns, token) = (netns.clone(), t.clone());
+                async move { relay(conn, netns, port, &token).await }
+            },
+        ))
         .abort_handle();
     Ok(Channel { addr, token, task })
-}
-
-async fn serve(
-    listener: TcpListener,
-    netns: Arc<OwnedFd>,
-    port: u16,
-    token: Arc<str>,
-    key: String,
-) {
-    accept_loop(listener, "channel", key, move |conn| {
-        let (netns, token) = (netns.clone(), token.clone());
-        async move { relay(conn, netns, port, &token).await }
-    })
-    .await
 }
 
 /// What the bytes a connection sent first are.
@@ -87,8 +94,9 @@ enum Head {
     Refused,
     /// A request with the channel's token: the head to send on instead (the token's
     /// line cut out; unless it asks for an upgrade, `Connection: close` in place of
-    /// what it said of its connection), and where the head ended.
-    Allowed(Vec<u8>, usize),
+    /// what it said of its connection), where the head ended, and whether it asks for
+    /// an upgrade.
+    Allowed(Vec<u8>, usize, bool),
 }
 
 fn check_head(buf: &[u8], token: &str) -> Head {
@@ -129,7 +137,7 @@ fn check_head(buf: &[u8], token: &str) -> Head {
         out.extend_from_slice(b"Connection: close\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    Head::Allowed(out, end)
+    Head::Allowed(out, end, upgrade)
 }
 
 async fn relay(
@@ -159,8 +167,8 @@ async fn relay(
         }
     })
     .await;
-    let (head, end) = match head {
-        Ok(Ok(Some(Head::Allowed(head, end)))) => (head, end),
+    let (head, end, upgrade) = match head {
+        Ok(Ok(Some(Head::Allowed(head, end, upgrade)))) => (head, end, upgrade),
         Ok(Ok(Some(Head::Refused))) => {
             return refuse(
                 &mut conn,
@@ -188,8 +196,41 @@ async fn relay(
         }
     };
     inside.write_all(&head).await?;
-    inside.write_all(&buf[end..]).await?;
-    tokio::io::copy_bidirectional(&mut conn, &mut inside).await?;
+    if !upgrade {
+        // With `Connection: close`: the server inside answers this request only.
+        inside.write_all(&buf[end..]).await?;
+        tokio::io::copy_bidirectional(&mut conn, &mut inside).await?;
+        return Ok(());
+    }
+    // An upgrade keeps its connection only if the server inside switches protocols
+    // (101); otherwise its answer is the connection's last: nothing more goes in.
+    let mut answer = Vec::with_capacity(1024);
+    let switched = tokio::time::timeout(WAIT, async {
+        loop {
+            let mut chunk = [0u8; 4096];
+            let n = inside.read(&mut chunk).await?;
+            if n == 0 {
+                return Ok::<_, std::io::Error>(false);
+            }
+            answer.extend_from_slice(&chunk[..n]);
+            if memchr::memmem::find(&answer, b"\r\n\r\n").is_some() || answer.len() >= MAX_HEAD {
+                return Ok(
+                    answer.starts_with(b"HTTP/1.1 101 ") || answer.starts_with(b"HTTP/1.0 101 ")
+                );
+            }
+        }
+    })
+    .await
+    .unwrap_or(Ok(false))?;
+    conn.write_all(&answer).await?;
+    if switched {
+        inside.write_all(&buf[end..]).await?;
+        tokio::io::copy_bidirectional(&mut conn, &mut inside).await?;
+    } else {
+        inside.shutdown().await?;
+        tokio::io::copy(&mut inside, &mut conn).await?;
+        conn.shutdown().await?;
+    }
     Ok(())
 }
 
@@ -237,7 +278,7 @@ mod tests {
     fn only_the_channels_token_opens_it_and_each_connection_carries_one_request() {
         let t = "ab12";
         let req = b"GET /x HTTP/1.1\r\nHost: h\r\nX-Casfs-Port-Token: ab12\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\nAccept: */*\r\n\r\nrest";
-        let Head::Allowed(head, end) = check_head(req, t) else {
+        let Head::Allowed(head, end, false) = check_head(req, t) else {
             panic!("the right token was refused");
         };
         assert_eq!(
@@ -247,7 +288,7 @@ mod tests {
         assert_eq!(&req[end..], b"rest");
         // An upgrade keeps its connection; the token goes all the same.
         let ws = b"GET /ws HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nx-casfs-port-token: ab12\r\n\r\n";
-        let Head::Allowed(head, _) = check_head(ws, t) else {
+        let Head::Allowed(head, _, true) = check_head(ws, t) else {
             panic!("an upgrade with the token was refused");
         };
         assert_eq!(

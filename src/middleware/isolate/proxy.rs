@@ -257,7 +257,8 @@ static ALL: Semaphore = Semaphore::const_new(MAX_ALL_CONNECTIONS);
 
 async fn serve(listener: TcpListener, allow: Arc<[Allowed]>, key: String) {
     let k = key.clone();
-    accept_loop(listener, "proxy", key, move |conn| {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    accept_loop(listener, "proxy", key, slots, &ALL, move |conn| {
         let (allow, key) = (allow.clone(), k.clone());
         async move { relay(conn, &allow, &key).await }
     })
@@ -266,21 +267,25 @@ async fn serve(listener: TcpListener, allow: Arc<[Allowed]>, key: String) {
 
 /// Accepts connections on `listener` until this task is aborted (its sandbox ended),
 /// each handled by `handle` on a task of its own, aborted with this one: at most
-/// [`MAX_CONNECTIONS`] at once here, and [`MAX_ALL_CONNECTIONS`] over every sandbox's
-/// proxy and channels together (more wait for a slot).
-pub(super) async fn accept_loop<F, Fut>(listener: TcpListener, what: &str, key: String, handle: F)
-where
+/// `slots` at once (the listener's own, or its sandbox's: more wait for one), and a
+/// connection that finds none of `all` (shared by every sandbox's listeners of one
+/// kind) left is closed at once, so that an idle listener holds none of it and one
+/// sandbox's connections cannot make every other sandbox's wait.
+pub(super) async fn accept_loop<F, Fut>(
+    listener: TcpListener,
+    what: &str,
+    key: String,
+    slots: Arc<Semaphore>,
+    all: &'static Semaphore,
+    handle: F,
+) where
     F: Fn(TcpStream) -> Fut,
     Fut: std::future::Future<Output = io::Result<()>> + Send + 'static,
 {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut conns = tokio::task::JoinSet::new();
     loop {
         while conns.try_join_next().is_some() {}
         let Ok(permit) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        let Ok(all) = ALL.acquire().await else {
             return;
         };
         let conn = match listener.accept().await {
@@ -291,6 +296,10 @@ where
                 continue;
             }
         };
+        let Ok(shared) = all.try_acquire() else {
+            tracing::warn!(sandbox = %key, "{what}: every sandbox's connections are taken");
+            continue;
+        };
         let job = handle(conn);
         let (what, key) = (what.to_string(), key.clone());
         conns.spawn(async move {
@@ -298,7 +307,7 @@ where
                 tracing::debug!(sandbox = %key, "{what}: {e}");
             }
             drop(permit);
-            drop(all);
+            drop(shared);
         });
     }
 }

@@ -461,13 +461,13 @@ pub(super) async fn kill(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct PortBody {
-    /// The port a process of the sandbox listens on, at 127.0.0.1 in its network.
+    /// The port a process of the sandbox listens on, at 127.0.0.1 or ::1 in its network.
     port: u16,
 }
 
 /// `POST /v1/sandboxes/{key}/ports`: a channel to a port inside the sandbox (the same
-/// one again for the same port): a URL on the host's loopback and the token every
-/// connection's first request carries.
+/// one again for the same port): a URL on the host's loopback and the token each
+/// request carries (one request per connection, an upgrade's kept).
 pub(super) async fn port(
     State(s): State<Arc<Server>>,
     who: Caller,
