@@ -400,7 +400,12 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
     })
     .with_context(|| format!("serving {shown}"))?;
     // Nothing a run left uncaptured outlives the server: its sandboxes go.
-    server.close().context("destroying the sandboxes")?;
+    let closed = server.close();
+    if sandbox_disk.is_some() {
+        // No spare disk outlives the server.
+        casfs::mount::disk::forget(&root);
+    }
+    closed.context("destroying the sandboxes")?;
     // And the spare kept for the next sandbox (with its control group).
     casfs::middleware::isolate::end_spare();
     Ok(())

@@ -146,16 +146,42 @@ fn spare_count(spares: &Path, bytes: u64) -> usize {
 /// Makes spare images of `bytes` for the mount directories under the store at
 /// `store_root`, ahead of the first disk.
 pub fn warm(store_root: &Path, bytes: u64) {
-    refill(store_root.join("mounts").join(".spare"), bytes);
+    let spares = store_root.join("mounts").join(".spare");
+    lock(&STOPPED).remove(&spares);
+    refill(spares, bytes);
+}
+
+/// Stops making spare images for the store at `store_root` and removes those there
+/// (a server that stops leaves none behind).
+pub fn forget(store_root: &Path) {
+    let spares = store_root.join("mounts").join(".spare");
+    lock(&STOPPED).insert(spares.clone());
+    // A spare being made is finished (one mkfs.ext4) before its maker sees the stop.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while lock(&RUNNING).contains(&spares) && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    if let Ok(rd) = std::fs::read_dir(&spares) {
+        for e in rd.flatten() {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+    let _ = std::fs::remove_dir(&spares);
+}
+
+/// Directories whose spares are being made, and those no more are to be made in.
+static RUNNING: Mutex<BTreeSet<PathBuf>> = Mutex::new(BTreeSet::new());
+static STOPPED: Mutex<BTreeSet<PathBuf>> = Mutex::new(BTreeSet::new());
+
+fn lock(m: &Mutex<BTreeSet<PathBuf>>) -> std::sync::MutexGuard<'_, BTreeSet<PathBuf>> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Makes spare images of `bytes` in `spares` until there are [`SPARES`], on a thread
-/// of its own (one per directory at a time); other files there (other sizes, pieces
-/// of a process that stopped making one) go.
+/// of its own (one per directory at a time), unless [`forget`] stopped it; other files
+/// there (other sizes, pieces of a process that stopped making one) go.
 fn refill(spares: PathBuf, bytes: u64) {
-    static RUNNING: Mutex<BTreeSet<PathBuf>> = Mutex::new(BTreeSet::new());
-    let running = || RUNNING.lock().unwrap_or_else(|p| p.into_inner());
-    if !running().insert(spares.clone()) {
+    if lock(&STOPPED).contains(&spares) || !lock(&RUNNING).insert(spares.clone()) {
         return;
     }
     let dir = spares.clone();
@@ -170,19 +196,19 @@ fn refill(spares: PathBuf, bytes: u64) {
             loop {
                 if let Err(e) = make_spares(&dir, bytes) {
                     tracing::warn!("making spare disks in {}: {e}", dir.display());
-                    running().remove(&dir);
+                    lock(&RUNNING).remove(&dir);
                     return;
                 }
                 // Checked again under the lock: a disk taken meanwhile is made again.
-                let mut r = running();
-                if spare_count(&dir, bytes) >= SPARES {
+                let mut r = lock(&RUNNING);
+                if spare_count(&dir, bytes) >= SPARES || lock(&STOPPED).contains(&dir) {
                     r.remove(&dir);
                     return;
                 }
             }
         });
     if spawned.is_err() {
-        running().remove(&spares);
+        lock(&RUNNING).remove(&spares);
     }
 }
 
@@ -201,7 +227,7 @@ fn make_spares(spares: &Path, bytes: u64) -> io::Result<()> {
             let _ = std::fs::remove_file(e.path());
         }
     }
-    while spare_count(spares, bytes) < SPARES {
+    while spare_count(spares, bytes) < SPARES && !lock(&STOPPED).contains(spares) {
         let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let name = format!("{prefix}{}-{n}", std::process::id());
         let tmp = spares.join(format!("{name}.tmp"));
