@@ -1047,17 +1047,10 @@ fn a_port_inside_is_reached_through_its_channel_with_its_token_only() {
     );
     assert_eq!(token.len(), 64);
     let get = |extra: &str| -> String {
-        use std::io::{Read, Write};
-        let mut c = std::net::TcpStream::connect(&addr).unwrap();
-        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        write!(
-            c,
-            "GET /page.txt HTTP/1.1\r\nHost: x\r\n{extra}Connection: close\r\n\r\n"
+        raw(
+            &addr,
+            &format!("GET /page.txt HTTP/1.1\r\nHost: x\r\n{extra}Connection: close\r\n\r\n"),
         )
-        .unwrap();
-        let mut got = String::new();
-        let _ = c.read_to_string(&mut got);
-        got
     };
     let page = get(&format!("{header}: {token}\r\n"));
     assert!(
@@ -1067,40 +1060,26 @@ fn a_port_inside_is_reached_through_its_channel_with_its_token_only() {
     // One request per connection: a second one behind it (without the token) on a
     // connection kept alive is never answered; the server inside closes after the
     // first.
-    let got = {
-        use std::io::{Read, Write};
-        let mut c = std::net::TcpStream::connect(&addr).unwrap();
-        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        write!(
-            c,
+    let got = raw(
+        &addr,
+        &format!(
             "GET /page.txt HTTP/1.1\r\nHost: x\r\n{header}: {token}\r\nConnection: keep-alive\r\n\r\n\
              GET /page.txt HTTP/1.1\r\nHost: x\r\n\r\n"
-        )
-        .unwrap();
-        let mut got = String::new();
-        let _ = c.read_to_string(&mut got);
-        got
-    };
+        ),
+    );
     assert_eq!(
         got.matches("HTTP/1.1 200").count(),
         1,
         "a request without the token was answered: {got}"
     );
     // Nor behind an upgrade the server inside does not take (it answers 200, not 101).
-    let got = {
-        use std::io::{Read, Write};
-        let mut c = std::net::TcpStream::connect(&addr).unwrap();
-        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        write!(
-            c,
+    let got = raw(
+        &addr,
+        &format!(
             "GET /page.txt HTTP/1.1\r\nHost: x\r\n{header}: {token}\r\nConnection: keep-alive, Upgrade\r\nUpgrade: h2c\r\n\r\n\
              GET /page.txt HTTP/1.1\r\nHost: x\r\n\r\n"
-        )
-        .unwrap();
-        let mut got = String::new();
-        let _ = c.read_to_string(&mut got);
-        got
-    };
+        ),
+    );
     assert_eq!(
         got.matches("HTTP/1.1 200").count(),
         1,
@@ -1130,20 +1109,13 @@ fn a_port_inside_is_reached_through_its_channel_with_its_token_only() {
         .strip_prefix("http://")
         .unwrap()
         .to_string();
-    let got = {
-        use std::io::{Read, Write};
-        let mut c = std::net::TcpStream::connect(&other).unwrap();
-        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        write!(
-            c,
+    let got = raw(
+        &other,
+        &format!(
             "GET / HTTP/1.1\r\nHost: x\r\n{header}: {}\r\n\r\n",
             v["token"].as_str().unwrap()
-        )
-        .unwrap();
-        let mut got = String::new();
-        let _ = c.read_to_string(&mut got);
-        got
-    };
+        ),
+    );
     assert!(got.starts_with("HTTP/1.1 502"), "{got}");
     // Ended with the sandbox.
     let (st, v) = a.http(&s.socket, "DELETE", &format!("/v1/sandboxes/{key}"), None);
@@ -1155,4 +1127,15 @@ fn a_port_inside_is_reached_through_its_channel_with_its_token_only() {
         .is_err()),
         "the channel outlived its sandbox"
     );
+}
+
+/// `request` sent as it is to `addr` over TCP; everything answered until it closes.
+fn raw(addr: &str, request: &str) -> String {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    c.write_all(request.as_bytes()).unwrap();
+    let mut got = String::new();
+    let _ = c.read_to_string(&mut got);
+    got
 }
