@@ -458,10 +458,13 @@ pub fn exec(
     Err(namespace::exec(command).into())
 }
 
-/// Where a read-only mount's daemon logs (it does not write to the store).
+/// Where a read-only mount's daemon logs (it does not write to the store): a name of
+/// this user's in the temporary directory, opened without following a link
+/// ([`daemon::start_detached`]).
 fn tempfile_path(mountpoint: &Path) -> std::path::PathBuf {
     let tag = casfs::cas::Hash::of(mountpoint.as_os_str().as_bytes()).short(12);
-    std::env::temp_dir().join(format!("casfs-mount-{tag}.log"))
+    let uid = namespace::euid();
+    std::env::temp_dir().join(format!("casfs-mount-{uid}-{tag}.log"))
 }
 
 pub fn unmount(cli: &Cli, mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {

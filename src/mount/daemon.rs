@@ -75,7 +75,7 @@ pub fn start_detached(
     mut ready: impl FnMut() -> bool,
 ) -> Result<u32, DaemonError> {
     let exe = std::env::current_exe().map_err(io("finding the casfs executable"))?;
-    let err = std::fs::File::create(log).map_err(io(format!("creating {}", log.display())))?;
+    let err = open_log(log).map_err(io(format!("creating {}", log.display())))?;
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     args.push("--foreground".into());
     let mut cmd = Command::new(exe);
@@ -115,6 +115,35 @@ pub fn start_detached(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Opens `log` for a daemon's stderr, emptied: made (mode 0600) if missing, never
+/// through a symlink, never a FIFO or device, and only a file of this user's with no
+/// other name. A log may be in a directory others write to (a temporary directory), where
+/// someone may have put anything under its name first.
+fn open_log(log: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(log)?;
+    let m = f.metadata()?;
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    if !m.file_type().is_file() || m.uid() != euid || m.nlink() != 1 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "there is a file of uid {} there (not this user's log)",
+                m.uid()
+            ),
+        ));
+    }
+    f.set_len(0)?;
+    Ok(f)
 }
 
 /// Waits (at most [`DAEMON_WAIT`]) for the daemon named by `pid_file` to remove it or

@@ -291,3 +291,81 @@ fn a_view_says_whether_its_tree_has_extended_attributes() {
         ok(&store, &["unmount", mp.to_str().unwrap()]);
     }
 }
+
+/// A read-only mount's daemon logs in the temporary directory, which others may write
+/// to. A name planted there first by another user, a symlink to a file of root's or a
+/// file of theirs, is never followed or written to: the mount fails and names the file
+/// in the way; once it is gone the log is root's own, mode 0600. The directory is the
+/// other user's (mode 1777), where the kernel's `protected_symlinks` would follow the
+/// link: only casfs's own care stands in the way.
+#[test]
+fn a_log_name_planted_by_another_user_is_never_followed() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if crate::needs_root("it makes a second user with useradd") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    fs::set_permissions(t.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let (store, work, mp, tmp) = (
+        t.path().join("store"),
+        t.path().join("work"),
+        t.path().join("mnt"),
+        t.path().join("tmp"),
+    );
+    for d in [&work, &mp, &tmp] {
+        fs::create_dir(d).unwrap();
+    }
+    fs::write(work.join("f"), b"checkpointed").unwrap();
+    ok(&store, &["capture", work.to_str().unwrap(), "-t", "main"]);
+    let other = crate::users::TestUser::new(None);
+    std::os::unix::fs::chown(&tmp, Some(other.uid), Some(other.gid)).unwrap();
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o1777)).unwrap();
+    let victim = t.path().join("roots-file");
+    fs::write(&victim, b"root's").unwrap();
+    let canonical = fs::canonicalize(&mp).unwrap();
+    let tag = casfs::cas::Hash::of(canonical.as_os_str().as_encoded_bytes()).short(12);
+    let name = format!("casfs-mount-0-{tag}.log");
+    let log = tmp.join(&name);
+    let tmpdir = tmp.to_str().unwrap();
+    let mount = || {
+        casfs_env(
+            &store,
+            &["mount", mp.to_str().unwrap(), "-t", "main", "--read-only"],
+            &[("TMPDIR", tmpdir)],
+        )
+    };
+    let _guard = MountGuard::new(&mp);
+
+    other.sh(&tmp, &format!("ln -s '{}' {name}", victim.display()));
+    let out = mount();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains(&name), "{err}");
+    assert!(!casfs::fs::is_fuse_mount(&mp));
+    assert_eq!(fs::read(&victim).unwrap(), b"root's", "followed the link");
+
+    other.sh(
+        &tmp,
+        &format!("rm {name} && echo theirs > {name} && chmod 666 {name}"),
+    );
+    let out = mount();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains(&name) && err.contains("not this user's"),
+        "{err}"
+    );
+    assert_eq!(fs::read(&log).unwrap(), b"theirs\n");
+    assert!(!casfs::fs::is_fuse_mount(&mp));
+
+    other.sh(&tmp, &format!("rm {name}"));
+    let out = mount();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(fs::read(mp.join("f")).unwrap(), b"checkpointed");
+    let m = fs::symlink_metadata(&log).unwrap();
+    assert!(m.file_type().is_file());
+    assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o600));
+    ok(&store, &["unmount", mp.to_str().unwrap()]);
+}
