@@ -400,6 +400,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
     })
     .with_context(|| format!("serving {shown}"))?;
     // Nothing a run left uncaptured outlives the server: its sandboxes go.
+    casfs::fs::process_ending();
     let closed = server.close();
     if sandbox_disk.is_some() {
         // No spare disk outlives the server.

@@ -58,6 +58,20 @@ const BUSY_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 /// How long unmount waits for the serving threads after the kernel let go.
 const UNMOUNT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How long it waits once the process is ending ([`process_ending`]).
+const ENDING_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+
+static ENDING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Says that this process is about to exit (a server destroying its sandboxes as it
+/// stops): a mount unmounted from here whose connection lives on elsewhere (a bind
+/// mount someone made of it, an overlay over it that is held) is not waited for. Its
+/// connection ends with the process, and every such mount waiting [`UNMOUNT_WAIT`]
+/// would make the stop take ten seconds a sandbox, past a service manager's patience.
+pub fn process_ending() {
+    ENDING.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
 impl Mounted {
     fn new(session: fuser::BackgroundSession, mountpoint: &Path) -> Mounted {
         let id = mount_identity(mountpoint);
@@ -113,7 +127,12 @@ impl Mounted {
             }
             // Unmounted: the kernel ends the connection and the threads return.
             let start = std::time::Instant::now();
-            while !s.guard.is_finished() && start.elapsed() < UNMOUNT_WAIT {
+            let wait = if ENDING.load(std::sync::atomic::Ordering::SeqCst) {
+                ENDING_WAIT
+            } else {
+                UNMOUNT_WAIT
+            };
+            while !s.guard.is_finished() && start.elapsed() < wait {
                 std::thread::sleep(std::time::Duration::from_millis(5));
             }
         }

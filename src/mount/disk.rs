@@ -491,6 +491,10 @@ fn mount(dev: &Path, dir: &Path) -> io::Result<()> {
     };
     let (src, target) = (c(dev)?, c(dir)?);
     let fstype = CString::new("ext4").expect("no NUL");
+    // An error of the file system (its image emptied by `remove` while a mount made
+    // elsewhere still holds it) makes it read-only, whatever its superblock says: never
+    // a panic of the host.
+    let data = CString::new("errors=remount-ro").expect("no NUL");
     // SAFETY: NUL-terminated strings that outlive the call.
     let r = unsafe {
         libc::mount(
@@ -498,7 +502,7 @@ fn mount(dev: &Path, dir: &Path) -> io::Result<()> {
             target.as_ptr(),
             fstype.as_ptr(),
             libc::MS_NOSUID | libc::MS_NODEV,
-            std::ptr::null(),
+            data.as_ptr().cast(),
         )
     };
     if r != 0 {

@@ -14,26 +14,52 @@ use serde_json::{json, Value};
 use crate::common::casfs_bin;
 use crate::{wait_for, MountGuard};
 
-/// The server process, stopped (SIGTERM, then SIGKILL) when dropped.
+/// The server process, stopped (SIGTERM, then SIGKILL) when dropped; whatever it left
+/// mounted in its store (a server killed before it destroyed its sandboxes leaves
+/// their disks and overlays) is detached then.
 pub(crate) struct Served {
     pub child: Child,
     pub socket: PathBuf,
+    store: PathBuf,
     /// The last 64 KiB the server logged: its stderr is read away as it comes, so
     /// that a full pipe never stops it (a member's workload may make it warn a lot).
     #[allow(dead_code)]
     pub log: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
 }
 
-impl Drop for Served {
-    fn drop(&mut self) {
+impl Served {
+    /// Stops the server with SIGTERM as a service manager does; whether it ended by
+    /// itself within ten seconds, and what it left mounted in its store.
+    pub fn stop(mut self) -> (bool, Vec<PathBuf>) {
+        let ended = self.terminate();
+        (ended, crate::mounts_under(&self.store_path()))
+    }
+
+    fn terminate(&mut self) -> bool {
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return true;
+        }
         // SAFETY: signalling our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        if !wait_for(Duration::from_secs(10), || {
+        let ended = wait_for(Duration::from_secs(10), || {
             matches!(self.child.try_wait(), Ok(Some(_)))
-        }) {
+        });
+        if !ended {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
+        ended
+    }
+
+    fn store_path(&self) -> PathBuf {
+        std::fs::canonicalize(&self.store).unwrap_or_else(|_| self.store.clone())
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.terminate();
+        drop(crate::MountsUnder(self.store_path()));
     }
 }
 
@@ -77,7 +103,12 @@ pub(crate) fn start(
             k.drain(..over);
         }
     });
-    let s = Served { child, socket, log };
+    let s = Served {
+        child,
+        socket,
+        store: store.to_path_buf(),
+        log,
+    };
     assert!(
         wait_for(Duration::from_secs(20), || s.socket.exists()
             || !extra.is_empty() && extra.contains(&"--listen")),
