@@ -8,11 +8,12 @@
 //! the kernels casfs runs on need not have `CONFIG_QFMT_V2` or XFS quotas.
 //!
 //! Making one costs a sparse file, `mkfs.ext4` (e2fsprogs, with lazy inode tables:
-//! about 15 ms) and a mount; the file and its file system are made ahead (four spare
-//! images per size under `mounts/.spare`), so that a sandbox's creation pays for the
-//! loop device and the mount only. The loop device clears itself when the file system
-//! is unmounted (`LO_FLAGS_AUTOCLEAR`). Root only: ext4 cannot be mounted in a user
-//! namespace.
+//! about 15 ms), a loop device and a mount (about 10 ms more); all of it is done ahead
+//! (four spares per size under `mounts/.spare`: an image `<name>.disk`, its file system
+//! mounted at `<name>.root`), so that a sandbox's creation pays for a rename and a bind
+//! mount of the spare's file system at its directory. The loop device clears itself
+//! when the file system's last mount goes (`LO_FLAGS_AUTOCLEAR`). Root only: ext4
+//! cannot be mounted in a user namespace.
 
 use std::collections::BTreeSet;
 use std::ffi::CString;
@@ -98,24 +99,74 @@ fn spares_of(dir: &Path) -> PathBuf {
     dir.parent().unwrap_or(Path::new("/")).join(".spare")
 }
 
-/// How spare images of `bytes` are named: by the options they were made with (a
-/// change of [`mkfs`]'s options is a new version) and their size.
+/// How spare images of `bytes` are named: by how they were made (a change of
+/// [`mkfs`]'s options or of how a spare is kept is a new version) and their size.
 fn spare_prefix(bytes: u64) -> String {
-    format!("ext4v1-{bytes}-")
+    format!("ext4v2-{bytes}-")
 }
 
-/// Moves a spare image of `bytes` into place as `image` (never over a file there);
-/// whether there was one.
-fn take_spare(spares: &Path, bytes: u64, image: &Path) -> bool {
-    let Ok(rd) = std::fs::read_dir(spares) else {
-        return false;
-    };
+/// A spare taken for a mount directory.
+enum Taken {
+    /// Its file system is mounted at the directory.
+    Mounted,
+    /// Only its image was moved into place (its mount was gone): it is to be mounted.
+    Image,
+}
+
+/// Takes a spare of `bytes` for mount directory `dir`: its image moved into place as
+/// `image` (never over a file there), and its file system, mounted ahead at the
+/// spare's root, bound at `dir` (a bind mount keeps the spare's `nosuid,nodev`); the
+/// spare's own mount then goes. `None` if there was no spare.
+fn take_spare(spares: &Path, bytes: u64, image: &Path, dir: &Path) -> Option<Taken> {
+    let rd = std::fs::read_dir(spares).ok()?;
     let prefix = spare_prefix(bytes);
-    rd.flatten().any(|e| {
+    for e in rd.flatten() {
         let name = e.file_name();
         let name = name.to_string_lossy();
-        name.starts_with(&prefix) && name.ends_with(".disk") && rename_new(&e.path(), image).is_ok()
-    })
+        let Some(stem) = name
+            .strip_suffix(".disk")
+            .filter(|n| n.starts_with(&prefix))
+        else {
+            continue;
+        };
+        // Whoever renames the image has the spare.
+        if rename_new(&e.path(), image).is_err() {
+            continue;
+        }
+        let root = spares.join(format!("{stem}.root"));
+        let bound = mounted_at(&root) && bind(&root, dir).is_ok();
+        unmount_dir(&root);
+        return Some(if bound { Taken::Mounted } else { Taken::Image });
+    }
+    None
+}
+
+/// Detaches what is mounted at directory `dir`, if anything, and removes it.
+fn unmount_dir(dir: &Path) {
+    if mounted_at(dir) {
+        let _ = crate::fs::detach(dir);
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+/// Removes the spares' directory's entries that `keep` does not keep: images, and
+/// roots with what is mounted there.
+fn clear_spares(spares: &Path, keep: impl Fn(&str) -> bool) {
+    let Ok(rd) = std::fs::read_dir(spares) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        if keep(&name.to_string_lossy()) {
+            continue;
+        }
+        match e.file_type() {
+            Ok(t) if t.is_dir() => unmount_dir(&e.path()),
+            _ => {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
 }
 
 /// Renames `from` to `to` unless `to` exists (`RENAME_NOREPLACE`).
@@ -161,11 +212,7 @@ pub fn forget(store_root: &Path) {
     while lock(&RUNNING).contains(&spares) && std::time::Instant::now() < until {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    if let Ok(rd) = std::fs::read_dir(&spares) {
-        for e in rd.flatten() {
-            let _ = std::fs::remove_file(e.path());
-        }
-    }
+    clear_spares(&spares, |_| false);
     let _ = std::fs::remove_dir(&spares);
 }
 
@@ -178,8 +225,8 @@ fn lock(m: &Mutex<BTreeSet<PathBuf>>) -> std::sync::MutexGuard<'_, BTreeSet<Path
 }
 
 /// Makes spare images of `bytes` in `spares` until there are [`SPARES`], on a thread
-/// of its own (one per directory at a time), unless [`forget`] stopped it; other files
-/// there (other sizes, pieces of a process that stopped making one) go.
+/// of its own (one per directory at a time), unless [`forget`] stopped it; what else is
+/// there (other sizes, what a process that stopped left) goes.
 fn refill(spares: PathBuf, bytes: u64) {
     if lock(&STOPPED).contains(&spares) || !lock(&RUNNING).insert(spares.clone()) {
         return;
@@ -220,33 +267,76 @@ fn make_spares(spares: &Path, bytes: u64) -> io::Result<()> {
         _ => {}
     }
     let prefix = spare_prefix(bytes);
-    for e in std::fs::read_dir(spares)?.flatten() {
-        let n = e.file_name();
-        let n = n.to_string_lossy();
-        if !n.starts_with(&prefix) || !n.ends_with(".disk") {
-            let _ = std::fs::remove_file(e.path());
-        }
-    }
+    // This process's spares stay (one may be being taken); no other process makes
+    // spares here (the store's lock), so theirs are what one that stopped left.
+    let mine = format!("{prefix}{}-", std::process::id());
+    clear_spares(spares, |n| n.starts_with(&mine));
     while spare_count(spares, bytes) < SPARES && !lock(&STOPPED).contains(spares) {
         let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let name = format!("{prefix}{}-{n}", std::process::id());
+        let name = format!("{mine}{n}");
         let tmp = spares.join(format!("{name}.tmp"));
+        let root = spares.join(format!("{name}.root"));
         let f = OpenOptions::new()
+            .read(true)
             .write(true)
             .create_new(true)
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&tmp)?;
-        let formatted = f.set_len(bytes).and_then(|()| mkfs(&tmp));
+        // Formatted and mounted, then published under its `.disk` name.
+        let made = f
+            .set_len(bytes)
+            .and_then(|()| mkfs(&tmp))
+            .and_then(|()| std::fs::DirBuilder::new().mode(0o700).create(&root))
+            .and_then(|()| attach(&f))
+            .and_then(|(dev, path)| {
+                mount(&path, &root)?;
+                drop(dev);
+                prepare_root(&root)
+            })
+            .and_then(|()| rename_new(&tmp, &spares.join(format!("{name}.disk"))));
         drop(f);
-        if let Err(e) =
-            formatted.and_then(|()| rename_new(&tmp, &spares.join(format!("{name}.disk"))))
-        {
+        if let Err(e) = made {
+            unmount_dir(&root);
             let _ = std::fs::remove_file(&tmp);
             return Err(e);
         }
     }
     Ok(())
+}
+
+/// A new file system's root made the mount directory it stands for: the store's own
+/// (0700), without `lost+found`.
+fn prepare_root(root: &Path) -> io::Result<()> {
+    std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700))?;
+    match std::fs::remove_dir(root.join("lost+found")) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Binds the file system mounted at `from` at `to` (its mount's flags kept).
+fn bind(from: &Path, to: &Path) -> io::Result<()> {
+    let (src, target) = (cstr(from)?, cstr(to)?);
+    // SAFETY: NUL-terminated strings that outlive the call.
+    let r = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            target.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn cstr(p: &Path) -> io::Result<CString> {
+    CString::new(p.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
 }
 
 /// The image of the mount directory `dir`.
@@ -315,13 +405,18 @@ fn bound_with(dir: &Path, bytes: u64, spares: bool) -> io::Result<bool> {
     let (file, fresh, unformatted) = match open() {
         Ok(f) => (f, false, false),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            let taken = spares && {
-                let dir = spares_of(dir);
-                let taken = take_spare(&dir, bytes, &image);
-                refill(dir, bytes);
+            let taken = if spares {
+                let from = spares_of(dir);
+                let taken = take_spare(&from, bytes, &image, dir);
+                refill(from, bytes);
                 taken
+            } else {
+                None
             };
-            if taken {
+            if let Some(Taken::Mounted) = taken {
+                return Ok(true);
+            }
+            if taken.is_some() {
                 match open() {
                     Ok(f) => (f, true, false),
                     Err(e) => {
@@ -362,10 +457,10 @@ fn bound_with(dir: &Path, bytes: u64, spares: bool) -> io::Result<bool> {
             format!("a disk of {bytes} bytes for {}: {e}", dir.display()),
         ));
     }
-    // Its root is the store's, as the directory it stands for.
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
     if fresh {
-        let _ = std::fs::remove_dir(dir.join("lost+found"));
+        prepare_root(dir)?;
+    } else {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
     }
     Ok(fresh)
 }
@@ -485,11 +580,7 @@ fn mkfs(dev: &Path) -> io::Result<()> {
 }
 
 fn mount(dev: &Path, dir: &Path) -> io::Result<()> {
-    let c = |p: &Path| {
-        CString::new(p.as_os_str().as_encoded_bytes())
-            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
-    };
-    let (src, target) = (c(dev)?, c(dir)?);
+    let (src, target) = (cstr(dev)?, cstr(dir)?);
     let fstype = CString::new("ext4").expect("no NUL");
     // An error of the file system (its image emptied by `remove` while a mount made
     // elsewhere still holds it) makes it read-only, whatever its superblock says: never

@@ -591,6 +591,27 @@ fn writes_past_the_disk_bound_fail_inside_and_nothing_else_fills() {
         spares()
     );
 
+    // Every disk mounted in the store, each sandbox's and the spares' (mounted ahead),
+    // is nosuid,nodev.
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let under = format!("{}/", m.store.display());
+    let disks: Vec<(&str, &str)> = info
+        .lines()
+        .filter(|l| l.contains(" - ext4 "))
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            f[4].starts_with(&under).then_some((f[4], f[5]))
+        })
+        .collect();
+    assert!(disks.len() >= 3 + 4, "{disks:?}");
+    for (at, opts) in &disks {
+        let opts: Vec<&str> = opts.split(',').collect();
+        assert!(
+            opts.contains(&"nosuid") && opts.contains(&"nodev"),
+            "{at}: {opts:?}"
+        );
+    }
+
     // Destroyed: no disk, image or loop device of it is left.
     for k in [&key, &key2, &key3] {
         let (st, v) = a.http(&s.socket, "DELETE", &format!("/v1/sandboxes/{k}"), None);
@@ -599,12 +620,21 @@ fn writes_past_the_disk_bound_fail_inside_and_nothing_else_fills() {
     assert!(images().is_empty(), "a destroyed sandbox's image is left");
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     let store = m.store.to_string_lossy().into_owned();
+    let spares = format!("{store}/mounts/.spare/");
     assert!(
         !mounts
             .lines()
-            .any(|l| l.contains(&store) && l.contains(" ext4 ")),
+            .any(|l| l.contains(&store) && l.contains(" ext4 ") && !l.contains(&spares)),
         "a destroyed sandbox's disk is still mounted"
     );
+    // A server that stops leaves no spare, mounted or not.
+    let s = m.s;
+    let (ended, left) = s.stop();
+    assert!(
+        ended && left.is_empty(),
+        "ended: {ended}, left mounted: {left:?}"
+    );
+    assert!(!m.store.join("mounts/.spare").exists());
 }
 
 /// A background process streams its output from any cursor, takes stdin, and a kill
