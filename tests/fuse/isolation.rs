@@ -1124,6 +1124,24 @@ fn a_port_inside_is_reached_through_its_channel_with_its_token_only() {
         let got = get(&extra);
         assert!(got.starts_with("HTTP/1.1 403"), "{extra:?}: {got}");
     }
+    // Any user of the host may connect to the channel: one who opens more connections
+    // than the sandbox may have (and than may wait for their head) and sends nothing
+    // keeps no one out; the token's holder is answered while they are all still open
+    // (each has 5 s to send its head; the oldest are evicted by newer ones).
+    let opened = std::time::Instant::now();
+    let idle: Vec<std::net::TcpStream> = (0..300)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    let page = get(&format!("{header}: {token}\r\n"));
+    assert!(
+        opened.elapsed() < Duration::from_secs(5),
+        "too slow to tell: the idle connections may have timed out"
+    );
+    assert!(
+        page.starts_with("HTTP/1.1 200") && page.ends_with("served-inside\n"),
+        "{page}"
+    );
+    drop(idle);
     // The same port again: the same channel.
     let (st, v) = channel(a, 8000);
     assert_eq!((st, v["url"].as_str()), (200, Some(url.as_str())), "{v}");

@@ -9,18 +9,25 @@
 //! other upgrade keeps its connection once the server inside answers 101 (any other
 //! answer is the connection's last). Any user of the host may connect to the
 //! listener; only the holder of the token, which the sandbox's owner got from the
-//! server, gets through. A sandbox on the host's own network gets no channel (its
+//! server, gets through. A connection takes nothing of the sandbox's or of the
+//! server's connection limits until its token was shown: those that have not shown it
+//! yet are at most [`PRE_AUTH`] per channel, a new one past that evicts the oldest, and
+//! each has [`HEAD_WAIT`] to send its request's head; so another user of the host who
+//! opens connections and sends nothing keeps no one out. A sandbox on the host's own network gets no channel (its
 //! ports are the host's). The channel ends with the sandbox's isolation.
 
+use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
-use super::proxy::{accept_loop, in_netns, refuse, MAX_HEAD, WAIT};
+use super::proxy::{in_netns, refuse, MAX_HEAD, WAIT};
 
 /// The header a request through a channel carries its token in.
 pub const TOKEN_HEADER: &str = "x-casfs-port-token";
@@ -48,6 +55,14 @@ static ALL: Semaphore = Semaphore::const_new(4096);
 /// Connections through one sandbox's channels at once.
 pub const MAX_CONNECTIONS: usize = 256;
 
+/// Connections of one channel that have not shown its token yet, at most; a new one
+/// past them evicts the oldest (a client sends its request's head at once, so what is
+/// evicted is almost always a connection that sent nothing).
+pub const PRE_AUTH: usize = 32;
+
+/// How long a connection has to send its request's head.
+pub const HEAD_WAIT: Duration = Duration::from_secs(5);
+
 /// Opens a channel to `port` in network namespace `netns` (sandbox `key`'s), listening
 /// at `bind` (port chosen by the kernel), on the server's runtime; its connections take
 /// the sandbox's `slots`.
@@ -66,21 +81,59 @@ pub fn open(
     let addr = listener.local_addr()?;
     let _in = runtime.enter();
     let listener = TcpListener::from_std(listener)?;
-    let t = token.clone();
-    let task = runtime
-        .spawn(accept_loop(
-            listener,
-            "channel",
-            key,
-            slots,
-            &ALL,
-            move |conn| {
-                let (netns, token) = (netns.clone(), t.clone());
-                async move { relay(conn, netns, port, &token).await }
-            },
-        ))
-        .abort_handle();
+    let ch = Arc::new(Relay {
+        netns,
+        port,
+        token: token.clone(),
+        slots,
+        key,
+    });
+    let task = runtime.spawn(accept_loop(listener, ch)).abort_handle();
     Ok(Channel { addr, token, task })
+}
+
+/// What a channel's connections are relayed with.
+struct Relay {
+    netns: Arc<OwnedFd>,
+    port: u16,
+    token: Arc<str>,
+    /// The sandbox's connections ([`MAX_CONNECTIONS`]).
+    slots: Arc<Semaphore>,
+    key: String,
+}
+
+/// Accepts a channel's connections and relays each (see the module's comment for who
+/// waits where).
+async fn accept_loop(listener: TcpListener, ch: Arc<Relay>) {
+    let mut conns = tokio::task::JoinSet::new();
+    // Those that have not shown the token yet, oldest first: whether they have since,
+    // and their task.
+    let mut waiting: VecDeque<(Arc<AtomicBool>, tokio::task::AbortHandle)> = VecDeque::new();
+    loop {
+        while conns.try_join_next().is_some() {}
+        let conn = match listener.accept().await {
+            Ok((c, _)) => c,
+            Err(e) => {
+                tracing::warn!(sandbox = %ch.key, "channel: accept: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        waiting.retain(|(shown, task)| !shown.load(Ordering::SeqCst) && !task.is_finished());
+        if waiting.len() >= PRE_AUTH {
+            if let Some((_, oldest)) = waiting.pop_front() {
+                oldest.abort();
+            }
+        }
+        let shown = Arc::new(AtomicBool::new(false));
+        let (c, flag) = (ch.clone(), shown.clone());
+        let task = conns.spawn(async move {
+            if let Err(e) = relay(conn, &c, &flag).await {
+                tracing::debug!(sandbox = %c.key, "channel: {e}");
+            }
+        });
+        waiting.push_back((shown, task));
+    }
 }
 
 /// What the bytes a connection sent first are.
@@ -140,14 +193,10 @@ fn check_head(buf: &[u8], token: &str) -> Head {
     Head::Allowed(out, end, upgrade)
 }
 
-async fn relay(
-    mut conn: TcpStream,
-    netns: Arc<OwnedFd>,
-    port: u16,
-    token: &str,
-) -> std::io::Result<()> {
+async fn relay(mut conn: TcpStream, ch: &Relay, shown: &AtomicBool) -> std::io::Result<()> {
+    let (port, token) = (ch.port, &*ch.token);
     let mut buf = Vec::with_capacity(4096);
-    let head = tokio::time::timeout(WAIT, async {
+    let head = tokio::time::timeout(HEAD_WAIT, async {
         loop {
             let mut chunk = [0u8; 4096];
             let n = conn.read(&mut chunk).await?;
@@ -184,7 +233,17 @@ async fn relay(
         Ok(Err(e)) => return Err(e),
         Err(_) => return refuse(&mut conn, "408 Request Timeout", "no request").await,
     };
-    let mut inside = match connect_inside(netns, port).await {
+    // Shown: from here on it counts against the sandbox's connections and all of them.
+    shown.store(true, Ordering::SeqCst);
+    let (Ok(_mine), Ok(_all)) = (ch.slots.clone().try_acquire_owned(), ALL.try_acquire()) else {
+        return refuse(
+            &mut conn,
+            "503 Service Unavailable",
+            "too many connections through the sandbox's channels; try again",
+        )
+        .await;
+    };
+    let mut inside = match connect_inside(ch.netns.clone(), port).await {
         Ok(s) => s,
         Err(e) => {
             return refuse(
