@@ -344,10 +344,12 @@ impl<'a> Publisher<'a> {
         match &handle.workspace {
             SandboxWorkspace::Mount(m) => {
                 // A new mount starts at the head already (its provider discarded what
-                // an earlier sandbox of the key left).
+                // an earlier sandbox of the key left). Asked as announced: a file
+                // opened for writing in the instant since it was mounted is not looked
+                // for in every process (what it writes is the sandbox's, unpublished).
                 let fresh = outcome == EnsureOutcome::Created
                     && m.tag().base == Some(cp.id)
-                    && m.status().1.dirty_nodes == 0;
+                    && m.is_clean();
                 if !fresh {
                     m.restore(cp.id, None, true)?;
                 }

@@ -750,15 +750,30 @@ impl OverlayMount {
 
     /// What changed since the last checkpoint.
     pub fn status(&self) -> WorkspaceStatus {
+        self.status_with(true)
+    }
+
+    /// Whether nothing changed since the last checkpoint as far as was announced: the
+    /// status without the look in `/proc` for files still open for writing (whose
+    /// writes may have returned with no close yet). For a mount just made, which no
+    /// process could have held a file of for long.
+    pub fn is_clean(&self) -> bool {
+        self.status_with(false).dirty_nodes == 0
+    }
+
+    fn status_with(&self, writers: bool) -> WorkspaceStatus {
         let (upper, base, image) = {
             let st = self.layers();
             (self.upper(&st), st.lower_root, st.image)
         };
         let memo = self.memo();
-        let dirs = memo
-            .watch
-            .as_ref()
-            .and_then(|w| w.changed(&self.mountpoint).dirs);
+        let dirs = memo.watch.as_ref().and_then(|w| {
+            if writers {
+                w.changed(&self.mountpoint).dirs
+            } else {
+                w.announced(&self.mountpoint).dirs
+            }
+        });
         let c = changes_since(&upper, &memo.captured, dirs.as_ref(), 20).unwrap_or_default();
         WorkspaceStatus {
             base,

@@ -469,6 +469,17 @@ impl UpperWatch {
     /// first, and every file of the overlay at `mountpoint` open for writing or mapped
     /// writable counts as changed). They stay marked until [`settle`](Self::settle).
     pub(super) fn changed(&self, mountpoint: &Path) -> Changed {
+        self.changed_with(mountpoint, true)
+    }
+
+    /// [`changed`](Self::changed) as announced: without looking in `/proc` for files
+    /// still open for writing (a read of every process's descriptors and mappings,
+    /// which costs with the number of processes on the host).
+    pub(super) fn announced(&self, mountpoint: &Path) -> Changed {
+        self.changed_with(mountpoint, false)
+    }
+
+    fn changed_with(&self, mountpoint: &Path, writers: bool) -> Changed {
         let Some(w) = watcher() else {
             return Changed {
                 upto: 0,
@@ -479,7 +490,11 @@ impl UpperWatch {
         let root = w.lock().uppers.get(&self.id).map(|u| u.root.clone());
         let mut under = vec![mountpoint];
         under.extend(root.as_deref());
-        let writers = open_writers(&under);
+        let writers = if writers {
+            open_writers(&under)
+        } else {
+            Vec::new()
+        };
         let mut st = w.lock();
         st.drain();
         st.seq += 1;
