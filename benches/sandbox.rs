@@ -31,7 +31,9 @@
 //! `echo ready`; a commit, then that. No registry is reached.
 //!
 //! Order alternates between the tools each repetition; every sandbox is destroyed
-//! after its repetition. Docker's rows need a Docker engine: where none answers on
+//! after its repetition, and each tool's turn starts on a quiet machine (data synced,
+//! the CPUs 90% idle: `settle`), so that what one tool leaves running behind it is not
+//! charged to the next. Docker's rows need a Docker engine: where none answers on
 //! `/var/run/docker.sock`, the run says so in its notes and measures casfs alone.
 //!
 //! Run (root, /dev/fuse, bubblewrap): `cargo bench --bench sandbox -- [--sizes
@@ -47,7 +49,7 @@ use serde_json::{json, Value};
 
 #[path = "common/mod.rs"]
 mod common;
-use common::work::make_files;
+use common::work::{make_files, settle};
 use common::*;
 
 /// One HTTP/1.1 request over a Unix socket (a JSON body, `Connection: close`): the
@@ -273,9 +275,11 @@ fn main() {
             .to_string();
         for rep in 0..args.reps {
             if docker && rep % 2 == 0 {
+                settle();
                 docker::rep(&format!("casfs-bench/ws-{n}"), rep, &mut dk);
             }
             for isolated in [rep % 2 == 0, rep % 2 != 0] {
+                settle();
                 let tool = if isolated { "iso" } else { "host" };
                 let mine = format!("{thread}-{rep}-{tool}");
                 ok(
@@ -378,6 +382,7 @@ fn main() {
                 ok(&socket, "DELETE", &format!("/v1/sandboxes/{key}"), None);
             }
             if docker && rep % 2 != 0 {
+                settle();
                 docker::rep(&format!("casfs-bench/ws-{n}"), rep, &mut dk);
             }
         }

@@ -11,6 +11,40 @@ pub fn drop_caches() {
     let _ = sh("sync; echo 3 > /proc/sys/vm/drop_caches", &[]);
 }
 
+/// Waits until the machine is quiet before the next tool's turn: written data synced,
+/// then the CPUs at least 90% idle over 100 ms (at most 5 s), so that work one tool
+/// left running behind it (an engine's cleanup, deferred teardown) is not charged to
+/// the next one. Returns how long it waited.
+pub fn settle() -> std::time::Duration {
+    let start = std::time::Instant::now();
+    // SAFETY: sync has no preconditions.
+    unsafe { libc::sync() };
+    // (busy, total) jiffies of all CPUs, from /proc/stat's first line.
+    let sample = || -> Option<(u64, u64)> {
+        let stat = fs::read_to_string("/proc/stat").ok()?;
+        let v: Vec<u64> = stat
+            .lines()
+            .next()?
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        let total: u64 = v.iter().sum();
+        // idle and iowait
+        let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
+        Some((total - idle, total))
+    };
+    while start.elapsed() < std::time::Duration::from_secs(5) {
+        let Some((b0, t0)) = sample() else { break };
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let Some((b1, t1)) = sample() else { break };
+        if t1 > t0 && (b1 - b0) * 10 <= t1 - t0 {
+            break;
+        }
+    }
+    start.elapsed()
+}
+
 /// A tmpfs mounted for the bench's inputs, unmounted when dropped.
 pub struct Tmpfs {
     _t: tempfile::TempDir,
