@@ -284,7 +284,7 @@ const INIT_INSTALLED: &str = "/usr/libexec/casfs/casfs-sandbox-init";
 /// of root's or the server's user that no one else may write, so that a server run
 /// from a directory others write into (`/tmp`) never runs their file; else this very
 /// executable (`casfs sandbox-init`).
-fn init_exe() -> io::Result<std::fs::File> {
+pub(super) fn init_exe() -> io::Result<std::fs::File> {
     use std::os::unix::prelude::OpenOptionsExt;
     let exe = std::fs::read_link("/proc/self/exe").ok();
     let dir = exe.as_deref().and_then(Path::parent);

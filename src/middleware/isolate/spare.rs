@@ -1,4 +1,5 @@
-//! A process started ahead of the sandbox that will need it (`casfs sandbox-spawn`),
+//! A process started ahead of the sandbox that will need it (`casfs-sandbox-init
+//! sandbox-spawn`, the small executable, else `casfs sandbox-spawn`),
 //! already in a control group of its own, waiting to become that sandbox's bubblewrap.
 //!
 //! Moving a process into a control group on a cgroup v1 host costs a grace period of
@@ -70,7 +71,12 @@ impl Spare {
             .map(|g| g.procs().iter().map(|f| f.as_raw_fd()).collect())
             .unwrap_or_default();
         let zero = c"0";
-        let mut cmd = Command::new("/proc/self/exe");
+        // The small executable the sandboxes' init is (or this one): a spare made
+        // again while a sandbox starts then does not load what the server links,
+        // which on a machine of few cores takes from that start. Run through its
+        // descriptor, the file checked when it was opened.
+        let exe = super::engine::init_exe()?;
+        let mut cmd = Command::new(format!("/proc/self/fd/{}", exe.as_raw_fd()));
         cmd.arg("sandbox-spawn")
             .env_clear()
             .stdin(Stdio::null())
@@ -106,7 +112,7 @@ impl Spare {
         let child = cmd
             .spawn()
             .map_err(|e| io::Error::new(e.kind(), format!("starting a spare sandbox: {e}")))?;
-        drop(theirs);
+        drop((theirs, exe));
         Ok(Spare {
             child: Some(child),
             sock: ours,
