@@ -232,10 +232,10 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
             }
         },
     };
-    if let Some(bytes) = sandbox_disk {
-        // Formatted ahead, so that the first sandboxes do not wait for mkfs.ext4.
-        casfs::mount::disk::warm(&root, bytes);
-    }
+    // Formatted and mounted ahead, so that the first sandboxes do not wait for them;
+    // removed when this function returns, however it does (an option refused below
+    // included).
+    let _spares = sandbox_disk.map(|bytes| casfs::mount::disk::Spares::warm(&root, bytes));
     let provider: Arc<dyn SandboxProvider> = if *plain {
         Arc::new(
             DirProvider::new(store.clone(), &sandboxes)
@@ -402,10 +402,8 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
     // Nothing a run left uncaptured outlives the server: its sandboxes go.
     casfs::fs::process_ending();
     let closed = server.close();
-    if sandbox_disk.is_some() {
-        // No spare disk outlives the server.
-        casfs::mount::disk::forget(&root);
-    }
+    // No spare disk outlives the server.
+    drop(_spares);
     closed.context("destroying the sandboxes")?;
     // And the spare kept for the next sandbox (with its control group).
     casfs::middleware::isolate::end_spare();

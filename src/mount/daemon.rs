@@ -76,6 +76,10 @@ pub fn start_detached(
 ) -> Result<u32, DaemonError> {
     let exe = std::env::current_exe().map_err(io("finding the casfs executable"))?;
     let err = open_log(log).map_err(io(format!("creating {}", log.display())))?;
+    // Read back (should the child fail) through this descriptor, not the name.
+    let mut back = err
+        .try_clone()
+        .map_err(io(format!("opening {}", log.display())))?;
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     args.push("--foreground".into());
     let mut cmd = Command::new(exe);
@@ -100,7 +104,12 @@ pub fn start_detached(
             .try_wait()
             .map_err(io(format!("waiting for {what}")))?
         {
-            let msg = std::fs::read_to_string(log).unwrap_or_default();
+            let mut msg = String::new();
+            {
+                use std::io::{Read, Seek};
+                let _ = back.rewind();
+                let _ = back.read_to_string(&mut msg);
+            }
             let _ = std::fs::remove_file(log);
             let msg = msg.trim().trim_start_matches("casfs: error: ");
             return Err(DaemonError::Start(format!(
@@ -124,6 +133,7 @@ pub fn start_detached(
 fn open_log(log: &Path) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let f = std::fs::OpenOptions::new()
+        .read(true)
         .write(true)
         .create(true)
         .truncate(false)

@@ -119,14 +119,12 @@ enum Taken {
 /// spare's own mount then goes. `None` if there was no spare.
 fn take_spare(spares: &Path, bytes: u64, image: &Path, dir: &Path) -> Option<Taken> {
     let rd = std::fs::read_dir(spares).ok()?;
-    let prefix = spare_prefix(bytes);
+    // Only this process's: another's are being removed ([`make_spares`]).
+    let mine = own_prefix(bytes);
     for e in rd.flatten() {
         let name = e.file_name();
         let name = name.to_string_lossy();
-        let Some(stem) = name
-            .strip_suffix(".disk")
-            .filter(|n| n.starts_with(&prefix))
-        else {
+        let Some(stem) = name.strip_suffix(".disk").filter(|n| n.starts_with(&mine)) else {
             continue;
         };
         // Whoever renames the image has the spare.
@@ -134,11 +132,26 @@ fn take_spare(spares: &Path, bytes: u64, image: &Path, dir: &Path) -> Option<Tak
             continue;
         }
         let root = spares.join(format!("{stem}.root"));
-        let bound = mounted_at(&root) && bind(&root, dir).is_ok();
+        let dev = std::fs::symlink_metadata(&root).map(|m| m.dev()).ok();
+        let bound = mounted_at(&root)
+            && bind(&root, dir).is_ok()
+            && (std::fs::symlink_metadata(dir).map(|m| m.dev()).ok() == dev || {
+                // Not the spare's file system after all: not used.
+                let _ = crate::fs::detach(dir);
+                false
+            });
         unmount_dir(&root);
         return Some(if bound { Taken::Mounted } else { Taken::Image });
     }
     None
+}
+
+/// The names of this process's spares of `bytes`: its pid and a number drawn at its
+/// start (a process with a dead one's pid does not take that one's spares for its own).
+fn own_prefix(bytes: u64) -> String {
+    static NONCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let nonce = NONCE.get_or_init(|| crate::checkpoint::secret_hex()[..8].to_string());
+    format!("{}{}.{nonce}-", spare_prefix(bytes), std::process::id())
 }
 
 /// Detaches what is mounted at directory `dir`, if anything, and removes it.
@@ -192,6 +205,22 @@ fn spare_count(spares: &Path, bytes: u64) -> usize {
             })
             .count()
     })
+}
+
+/// Spares kept for the store at a root while this lives ([`warm`], then [`forget`]).
+pub struct Spares(PathBuf);
+
+impl Spares {
+    pub fn warm(store_root: &Path, bytes: u64) -> Spares {
+        warm(store_root, bytes);
+        Spares(store_root.to_path_buf())
+    }
+}
+
+impl Drop for Spares {
+    fn drop(&mut self) {
+        forget(&self.0);
+    }
 }
 
 /// Makes spare images of `bytes` for the mount directories under the store at
@@ -266,10 +295,9 @@ fn make_spares(spares: &Path, bytes: u64) -> io::Result<()> {
         Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
         _ => {}
     }
-    let prefix = spare_prefix(bytes);
     // This process's spares stay (one may be being taken); no other process makes
     // spares here (the store's lock), so theirs are what one that stopped left.
-    let mine = format!("{prefix}{}-", std::process::id());
+    let mine = own_prefix(bytes);
     clear_spares(spares, |n| n.starts_with(&mine));
     while spare_count(spares, bytes) < SPARES && !lock(&STOPPED).contains(spares) {
         let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

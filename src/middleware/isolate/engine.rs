@@ -283,7 +283,9 @@ const INIT_INSTALLED: &str = "/usr/libexec/casfs/casfs-sandbox-init";
 /// in `/usr/libexec/casfs`). Taken only when it is a regular file (no link followed)
 /// of root's or the server's user that no one else may write, so that a server run
 /// from a directory others write into (`/tmp`) never runs their file; else this very
-/// executable (`casfs sandbox-init`).
+/// executable (`casfs sandbox-init`). Its directory too must be root's or the
+/// server's user's and written by no one else (the spare process runs it as the
+/// server's user, on the host).
 pub(super) fn init_exe() -> io::Result<std::fs::File> {
     use std::os::unix::prelude::OpenOptionsExt;
     let exe = std::fs::read_link("/proc/self/exe").ok();
@@ -299,11 +301,21 @@ pub(super) fn init_exe() -> io::Result<std::fs::File> {
             .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
             .open(&p);
         if let Ok(f) = opened {
-            let ok = rustix::fs::fstat(&f).is_ok_and(|st| {
-                rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile
-                    && (st.st_uid == 0 || st.st_uid == rustix::process::geteuid().as_raw())
-                    && st.st_mode & 0o022 == 0
+            let euid = rustix::process::geteuid().as_raw();
+            // The file, and the directory it is in (the spare runs it as the server's
+            // user: no one else may put another file under its name).
+            let dir_ok = p.parent().is_some_and(|d| {
+                rustix::fs::lstat(d).is_ok_and(|st| {
+                    (st.st_uid == 0 || st.st_uid == euid) && st.st_mode & 0o022 == 0
+                })
             });
+            let ok = dir_ok
+                && rustix::fs::fstat(&f).is_ok_and(|st| {
+                    rustix::fs::FileType::from_raw_mode(st.st_mode)
+                        == rustix::fs::FileType::RegularFile
+                        && (st.st_uid == 0 || st.st_uid == euid)
+                        && st.st_mode & 0o022 == 0
+                });
             if ok {
                 return Ok(f);
             }

@@ -19,7 +19,7 @@
 use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -92,6 +92,11 @@ pub fn open(
     Ok(Channel { addr, token, task })
 }
 
+/// A connection's state: waiting for its head, its token shown, or evicted.
+const WAITING: u8 = 0;
+const SHOWN: u8 = 1;
+const EVICTED: u8 = 2;
+
 /// What a channel's connections are relayed with.
 struct Relay {
     netns: Arc<OwnedFd>,
@@ -106,9 +111,8 @@ struct Relay {
 /// waits where).
 async fn accept_loop(listener: TcpListener, ch: Arc<Relay>) {
     let mut conns = tokio::task::JoinSet::new();
-    // Those that have not shown the token yet, oldest first: whether they have since,
-    // and their task.
-    let mut waiting: VecDeque<(Arc<AtomicBool>, tokio::task::AbortHandle)> = VecDeque::new();
+    // Those that have not shown the token yet, oldest first: their state and task.
+    let mut waiting: VecDeque<(Arc<AtomicU8>, tokio::task::AbortHandle)> = VecDeque::new();
     loop {
         while conns.try_join_next().is_some() {}
         let conn = match listener.accept().await {
@@ -119,13 +123,22 @@ async fn accept_loop(listener: TcpListener, ch: Arc<Relay>) {
                 continue;
             }
         };
-        waiting.retain(|(shown, task)| !shown.load(Ordering::SeqCst) && !task.is_finished());
+        waiting
+            .retain(|(state, task)| state.load(Ordering::SeqCst) == WAITING && !task.is_finished());
         if waiting.len() >= PRE_AUTH {
-            if let Some((_, oldest)) = waiting.pop_front() {
-                oldest.abort();
+            // Evicted only if it has still not shown the token: one that has is never
+            // cut off (it and its eviction decide it with one compare-and-swap).
+            while let Some((state, oldest)) = waiting.pop_front() {
+                if state
+                    .compare_exchange(WAITING, EVICTED, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok()
+                {
+                    oldest.abort();
+                    break;
+                }
             }
         }
-        let shown = Arc::new(AtomicBool::new(false));
+        let shown = Arc::new(AtomicU8::new(WAITING));
         let (c, flag) = (ch.clone(), shown.clone());
         let task = conns.spawn(async move {
             if let Err(e) = relay(conn, &c, &flag).await {
@@ -193,7 +206,7 @@ fn check_head(buf: &[u8], token: &str) -> Head {
     Head::Allowed(out, end, upgrade)
 }
 
-async fn relay(mut conn: TcpStream, ch: &Relay, shown: &AtomicBool) -> std::io::Result<()> {
+async fn relay(mut conn: TcpStream, ch: &Relay, state: &AtomicU8) -> std::io::Result<()> {
     let (port, token) = (ch.port, &*ch.token);
     let mut buf = Vec::with_capacity(4096);
     let head = tokio::time::timeout(HEAD_WAIT, async {
@@ -233,8 +246,14 @@ async fn relay(mut conn: TcpStream, ch: &Relay, shown: &AtomicBool) -> std::io::
         Ok(Err(e)) => return Err(e),
         Err(_) => return refuse(&mut conn, "408 Request Timeout", "no request").await,
     };
-    // Shown: from here on it counts against the sandbox's connections and all of them.
-    shown.store(true, Ordering::SeqCst);
+    // Shown (unless it was evicted first): from here on it counts against the
+    // sandbox's connections and all of them.
+    if state
+        .compare_exchange(WAITING, SHOWN, Ordering::SeqCst, Ordering::SeqCst)
+        .is_err()
+    {
+        return Ok(());
+    }
     let (Ok(_mine), Ok(_all)) = (ch.slots.clone().try_acquire_owned(), ALL.try_acquire()) else {
         return refuse(
             &mut conn,
