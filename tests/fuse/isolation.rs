@@ -637,6 +637,60 @@ fn writes_past_the_disk_bound_fail_inside_and_nothing_else_fills() {
     assert!(!m.store.join("mounts/.spare").exists());
 }
 
+/// A server killed with its spare disks mounted (no stop removed them) leaves them to
+/// the next server on its store, which unmounts and removes them and makes its own; a
+/// server that stops leaves none.
+#[test]
+fn a_killed_server_s_spare_disks_are_removed_by_the_next() {
+    if crate::needs_root("it mounts ext4 on loop devices") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let (store, sb) = (t.path().join("store"), t.path().join("sb"));
+    let _g = MountsUnder(t.path().to_path_buf());
+    let bound = (64u64 << 20).to_string();
+    let spares = store.join("mounts").join(".spare");
+    let mounted = || crate::mounts_under(&spares);
+    let s = start(&store, &sb, &["--sandbox-disk", &bound], &[]);
+    assert!(
+        crate::wait_for(Duration::from_secs(30), || mounted().len() == 4),
+        "no spares were mounted ahead: {:?}",
+        mounted()
+    );
+    let first = mounted();
+    // Killed: nothing of it runs to remove them.
+    let mut s = std::mem::ManuallyDrop::new(s);
+    s.child.kill().unwrap();
+    s.child.wait().unwrap();
+    assert_eq!(mounted(), first);
+    let s = start(&store, &sb, &["--sandbox-disk", &bound], &[]);
+    assert!(
+        crate::wait_for(Duration::from_secs(30), || {
+            let now = mounted();
+            now.len() == 4 && now.iter().all(|m| !first.contains(m))
+        }),
+        "the killed server's spares were not replaced: before {first:?}, now {:?}",
+        mounted()
+    );
+    let names: Vec<String> = std::fs::read_dir(&spares)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    for old in &first {
+        let stem = old.file_stem().unwrap().to_string_lossy().into_owned();
+        assert!(
+            !names.iter().any(|n| n.starts_with(&stem)),
+            "{stem} is left in {names:?}"
+        );
+    }
+    let (ended, left) = s.stop();
+    assert!(
+        ended && left.is_empty(),
+        "ended: {ended}, left mounted: {left:?}"
+    );
+    assert!(!spares.exists());
+}
+
 /// A background process streams its output from any cursor, takes stdin, and a kill
 /// ends it with everything it started.
 #[test]
