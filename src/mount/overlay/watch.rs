@@ -593,15 +593,16 @@ pub(super) fn open_writers(dirs: &[&Path]) -> Vec<Rel> {
         // Its shared writable file mappings: asked of the kernel one by one where it
         // can say (most processes have none, and then the whole `maps` text is not
         // made), else read from the text.
-        let Ok(maps_file) = std::fs::File::open(dir.join("maps")) else {
+        let Ok(mut maps_file) = std::fs::File::open(dir.join("maps")) else {
             continue;
         };
-        if let Some(paths) = shared_writable(&maps_file) {
+        if let Some(paths) = shared_writable(maps_file.as_fd()) {
             out.extend(paths.iter().filter_map(|p| under(p)));
             continue;
         }
         // `address perms offset dev inode path`: a shared writable mapping ("rw?s").
-        if let Ok(maps) = std::fs::read(dir.join("maps")) {
+        let mut maps = Vec::new();
+        if std::io::Read::read_to_end(&mut maps_file, &mut maps).is_ok() {
             for line in maps.split(|b| *b == b'\n') {
                 let mut rest = line;
                 let mut fields = Vec::with_capacity(5);
@@ -657,7 +658,7 @@ struct ProcmapQuery {
 /// The paths of the shared writable file mappings of the process whose `maps` is
 /// open, asked with `PROCMAP_QUERY`; `None` where the kernel cannot say (older than
 /// 6.11) or a query failed otherwise than by finding no more: the text is read then.
-fn shared_writable(maps: &std::fs::File) -> Option<Vec<Vec<u8>>> {
+fn shared_writable(maps: std::os::fd::BorrowedFd<'_>) -> Option<Vec<Vec<u8>>> {
     let mut out = Vec::new();
     let mut name = vec![0u8; libc::PATH_MAX as usize + 64];
     let mut addr = 0u64;
@@ -734,7 +735,8 @@ mod tests {
             assert_ne!(m, libc::MAP_FAILED);
             maps.push(m);
         }
-        let found = super::shared_writable(&std::fs::File::open("/proc/self/maps").unwrap());
+        let own = std::fs::File::open("/proc/self/maps").unwrap();
+        let found = super::shared_writable(std::os::fd::AsFd::as_fd(&own));
         for m in maps {
             // SAFETY: the mappings made above, not used after.
             unsafe { libc::munmap(m, 4096) };
