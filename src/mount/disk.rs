@@ -22,6 +22,8 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+
+use super::overlay::cstr;
 use std::sync::Mutex;
 
 /// The smallest bound: room for ext4's own structures and a journal.
@@ -360,11 +362,6 @@ fn bind(from: &Path, to: &Path) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
-}
-
-fn cstr(p: &Path) -> io::Result<CString> {
-    CString::new(p.as_os_str().as_encoded_bytes())
-        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
 }
 
 /// The image of the mount directory `dir`.

@@ -193,7 +193,8 @@ fn upper_is_empty(dir: &Path, g: u64) -> bool {
         .unwrap_or(true)
 }
 
-fn cstr(p: &Path) -> std::io::Result<CString> {
+/// `p` for a system call (`InvalidInput` if it holds a NUL).
+pub(super) fn cstr(p: &Path) -> std::io::Result<CString> {
     CString::new(p.as_os_str().as_bytes())
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in a path"))
 }
