@@ -386,7 +386,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         sandboxes.display()
     );
     let serving = server.clone();
-    rt.block_on(async move {
+    let served = rt.block_on(async move {
         let stop = async {
             let mut term =
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -397,15 +397,15 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
             }
         };
         serve(serving, where_, stop).await
-    })
-    .with_context(|| format!("serving {shown}"))?;
-    // Nothing a run left uncaptured outlives the server: its sandboxes go.
+    });
+    // Whether it stopped or failed: nothing a run left uncaptured outlives the server
+    // (its sandboxes go), nor a spare disk, nor what was started ahead for the next
+    // sandbox (with its control group).
     casfs::fs::process_ending();
     let closed = server.close();
-    // No spare disk outlives the server.
     drop(_spares);
-    closed.context("destroying the sandboxes")?;
-    // And the spare kept for the next sandbox (with its control group).
     casfs::middleware::isolate::end_spare();
+    served.with_context(|| format!("serving {shown}"))?;
+    closed.context("destroying the sandboxes")?;
     Ok(())
 }

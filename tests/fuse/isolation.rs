@@ -22,7 +22,7 @@ use crate::MountsUnder;
 
 const HOST_SECRET: &str = "sk-host-only-7f3a9c";
 
-fn bwrap_missing() -> bool {
+pub(crate) fn bwrap_missing() -> bool {
     if !Path::new("/usr/bin/bwrap").exists() {
         eprintln!("skipped: bubblewrap is not installed (scripts/setup.sh installs it)");
         return true;
@@ -44,17 +44,17 @@ fn server(store: &Path, sandboxes: &Path, group: &TestGroup, extra: &[&str]) -> 
 /// A root server whose socket's group has member `a` (and more flags), with everything
 /// it made removed when dropped: the server first, then the mounts, the user, the group
 /// and the directories.
-struct Members {
-    s: Served,
+pub(crate) struct Members {
+    pub s: Served,
     _mounts: MountsUnder,
-    a: TestUser,
-    group: TestGroup,
-    t: tempfile::TempDir,
-    store: PathBuf,
-    sandboxes: PathBuf,
+    pub a: TestUser,
+    pub group: TestGroup,
+    pub t: tempfile::TempDir,
+    pub store: PathBuf,
+    pub sandboxes: PathBuf,
 }
 
-fn members(extra: &[&str]) -> Members {
+pub(crate) fn members(extra: &[&str]) -> Members {
     let (t, store, sandboxes) = place();
     let group = TestGroup::new();
     let a = TestUser::new(Some(&group));
@@ -72,7 +72,7 @@ fn members(extra: &[&str]) -> Members {
 }
 
 /// A sandbox `user` makes on `thread`: its key and workspace on the host.
-fn sandbox(user: &TestUser, s: &Served, thread: &str) -> (String, PathBuf) {
+pub(crate) fn sandbox(user: &TestUser, s: &Served, thread: &str) -> (String, PathBuf) {
     let (st, v) = user.http(
         &s.socket,
         "POST",
@@ -87,7 +87,7 @@ fn sandbox(user: &TestUser, s: &Served, thread: &str) -> (String, PathBuf) {
 }
 
 /// `script` run in sandbox `key` as `user`: exit code, stdout, stderr.
-fn exec(user: &TestUser, s: &Served, key: &str, script: &str) -> (i64, String, String) {
+pub(crate) fn exec(user: &TestUser, s: &Served, key: &str, script: &str) -> (i64, String, String) {
     let (st, v) = user.http(
         &s.socket,
         "POST",
@@ -103,7 +103,7 @@ fn exec(user: &TestUser, s: &Served, key: &str, script: &str) -> (i64, String, S
 }
 
 /// `script` must fail inside the sandbox (what it tried did not happen).
-fn fails(user: &TestUser, s: &Served, key: &str, what: &str, script: &str) {
+pub(crate) fn fails(user: &TestUser, s: &Served, key: &str, what: &str, script: &str) {
     let (code, out, err) = exec(user, s, key, script);
     assert_ne!(code, 0, "{what} succeeded inside the sandbox: {out} {err}");
 }

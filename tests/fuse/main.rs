@@ -16,6 +16,7 @@ mod fleet;
 mod forget;
 mod hostile;
 mod isolation;
+mod isolation_ahead;
 mod lifecycle;
 mod limits;
 mod middleware;

@@ -39,8 +39,9 @@ pub enum Network {
 
 /// What one sandbox is started with.
 pub struct Spec<'a> {
-    /// The workspace on the host (mounted at `/workspace` inside).
-    pub workspace: &'a Path,
+    /// The workspace on the host (mounted at `/workspace` inside); none for a sandbox
+    /// booted ahead of its workspace (a root server's: [`Stage::attach`] brings it).
+    pub workspace: Option<&'a Path>,
     /// Who its processes are: never root.
     pub uid: u32,
     pub gid: u32,
@@ -108,13 +109,26 @@ const STAGE_ROOT: &str = "/run/casfs-stage";
 /// Dropped once the sandbox's init runs (bubblewrap has its own copies by then):
 /// detached and removed. What a server that died left there is swept by the next
 /// one's stage.
+///
+/// A sandbox booted ahead of its workspace ([`super::warm`]) is staged with an empty
+/// *slot* where the workspace goes: a tmpfs of its own, in a peer group of its own
+/// (shared propagation), that bubblewrap binds at `/workspace` as a slave of it (the
+/// technique of `systemd-nspawn`'s propagation directory). [`Stage::attach`] later
+/// mounts the workspace on the slot, the kernel propagates that mount into the
+/// sandbox's namespace (locked there: its processes cannot unmount it to see what is
+/// beneath), and the slot is made private before the stage is cleared, so that its
+/// removal on the host does not propagate. Propagation goes one way only: nothing
+/// mounted inside a sandbox reaches the host. [`STAGE_ROOT`] is a private mount, so
+/// that no stage propagates to the host's other namespaces.
 pub struct Stage {
     root: OwnedFd,
     name: String,
+    /// The root of the slot's mount (a stage without its workspace), until attached.
+    slot: Option<OwnedFd>,
 }
 
 impl Stage {
-    fn make(ws: &OwnedFd, exe: &OwnedFd, uid: u32) -> io::Result<Stage> {
+    fn make(ws: Option<&OwnedFd>, exe: &OwnedFd, uid: u32) -> io::Result<Stage> {
         use rustix::fs::{mkdirat, openat, Mode, OFlags, CWD};
         use rustix::mount::{move_mount, open_tree, MoveMountFlags, OpenTreeFlags};
         static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -128,13 +142,9 @@ impl Stage {
             Ok(()) | Err(rustix::io::Errno::EXIST) => {}
             Err(e) => return Err(named("directory", e)),
         }
-        let root = openat(
-            CWD,
-            STAGE_ROOT,
-            OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| named("directory", e))?;
+        let root = private_root().map_err(|e| {
+            io::Error::new(e.kind(), format!("{STAGE_ROOT} as a private mount: {e}"))
+        })?;
         let st = rustix::fs::fstat(&root).map_err(|e| named("directory", e))?;
         if st.st_uid != 0 || st.st_mode & 0o022 != 0 {
             return Err(io::Error::new(
@@ -161,7 +171,11 @@ impl Stage {
         Self::clear(&root, &name);
         mkdirat(&root, name.as_str(), Mode::from_raw_mode(0o700))
             .map_err(|e| named("directory", e))?;
-        let stage = Stage { root, name };
+        let mut stage = Stage {
+            root,
+            name,
+            slot: None,
+        };
         let dir = openat(
             &stage.root,
             stage.name.as_str(),
@@ -189,20 +203,85 @@ impl Stage {
         let clone = OpenTreeFlags::OPEN_TREE_CLONE
             | OpenTreeFlags::OPEN_TREE_CLOEXEC
             | OpenTreeFlags::AT_EMPTY_PATH;
-        for (from, flags, to, what) in [
-            (
-                ws,
-                clone | OpenTreeFlags::AT_RECURSIVE,
-                "workspace",
-                "workspace",
-            ),
-            (exe, clone, "init", "init"),
-        ] {
-            let tree = open_tree(from, "", flags).map_err(|e| named(what, e))?;
-            move_mount(&tree, "", &dir, to, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
-                .map_err(|e| named(what, e))?;
+        let tree = match ws {
+            Some(ws) => open_tree(ws, "", clone | OpenTreeFlags::AT_RECURSIVE),
+            None => slot_mount(),
         }
+        .map_err(|e| named("workspace", e))?;
+        move_mount(
+            &tree,
+            "",
+            &dir,
+            "workspace",
+            MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+        )
+        .map_err(|e| named("workspace", e))?;
+        if ws.is_none() {
+            // Its root (the mount just made, on top there), and a peer group of its own.
+            let slot = openat(
+                &dir,
+                "workspace",
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| named("slot", e))?;
+            propagation(&slot, rustix::mount::MountPropagationFlags::SHARED)
+                .map_err(|e| named("slot", e))?;
+            stage.slot = Some(slot);
+        }
+        let tree = open_tree(exe, "", clone).map_err(|e| named("init", e))?;
+        move_mount(
+            &tree,
+            "",
+            &dir,
+            "init",
+            MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+        )
+        .map_err(|e| named("init", e))?;
         Ok(stage)
+    }
+
+    /// Mounts workspace `ws` on the slot of a stage made without one: the kernel
+    /// propagates it to the sandbox's `/workspace`. Then the slot is private (its
+    /// removal with the stage does not reach the sandbox).
+    pub fn attach(&mut self, ws: &OwnedFd) -> io::Result<()> {
+        use rustix::mount::{move_mount, open_tree, MoveMountFlags, OpenTreeFlags};
+        let slot = self.slot.take().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a stage made with its workspace has no slot for one",
+            )
+        })?;
+        let named = |what: &str, e: rustix::io::Errno| {
+            io::Error::new(
+                io::Error::from(e).kind(),
+                format!("{what} a sandbox's workspace under {STAGE_ROOT}: {e}"),
+            )
+        };
+        let tree = open_tree(
+            ws,
+            "",
+            OpenTreeFlags::OPEN_TREE_CLONE
+                | OpenTreeFlags::OPEN_TREE_CLOEXEC
+                | OpenTreeFlags::AT_EMPTY_PATH
+                | OpenTreeFlags::AT_RECURSIVE,
+        )
+        .map_err(|e| named("copying", e))?;
+        // No set-id file nor device node of it counts inside, whatever the host's
+        // mount says (bubblewrap's own binds are remounted so; this one arrives after).
+        nosuid_nodev(&tree).map_err(|e| named("securing", e))?;
+        // Onto the slot's own root, exactly (no path walked).
+        move_mount(
+            &tree,
+            "",
+            &slot,
+            "",
+            MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH,
+        )
+        .map_err(|e| named("mounting", e))?;
+        propagation(&slot, rustix::mount::MountPropagationFlags::PRIVATE)
+            .map_err(|e| named("making private the slot of", e))?;
+        Ok(())
     }
 
     /// The path of `entry` of this stage.
@@ -213,7 +292,8 @@ impl Stage {
     /// Detaches and removes stage `name` (in `root`, [`STAGE_ROOT`]).
     fn clear(root: &OwnedFd, name: &str) {
         use rustix::fs::{openat, unlinkat, AtFlags, Mode, OFlags};
-        for entry in ["workspace", "init"] {
+        // The workspace, on the slot it may have: each mount there, top first.
+        for entry in ["workspace", "workspace", "init"] {
             if let Ok(c) = CString::new(format!("{STAGE_ROOT}/{name}/{entry}")) {
                 // SAFETY: a NUL-terminated path.
                 unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH | libc::UMOUNT_NOFOLLOW) };
@@ -249,6 +329,140 @@ impl Stage {
             }
         }
     }
+}
+
+/// A slot for a workspace: an empty file system of its own (a tmpfs of one page,
+/// root's, 0755), detached. Not a directory of the stage bound on itself: the
+/// workspace is mounted on the slot's root, in the sandbox too, and the kernel
+/// detaches every mount on a directory that is removed (the stage's, once cleared);
+/// no one can remove a file system's root.
+fn slot_mount() -> rustix::io::Result<OwnedFd> {
+    use rustix::mount::{
+        fsconfig_create, fsconfig_set_string, fsmount, fsopen, FsMountFlags, FsOpenFlags,
+        MountAttrFlags,
+    };
+    let fs = fsopen("tmpfs", FsOpenFlags::FSOPEN_CLOEXEC)?;
+    fsconfig_set_string(&fs, "size", "4k")?;
+    fsconfig_set_string(&fs, "nr_inodes", "4")?;
+    fsconfig_set_string(&fs, "mode", "0755")?;
+    fsconfig_create(&fs)?;
+    fsmount(
+        &fs,
+        FsMountFlags::FSMOUNT_CLOEXEC,
+        MountAttrFlags::MOUNT_ATTR_NOSUID
+            | MountAttrFlags::MOUNT_ATTR_NODEV
+            | MountAttrFlags::MOUNT_ATTR_NOEXEC,
+    )
+}
+
+/// [`STAGE_ROOT`], made once a private mount of its own (bound on itself) if it is not
+/// one: what is mounted under it propagates to no other namespace of the host.
+fn private_root() -> io::Result<OwnedFd> {
+    use rustix::fs::{openat, statx, AtFlags, Mode, OFlags, StatxAttributes, StatxFlags, CWD};
+    use rustix::mount::{move_mount, open_tree, MoveMountFlags, OpenTreeFlags};
+    static PRIVATE: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+    let open = || {
+        openat(
+            CWD,
+            STAGE_ROOT,
+            OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+    };
+    let mut done = PRIVATE.lock().unwrap_or_else(|p| p.into_inner());
+    let root = open()?;
+    if *done {
+        return Ok(root);
+    }
+    let st = statx(&root, "", AtFlags::EMPTY_PATH, StatxFlags::BASIC_STATS)?;
+    let mounted = if st.stx_attributes_mask.contains(StatxAttributes::MOUNT_ROOT) {
+        st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT)
+    } else {
+        // A kernel before 5.8: this namespace's mount table says.
+        std::fs::read("/proc/self/mountinfo").is_ok_and(|t| {
+            t.split(|b| *b == b'\n')
+                .any(|l| l.split(|b| *b == b' ').nth(4) == Some(STAGE_ROOT.as_bytes()))
+        })
+    };
+    let root = if mounted {
+        root
+    } else {
+        // What dead servers staged there goes first; what live ones (of an earlier
+        // version) staged comes along into the new mount.
+        Stage::sweep(&root);
+        let tree = open_tree(
+            &root,
+            "",
+            OpenTreeFlags::OPEN_TREE_CLONE
+                | OpenTreeFlags::OPEN_TREE_CLOEXEC
+                | OpenTreeFlags::AT_EMPTY_PATH
+                | OpenTreeFlags::AT_RECURSIVE,
+        )?;
+        move_mount(
+            &tree,
+            "",
+            &root,
+            "",
+            MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH,
+        )?;
+        drop(root);
+        // The mount just made, on top.
+        open()?
+    };
+    propagation(&root, rustix::mount::MountPropagationFlags::PRIVATE)?;
+    *done = true;
+    Ok(root)
+}
+
+/// Makes the detached mount `tree` and every mount under it `nosuid,nodev`
+/// (`mount_setattr(2)`, which rustix does not wrap).
+fn nosuid_nodev(tree: &OwnedFd) -> rustix::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    #[repr(C)]
+    struct MountAttr {
+        attr_set: u64,
+        attr_clr: u64,
+        propagation: u64,
+        userns_fd: u64,
+    }
+    const MOUNT_ATTR_NOSUID: u64 = 0x2;
+    const MOUNT_ATTR_NODEV: u64 = 0x4;
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: mount_setattr on a descriptor this process owns, with an attribute
+    // structure of the size passed, alive for the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            (libc::AT_EMPTY_PATH | libc::AT_RECURSIVE) as libc::c_uint,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if r < 0 {
+        return Err(rustix::io::Errno::from_raw_os_error(
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EINVAL),
+        ));
+    }
+    Ok(())
+}
+
+/// Sets the propagation of exactly the mount whose root `dir` is (through its
+/// descriptor's magic link, which names that mount even where another is on top).
+fn propagation(
+    dir: &OwnedFd,
+    flags: rustix::mount::MountPropagationFlags,
+) -> rustix::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    rustix::mount::mount_change(format!("/proc/self/fd/{}", dir.as_raw_fd()), flags)
 }
 
 /// When process `pid` started (clock ticks after boot, `/proc/<pid>/stat`'s 22nd field).
@@ -343,8 +557,13 @@ pub(super) fn start(spec: &Spec<'_>, spare: super::spare::Spare) -> io::Result<S
     let exe = init_exe()?;
     // The workspace's own mountpoint, under the sandboxes' directory and the gate the
     // provider made (the server's directories): bubblewrap binds it by this path.
-    let ws = crate::checkpoint::dirfd::open_dir_path(spec.workspace)
-        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", spec.workspace.display())))?;
+    let ws = spec
+        .workspace
+        .map(|w| {
+            crate::checkpoint::dirfd::open_dir_path(w)
+                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", w.display())))
+        })
+        .transpose()?;
     let passwd = format!(
         "root:x:0:0:root:/root:/usr/sbin/nologin\n\
          sandbox:x:{}:{}:sandbox:/workspace:/bin/sh\n\
@@ -407,14 +626,21 @@ pub(super) fn start(spec: &Spec<'_>, spare: super::spare::Spare) -> io::Result<S
     // A server run by root starts bubblewrap as the sandbox's user, who need not be able
     // to pass the directories above the workspace (bubblewrap resolves what it binds by
     // path, as that user): copies of the workspace's mount and of the init are staged
-    // where that user passes ([`Stage`]) until the sandbox's init runs.
+    // where that user passes ([`Stage`]) until the sandbox's init runs; or, for a sandbox
+    // booted ahead of its workspace, the slot its workspace is mounted on later.
     let stage = if rustix::process::getuid().is_root() {
-        let st = Stage::make(&ws, &OwnedFd::from(exe), spec.uid)?;
+        let st = Stage::make(ws.as_ref(), &OwnedFd::from(exe), spec.uid)?;
         arg(&["--bind", &st.path("workspace"), "/workspace"]);
         arg(&["--ro-bind", &st.path("init"), "/.casfs-init"]);
         drop(ws);
         Some(st)
     } else {
+        let ws = ws.ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a server that is not root starts a sandbox with its workspace",
+            )
+        })?;
         let w = give(ws, &mut given)?;
         arg(&["--bind-fd", &w.to_string(), "/workspace"]);
         let x = give(OwnedFd::from(exe), &mut given)?;
@@ -474,7 +700,7 @@ mod tests {
         std::fs::write(t.path().join("secret.txt"), "theirs").unwrap();
         let ws = crate::checkpoint::dirfd::open_dir_path(t.path()).unwrap();
         let exe = OwnedFd::from(std::fs::File::open("/proc/self/exe").unwrap());
-        let stage = Stage::make(&ws, &exe, 4242).unwrap();
+        let stage = Stage::make(Some(&ws), &exe, 4242).unwrap();
         let root = std::fs::metadata(STAGE_ROOT).unwrap();
         assert_eq!((root.uid(), root.mode() & 0o777), (0, 0o711));
         let dir = Path::new(STAGE_ROOT).join(&stage.name);

@@ -15,10 +15,11 @@ pub mod ports;
 pub mod proxy;
 mod seccomp;
 mod spare;
+mod warm;
 mod wire;
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, Read};
+use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
@@ -32,7 +33,13 @@ use tokio::sync::{oneshot, Notify};
 
 pub use engine::{bwrap, Network};
 pub use limits::Limits;
-pub use spare::{end as end_spare, run as spare_main};
+pub use spare::run as spare_main;
+
+/// The server stops: the sandboxes and processes it started ahead are ended.
+pub fn end_spare() {
+    warm::end();
+    spare::end();
+}
 
 use crate::fs::Owner;
 use wire::{Event, Request};
@@ -275,10 +282,6 @@ pub struct Jail {
     send: Mutex<()>,
     /// Bubblewrap and the control group, until the sandbox ends (then reaped).
     engine: Mutex<Option<(std::process::Child, Option<limits::Group>)>>,
-    /// What bubblewrap binds from, until the init runs (a root server's).
-    stage: Mutex<Option<engine::Stage>>,
-    /// Told the init's network namespace once it runs (then taken).
-    ready: Mutex<Option<std::sync::mpsc::SyncSender<Option<OwnedFd>>>>,
     /// The sandbox's proxy, while it runs.
     proxy: Mutex<Option<tokio::task::AbortHandle>>,
     /// The sandbox's network namespace, while it runs (channels to its ports enter it).
@@ -299,8 +302,29 @@ pub struct Jail {
     pub uid: u32,
 }
 
-/// How long the init may take to say it started a process.
+/// How long the init may take to say it is ready, or that it started a process.
 const START_WAIT: Duration = Duration::from_secs(10);
+
+/// A control group with `limits` for a sandbox (a root server's; none else, or where
+/// none can be made).
+fn new_group(limits: Limits) -> Option<limits::Group> {
+    if !rustix::process::getuid().is_root() {
+        return None;
+    }
+    static N: AtomicU64 = AtomicU64::new(0);
+    let name = format!(
+        "casfs/{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    );
+    match limits::Group::make(&name, &limits) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            tracing::warn!("a sandbox without limits: {e}");
+            None
+        }
+    }
+}
 
 impl Jail {
     /// Starts the isolation of sandbox `key` (its `instance`) whose workspace is
@@ -314,72 +338,49 @@ impl Jail {
     ) -> io::Result<Arc<Jail>> {
         let who = if owner.uid == 0 { opts.stand_in } else { owner };
         let t0 = std::time::Instant::now();
-        let limits = opts.limits;
-        let key_ = key.to_string();
-        let spare = spare::take(limits, move || {
-            if !rustix::process::getuid().is_root() {
-                return None;
-            }
-            static N: AtomicU64 = AtomicU64::new(0);
-            let name = format!(
-                "casfs/{}-{}",
-                std::process::id(),
-                N.fetch_add(1, Ordering::Relaxed)
-            );
-            match limits::Group::make(&name, &limits) {
-                Ok(g) => Some(g),
-                Err(e) => {
-                    tracing::warn!("sandbox {key_}: no limits: {e}");
-                    None
-                }
-            }
-        })?;
-        let spec = engine::Spec {
-            workspace,
+        let shape = warm::Shape {
             uid: who.uid,
             gid: who.gid,
             network: opts.network,
             tmp_bytes: opts.tmp_bytes,
+            limits: opts.limits,
         };
-        let t_group = t0.elapsed();
-        let mut started = engine::start(&spec, spare)?;
-        let group = started.group.take();
-        let t_engine = t0.elapsed();
-        let engine_err = Arc::new(Mutex::new(Vec::new()));
-        if let Some(mut e) = started.child.stderr.take() {
-            let keep = engine_err.clone();
-            std::thread::Builder::new()
-                .name("casfs-bwrap-err".into())
-                .spawn(move || {
-                    let mut buf = [0u8; 4096];
-                    while let Ok(n) = e.read(&mut buf) {
-                        if n == 0 {
-                            break;
-                        }
-                        let mut k = lock(&keep);
-                        k.extend_from_slice(&buf[..n]);
-                        let over = k.len().saturating_sub(4096);
-                        k.drain(..over);
-                    }
-                })?;
-        }
-        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
+        let limits = opts.limits;
+        let failed =
+            |e: io::Error| io::Error::new(e.kind(), format!("sandbox {key:?} did not start: {e}"));
+        // A root server's sandbox takes the one booted ahead (its workspace mounted into
+        // it); else one boots now.
+        let root = rustix::process::getuid().is_root();
+        let (mut booted, ahead) = match root.then(|| warm::take(&shape)).flatten() {
+            Some(b) => (b, true),
+            None => {
+                let spare = spare::take(limits, move || new_group(limits))?;
+                let ws = (!root).then_some(workspace);
+                (
+                    warm::Booted::boot(&shape, ws, spare).map_err(failed)?,
+                    false,
+                )
+            }
+        };
+        let t_boot = t0.elapsed();
+        booted.attach(workspace).map_err(failed)?;
+        let t_attach = t0.elapsed();
+        let parts = booted.into_parts();
+        let netns = Arc::new(parts.netns);
         let jail = Arc::new(Jail {
             key: key.to_string(),
-            control: started.control,
+            control: parts.control,
             send: Mutex::new(()),
-            limited: group.is_some(),
-            engine: Mutex::new(Some((started.child, group))),
-            stage: Mutex::new(started.stage),
-            ready: Mutex::new(Some(ready_tx)),
+            limited: parts.group.is_some(),
+            engine: Mutex::new(Some((parts.child, parts.group))),
             proxy: Mutex::new(None),
-            netns: Mutex::new(None),
+            netns: Mutex::new(Some(netns.clone())),
             ports: Mutex::new(HashMap::new()),
             channel_slots: Arc::new(tokio::sync::Semaphore::new(ports::MAX_CONNECTIONS)),
             procs: Mutex::new(HashMap::new()),
             kept: Arc::new(AtomicUsize::new(0)),
             ended: AtomicBool::new(false),
-            engine_err,
+            engine_err: parts.engine_err,
             instance,
             network: opts.network,
             uid: who.uid,
@@ -389,24 +390,6 @@ impl Jail {
         std::thread::Builder::new()
             .name("casfs-sandbox".into())
             .spawn(move || Self::read_events(reader, sock))?;
-        // Its init runs (or the sandbox failed to start).
-        let netns = match ready_rx.recv_timeout(START_WAIT) {
-            Ok(Some(ns)) => ns,
-            Ok(None) | Err(_) => {
-                jail.end();
-                return Err(io::Error::other(format!(
-                    "sandbox {key:?} did not start: {}",
-                    jail.why_ended()
-                )));
-            }
-        };
-        let t_ready = t0.elapsed();
-        let netns = Arc::new(netns);
-        *lock(&jail.netns) = Some(netns.clone());
-        if jail.ended.load(Ordering::SeqCst) {
-            // Ended meanwhile (its init gone): nothing holds the namespace for it.
-            lock(&jail.netns).take();
-        }
         if opts.network == Network::None && !opts.allow.is_empty() {
             let netns = netns.as_fd().try_clone_to_owned()?;
             match proxy::start(netns, opts.allow.clone().into(), key.to_string()) {
@@ -415,9 +398,21 @@ impl Jail {
                 Err(e) => tracing::warn!("sandbox {key}: no proxy, no network: {e}"),
             }
         }
+        // The next sandbox's, booted while this one's first process runs.
+        if root {
+            warm::replenish(shape, move || {
+                let spare = spare::take(limits, move || new_group(limits))?;
+                warm::Booted::boot(&shape, None, spare)
+            });
+        }
         tracing::debug!(
-            "sandbox {key}: control group in {t_group:?}, bubblewrap started at {t_engine:?}, \
-             its init ready at {t_ready:?}, isolated in {:?}",
+            "sandbox {key}: {} at {t_boot:?}, its workspace there at {t_attach:?}, \
+             isolated in {:?}",
+            if ahead {
+                "booted ahead, taken"
+            } else {
+                "booted"
+            },
             t0.elapsed()
         );
         Ok(jail)
@@ -487,13 +482,6 @@ impl Jail {
             let got = wire::recv::<Event>(sock.as_fd(), &mut buf);
             let Some(j) = jail.upgrade() else { return };
             match got {
-                Ok(Some((Event::Ready, fds))) => {
-                    // The init runs: bubblewrap bound what was staged for it.
-                    lock(&j.stage).take();
-                    if let Some(tx) = lock(&j.ready).take() {
-                        let _ = tx.send(fds.into_iter().next());
-                    }
-                }
                 Ok(Some((ev, _))) => j.on_event(ev),
                 Ok(None) | Err(_) => {
                     j.end();
@@ -697,10 +685,6 @@ impl Jail {
     pub fn end(&self) {
         self.ended.store(true, Ordering::SeqCst);
         let _ = rustix::net::shutdown(&self.control, rustix::net::Shutdown::Both);
-        lock(&self.stage).take();
-        if let Some(tx) = lock(&self.ready).take() {
-            let _ = tx.send(None);
-        }
         if let Some(p) = lock(&self.proxy).take() {
             p.abort();
         }
@@ -709,21 +693,7 @@ impl Jail {
         let Some((mut child, group)) = lock(&self.engine).take() else {
             return;
         };
-        if let Some(g) = &group {
-            g.kill_all();
-        }
-        let mut gone = false;
-        for _ in 0..200 {
-            if let Ok(Some(_)) = child.try_wait() {
-                gone = true;
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        if !gone {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        warm::stop_engine(&mut child, group.as_ref());
         drop(group);
         let why = self.why_ended();
         for p in lock(&self.procs).values() {

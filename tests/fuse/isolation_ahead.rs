@@ -1,0 +1,173 @@
+//! Sandboxes booted ahead of their workspace (a root server's): the next sandbox of a
+//! user takes one that is already running and gets its workspace by mount
+//! propagation. Tried as that user would: the sandbox sees its own workspace and never
+//! the one before it, cannot unmount it to see what is beneath, the host's staging
+//! directory holds no workspace while one waits and propagates nothing to the host's
+//! other namespaces, and a server that stops leaves no booted sandbox, process or stage
+//! behind.
+use std::path::Path;
+use std::time::Duration;
+
+use crate::isolation::{bwrap_missing, exec, fails, members, sandbox, Members};
+
+/// The mounts of this process's namespace under `/run/casfs-stage/`: (mount point,
+/// file system type, optional fields).
+fn staged() -> Vec<(String, String, String)> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let (head, tail) = l.split_once(" - ")?;
+            let f: Vec<&str> = head.split(' ').collect();
+            let point = f.get(4)?.to_string();
+            point.starts_with("/run/casfs-stage").then(|| {
+                (
+                    point,
+                    tail.split(' ').next().unwrap_or("").to_string(),
+                    f[6..].join(" "),
+                )
+            })
+        })
+        .collect()
+}
+
+/// The stages of server `pid` with a slot: sandboxes booted ahead, waiting.
+fn waiting(pid: u32) -> Vec<String> {
+    let mine = format!("/run/casfs-stage/{pid}.");
+    staged()
+        .into_iter()
+        .filter(|(p, fs, _)| p.starts_with(&mine) && p.ends_with("/workspace") && fs == "tmpfs")
+        .map(|(p, ..)| p)
+        .collect()
+}
+
+/// The stage holds no workspace (only empty slots and the init), and is private.
+fn stage_holds_no_workspace() {
+    for (point, fs, opt) in staged() {
+        if point == "/run/casfs-stage" {
+            assert!(
+                !opt.contains("shared:"),
+                "the stage propagates to the host's other namespaces: {opt}"
+            );
+            continue;
+        }
+        let slot = point.ends_with("/workspace") && fs == "tmpfs";
+        assert!(
+            slot || point.ends_with("/init"),
+            "a workspace is mounted in the stage: {point} ({fs})"
+        );
+    }
+}
+
+#[test]
+fn a_sandbox_booted_ahead_gets_its_own_workspace_and_nothing_else() {
+    if crate::needs_root("it makes users with useradd") || bwrap_missing() {
+        return;
+    }
+    let m = members(&[]);
+    let (s, a) = (&m.s, &m.a);
+    let pid = s.child.id();
+
+    // The first sandbox boots; the next one of this user boots behind it.
+    let (k1, r1) = sandbox(a, s, "one");
+    a.sh(&r1, "echo one > marker.txt");
+    let (code, out, err) = exec(a, s, &k1, "cat /workspace/marker.txt");
+    assert_eq!((code, out.as_str()), (0, "one\n"), "{err}");
+    assert!(
+        crate::wait_for(Duration::from_secs(20), || waiting(pid).len() == 1),
+        "no sandbox was booted ahead: {:?}",
+        staged()
+    );
+    let ahead = waiting(pid);
+    stage_holds_no_workspace();
+
+    // The second takes it, with its own workspace, and none of the first's.
+    let (k2, r2) = sandbox(a, s, "two");
+    a.sh(&r2, "echo two > marker.txt");
+    let (code, out, err) = exec(
+        a,
+        s,
+        &k2,
+        "cat /workspace/marker.txt; pwd; echo made > inside.txt; ls /workspace",
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "two\n/workspace\ninside.txt\nmarker.txt\n");
+    assert_eq!(
+        std::fs::read_to_string(r2.join("inside.txt")).unwrap(),
+        "made\n"
+    );
+    assert!(!r1.join("inside.txt").exists());
+    // It was the one booted ahead (its stage went at the attach), and the first
+    // sandbox still has its own workspace, nothing of the second's.
+    assert!(
+        crate::wait_for(Duration::from_secs(20), || {
+            let now = waiting(pid);
+            now.len() == 1 && now != ahead
+        }),
+        "the second sandbox did not take the one booted ahead: {ahead:?}, now {:?}",
+        waiting(pid)
+    );
+    let (code, out, err) = exec(a, s, &k1, "cat /workspace/marker.txt; ls /workspace");
+    assert_eq!((code, out.as_str()), (0, "one\nmarker.txt\n"), "{err}");
+    // Its workspace stays where it is: no unmount shows what is beneath (it has no
+    // capability, and the mount is locked in its namespace besides).
+    fails(
+        a,
+        s,
+        &k2,
+        "unmounting the workspace",
+        "umount /workspace || umount -l /workspace",
+    );
+    let (code, out, _) = exec(a, s, &k2, "cat /workspace/marker.txt");
+    assert_eq!((code, out.as_str()), (0, "two\n"));
+    // Its copy on the host's stage is gone (the next one waits with an empty slot).
+    stage_holds_no_workspace();
+
+    // Another member's sandbox never gets one booted for this user: it runs as its own
+    // user, with its own workspace.
+    let b = crate::users::TestUser::new(Some(&m.group));
+    let (kb, rb) = sandbox(&b, s, "theirs");
+    b.sh(&rb, "echo b > marker.txt");
+    let (code, out, err) = exec(&b, s, &kb, "id -u; cat /workspace/marker.txt");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, format!("{}\nb\n", b.uid));
+    let (code, out, _) = exec(a, s, &k2, "id -u; cat /workspace/marker.txt");
+    assert_eq!((code, out), (0, format!("{}\ntwo\n", a.uid)));
+
+    // A server that stops leaves no sandbox booted ahead, no process, no stage.
+    let uids = [a.uid, b.uid];
+    let Members { s, .. } = m;
+    let (ended, _) = s.stop();
+    assert!(ended, "the server did not stop by itself");
+    let procs = || {
+        let out = std::process::Command::new("ps")
+            .args(["-o", "pid,args", "-u", &format!("{},{}", uids[0], uids[1])])
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&out.stdout).into_owned();
+        out.lines().skip(1).map(str::to_string).collect::<Vec<_>>()
+    };
+    // (Its bubblewraps' own children go to the host's init, which reaps them.)
+    assert!(
+        crate::wait_for(Duration::from_secs(10), || procs().is_empty()),
+        "processes of the sandboxes' user outlived the server: {:?}",
+        procs()
+    );
+    let mine = format!("{pid}.");
+    let left: Vec<_> = std::fs::read_dir(Path::new("/run/casfs-stage"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&mine))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(left.is_empty(), "stages left: {left:?}");
+    assert!(
+        !staged()
+            .iter()
+            .any(|(p, _, _)| p.starts_with(&format!("/run/casfs-stage/{mine}"))),
+        "mounts left in the stage: {:?}",
+        staged()
+    );
+}
