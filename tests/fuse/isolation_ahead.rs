@@ -4,7 +4,8 @@
 //! the one before it, cannot unmount it to see what is beneath, the host's staging
 //! directory holds no workspace while one waits and propagates nothing to the host's
 //! other namespaces, and a server that stops leaves no booted sandbox, process or stage
-//! behind.
+//! behind. And what a sandbox's process wrote to a file it holds open is in the
+//! checkpoint after it, although the sandbox names its files from its own root.
 use std::path::Path;
 use std::time::Duration;
 
@@ -170,4 +171,93 @@ fn a_sandbox_booted_ahead_gets_its_own_workspace_and_nothing_else() {
         "mounts left in the stage: {:?}",
         staged()
     );
+}
+
+/// A member's checkpoint of their sandbox (the provider's `snapshot()`): its lease, the
+/// head, the append, the release. The append's answer.
+fn snapshot(
+    a: &crate::users::TestUser,
+    s: &crate::serve::Served,
+    thread: &str,
+    key: &str,
+) -> serde_json::Value {
+    use serde_json::json;
+    let (st, lease) = a.http(
+        &s.socket,
+        "POST",
+        &format!("/v1/threads/{thread}/writer"),
+        Some(&json!({})),
+    );
+    assert_eq!(st, 200, "{lease}");
+    let proof = json!({ "token": lease["token"], "owner_token": lease["owner_token"] });
+    let (st, head) = a.http(
+        &s.socket,
+        "GET",
+        &format!("/v1/threads/{thread}/head"),
+        None,
+    );
+    assert_eq!(st, 200, "{head}");
+    let (st, v) = a.http(
+        &s.socket,
+        "POST",
+        &format!("/v1/threads/{thread}/checkpoints"),
+        Some(&json!({
+            "sandbox": key,
+            "expected_head": head["head"],
+            "writer": proof,
+            "reason": "test",
+            "conversation": [],
+        })),
+    );
+    assert_eq!(st, 200, "{v}");
+    let (st, r) = a.http(
+        &s.socket,
+        "POST",
+        &format!("/v1/threads/{thread}/writer/release"),
+        Some(&proof),
+    );
+    assert_eq!(st, 200, "{r}");
+    v
+}
+
+/// A write a sandbox's process made to a file it still holds open (no close announced
+/// it) is in the checkpoint taken after it: the server finds the sandbox's open files
+/// although their names are the sandbox's own (`/workspace/...`), not the host's.
+#[test]
+fn a_write_still_open_in_a_sandbox_is_in_the_checkpoint() {
+    if crate::needs_root("it makes users with useradd") || bwrap_missing() {
+        return;
+    }
+    let m = members(&[]);
+    let (s, a) = (&m.s, &m.a);
+    let (key, _) = sandbox(a, s, "open");
+    let (code, _, err) = exec(a, s, &key, "echo base > log.txt");
+    assert_eq!(code, 0, "{err}");
+    snapshot(a, s, "open", &key);
+    // Opened, written, and held open (a log a server appends to, say).
+    let (st, v) = a.http(
+        &s.socket,
+        "POST",
+        &format!("/v1/sandboxes/{key}/processes"),
+        Some(&serde_json::json!({
+            "command": "exec 3>>log.txt; echo more >&3; touch written; exec sleep 60"
+        })),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert!(crate::wait_for(Duration::from_secs(10), || {
+        exec(a, s, &key, "test -e written").0 == 0
+    }));
+    let v = snapshot(a, s, "open", &key);
+    let id = v["checkpoint"]["id"].as_str().unwrap().to_string();
+    // What the checkpoint holds, in a sandbox made from it.
+    let (st, f) = a.http(
+        &s.socket,
+        "POST",
+        "/v1/threads/from-open/fork",
+        Some(&serde_json::json!({ "from": id })),
+    );
+    assert_eq!(st, 200, "{f}");
+    let (back, _) = sandbox(a, s, "from-open");
+    let (code, out, err) = exec(a, s, &back, "cat log.txt");
+    assert_eq!((code, out.as_str()), (0, "base\nmore\n"), "{err}");
 }

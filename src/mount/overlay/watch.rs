@@ -491,7 +491,10 @@ impl UpperWatch {
         let mut under = vec![mountpoint];
         under.extend(root.as_deref());
         let writers = if writers {
-            open_writers(&under)
+            // The overlay's own device: where a process of another mount namespace (a
+            // sandbox's) has it mounted, its descriptors name its files from there.
+            let dev = rustix::fs::stat(mountpoint).ok().map(|st| st.st_dev);
+            open_writers(&under, dev)
         } else {
             Vec::new()
         };
@@ -542,12 +545,73 @@ impl UpperWatch {
     }
 }
 
+/// A mount point (with a `/` after it) and the directory of the file system mounted
+/// there (relative to its root: empty, or with a `/` after it).
+type MountedAt = (Vec<u8>, Vec<u8>);
+
+/// Where a process of another mount namespace has the file system of device `dev`
+/// mounted, as its `/proc/PID/mountinfo` says.
+fn mounts_of(dev: u64, mountinfo: &Path) -> Vec<MountedAt> {
+    let want = format!("{}:{}", rustix::fs::major(dev), rustix::fs::minor(dev));
+    // `\ooo` escapes of spaces, tabs, newlines and backslashes; other bytes as they
+    // are (not necessarily UTF-8).
+    let unescape = |b: &[u8]| -> Vec<u8> {
+        let mut out = Vec::with_capacity(b.len());
+        let mut i = 0;
+        while i < b.len() {
+            let oct = b
+                .get(i + 1..i + 4)
+                .filter(|o| o.iter().all(|c| (b'0'..=b'7').contains(c)));
+            match oct {
+                Some(o) if b[i] == b'\\' => {
+                    out.push(o.iter().fold(0u8, |n, c| n.wrapping_mul(8) + (c - b'0')));
+                    i += 4;
+                }
+                _ => {
+                    out.push(b[i]);
+                    i += 1;
+                }
+            }
+        }
+        out
+    };
+    let Ok(text) = std::fs::read(mountinfo) else {
+        return Vec::new();
+    };
+    text.split(|b| *b == b'\n')
+        .filter_map(|l| {
+            let f: Vec<&[u8]> = l.split(|b| *b == b' ').collect();
+            if f.get(2) != Some(&want.as_bytes()) {
+                return None;
+            }
+            let mut point = unescape(f.get(4)?);
+            if point.last() != Some(&b'/') {
+                point.push(b'/');
+            }
+            let root = unescape(f.get(3)?);
+            let root = match root.strip_prefix(b"/") {
+                Some(r) if !r.is_empty() => {
+                    let mut r = r.to_vec();
+                    r.push(b'/');
+                    r
+                }
+                _ => Vec::new(),
+            };
+            Some((point, root))
+        })
+        .collect()
+}
+
 /// The files under any of `dirs` (relative to it) that some process holds open for
 /// writing, or has mapped shared and writable, as `/proc` tells: writes that may have
 /// returned with no close to announce them. Processes this one may not inspect are
 /// passed over (they cannot reach the mount either, unless they are root's, and this
 /// is root's reading then).
-pub(super) fn open_writers(dirs: &[&Path]) -> Vec<Rel> {
+///
+/// A process of another mount namespace (a sandbox's, whose workspace is this overlay
+/// at `/workspace`) names the files it has open from its own root: where `dev` (the
+/// overlay's device) is mounted there, found in its `mountinfo`, counts as well.
+pub(super) fn open_writers(dirs: &[&Path], dev: Option<u64>) -> Vec<Rel> {
     let prefixes: Vec<Vec<u8>> = dirs
         .iter()
         .map(|d| {
@@ -556,10 +620,24 @@ pub(super) fn open_writers(dirs: &[&Path]) -> Vec<Rel> {
             p
         })
         .collect();
-    let under = |p: &[u8]| -> Option<Rel> {
-        let rest = prefixes.iter().find_map(|x| p.strip_prefix(x.as_slice()))?;
-        (!rest.is_empty() && !rest.ends_with(b" (deleted)")).then(|| rest.to_vec())
+    let real = |rest: &[u8]| !rest.is_empty() && !rest.ends_with(b" (deleted)");
+    let under = |p: &[u8], theirs: &[MountedAt]| -> Option<Rel> {
+        if let Some(rest) = prefixes.iter().find_map(|x| p.strip_prefix(x.as_slice())) {
+            return real(rest).then(|| rest.to_vec());
+        }
+        theirs.iter().find_map(|(point, root)| {
+            let rest = p.strip_prefix(point.as_slice())?;
+            real(rest).then(|| [root.as_slice(), rest].concat())
+        })
     };
+    // Mount namespaces by inode: ours, and where each other one has the overlay.
+    let ns_of = |dir: &Path| {
+        rustix::fs::stat(dir.join("ns/mnt"))
+            .ok()
+            .map(|st| st.st_ino)
+    };
+    let ours = ns_of(Path::new("/proc/self"));
+    let mut namespaces: std::collections::HashMap<u64, Vec<MountedAt>> = Default::default();
     let mut out = std::collections::BTreeSet::new();
     let Ok(procs) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -570,12 +648,18 @@ pub(super) fn open_writers(dirs: &[&Path]) -> Vec<Rel> {
             continue;
         }
         let dir = p.path();
+        let theirs: &[MountedAt] = match (dev, ns_of(&dir)) {
+            (Some(dev), Some(ns)) if Some(ns) != ours => namespaces
+                .entry(ns)
+                .or_insert_with(|| mounts_of(dev, &dir.join("mountinfo"))),
+            _ => &[],
+        };
         if let Ok(fds) = std::fs::read_dir(dir.join("fd")) {
             for fd in fds.flatten() {
                 let Ok(target) = std::fs::read_link(fd.path()) else {
                     continue;
                 };
-                let Some(rel) = under(target.as_os_str().as_bytes()) else {
+                let Some(rel) = under(target.as_os_str().as_bytes(), theirs) else {
                     continue;
                 };
                 let info = dir.join("fdinfo").join(fd.file_name());
@@ -597,7 +681,7 @@ pub(super) fn open_writers(dirs: &[&Path]) -> Vec<Rel> {
             continue;
         };
         if let Some(paths) = shared_writable(maps_file.as_fd()) {
-            out.extend(paths.iter().filter_map(|p| under(p)));
+            out.extend(paths.iter().filter_map(|p| under(p, theirs)));
             continue;
         }
         // `address perms offset dev inode path`: a shared writable mapping ("rw?s").
@@ -616,7 +700,7 @@ pub(super) fn open_writers(dirs: &[&Path]) -> Vec<Rel> {
                 let perms = fields[1];
                 if perms.len() == 4 && perms[1] == b'w' && perms[3] == b's' {
                     let t = rest.iter().position(|b| *b != b' ').unwrap_or(rest.len());
-                    if let Some(rel) = under(&rest[t..]) {
+                    if let Some(rel) = under(&rest[t..], theirs) {
                         out.insert(rel);
                     }
                 }
@@ -708,6 +792,32 @@ impl Drop for UpperWatch {
 
 #[cfg(test)]
 mod tests {
+    /// Where another namespace has a file system mounted, from its `mountinfo`: each
+    /// mount of that device (escaped names undone, a bind of a subdirectory with its
+    /// directory), no other device's.
+    #[test]
+    fn another_namespace_s_mounts_of_a_device_are_read_from_its_mountinfo() {
+        let t = tempfile::tempdir().unwrap();
+        let info = t.path().join("mountinfo");
+        std::fs::write(
+            &info,
+            b"113 86 0:44 / /workspace rw,nosuid - tmpfs none rw\n\
+             61 86 0:44 /caf\xe9 /not-utf-8-\xff rw - tmpfs none rw\n\
+             58 113 0:41 / /workspace rw,nosuid,nodev - overlay casfs rw,lowerdir=x\n\
+             59 86 0:41 /sub\\040dir /other\\040place rw - overlay casfs rw\n\
+             60 86 0:410 / /not-it rw - overlay casfs rw\n",
+        )
+        .unwrap();
+        let got = super::mounts_of(rustix::fs::makedev(0, 41), &info);
+        assert_eq!(
+            got,
+            vec![
+                (b"/workspace/".to_vec(), Vec::new()),
+                (b"/other place/".to_vec(), b"sub dir/".to_vec()),
+            ]
+        );
+    }
+
     #[test]
     fn the_kernel_names_shared_writable_mappings_only() {
         use std::os::fd::AsRawFd;
