@@ -14,6 +14,7 @@ use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
 use cgroups_rs::fs::cgroup_builder::CgroupBuilder;
+use cgroups_rs::fs::cpu::CpuController;
 use cgroups_rs::fs::freezer::FreezerController;
 use cgroups_rs::fs::{hierarchies, Cgroup, MaxValue};
 
@@ -104,6 +105,24 @@ impl Group {
     /// The `cgroup.procs` files a process writes itself into to join.
     pub fn procs(&self) -> &[OwnedFd] {
         &self.procs
+    }
+
+    /// Whether the group's processes yield the CPU to everything else (a sandbox being
+    /// booted ahead, while no one waits for it), or have their fair share (its CPU
+    /// limit is a quota, apart from this).
+    pub fn set_background(&self, background: bool) {
+        let cpu: Option<&CpuController> = self.cg.controller_of();
+        let weight = match (self.cg.v2(), background) {
+            // cpu.weight: 1 to 10000, 100 by default.
+            (true, true) => 1,
+            (true, false) => 100,
+            // cpu.shares: 2 at least, 1024 by default.
+            (false, true) => 2,
+            (false, false) => 1024,
+        };
+        if let Some(Err(e)) = cpu.map(|c| c.set_shares(weight)) {
+            tracing::debug!("the CPU weight of {}: {e}", self.cg.path());
+        }
     }
 
     /// Every process in the group.

@@ -352,7 +352,10 @@ impl Jail {
         // it); else one boots now.
         let root = rustix::process::getuid().is_root();
         let (mut booted, ahead) = match root.then(|| warm::take(&shape)).flatten() {
-            Some(b) => (b, true),
+            Some(b) => {
+                b.foreground();
+                (b, true)
+            }
             None => {
                 let spare = spare::take(limits, move || new_group(limits))?;
                 let ws = (!root).then_some(workspace);
@@ -400,8 +403,13 @@ impl Jail {
         }
         // The next sandbox's, booted while this one's first process runs.
         if root {
+            // In the background: the CPU goes to whatever else runs first (this
+            // sandbox's first process, say).
             warm::replenish(shape, move || {
                 let spare = spare::take(limits, move || new_group(limits))?;
+                if let Some(g) = spare.group() {
+                    g.set_background(true);
+                }
                 warm::Booted::boot(&shape, None, spare)
             });
         }

@@ -27,8 +27,8 @@ use serde::{Deserialize, Serialize};
 use super::limits::{Group, Limits};
 use super::wire;
 
-/// The descriptor a spare has its socket at when it starts.
-const SPARE_FD: RawFd = 3;
+/// The descriptor a spare has its socket at when it starts (its standard input).
+const SPARE_FD: RawFd = 0;
 
 /// Where the spare keeps what it receives before it moves each to its number.
 const HIGH_FD: RawFd = 64;
@@ -61,58 +61,44 @@ pub(super) struct Spare {
 }
 
 impl Spare {
-    /// Starts one in `group` (joined before it runs).
+    /// Starts one, and moves it into `group` before it is given anything to run.
+    ///
+    /// Spawned without a fork of the server (no code runs between fork and exec, so
+    /// the standard library spawns with `posix_spawn`, which shares the server's memory
+    /// until the exec instead of copying its page tables: a fork of a server of many
+    /// threads and a large cache stalls every one of them while a sandbox starts).
+    /// Its socket is its standard input; it marks every other descriptor it inherited
+    /// close-on-exec itself ([`run`]).
     pub fn start(group: Option<Group>) -> io::Result<Spare> {
         let (ours, theirs) = wire::pair()?;
-        let theirs = rustix::io::fcntl_dupfd_cloexec(&theirs, HIGH_FD)?;
-        let theirs_fd = theirs.as_raw_fd();
-        let procs: Vec<RawFd> = group
-            .as_ref()
-            .map(|g| g.procs().iter().map(|f| f.as_raw_fd()).collect())
-            .unwrap_or_default();
-        let zero = c"0";
         // The small executable the sandboxes' init is (or this one): a spare made
         // again while a sandbox starts then does not load what the server links,
         // which on a machine of few cores takes from that start. Run through its
         // descriptor, the file checked when it was opened.
         let exe = super::engine::init_exe()?;
-        let mut cmd = Command::new(format!("/proc/self/fd/{}", exe.as_raw_fd()));
-        cmd.arg("sandbox-spawn")
+        let mut child = Command::new(format!("/proc/self/fd/{}", exe.as_raw_fd()))
+            .arg("sandbox-spawn")
             .env_clear()
-            .stdin(Stdio::null())
+            .stdin(Stdio::from(theirs))
             .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        // SAFETY: between fork and exec only async-signal-safe calls are made (write,
-        // dup2, close_range), on memory prepared before the fork.
-        unsafe {
-            cmd.pre_exec(move || {
-                for &fd in &procs {
-                    if libc::write(fd, zero.as_ptr().cast(), 1) != 1 {
-                        return Err(io::Error::last_os_error());
-                    }
-                }
-                if libc::dup2(theirs_fd, SPARE_FD) < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                // Nothing else of the server's reaches it: closed at exec (the pipe
-                // that reports an error of this closure stays usable until then).
-                const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
-                if libc::syscall(
-                    libc::SYS_close_range,
-                    (SPARE_FD + 1) as u32,
-                    u32::MAX,
-                    CLOSE_RANGE_CLOEXEC,
-                ) != 0
-                {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let child = cmd
+            .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| io::Error::new(e.kind(), format!("starting a spare sandbox: {e}")))?;
-        drop((theirs, exe));
+        drop(exe);
+        // Into its control group: it waits for its launch meanwhile, and runs nothing.
+        if let Some(g) = &group {
+            let pid = child.id().to_string();
+            for fd in g.procs() {
+                if let Err(e) = rustix::io::write(fd, pid.as_bytes()) {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(io::Error::new(
+                        io::Error::from(e).kind(),
+                        format!("a spare sandbox into its control group: {e}"),
+                    ));
+                }
+            }
+        }
         Ok(Spare {
             child: Some(child),
             sock: ours,
@@ -166,6 +152,11 @@ impl Spare {
             )),
             Err(e) => Err(failed(e, child)),
         }
+    }
+
+    /// Its control group (none where the server makes none).
+    pub fn group(&self) -> Option<&Group> {
+        self.group.as_ref()
     }
 
     /// Whether it still waits to be launched.
@@ -251,11 +242,32 @@ pub fn end() {
 /// `casfs sandbox-spawn`: waits for the server's [`Launch`], then becomes bubblewrap.
 /// Returns when the server went away first.
 pub fn run() -> io::Result<()> {
+    // Nothing the server's process had open, beyond the standard streams, goes on.
+    // SAFETY: marks descriptors this process does not use close-on-exec.
+    if unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 1u32 << 2) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
     // SAFETY: the socket the server put at SPARE_FD is this process's from here on.
     let first = unsafe { OwnedFd::from_raw_fd(SPARE_FD) };
     // Out of the way of the numbers it is to give.
     let sock = rustix::io::fcntl_dupfd_cloexec(&first, HIGH_FD * 2)?;
     drop(first);
+    // Its standard input is nothing (bubblewrap's, after it).
+    let null = rustix::fs::open(
+        "/dev/null",
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?;
+    if null.as_raw_fd() != SPARE_FD {
+        // SAFETY: dup2 onto the standard input this process just closed.
+        if unsafe { libc::dup2(null.as_raw_fd(), SPARE_FD) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    } else {
+        // Already there: kept (not close-on-exec).
+        rustix::io::fcntl_setfd(&null, rustix::io::FdFlags::empty())?;
+        std::mem::forget(null);
+    }
     let mut buf = Vec::new();
     let Some((launch, fds)) = wire::recv::<Launch>(sock.as_fd(), &mut buf)? else {
         return Ok(());

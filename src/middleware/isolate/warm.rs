@@ -137,6 +137,14 @@ impl Booted {
         Ok(())
     }
 
+    /// Its processes have their fair share of the CPU again (a sandbox booted ahead
+    /// boots in the background: [`super::limits::Group::set_background`]).
+    pub fn foreground(&self) {
+        if let Some(g) = &self.group {
+            g.set_background(false);
+        }
+    }
+
     /// Whether its bubblewrap (and so its init) still runs.
     fn alive(&mut self) -> bool {
         self.child
