@@ -281,33 +281,13 @@ const ALLOWED: &[(&str, &str, &str)] = &[
     ),
     (
         "src/mount/overlay/watch.rs",
-        "let Ok(procs) = std::fs::read_dir(\"/proc\") else {",
-        "open_writers: this host's /proc (procfs), not a workspace",
+        "std::io::Read::read_to_end(&mut std::fs::File::from(f), &mut buf).ok()?;",
+        "open_writers: a file of /proc/<pid> opened relative to its directory's descriptor",
     ),
     (
         "src/mount/overlay/watch.rs",
-        "let Ok(text) = std::fs::read(mountinfo) else {",
-        "open_writers: a process's /proc/<pid>/mountinfo (procfs), not a workspace",
-    ),
-    (
-        "src/mount/overlay/watch.rs",
-        "if let Ok(fds) = std::fs::read_dir(dir.join(\"fd\")) {",
-        "the same /proc/<pid>/fd",
-    ),
-    (
-        "src/mount/overlay/watch.rs",
-        "let Ok(target) = std::fs::read_link(fd.path()) else {",
-        "/proc/<pid>/fd/<n>: its text only, compared with the upper's path",
-    ),
-    (
-        "src/mount/overlay/watch.rs",
-        "let writable = std::fs::read_to_string(info).is_ok_and(|t| {",
-        "/proc/<pid>/fdinfo/<n>",
-    ),
-    (
-        "src/mount/overlay/watch.rs",
-        "let Ok(mut maps_file) = std::fs::File::open(dir.join(\"maps\")) else {",
-        "/proc/<pid>/maps (asked with PROCMAP_QUERY through it, else read)",
+        "let mut maps_file = std::fs::File::from(maps_fd);",
+        "/proc/<pid>/maps, opened relative to its directory's descriptor",
     ),
     (
         "src/middleware/dir_watch.rs",

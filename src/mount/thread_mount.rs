@@ -590,6 +590,7 @@ impl MountedThread {
             )));
         }
         let cps = self.store.checkpoints();
+        let mut t_snap = std::time::Duration::ZERO;
         // Snapshot, append under the lease, then make the snapshot the base: a refused
         // append drops the snapshot and leaves the workspace as it was.
         let snap = match &self.backend {
@@ -598,6 +599,7 @@ impl MountedThread {
             }
             Backend::Overlay(o) => {
                 let (root, stats, capture) = o.snapshot(filter)?;
+                t_snap = start.elapsed();
                 // Nothing may name an object before it is durable here and, with fleet
                 // objects, in the bucket (the FUSE snapshot syncs on its own).
                 self.store.objects().sync()?;
@@ -616,14 +618,23 @@ impl MountedThread {
         new.stats.changed = Some(stats.changed_paths.len() as u64);
         new.stats.removed = Some(stats.removed_paths.len() as u64);
         new.stats.duration_ms = start.elapsed().as_millis() as u64;
+        let t_synced = start.elapsed();
         let lease = before_append(&mut new)?;
         let cp = cps.append(new, tag.expected_head, &lease)?;
+        let t_appended = start.elapsed();
         let next = MountTag {
             thread: tag.thread.clone(),
             base: Some(cp.id),
             expected_head: Some(cp.id),
         };
         let stats = snap.finish(next)?;
+        tracing::debug!(
+            "checkpoint {} of {}: snapshot at {t_snap:?}, durable at {t_synced:?}, \
+             appended at {t_appended:?}, done in {:?}",
+            cp.id,
+            tag.thread,
+            start.elapsed()
+        );
         Ok(MountCheckpoint {
             checkpoint: cp.id,
             thread: tag.thread,

@@ -577,7 +577,9 @@ impl OverlayMount {
             (self.upper(&st), st.lower_root, st.generation, st.tag.base)
         };
         let memo = self.memo();
+        let t0 = std::time::Instant::now();
         let changed = memo.watch.as_ref().map(|w| w.changed(&self.mountpoint));
+        let t_changed = t0.elapsed();
         let visit = changed
             .as_ref()
             .and_then(|c| c.dirs.as_ref())
@@ -603,6 +605,7 @@ impl OverlayMount {
             CheckpointError::Invalid(format!("{}: the upper is gone", upper.display()))
         })?;
         let full = cap.reuse.is_none();
+        let t_captured = t0.elapsed();
         let mut stats = std::mem::take(&mut cap.stats);
         // What changed is told against the last checkpoint (what the upper holds is
         // against the lower, which a checkpoint does not move).
@@ -637,6 +640,12 @@ impl OverlayMount {
                 }
             }
         }
+        tracing::debug!(
+            "snapshot of {}: changes known at {t_changed:?}, captured at {t_captured:?}, \
+             compared with its base in {:?}",
+            self.mountpoint.display(),
+            t0.elapsed()
+        );
         let capture = Capture {
             generation,
             upto: changed.map(|c| c.upto),

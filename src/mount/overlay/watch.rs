@@ -550,8 +550,8 @@ impl UpperWatch {
 type MountedAt = (Vec<u8>, Vec<u8>);
 
 /// Where a process of another mount namespace has the file system of device `dev`
-/// mounted, as its `/proc/PID/mountinfo` says.
-fn mounts_of(dev: u64, mountinfo: &Path) -> Vec<MountedAt> {
+/// mounted, as its `/proc/PID/mountinfo` (`text`) says.
+fn mounts_of(dev: u64, text: Vec<u8>) -> Vec<MountedAt> {
     let want = format!("{}:{}", rustix::fs::major(dev), rustix::fs::minor(dev));
     // `\ooo` escapes of spaces, tabs, newlines and backslashes; other bytes as they
     // are (not necessarily UTF-8).
@@ -574,9 +574,6 @@ fn mounts_of(dev: u64, mountinfo: &Path) -> Vec<MountedAt> {
             }
         }
         out
-    };
-    let Ok(text) = std::fs::read(mountinfo) else {
-        return Vec::new();
     };
     text.split(|b| *b == b'\n')
         .filter_map(|l| {
@@ -630,56 +627,91 @@ pub(super) fn open_writers(dirs: &[&Path], dev: Option<u64>) -> Vec<Rel> {
             real(rest).then(|| [root.as_slice(), rest].concat())
         })
     };
+    // Every call below is relative to a descriptor of /proc or of the process's own
+    // directory: a path from /proc down, walked again for each descriptor, cost most
+    // of the scan.
+    use rustix::fs::{openat, readlinkat, statat, AtFlags, Dir, Mode, OFlags};
+    use std::os::fd::OwnedFd;
+    let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let Ok(proc_fd) = openat(rustix::fs::CWD, "/proc", dir_flags, Mode::empty()) else {
+        return Vec::new();
+    };
+    let read = |dir: &OwnedFd, name: &str| -> Option<Vec<u8>> {
+        let f = openat(dir, name, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).ok()?;
+        let mut buf = Vec::new();
+        std::io::Read::read_to_end(&mut std::fs::File::from(f), &mut buf).ok()?;
+        Some(buf)
+    };
     // Mount namespaces by inode: ours, and where each other one has the overlay.
-    let ns_of = |dir: &Path| {
-        rustix::fs::stat(dir.join("ns/mnt"))
+    let ns_of = |dir: &OwnedFd| {
+        statat(dir, "ns/mnt", AtFlags::empty())
             .ok()
             .map(|st| st.st_ino)
     };
-    let ours = ns_of(Path::new("/proc/self"));
+    let ours = openat(&proc_fd, "self", dir_flags, Mode::empty())
+        .ok()
+        .and_then(|d| ns_of(&d));
     let mut namespaces: std::collections::HashMap<u64, Vec<MountedAt>> = Default::default();
     let mut out = std::collections::BTreeSet::new();
-    let Ok(procs) = std::fs::read_dir("/proc") else {
+    let Ok(procs) = Dir::read_from(&proc_fd) else {
         return Vec::new();
     };
+    let mut link = Vec::new();
     for p in procs.flatten() {
-        let name = p.file_name();
-        if !name.as_bytes().iter().all(u8::is_ascii_digit) {
+        let name = p.file_name().to_bytes();
+        if name.is_empty() || !name.iter().all(u8::is_ascii_digit) {
             continue;
         }
-        let dir = p.path();
+        let Ok(dir) = openat(&proc_fd, p.file_name(), dir_flags, Mode::empty()) else {
+            continue;
+        };
         let theirs: &[MountedAt] = match (dev, ns_of(&dir)) {
             (Some(dev), Some(ns)) if Some(ns) != ours => namespaces
                 .entry(ns)
-                .or_insert_with(|| mounts_of(dev, &dir.join("mountinfo"))),
+                .or_insert_with(|| mounts_of(dev, read(&dir, "mountinfo").unwrap_or_default())),
             _ => &[],
         };
-        if let Ok(fds) = std::fs::read_dir(dir.join("fd")) {
-            for fd in fds.flatten() {
-                let Ok(target) = std::fs::read_link(fd.path()) else {
-                    continue;
-                };
-                let Some(rel) = under(target.as_os_str().as_bytes(), theirs) else {
-                    continue;
-                };
-                let info = dir.join("fdinfo").join(fd.file_name());
-                let writable = std::fs::read_to_string(info).is_ok_and(|t| {
-                    t.lines()
-                        .find_map(|l| l.strip_prefix("flags:"))
-                        .and_then(|f| i64::from_str_radix(f.trim(), 8).ok())
-                        .is_some_and(|f| f & libc::O_ACCMODE as i64 != libc::O_RDONLY as i64)
-                });
-                if writable {
-                    out.insert(rel);
+        if let Ok(fd_dir) = openat(&dir, "fd", dir_flags, Mode::empty()) {
+            if let Ok(fds) = Dir::read_from(&fd_dir) {
+                for fd in fds.flatten() {
+                    let n = fd.file_name();
+                    if n.to_bytes().first().is_none_or(|c| !c.is_ascii_digit()) {
+                        continue;
+                    }
+                    let Ok(target) = readlinkat(&fd_dir, n, std::mem::take(&mut link)) else {
+                        continue;
+                    };
+                    let found = under(target.as_bytes(), theirs);
+                    link = target.into_bytes();
+                    let Some(rel) = found else {
+                        continue;
+                    };
+                    let info = format!("fdinfo/{}", n.to_string_lossy());
+                    let writable = read(&dir, &info).is_some_and(|t| {
+                        t.split(|b| *b == b'\n')
+                            .find_map(|l| l.strip_prefix(b"flags:"))
+                            .and_then(|f| std::str::from_utf8(f).ok())
+                            .and_then(|f| i64::from_str_radix(f.trim(), 8).ok())
+                            .is_some_and(|f| f & libc::O_ACCMODE as i64 != libc::O_RDONLY as i64)
+                    });
+                    if writable {
+                        out.insert(rel);
+                    }
                 }
             }
         }
         // Its shared writable file mappings: asked of the kernel one by one where it
         // can say (most processes have none, and then the whole `maps` text is not
         // made), else read from the text.
-        let Ok(mut maps_file) = std::fs::File::open(dir.join("maps")) else {
+        let Ok(maps_fd) = openat(
+            &dir,
+            "maps",
+            OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) else {
             continue;
         };
+        let mut maps_file = std::fs::File::from(maps_fd);
         if let Some(paths) = shared_writable(maps_file.as_fd()) {
             out.extend(paths.iter().filter_map(|p| under(p, theirs)));
             continue;
@@ -808,7 +840,7 @@ mod tests {
              60 86 0:410 / /not-it rw - overlay casfs rw\n",
         )
         .unwrap();
-        let got = super::mounts_of(rustix::fs::makedev(0, 41), &info);
+        let got = super::mounts_of(rustix::fs::makedev(0, 41), std::fs::read(&info).unwrap());
         assert_eq!(
             got,
             vec![
