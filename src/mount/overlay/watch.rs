@@ -665,6 +665,12 @@ pub(super) fn open_writers(dirs: &[&Path], dev: Option<u64>) -> Vec<Rel> {
         let Ok(dir) = openat(&proc_fd, p.file_name(), dir_flags, Mode::empty()) else {
             continue;
         };
+        // A kernel thread (most of a host's processes) or a zombie has no executable,
+        // and neither descriptors nor mappings: one call, not ten.
+        match readlinkat(&dir, "exe", std::mem::take(&mut link)) {
+            Ok(exe) => link = exe.into_bytes(),
+            Err(_) => continue,
+        }
         let theirs: &[MountedAt] = match (dev, ns_of(&dir)) {
             (Some(dev), Some(ns)) if Some(ns) != ours => namespaces
                 .entry(ns)
