@@ -239,21 +239,18 @@ static KEPT: Mutex<Kept> = Mutex::new(Kept {
 /// Told when one is booted (or failed to).
 static BOOTED: Condvar = Condvar::new();
 
+/// [`KEPT`], once `pending` is false of it (a boot ended), or after [`START_WAIT`].
+fn wait(pending: impl FnMut(&mut Kept) -> bool) -> std::sync::MutexGuard<'static, Kept> {
+    BOOTED
+        .wait_timeout_while(lock(&KEPT), START_WAIT, pending)
+        .unwrap_or_else(|p| p.into_inner())
+        .0
+}
+
 /// The booted sandbox of `shape` if one is kept (waiting for one of that shape being
 /// booted, up to [`START_WAIT`]); none else. One of another shape is ended.
 pub(super) fn take(shape: &Shape) -> Option<Booted> {
-    let until = Instant::now() + START_WAIT;
-    let mut k = lock(&KEPT);
-    while k.ready.is_none() && k.making == Some(*shape) {
-        let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
-        }
-        k = BOOTED
-            .wait_timeout(k, left)
-            .unwrap_or_else(|p| p.into_inner())
-            .0;
-    }
+    let mut k = wait(|k| k.ready.is_none() && k.making == Some(*shape));
     let kept = k.ready.take();
     drop(k);
     let (s, mut b, at) = kept?;
@@ -314,19 +311,8 @@ pub(super) fn replenish(shape: Shape, boot: impl FnOnce() -> io::Result<Booted> 
 
 /// The server stops: the kept one is ended, and none is booted again.
 pub(super) fn end() {
-    let mut k = lock(&KEPT);
-    k.stopped = true;
-    let until = Instant::now() + START_WAIT;
-    while k.making.is_some() {
-        let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
-        }
-        k = BOOTED
-            .wait_timeout(k, left)
-            .unwrap_or_else(|p| p.into_inner())
-            .0;
-    }
+    lock(&KEPT).stopped = true;
+    let mut k = wait(|k| k.making.is_some());
     let kept = k.ready.take();
     drop(k);
     drop(kept);

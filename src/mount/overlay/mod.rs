@@ -92,6 +92,13 @@ struct Layers {
     id: (u64, u64),
 }
 
+impl Layers {
+    /// The overlay's device, as identified when it was mounted (none while it is not).
+    fn dev(&self) -> Option<u64> {
+        (self.mounted && self.id.0 != 0).then_some(self.id.0)
+    }
+}
+
 /// What the last checkpoint captured of the current generation's upper, and the watch
 /// that says which directories changed since: a checkpoint or `status` looks at those
 /// only.
@@ -572,13 +579,23 @@ impl OverlayMount {
         &self,
         filter: Option<&dyn SnapshotFilter>,
     ) -> CheckpointResult<(TreeId, SnapshotStats, Capture)> {
-        let (upper, lower_root, generation, base) = {
+        let (upper, lower_root, generation, base, dev) = {
             let st = self.layers();
-            (self.upper(&st), st.lower_root, st.generation, st.tag.base)
+            let dev = st.dev();
+            (
+                self.upper(&st),
+                st.lower_root,
+                st.generation,
+                st.tag.base,
+                dev,
+            )
         };
         let memo = self.memo();
         let t0 = std::time::Instant::now();
-        let changed = memo.watch.as_ref().map(|w| w.changed(&self.mountpoint));
+        let changed = memo
+            .watch
+            .as_ref()
+            .map(|w| w.changed(&self.mountpoint, dev));
         let t_changed = t0.elapsed();
         let visit = changed
             .as_ref()
@@ -772,14 +789,14 @@ impl OverlayMount {
     }
 
     fn status_with(&self, writers: bool) -> WorkspaceStatus {
-        let (upper, base, image) = {
+        let (upper, base, image, dev) = {
             let st = self.layers();
-            (self.upper(&st), st.lower_root, st.image)
+            (self.upper(&st), st.lower_root, st.image, st.dev())
         };
         let memo = self.memo();
         let dirs = memo.watch.as_ref().and_then(|w| {
             if writers {
-                w.changed(&self.mountpoint).dirs
+                w.changed(&self.mountpoint, dev).dirs
             } else {
                 w.announced(&self.mountpoint).dirs
             }

@@ -468,18 +468,22 @@ impl UpperWatch {
     /// The changed directories now (every event of a call that returned is read
     /// first, and every file of the overlay at `mountpoint` open for writing or mapped
     /// writable counts as changed). They stay marked until [`settle`](Self::settle).
-    pub(super) fn changed(&self, mountpoint: &Path) -> Changed {
-        self.changed_with(mountpoint, true)
+    /// `dev`: the overlay's device, as recorded when it was mounted (where a process of
+    /// another mount namespace, a sandbox's, has it mounted, its descriptors name its
+    /// files from there).
+    pub(super) fn changed(&self, mountpoint: &Path, dev: Option<u64>) -> Changed {
+        self.changed_with(mountpoint, Some(dev))
     }
 
     /// [`changed`](Self::changed) as announced: without looking in `/proc` for files
     /// still open for writing (a read of every process's descriptors and mappings,
     /// which costs with the number of processes on the host).
     pub(super) fn announced(&self, mountpoint: &Path) -> Changed {
-        self.changed_with(mountpoint, false)
+        self.changed_with(mountpoint, None)
     }
 
-    fn changed_with(&self, mountpoint: &Path, writers: bool) -> Changed {
+    /// `writers`: whether to look in `/proc`, and with which device.
+    fn changed_with(&self, mountpoint: &Path, writers: Option<Option<u64>>) -> Changed {
         let Some(w) = watcher() else {
             return Changed {
                 upto: 0,
@@ -490,13 +494,9 @@ impl UpperWatch {
         let root = w.lock().uppers.get(&self.id).map(|u| u.root.clone());
         let mut under = vec![mountpoint];
         under.extend(root.as_deref());
-        let writers = if writers {
-            // The overlay's own device: where a process of another mount namespace (a
-            // sandbox's) has it mounted, its descriptors name its files from there.
-            let dev = rustix::fs::stat(mountpoint).ok().map(|st| st.st_dev);
-            open_writers(&under, dev)
-        } else {
-            Vec::new()
+        let writers = match writers {
+            Some(dev) => open_writers(&under, dev),
+            None => Vec::new(),
         };
         let mut st = w.lock();
         st.drain();
