@@ -125,7 +125,12 @@ fn serve(store: &Path, sandboxes: &Path, mode: &str) -> Server {
         .arg(sandboxes)
         .env_remove("CASFS_STORE")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        // `CASFS_BENCH_LOG=FILE` keeps the server's log (with `RUST_LOG=casfs=debug`,
+        // where each checkpoint's and start's time goes).
+        .stderr(match std::env::var_os("CASFS_BENCH_LOG") {
+            Some(f) => Stdio::from(std::fs::File::create(f).unwrap()),
+            None => Stdio::null(),
+        })
         .spawn()
         .unwrap();
     let t = Instant::now();

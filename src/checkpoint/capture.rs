@@ -27,7 +27,7 @@ use super::{
 };
 use crate::cas::file::{store_bytes, store_reader};
 use crate::cas::{
-    store_tree, CasError, EntryContent, StoreStats, Tree, TreeEntry, TreeId, CHUNK_SIZE,
+    store_tree_over, CasError, EntryContent, StoreStats, Tree, TreeEntry, TreeId, CHUNK_SIZE,
 };
 use crate::fs::{EntryKind, FilterError, SnapshotFilter};
 
@@ -337,7 +337,8 @@ fn capture_tree(
             }
         }
     }
-    let (id, put) = store_tree(ctx.store.objects(), &tree)?;
+    let base = cached.as_ref().map(|c| (&c.tree_id, &c.tree));
+    let (id, put) = store_tree_over(ctx.store.objects(), &tree, base)?;
     let mut s = StoreStats::default();
     s.record(&put);
     ctx.add_objects(&s);

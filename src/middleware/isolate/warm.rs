@@ -133,6 +133,7 @@ impl Booted {
             let ws = crate::checkpoint::dirfd::open_dir_path(workspace)
                 .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", workspace.display())))?;
             stage.attach(&ws)?;
+            clear_later(stage);
         }
         Ok(())
     }
@@ -217,6 +218,20 @@ pub(super) fn stop_engine(child: &mut Child, group: Option<&Group>) {
     }
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// Clears a stage whose workspace is attached, off the start's path: its unmounts wait
+/// for the kernel's RCU grace period (0.3 ms to several ms measured), which the
+/// sandbox's start need not. Its slot is private by then, so nothing of the clearing
+/// reaches the sandbox; a stage a server's exit leaves is swept by the next server.
+fn clear_later(stage: Stage) {
+    // A thread that does not start drops (clears) the stage here.
+    let spawned = std::thread::Builder::new()
+        .name("casfs-stage".into())
+        .spawn(move || drop(stage));
+    if let Err(e) = spawned {
+        tracing::debug!("a stage cleared where it was attached: {e}");
+    }
 }
 
 /// How long a booted sandbox is kept for the next one: what bubblewrap bound of the

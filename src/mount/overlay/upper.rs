@@ -22,7 +22,7 @@ use std::sync::Mutex;
 
 use crate::cas::file::{store_bytes, store_reader, StoreStats};
 use crate::cas::{
-    load_tree, store_tree, EntryContent, FileId, ObjectStore, Tree, TreeEntry, TreeId,
+    load_tree, store_tree_over, EntryContent, FileId, ObjectStore, Tree, TreeEntry, TreeId,
 };
 use crate::checkpoint::dirfd::{self, Entry, Meta};
 use crate::checkpoint::xattr;
@@ -347,10 +347,13 @@ impl UpperCapture<'_> {
         }
         let whole = names_only.is_none();
         let lower = lower.map(|t| self.tree(&t)).transpose()?;
+        // What the listing starts from: the tree as it was (with its id), or the lower's.
+        let mut prev = None;
         let (mut listing, names): (BTreeMap<Vec<u8>, TreeEntry>, Vec<Vec<u8>>) =
             match (names_only, before) {
                 (Some(n), Some(b)) => {
-                    let prev = self.tree(&b)?;
+                    let prev = &*prev.insert((b, self.tree(&b)?));
+                    let prev = &prev.1;
                     let mut names: Vec<Vec<u8>> = n.into_iter().collect();
                     names.sort();
                     let listing = prev
@@ -402,7 +405,12 @@ impl UpperCapture<'_> {
         }
         let tree = Tree::from_sorted_entries(listing.into_values().collect())
             .map_err(|e| UpperError::Invalid(format!("{}: {e}", upper.display())))?;
-        let (id, put) = store_tree(self.objects, &tree)?;
+        let base = match (&prev, &lower_id, &lower) {
+            (Some((id, t)), _, _) => Some((id, t)),
+            (None, Some(id), Some(t)) => Some((id, t)),
+            _ => None,
+        };
+        let (id, put) = store_tree_over(self.objects, &tree, base)?;
         let mut s = StoreStats::default();
         s.record(&put);
         self.add(&s);
