@@ -451,6 +451,12 @@ pub enum Command {
         /// the host's own is refused unless that address is listed
         #[arg(long, value_name = "DEST")]
         sandbox_allow: Vec<casfs::middleware::isolate::proxy::Allowed>,
+        /// Sandboxes a root server keeps booted (namespaces, mounts, filter and init
+        /// running, no workspace yet) for the next starts of the last shape started,
+        /// booted one at a time while no request is being answered; 0: each start
+        /// boots its own
+        #[arg(long, value_name = "N", default_value_t = casfs::middleware::isolate::DEFAULT_AHEAD)]
+        sandboxes_ahead: usize,
     },
 
     /// Benchmark capture, re-capture, restore, a run-like loop and mounted I/O against

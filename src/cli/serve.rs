@@ -64,6 +64,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
         sandbox_disk,
         sandbox_user,
         sandbox_allow,
+        sandboxes_ahead,
     } = &cli.command
     else {
         unreachable!("dispatched on Serve")
@@ -349,6 +350,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
     if !sandbox_cpus.is_finite() || *sandbox_cpus <= 0.0 {
         bail!("--sandbox-cpus {sandbox_cpus}: give a positive number of CPUs");
     }
+    casfs::middleware::isolate::keep_ahead(*sandboxes_ahead);
     server.set_isolation(casfs::middleware::isolate::Options {
         limits: casfs::middleware::isolate::Limits {
             memory: *sandbox_memory,

@@ -34,6 +34,7 @@ use tokio::sync::{oneshot, Notify};
 pub use engine::{bwrap, Network};
 pub use limits::Limits;
 pub use spare::run as spare_main;
+pub use warm::{keep_ahead, Busy, DEFAULT_AHEAD};
 
 /// The server stops: the sandboxes and processes it started ahead are ended.
 pub fn end_spare() {

@@ -3,22 +3,28 @@
 //! Bubblewrap's namespaces, mounts and filter, and the sandbox's init, take most of a
 //! sandbox's start (about 10 ms here, on a loaded machine more): none of it depends on
 //! the workspace, only on who the sandbox's processes are and what it may use (its
-//! [`Shape`]). So a root server keeps one sandbox booted, its init waiting, with an
-//! empty slot at `/workspace` ([`engine::Stage`]); the next sandbox of that shape takes
-//! it, and its workspace is mounted into it by propagation, which costs a few system
-//! calls. A new one is booted in the background for the sandbox after (one at a time;
-//! a start that finds one on its way waits for it rather than boot a second).
+//! [`Shape`]). So a root server keeps sandboxes booted ([`DEFAULT_AHEAD`], `serve
+//! --sandboxes-ahead`), each init waiting, with an empty slot at `/workspace`
+//! ([`engine::Stage`]), for the shape it started last; the next sandbox of that shape
+//! takes the oldest, and its workspace is mounted into it by propagation, which costs
+//! a few system calls. Those taken are booted again one at a time on a thread of their
+//! own, while the server answers no request ([`Busy`]; or [`BUSY_WAIT`] after the
+//! last boot, on a server never quiet), so that a boot's work does not slow a burst of
+//! requests (a start, its first commands, a checkpoint and a fork). A start that finds
+//! none kept but one being booted for its shape waits for it rather than boot its own.
 //!
 //! A booted sandbox holds nothing of anyone's until its workspace arrives: its init
 //! runs as the user its processes will be (never root) and starts nothing until the
 //! server asks. A server that is not root cannot mount on the host, so its sandboxes
 //! boot with their workspace ([`super::spare`] still starts their process ahead).
 
+use std::collections::VecDeque;
 use std::io::{self, Read};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::process::Child;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::engine::{self, Network, Stage};
@@ -220,15 +226,31 @@ pub(super) fn stop_engine(child: &mut Child, group: Option<&Group>) {
     let _ = child.wait();
 }
 
+/// Stages being cleared ([`clear_later`]), for the server's stop to wait for.
+static CLEARING: Mutex<usize> = Mutex::new(0);
+static CLEARED: Condvar = Condvar::new();
+
 /// Clears a stage whose workspace is attached, off the start's path: its unmounts wait
 /// for the kernel's RCU grace period (0.3 ms to several ms measured), which the
 /// sandbox's start need not. Its slot is private by then, so nothing of the clearing
-/// reaches the sandbox; a stage a server's exit leaves is swept by the next server.
+/// reaches the sandbox. The server's stop waits for it ([`end`]).
 fn clear_later(stage: Stage) {
+    struct Cleared;
+    impl Drop for Cleared {
+        fn drop(&mut self) {
+            *lock(&CLEARING) -= 1;
+            CLEARED.notify_all();
+        }
+    }
+    *lock(&CLEARING) += 1;
+    let cleared = Cleared;
     // A thread that does not start drops (clears) the stage here.
     let spawned = std::thread::Builder::new()
         .name("casfs-stage".into())
-        .spawn(move || drop(stage));
+        .spawn(move || {
+            drop(stage);
+            drop(cleared);
+        });
     if let Err(e) = spawned {
         tracing::debug!("a stage cleared where it was attached: {e}");
     }
@@ -238,21 +260,92 @@ fn clear_later(stage: Stage) {
 /// host's `/etc` (resolver, certificates) is as it was at its boot.
 const MAX_AGE: Duration = Duration::from_secs(300);
 
+/// How many are kept booted ([`keep_ahead`]).
+static AHEAD: AtomicUsize = AtomicUsize::new(DEFAULT_AHEAD);
+
+/// Kept booted unless a server says otherwise: enough for a start, a restore and a
+/// fork one after the other (the provider's `fork()` is a checkpoint and a start).
+pub const DEFAULT_AHEAD: usize = 3;
+
+/// The server quiet this long (no request being answered) boots the next one ...
+const QUIET: Duration = Duration::from_millis(10);
+/// ... or, on a server never quiet so long, this long after the last boot.
+const BUSY_WAIT: Duration = Duration::from_millis(250);
+
+/// Requests being answered, and when the last one was (since [`epoch`]).
+static ACTIVE: AtomicUsize = AtomicUsize::new(0);
+static LAST: AtomicU64 = AtomicU64::new(0);
+
+fn epoch() -> Instant {
+    static E: OnceLock<Instant> = OnceLock::new();
+    *E.get_or_init(Instant::now)
+}
+
+/// A request being answered: while one is, no sandbox is booted ahead (unless the
+/// server has been busy for [`BUSY_WAIT`]), so that a boot's work does not slow the
+/// answers of a burst of requests.
+pub struct Busy(());
+
+impl Busy {
+    pub fn new() -> Busy {
+        ACTIVE.fetch_add(1, Ordering::SeqCst);
+        Busy(())
+    }
+}
+
+impl Default for Busy {
+    fn default() -> Busy {
+        Busy::new()
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        LAST.store(epoch().elapsed().as_micros() as u64, Ordering::SeqCst);
+        ACTIVE.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// How long no request has been answered (zero while one is).
+fn quiet_for() -> Duration {
+    if ACTIVE.load(Ordering::SeqCst) > 0 {
+        return Duration::ZERO;
+    }
+    let last = Duration::from_micros(LAST.load(Ordering::SeqCst));
+    epoch().elapsed().saturating_sub(last)
+}
+
+/// Keep `n` sandboxes booted ahead (0: none; the next start boots its own).
+pub fn keep_ahead(n: usize) {
+    AHEAD.store(n, Ordering::SeqCst);
+    FILL.notify_all();
+}
+
+type Boot = Arc<dyn Fn() -> io::Result<Booted> + Send + Sync>;
+
 struct Kept {
-    /// The one booted, waiting, and when.
-    ready: Option<(Shape, Booted, Instant)>,
+    /// Booted and waiting, oldest first, with when each was.
+    ready: VecDeque<(Shape, Booted, Instant)>,
     /// The shape of one being booted.
     making: Option<Shape>,
+    /// What to keep booted, and when the last boot for it began.
+    want: Option<(Shape, Boot, Instant)>,
+    /// The thread that boots them runs.
+    filling: bool,
     stopped: bool,
 }
 
 static KEPT: Mutex<Kept> = Mutex::new(Kept {
-    ready: None,
+    ready: VecDeque::new(),
     making: None,
+    want: None,
+    filling: false,
     stopped: false,
 });
 /// Told when one is booted (or failed to).
 static BOOTED: Condvar = Condvar::new();
+/// Told when there may be one to boot.
+static FILL: Condvar = Condvar::new();
 
 /// [`KEPT`], once `pending` is false of it (a boot ended), or after [`START_WAIT`].
 fn wait(pending: impl FnMut(&mut Kept) -> bool) -> std::sync::MutexGuard<'static, Kept> {
@@ -262,73 +355,153 @@ fn wait(pending: impl FnMut(&mut Kept) -> bool) -> std::sync::MutexGuard<'static
         .0
 }
 
-/// The booted sandbox of `shape` if one is kept (waiting for one of that shape being
-/// booted, up to [`START_WAIT`]); none else. One of another shape is ended.
+/// A booted sandbox of `shape` if one is kept, the oldest (waiting for one of that
+/// shape being booted, up to [`START_WAIT`], when none is); none else. Those of
+/// another shape, too old or dead are ended.
 pub(super) fn take(shape: &Shape) -> Option<Booted> {
-    let mut k = wait(|k| k.ready.is_none() && k.making == Some(*shape));
-    let kept = k.ready.take();
-    drop(k);
-    let (s, mut b, at) = kept?;
-    if s == *shape && at.elapsed() < MAX_AGE && b.alive() {
-        return Some(b);
+    let mut k = wait(|k| k.making == Some(*shape) && !k.ready.iter().any(|r| r.0 == *shape));
+    let mut found = None;
+    let mut ended = Vec::new();
+    for (s, mut b, at) in std::mem::take(&mut k.ready) {
+        let usable = s == *shape && at.elapsed() < MAX_AGE && b.alive();
+        match (usable, &found) {
+            (true, None) => found = Some(b),
+            (true, Some(_)) => k.ready.push_back((s, b, at)),
+            (false, _) => ended.push(b),
+        }
     }
-    // Another shape's, an old one, or one that died: ended aside, not in the way of the
-    // start that asked (without a thread, here).
-    let _ = std::thread::Builder::new()
-        .name("casfs-warm-end".into())
-        .spawn(move || drop(b));
-    None
+    drop(k);
+    if !ended.is_empty() {
+        // Ended aside, not in the way of the start that asked (without a thread, here).
+        let _ = std::thread::Builder::new()
+            .name("casfs-warm-end".into())
+            .spawn(move || drop(ended));
+    }
+    found
 }
 
-/// Boots one of `shape` with `boot` in the background for the next sandbox, unless one
-/// is kept or being booted already.
-pub(super) fn replenish(shape: Shape, boot: impl FnOnce() -> io::Result<Booted> + Send + 'static) {
-    {
-        let mut k = lock(&KEPT);
-        if k.stopped || k.making.is_some() || k.ready.as_ref().is_some_and(|(s, ..)| *s == shape) {
-            return;
-        }
-        k.making = Some(shape);
+/// Keeps sandboxes of `shape` booted with `boot` for the next starts (as many as
+/// [`keep_ahead`] says), booted one at a time in the background while the server is
+/// quiet. A wish for another shape replaces this one.
+pub(super) fn replenish(
+    shape: Shape,
+    boot: impl Fn() -> io::Result<Booted> + Send + Sync + 'static,
+) {
+    let mut k = lock(&KEPT);
+    if k.stopped {
+        return;
     }
-    let made = std::thread::Builder::new()
-        .name("casfs-warm".into())
-        .spawn(move || {
-            // `making` is cleared however this ends (a panic in the boot too), so that
-            // no start waits for a boot that will never come.
-            struct Made;
-            impl Drop for Made {
-                fn drop(&mut self) {
-                    lock(&KEPT).making = None;
-                    BOOTED.notify_all();
+    let since = match &k.want {
+        Some((s, _, since)) if *s == shape => *since,
+        _ => Instant::now(),
+    };
+    k.want = Some((shape, Arc::new(boot), since));
+    if !k.filling {
+        let started = std::thread::Builder::new()
+            .name("casfs-warm".into())
+            .spawn(fill);
+        k.filling = started.is_ok();
+    }
+    drop(k);
+    FILL.notify_all();
+}
+
+/// The thread that boots sandboxes ahead, until the server stops.
+fn fill() {
+    loop {
+        // Something to boot: fewer kept than wanted.
+        let mut k = lock(&KEPT);
+        let (shape, boot, since) = loop {
+            if k.stopped {
+                k.filling = false;
+                return;
+            }
+            if let Some((shape, boot, since)) = &k.want {
+                let have = k.ready.iter().filter(|r| r.0 == *shape).count();
+                if have < AHEAD.load(Ordering::SeqCst) {
+                    break (*shape, boot.clone(), *since);
                 }
             }
-            let made = Made;
-            let booted = boot();
-            let old = {
-                let mut k = lock(&KEPT);
-                match booted {
-                    Ok(b) if !k.stopped => k.ready.replace((shape, b, Instant::now())),
-                    Ok(b) => Some((shape, b, Instant::now())),
-                    Err(e) => {
-                        tracing::warn!("no sandbox booted ahead: {e}");
-                        None
-                    }
+            k = FILL.wait(k).unwrap_or_else(|p| p.into_inner());
+        };
+        drop(k);
+        // The server quiet, or busy too long.
+        loop {
+            let q = quiet_for();
+            if q >= QUIET || since.elapsed() >= BUSY_WAIT {
+                break;
+            }
+            std::thread::sleep(QUIET.saturating_sub(q).max(Duration::from_millis(1)));
+        }
+        {
+            let mut k = lock(&KEPT);
+            if k.stopped || !k.want.as_ref().is_some_and(|w| w.0 == shape) {
+                continue;
+            }
+            k.making = Some(shape);
+            if let Some(w) = k.want.as_mut() {
+                w.2 = Instant::now();
+            }
+        }
+        // A boot that panics is one that failed: the thread goes on.
+        let booted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| boot()))
+            .unwrap_or_else(|_| Err(io::Error::other("the boot panicked")));
+        let old = {
+            let mut k = lock(&KEPT);
+            k.making = None;
+            match booted {
+                Ok(b) if !k.stopped => {
+                    k.ready.push_back((shape, b, Instant::now()));
+                    None
                 }
-            };
-            drop(made);
-            drop(old);
-        });
-    if made.is_err() {
-        lock(&KEPT).making = None;
+                Ok(b) => Some(b),
+                Err(e) => {
+                    tracing::warn!("no sandbox booted ahead: {e}");
+                    // Not again at once.
+                    std::thread::sleep(Duration::from_millis(100));
+                    None
+                }
+            }
+        };
         BOOTED.notify_all();
+        drop(old);
     }
 }
 
-/// The server stops: the kept one is ended, and none is booted again.
+/// The server stops: those kept are ended, none is booted again, and the stages being
+/// cleared are.
 pub(super) fn end() {
     lock(&KEPT).stopped = true;
+    FILL.notify_all();
     let mut k = wait(|k| k.making.is_some());
-    let kept = k.ready.take();
+    let kept = std::mem::take(&mut k.ready);
+    k.want = None;
     drop(k);
     drop(kept);
+    let _ = CLEARED.wait_timeout_while(lock(&CLEARING), START_WAIT, |n| *n > 0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The server is quiet only with no request being answered, for as long as the last
+    /// one ended; requests overlapping keep it busy until the last of them ends.
+    #[test]
+    fn quiet_counts_from_the_last_request_answered() {
+        let a = Busy::new();
+        let b = Busy::new();
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(quiet_for(), Duration::ZERO);
+        drop(a);
+        assert_eq!(quiet_for(), Duration::ZERO, "one is still answered");
+        drop(b);
+        std::thread::sleep(Duration::from_millis(20));
+        let q = quiet_for();
+        assert!(q >= Duration::from_millis(20), "{q:?}");
+        let c = Busy::new();
+        assert_eq!(quiet_for(), Duration::ZERO);
+        drop(c);
+        assert!(quiet_for() < q);
+    }
 }

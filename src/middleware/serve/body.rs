@@ -164,6 +164,13 @@ pub(super) async fn hold(mut req: Request, next: Next) -> Response {
     answer
 }
 
+/// The server is busy while it answers a request: sandboxes are booted ahead while it
+/// is not ([`crate::middleware::isolate::Busy`]).
+pub(super) async fn busy(req: Request, next: Next) -> Response {
+    let _busy = crate::middleware::isolate::Busy::new();
+    next.run(req).await
+}
+
 /// The request's body, read within the route's limits and the budget, as JSON of `T`.
 pub(super) async fn read_json<T: serde::de::DeserializeOwned>(
     req: Request,

@@ -490,6 +490,7 @@ impl Server {
             .fallback(api::no_route)
             .method_not_allowed_fallback(api::no_method)
             .layer(axum::middleware::from_fn(body::hold))
+            .layer(axum::middleware::from_fn(body::busy))
             .with_state(self.clone());
         if self.identities.tokens() {
             r.layer(axum::middleware::from_fn_with_state(
