@@ -269,8 +269,10 @@ pub const DEFAULT_AHEAD: usize = 3;
 
 /// The server quiet this long (no request being answered) boots the next one ...
 const QUIET: Duration = Duration::from_millis(10);
-/// ... or, on a server never quiet so long, this long after the last boot.
-const BUSY_WAIT: Duration = Duration::from_millis(250);
+/// ... or, on a server never quiet so long, this long after the last boot (a server
+/// that answers without a pause for longer boots its sandboxes at their start, as one
+/// keeping none would).
+const BUSY_WAIT: Duration = Duration::from_secs(2);
 
 /// Requests being answered, and when the last one was (since [`epoch`]).
 static ACTIVE: AtomicUsize = AtomicUsize::new(0);
