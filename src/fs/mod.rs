@@ -285,17 +285,6 @@ pub fn low_priority() {
     };
 }
 
-/// Puts the calling thread in the idle CPU class (`SCHED_IDLE`, and
-/// [`low_priority`]'s I/O level): it runs only when no other thread wants the CPU, and
-/// one that wakes takes the CPU from it at once. For work that helps but need never
-/// finish (a view's directories read ahead, which a request loads itself otherwise).
-pub fn idle_priority() {
-    low_priority();
-    let p = libc::sched_param { sched_priority: 0 };
-    // SAFETY: on Linux, pid 0 is the calling thread; the parameter is read only.
-    unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &p) };
-}
-
 /// Whether the kernel lets this process register passthrough backing files: it wants
 /// `CAP_SYS_ADMIN` in the initial user namespace (fs/fuse/backing.c), which a user
 /// other than root, or root inside a user namespace, lacks. FUSE would accept the

@@ -666,9 +666,9 @@ fn read_ahead(
     let _ = std::thread::Builder::new()
         .name("casfs-read-ahead".into())
         .spawn(move || {
-            // Background work that need never finish: a restore (which mounts a new
-            // view), the workspace's own requests, anything else waiting comes first.
-            crate::fs::idle_priority();
+            // Background work: a restore (which mounts a new view) or the workspace's
+            // own requests come first.
+            crate::fs::low_priority();
             let mut queue = std::collections::VecDeque::from([root]);
             let mut held = 0usize;
             while let Some(id) = queue.pop_front() {

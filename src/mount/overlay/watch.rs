@@ -10,20 +10,17 @@
 //! child on the way in every directory above them.
 //!
 //! What is watched is what changes an entry: creates, removals, renames, attribute and
-//! xattr changes, writes and the close of a file that was written. A write's event is
-//! queued before `write(2)` returns, so a file still open for writing when a
-//! checkpoint starts is marked already (the kernel merges a file's writes in a row
-//! into one queued event; a file created and written costs an event more than one
-//! created and closed). A write through a shared writable mapping makes no event: the
-//! processes that have a file of the overlay mapped so are found in `/proc` then
-//! ([`mapped_writers`]). Before, writes were not watched and every process's open
-//! descriptors were read at each checkpoint instead: 2 to 4 ms on a host of 80
-//! processes, most of a checkpoint's time.
+//! xattr changes, and the close of a file that was written. A write itself is not
+//! watched: every `write(2)` would be an event (a `git clone` writes its pack in
+//! thousands), and the kernel's cost of queueing them was most of what the watch added
+//! to a create. A file written and closed is its close; a file still open for writing
+//! when a checkpoint starts, or mapped shared and writable, is found in `/proc` then
+//! ([`open_writers`]): its writes may have returned with no close yet to announce them.
 //!
 //! The set is exact for what returned before it is read: inotify queues an event
 //! before the system call that caused it returns, [`UpperWatch::changed`] reads the
-//! queue empty first, and a write that made no event was made through a mapping still
-//! there then. When events are lost (the queue overflowed)
+//! queue empty first, and a write that returned without a close was made through a
+//! descriptor or mapping still open then. When events are lost (the queue overflowed)
 //! every directory counts as changed until a full walk has been captured; when a
 //! directory cannot be watched (`fs.inotify.max_user_watches`), the upper is walked
 //! whole from then on. The reader drains the queue a millisecond after it is woken,
@@ -47,7 +44,6 @@ fn mask() -> WatchMask {
         | WatchMask::DELETE
         | WatchMask::ATTRIB
         | WatchMask::CLOSE_WRITE
-        | WatchMask::MODIFY
         | WatchMask::MOVED_FROM
         | WatchMask::MOVED_TO
         | WatchMask::DONT_FOLLOW
@@ -480,8 +476,8 @@ impl UpperWatch {
     }
 
     /// [`changed`](Self::changed) as announced: without looking in `/proc` for files
-    /// mapped shared and writable (a read of every process's mappings, which costs
-    /// with the number of processes on the host).
+    /// still open for writing (a read of every process's descriptors and mappings,
+    /// which costs with the number of processes on the host).
     pub(super) fn announced(&self, mountpoint: &Path) -> Changed {
         self.changed_with(mountpoint, None)
     }
@@ -499,7 +495,7 @@ impl UpperWatch {
         let mut under = vec![mountpoint];
         under.extend(root.as_deref());
         let writers = match writers {
-            Some(dev) => mapped_writers(&under, dev),
+            Some(dev) => open_writers(&under, dev),
             None => Vec::new(),
         };
         let mut st = w.lock();
@@ -603,16 +599,16 @@ fn mounts_of(dev: u64, text: Vec<u8>) -> Vec<MountedAt> {
         .collect()
 }
 
-/// The files under any of `dirs` (relative to it) that some process has mapped shared
-/// and writable, as `/proc` tells: writes through memory make no event. Processes this
-/// one may not inspect are passed over (they cannot reach the mount either, unless
-/// they are root's, and this is root's reading then).
+/// The files under any of `dirs` (relative to it) that some process holds open for
+/// writing, or has mapped shared and writable, as `/proc` tells: writes that may have
+/// returned with no close to announce them. Processes this one may not inspect are
+/// passed over (they cannot reach the mount either, unless they are root's, and this
+/// is root's reading then).
 ///
 /// A process of another mount namespace (a sandbox's, whose workspace is this overlay
-/// at `/workspace`) names the files it has mapped from its own root: where `dev` (the
-/// overlay's device) is mounted there, found in its `mountinfo`, counts as well (read
-/// only for a process that has such a mapping).
-pub(super) fn mapped_writers(dirs: &[&Path], dev: Option<u64>) -> Vec<Rel> {
+/// at `/workspace`) names the files it has open from its own root: where `dev` (the
+/// overlay's device) is mounted there, found in its `mountinfo`, counts as well.
+pub(super) fn open_writers(dirs: &[&Path], dev: Option<u64>) -> Vec<Rel> {
     let prefixes: Vec<Vec<u8>> = dirs
         .iter()
         .map(|d| {
@@ -632,7 +628,8 @@ pub(super) fn mapped_writers(dirs: &[&Path], dev: Option<u64>) -> Vec<Rel> {
         })
     };
     // Every call below is relative to a descriptor of /proc or of the process's own
-    // directory: no path from /proc down is walked again for each file.
+    // directory: a path from /proc down, walked again for each descriptor, cost most
+    // of the scan.
     use rustix::fs::{openat, readlinkat, statat, AtFlags, Dir, Mode, OFlags};
     use std::os::fd::OwnedFd;
     let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
@@ -674,6 +671,41 @@ pub(super) fn mapped_writers(dirs: &[&Path], dev: Option<u64>) -> Vec<Rel> {
             Ok(exe) => link = exe.into_bytes(),
             Err(_) => continue,
         }
+        let theirs: &[MountedAt] = match (dev, ns_of(&dir)) {
+            (Some(dev), Some(ns)) if Some(ns) != ours => namespaces
+                .entry(ns)
+                .or_insert_with(|| mounts_of(dev, read(&dir, "mountinfo").unwrap_or_default())),
+            _ => &[],
+        };
+        if let Ok(fd_dir) = openat(&dir, "fd", dir_flags, Mode::empty()) {
+            if let Ok(fds) = Dir::read_from(&fd_dir) {
+                for fd in fds.flatten() {
+                    let n = fd.file_name();
+                    if n.to_bytes().first().is_none_or(|c| !c.is_ascii_digit()) {
+                        continue;
+                    }
+                    let Ok(target) = readlinkat(&fd_dir, n, std::mem::take(&mut link)) else {
+                        continue;
+                    };
+                    let found = under(target.as_bytes(), theirs);
+                    link = target.into_bytes();
+                    let Some(rel) = found else {
+                        continue;
+                    };
+                    let info = format!("fdinfo/{}", n.to_string_lossy());
+                    let writable = read(&dir, &info).is_some_and(|t| {
+                        t.split(|b| *b == b'\n')
+                            .find_map(|l| l.strip_prefix(b"flags:"))
+                            .and_then(|f| std::str::from_utf8(f).ok())
+                            .and_then(|f| i64::from_str_radix(f.trim(), 8).ok())
+                            .is_some_and(|f| f & libc::O_ACCMODE as i64 != libc::O_RDONLY as i64)
+                    });
+                    if writable {
+                        out.insert(rel);
+                    }
+                }
+            }
+        }
         // Its shared writable file mappings: asked of the kernel one by one where it
         // can say (most processes have none, and then the whole `maps` text is not
         // made), else read from the text.
@@ -686,43 +718,32 @@ pub(super) fn mapped_writers(dirs: &[&Path], dev: Option<u64>) -> Vec<Rel> {
             continue;
         };
         let mut maps_file = std::fs::File::from(maps_fd);
-        let paths = match shared_writable(maps_file.as_fd()) {
-            Some(paths) => paths,
-            None => {
-                // `address perms offset dev inode path`: a shared writable mapping
-                // ("rw?s").
-                let mut maps = Vec::new();
-                let _ = std::io::Read::read_to_end(&mut maps_file, &mut maps);
-                let mut paths = Vec::new();
-                for line in maps.split(|b| *b == b'\n') {
-                    let mut rest = line;
-                    let mut fields = Vec::with_capacity(5);
-                    for _ in 0..5 {
-                        let t = rest.iter().position(|b| *b != b' ').unwrap_or(rest.len());
-                        rest = &rest[t..];
-                        let e = rest.iter().position(|b| *b == b' ').unwrap_or(rest.len());
-                        fields.push(&rest[..e]);
-                        rest = &rest[e..];
-                    }
-                    let perms = fields[1];
-                    if perms.len() == 4 && perms[1] == b'w' && perms[3] == b's' {
-                        let t = rest.iter().position(|b| *b != b' ').unwrap_or(rest.len());
-                        paths.push(rest[t..].to_vec());
-                    }
-                }
-                paths
-            }
-        };
-        if paths.is_empty() {
+        if let Some(paths) = shared_writable(maps_file.as_fd()) {
+            out.extend(paths.iter().filter_map(|p| under(p, theirs)));
             continue;
         }
-        let theirs: &[MountedAt] = match (dev, ns_of(&dir)) {
-            (Some(dev), Some(ns)) if Some(ns) != ours => namespaces
-                .entry(ns)
-                .or_insert_with(|| mounts_of(dev, read(&dir, "mountinfo").unwrap_or_default())),
-            _ => &[],
-        };
-        out.extend(paths.iter().filter_map(|p| under(p, theirs)));
+        // `address perms offset dev inode path`: a shared writable mapping ("rw?s").
+        let mut maps = Vec::new();
+        if std::io::Read::read_to_end(&mut maps_file, &mut maps).is_ok() {
+            for line in maps.split(|b| *b == b'\n') {
+                let mut rest = line;
+                let mut fields = Vec::with_capacity(5);
+                for _ in 0..5 {
+                    let t = rest.iter().position(|b| *b != b' ').unwrap_or(rest.len());
+                    rest = &rest[t..];
+                    let e = rest.iter().position(|b| *b == b' ').unwrap_or(rest.len());
+                    fields.push(&rest[..e]);
+                    rest = &rest[e..];
+                }
+                let perms = fields[1];
+                if perms.len() == 4 && perms[1] == b'w' && perms[3] == b's' {
+                    let t = rest.iter().position(|b| *b != b' ').unwrap_or(rest.len());
+                    if let Some(rel) = under(&rest[t..], theirs) {
+                        out.insert(rel);
+                    }
+                }
+            }
+        }
     }
     out.into_iter().collect()
 }
