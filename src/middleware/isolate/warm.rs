@@ -5,13 +5,15 @@
 //! the workspace, only on who the sandbox's processes are and what it may use (its
 //! [`Shape`]). So a root server keeps sandboxes booted ([`DEFAULT_AHEAD`], `serve
 //! --sandboxes-ahead`), each init waiting, with an empty slot at `/workspace`
-//! ([`engine::Stage`]), for the shape it started last; the next sandbox of that shape
-//! takes the oldest, and its workspace is mounted into it by propagation, which costs
-//! a few system calls. Those taken are booted again one at a time on a thread of their
-//! own, while the server answers no request ([`Busy`]; or [`BUSY_WAIT`] after the
-//! last boot, on a server never quiet), so that a boot's work does not slow a burst of
-//! requests (a start, its first commands, a checkpoint and a fork). A start that finds
-//! none kept but one being booted for its shape waits for it rather than boot its own.
+//! ([`engine::Stage`]), of the shape it started last (those of an earlier shape stay
+//! until taken, too old, or pushed out); the next sandbox of a shape takes the oldest
+//! of it, and its workspace is mounted into it by propagation, which costs a few
+//! system calls. Those taken are booted again one at a time on a thread of their own,
+//! while the server answers no request ([`Busy`]; or after [`BUSY_WAIT`] of requests
+//! without a pause), so that a boot's work does not slow a burst of requests (a start,
+//! its first commands, a checkpoint and a fork); one kept too long is booted again. A
+//! start that finds none kept but one being booted for its shape waits for it rather
+//! than boot its own; a boot that fails is tried again less and less often.
 //!
 //! A booted sandbox holds nothing of anyone's until its workspace arrives: its init
 //! runs as the user its processes will be (never root) and starts nothing until the
@@ -269,9 +271,8 @@ pub const DEFAULT_AHEAD: usize = 3;
 
 /// The server quiet this long (no request being answered) boots the next one ...
 const QUIET: Duration = Duration::from_millis(10);
-/// ... or, on a server never quiet so long, this long after the last boot (a server
-/// that answers without a pause for longer boots its sandboxes at their start, as one
-/// keeping none would).
+/// ... or, on a server never quiet so long, after this long of requests without a
+/// pause (until then its starts boot their own, as a server keeping none would).
 const BUSY_WAIT: Duration = Duration::from_secs(2);
 
 /// Requests being answered, and when the last one was (since [`epoch`]).
@@ -330,8 +331,8 @@ struct Kept {
     ready: VecDeque<(Shape, Booted, Instant)>,
     /// The shape of one being booted.
     making: Option<Shape>,
-    /// What to keep booted, and when the last boot for it began.
-    want: Option<(Shape, Boot, Instant)>,
+    /// What to keep booted.
+    want: Option<(Shape, Boot)>,
     /// The thread that boots them runs.
     filling: bool,
     stopped: bool,
@@ -357,34 +358,53 @@ fn wait(pending: impl FnMut(&mut Kept) -> bool) -> std::sync::MutexGuard<'static
         .0
 }
 
-/// A booted sandbox of `shape` if one is kept, the oldest (waiting for one of that
-/// shape being booted, up to [`START_WAIT`], when none is); none else. Those of
-/// another shape, too old or dead are ended.
-pub(super) fn take(shape: &Shape) -> Option<Booted> {
-    let mut k = wait(|k| k.making == Some(*shape) && !k.ready.iter().any(|r| r.0 == *shape));
-    let mut found = None;
-    let mut ended = Vec::new();
-    for (s, mut b, at) in std::mem::take(&mut k.ready) {
-        let usable = s == *shape && at.elapsed() < MAX_AGE && b.alive();
-        match (usable, &found) {
-            (true, None) => found = Some(b),
-            (true, Some(_)) => k.ready.push_back((s, b, at)),
-            (false, _) => ended.push(b),
-        }
-    }
-    drop(k);
-    if !ended.is_empty() {
-        // Ended aside, not in the way of the start that asked (without a thread, here).
+/// Ends `booted` on a thread of its own, out of the way of whoever let them go (here if
+/// no thread starts).
+fn end_aside(booted: Vec<Booted>) {
+    if !booted.is_empty() {
         let _ = std::thread::Builder::new()
             .name("casfs-warm-end".into())
-            .spawn(move || drop(ended));
+            .spawn(move || drop(booted));
+    }
+}
+
+/// Takes out of `k` those kept too long or dead.
+fn expired(k: &mut Kept) -> Vec<Booted> {
+    let mut gone = Vec::new();
+    for (s, mut b, at) in std::mem::take(&mut k.ready) {
+        if at.elapsed() < MAX_AGE && b.alive() {
+            k.ready.push_back((s, b, at));
+        } else {
+            gone.push(b);
+        }
+    }
+    gone
+}
+
+/// A booted sandbox of `shape` if one is kept, the oldest (waiting for one of that
+/// shape being booted, up to [`START_WAIT`], when none is); none else. Those kept too
+/// long or dead are ended; those of another shape stay for their own starts.
+pub(super) fn take(shape: &Shape) -> Option<Booted> {
+    let mut k = wait(|k| k.making == Some(*shape) && !k.ready.iter().any(|r| r.0 == *shape));
+    let gone = expired(&mut k);
+    let found = k
+        .ready
+        .iter()
+        .position(|r| r.0 == *shape)
+        .and_then(|i| k.ready.remove(i))
+        .map(|r| r.1);
+    drop(k);
+    end_aside(gone);
+    if found.is_some() {
+        FILL.notify_all();
     }
     found
 }
 
 /// Keeps sandboxes of `shape` booted with `boot` for the next starts (as many as
 /// [`keep_ahead`] says), booted one at a time in the background while the server is
-/// quiet. A wish for another shape replaces this one.
+/// quiet. A wish for another shape replaces this one (those kept of the other shape
+/// stay until they are taken, too old, or pushed out by the new shape's).
 pub(super) fn replenish(
     shape: Shape,
     boot: impl Fn() -> io::Result<Booted> + Send + Sync + 'static,
@@ -393,11 +413,9 @@ pub(super) fn replenish(
     if k.stopped {
         return;
     }
-    let since = match &k.want {
-        Some((s, _, since)) if *s == shape => *since,
-        _ => Instant::now(),
-    };
-    k.want = Some((shape, Arc::new(boot), since));
+    if !k.want.as_ref().is_some_and(|w| w.0 == shape) {
+        k.want = Some((shape, Arc::new(boot)));
+    }
     if !k.filling {
         let started = std::thread::Builder::new()
             .name("casfs-warm".into())
@@ -410,27 +428,49 @@ pub(super) fn replenish(
 
 /// The thread that boots sandboxes ahead, until the server stops.
 fn fill() {
+    let mut failures = 0u32;
     loop {
-        // Something to boot: fewer kept than wanted.
-        let mut k = lock(&KEPT);
-        let (shape, boot, since) = loop {
+        // Something to boot: fewer of the wanted shape kept (fresh and alive) than
+        // wanted; else a wait, until told or until the oldest kept is too old.
+        let (shape, boot) = {
+            let mut k = lock(&KEPT);
             if k.stopped {
                 k.filling = false;
                 return;
             }
-            if let Some((shape, boot, since)) = &k.want {
+            let gone = expired(&mut k);
+            let wanted = k.want.as_ref().and_then(|(shape, boot)| {
                 let have = k.ready.iter().filter(|r| r.0 == *shape).count();
-                if have < AHEAD.load(Ordering::SeqCst) {
-                    break (*shape, boot.clone(), *since);
+                (have < AHEAD.load(Ordering::SeqCst)).then(|| (*shape, boot.clone()))
+            });
+            match wanted {
+                Some(w) => {
+                    drop(k);
+                    end_aside(gone);
+                    w
+                }
+                None => {
+                    let until = k
+                        .ready
+                        .iter()
+                        .map(|r| MAX_AGE.saturating_sub(r.2.elapsed()))
+                        .min()
+                        .unwrap_or(MAX_AGE);
+                    let k = FILL
+                        .wait_timeout(k, until + Duration::from_millis(10))
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                    drop(k);
+                    end_aside(gone);
+                    continue;
                 }
             }
-            k = FILL.wait(k).unwrap_or_else(|p| p.into_inner());
         };
-        drop(k);
-        // The server quiet, or busy too long.
+        // The server quiet, or busy for BUSY_WAIT since this boot was wanted.
+        let waiting = Instant::now();
         loop {
             let q = quiet_for();
-            if q >= QUIET || since.elapsed() >= BUSY_WAIT {
+            if q >= QUIET || waiting.elapsed() >= BUSY_WAIT {
                 break;
             }
             std::thread::sleep(QUIET.saturating_sub(q).max(Duration::from_millis(1)));
@@ -441,32 +481,44 @@ fn fill() {
                 continue;
             }
             k.making = Some(shape);
-            if let Some(w) = k.want.as_mut() {
-                w.2 = Instant::now();
-            }
         }
         // A boot that panics is one that failed: the thread goes on.
         let booted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| boot()))
             .unwrap_or_else(|_| Err(io::Error::other("the boot panicked")));
-        let old = {
+        let mut gone = Vec::new();
+        let failed = {
             let mut k = lock(&KEPT);
             k.making = None;
             match booted {
                 Ok(b) if !k.stopped => {
                     k.ready.push_back((shape, b, Instant::now()));
-                    None
+                    // Past the number kept: the oldest of another shape goes, else
+                    // the oldest.
+                    while k.ready.len() > AHEAD.load(Ordering::SeqCst).max(1) {
+                        let i = k.ready.iter().position(|r| r.0 != shape).unwrap_or(0);
+                        gone.extend(k.ready.remove(i).map(|r| r.1));
+                    }
+                    false
                 }
-                Ok(b) => Some(b),
+                Ok(b) => {
+                    gone.push(b);
+                    false
+                }
                 Err(e) => {
                     tracing::warn!("no sandbox booted ahead: {e}");
-                    // Not again at once.
-                    std::thread::sleep(Duration::from_millis(100));
-                    None
+                    true
                 }
             }
         };
         BOOTED.notify_all();
-        drop(old);
+        end_aside(gone);
+        // Failing again and again (bubblewrap missing, say): less and less often.
+        if failed {
+            failures = (failures + 1).min(9);
+            std::thread::sleep(Duration::from_millis(100) * (1 << failures));
+        } else {
+            failures = 0;
+        }
     }
 }
 
@@ -476,7 +528,10 @@ pub(super) fn end() {
     lock(&KEPT).stopped = true;
     FILL.notify_all();
     let mut k = wait(|k| k.making.is_some());
-    let kept = std::mem::take(&mut k.ready);
+    let kept: Vec<Booted> = std::mem::take(&mut k.ready)
+        .into_iter()
+        .map(|r| r.1)
+        .collect();
     k.want = None;
     drop(k);
     drop(kept);
