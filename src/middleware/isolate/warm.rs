@@ -449,6 +449,12 @@ fn fill() {
                     end_aside(gone);
                     w
                 }
+                None if !gone.is_empty() => {
+                    // Ended first, not kept while this waits.
+                    drop(k);
+                    end_aside(gone);
+                    continue;
+                }
                 None => {
                     let until = k
                         .ready
@@ -461,7 +467,6 @@ fn fill() {
                         .unwrap_or_else(|p| p.into_inner())
                         .0;
                     drop(k);
-                    end_aside(gone);
                     continue;
                 }
             }
