@@ -100,18 +100,7 @@ impl TreeFacts {
     /// The facts of `tree`, given those of the trees below it (`sub`); unknown when
     /// they depend on a subtree's that are.
     pub fn of(tree: &Tree, sub: impl Fn(&TreeId) -> Option<TreeFacts>) -> Option<TreeFacts> {
-        if tree.entries().iter().any(|e| !e.xattrs.is_empty()) {
-            return Some(TreeFacts { xattrs: true });
-        }
-        let mut unknown = false;
-        for id in tree.entries().iter().filter_map(|e| e.tree_id()) {
-            match sub(&id) {
-                Some(f) if f.xattrs => return Some(f),
-                Some(_) => {}
-                None => unknown = true,
-            }
-        }
-        (!unknown).then_some(TreeFacts { xattrs: false })
+        Self::of_over(tree, None, sub)
     }
 
     /// [`of`](Self::of) `tree`, made from `base` (a tree and its facts) by changing
@@ -124,23 +113,21 @@ impl TreeFacts {
         base: Option<(&Tree, TreeFacts)>,
         sub: impl Fn(&TreeId) -> Option<TreeFacts>,
     ) -> Option<TreeFacts> {
-        let Some((base, TreeFacts { xattrs: false })) = base else {
-            return Self::of(tree, sub);
+        let same = |e: &TreeEntry| match base {
+            Some((b, TreeFacts { xattrs: false })) => b.get(&e.name) == Some(e),
+            _ => false,
         };
+        let changed = || tree.entries().iter().filter(|e| !same(e));
+        // An entry's own attributes first: they settle it with no lookup.
+        if changed().any(|e| !e.xattrs.is_empty()) {
+            return Some(TreeFacts { xattrs: true });
+        }
         let mut unknown = false;
-        for e in tree.entries() {
-            if base.get(&e.name) == Some(e) {
-                continue;
-            }
-            if !e.xattrs.is_empty() {
-                return Some(TreeFacts { xattrs: true });
-            }
-            if let Some(id) = e.tree_id() {
-                match sub(&id) {
-                    Some(f) if f.xattrs => return Some(f),
-                    Some(_) => {}
-                    None => unknown = true,
-                }
+        for id in changed().filter_map(|e| e.tree_id()) {
+            match sub(&id) {
+                Some(f) if f.xattrs => return Some(f),
+                Some(_) => {}
+                None => unknown = true,
             }
         }
         (!unknown).then_some(TreeFacts { xattrs: false })

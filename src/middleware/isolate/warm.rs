@@ -141,7 +141,8 @@ impl Booted {
             let ws = crate::checkpoint::dirfd::open_dir_path(workspace)
                 .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", workspace.display())))?;
             stage.attach(&ws)?;
-            clear_later(stage);
+            // Its slot is private by now: nothing of the clearing reaches the sandbox.
+            drop_aside("casfs-stage", stage);
         }
         Ok(())
     }
@@ -228,33 +229,32 @@ pub(super) fn stop_engine(child: &mut Child, group: Option<&Group>) {
     let _ = child.wait();
 }
 
-/// Stages being cleared ([`clear_later`]), for the server's stop to wait for.
-static CLEARING: Mutex<usize> = Mutex::new(0);
-static CLEARED: Condvar = Condvar::new();
+/// What is being dropped aside ([`drop_aside`]), for the server's stop to wait for.
+static ASIDE: Mutex<usize> = Mutex::new(0);
+static DROPPED: Condvar = Condvar::new();
 
-/// Clears a stage whose workspace is attached, off the start's path: its unmounts wait
-/// for the kernel's RCU grace period (0.3 ms to several ms measured), which the
-/// sandbox's start need not. Its slot is private by then, so nothing of the clearing
-/// reaches the sandbox. The server's stop waits for it ([`end`]).
-fn clear_later(stage: Stage) {
-    struct Cleared;
-    impl Drop for Cleared {
+/// Drops `what` on a thread of its own named `name` (here if none starts), out of the
+/// way of whoever let it go: a stage's unmounts wait for the kernel's RCU grace period
+/// (0.3 ms to several ms measured), a booted sandbox's end for its bubblewrap. The
+/// server's stop waits for what is under way ([`end`]).
+fn drop_aside<T: Send + 'static>(name: &str, what: T) {
+    struct Dropped;
+    impl Drop for Dropped {
         fn drop(&mut self) {
-            *lock(&CLEARING) -= 1;
-            CLEARED.notify_all();
+            *lock(&ASIDE) -= 1;
+            DROPPED.notify_all();
         }
     }
-    *lock(&CLEARING) += 1;
-    let cleared = Cleared;
-    // A thread that does not start drops (clears) the stage here.
+    *lock(&ASIDE) += 1;
+    let dropped = Dropped;
     let spawned = std::thread::Builder::new()
-        .name("casfs-stage".into())
+        .name(name.into())
         .spawn(move || {
-            drop(stage);
-            drop(cleared);
+            drop(what);
+            drop(dropped);
         });
     if let Err(e) = spawned {
-        tracing::debug!("a stage cleared where it was attached: {e}");
+        tracing::debug!("{name}: dropped in place: {e}");
     }
 }
 
@@ -358,13 +358,10 @@ fn wait(pending: impl FnMut(&mut Kept) -> bool) -> std::sync::MutexGuard<'static
         .0
 }
 
-/// Ends `booted` on a thread of its own, out of the way of whoever let them go (here if
-/// no thread starts).
+/// Ends `booted` aside ([`drop_aside`]).
 fn end_aside(booted: Vec<Booted>) {
     if !booted.is_empty() {
-        let _ = std::thread::Builder::new()
-            .name("casfs-warm-end".into())
-            .spawn(move || drop(booted));
+        drop_aside("casfs-warm-end", booted);
     }
 }
 
@@ -527,8 +524,8 @@ fn fill() {
     }
 }
 
-/// The server stops: those kept are ended, none is booted again, and the stages being
-/// cleared are.
+/// The server stops: those kept are ended, none is booted again, and what is being
+/// dropped aside is waited for.
 pub(super) fn end() {
     lock(&KEPT).stopped = true;
     FILL.notify_all();
@@ -540,7 +537,7 @@ pub(super) fn end() {
     k.want = None;
     drop(k);
     drop(kept);
-    let _ = CLEARED.wait_timeout_while(lock(&CLEARING), START_WAIT, |n| *n > 0);
+    let _ = DROPPED.wait_timeout_while(lock(&ASIDE), START_WAIT, |n| *n > 0);
 }
 
 #[cfg(test)]

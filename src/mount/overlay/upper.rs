@@ -352,8 +352,7 @@ impl UpperCapture<'_> {
         let (mut listing, names): (BTreeMap<Vec<u8>, TreeEntry>, Vec<Vec<u8>>) =
             match (names_only, before) {
                 (Some(n), Some(b)) => {
-                    let prev = &*prev.insert((b, self.tree(&b)?));
-                    let prev = &prev.1;
+                    let (_, prev) = prev.insert((b, self.tree(&b)?));
                     let mut names: Vec<Vec<u8>> = n.into_iter().collect();
                     names.sort();
                     let listing = prev
