@@ -97,6 +97,23 @@ pub fn process_usage_apart(pid: u32, apart: Option<&Path>) -> (usize, u64) {
     (fds, rss)
 }
 
+/// What each of a process's descriptors points at (sorted), for a failure to name
+/// what was kept.
+pub fn descriptors(pid: u32) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| {
+                    let t = std::fs::read_link(e.path()).unwrap_or_default();
+                    format!("{}: {}", e.file_name().to_string_lossy(), t.display())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
 /// Of a process's resident memory, its anonymous pages (heaps, stacks) and its pages
 /// of mapped files (the binary's and libraries' code, read as it runs), in KiB: the
 /// two grow for different reasons.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::serve::{call, refused, start};
-use crate::soak_driver::{mounts_under, process_usage_apart, Soak, ALL_ENDS};
+use crate::soak_driver::{descriptors, mounts_under, process_usage_apart, Soak, ALL_ENDS};
 use crate::{wait_for, MountGuard};
 
 #[test]
@@ -32,6 +32,7 @@ fn two_hundred_runs_give_back_every_descriptor_and_mount() {
     std::thread::sleep(Duration::from_millis(300));
     let db = store.join("db");
     let (fds0, _) = process_usage_apart(pid, Some(&db));
+    let held0 = descriptors(pid);
     let soak = Soak {
         socket: s.socket.clone(),
         server_pid: pid,
@@ -48,9 +49,10 @@ fn two_hundred_runs_give_back_every_descriptor_and_mount() {
         assert_eq!(b.mounts, 0, "mounts left after {} runs: {b:?}", b.runs);
         assert!(
             b.fds <= fds0,
-            "descriptors {} after {} runs, {fds0} at rest",
+            "descriptors {} after {} runs, {fds0} at rest: {:#?}, at rest {held0:#?}",
             b.fds,
-            b.runs
+            b.runs,
+            descriptors(pid),
         );
         for (what, n) in &b.refused {
             assert_eq!(what, "409 lease_held", "{n} unexpected refusals: {b:?}");

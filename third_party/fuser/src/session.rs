@@ -357,7 +357,23 @@ impl<FS: Filesystem> Session<FS> {
         let _ = &uring_state;
 
         let mut reply: io::Result<()> = Ok(());
-        for thread in threads {
+        // casfs patch 0008: when the classic loops (joined first) ended.
+        let mut classic_ended = None;
+        for (i, thread) in threads.into_iter().enumerate() {
+            // casfs patch 0008: the classic loops ended, so the connection is gone; ring
+            // threads the kernel did not end within a second of that are stopped.
+            #[cfg(target_os = "linux")]
+            if i >= n_threads {
+                let since = *classic_ended.get_or_insert_with(std::time::Instant::now);
+                while !thread.is_finished() && since.elapsed() < std::time::Duration::from_secs(1) {
+                    thread::sleep(std::time::Duration::from_millis(10));
+                }
+                if !thread.is_finished() {
+                    uring_state.stop();
+                }
+            }
+            #[cfg(not(target_os = "linux"))]
+            let _ = (i, &mut classic_ended);
             let res = match thread.join() {
                 Ok(res) => res,
                 Err(_) => {

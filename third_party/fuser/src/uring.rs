@@ -102,9 +102,27 @@ pub(crate) struct UringState {
     /// Queues whose entries the kernel accepted.
     pub(crate) registered: AtomicUsize,
     pub(crate) queues: AtomicUsize,
+    /// casfs patch 0008: set when the connection is gone and a ring thread still waits
+    /// (`stop`).
+    stopping: std::sync::atomic::AtomicBool,
+    /// casfs patch 0008: each ring thread's wake eventfd.
+    wakes: Mutex<Vec<Arc<OwnedFd>>>,
 }
 
 impl UringState {
+    /// casfs patch 0008: the connection is gone (every classic loop ended) but a ring
+    /// thread still waits: the kernel did not end its entries (an entry registered
+    /// while the connection was being torn down is never completed, a race fixed in
+    /// later kernels). Each ring thread is woken and stops.
+    pub(crate) fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        let one = 1u64.to_ne_bytes();
+        for w in self.wakes.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            // SAFETY: an 8-byte write to an eventfd kept open by this state.
+            unsafe { libc::write(w.as_raw_fd(), one.as_ptr().cast(), 8) };
+        }
+    }
+
     /// Whether every queue is registered (the kernel then sends requests to the rings).
     pub(crate) fn active(&self) -> bool {
         let q = self.queues.load(Ordering::Relaxed);
@@ -115,7 +133,7 @@ impl UringState {
 /// Replies waiting for their ring's thread to commit them: (entry, reply bytes).
 struct Replies {
     queue: Mutex<Vec<(u16, Vec<u8>)>>,
-    wake: OwnedFd,
+    wake: Arc<OwnedFd>,
     owner: ThreadId,
 }
 
@@ -372,13 +390,18 @@ pub(crate) fn serve_queue<FS: Filesystem>(
         .setup_defer_taskrun()
         .build((DEPTH as u32 + 1).next_power_of_two())?;
     // SAFETY: a new eventfd, owned from here on.
-    let wake = unsafe {
+    let wake = Arc::new(unsafe {
         let f = libc::eventfd(0, libc::EFD_CLOEXEC);
         if f < 0 {
             return Err(io::Error::last_os_error());
         }
         OwnedFd::from_raw_fd(f)
-    };
+    });
+    state
+        .wakes
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(wake.clone());
     let replies = Arc::new(Replies {
         queue: Mutex::new(Vec::new()),
         wake,
@@ -446,6 +469,9 @@ pub(crate) fn serve_queue<FS: Filesystem>(
     debug!("fuse ring {qid}: {DEPTH} entries of {payload_len} bytes registered");
 
     let idle_waits = idle_waits_allowed();
+    // casfs patch 0008: stopped by the session (`UringState::stop`), with entries the
+    // kernel may still hold.
+    let mut abandoned = false;
     let result = (|| -> io::Result<()> {
         let mut done = Vec::new();
         // The thread's policy: idle while it commits and waits, where allowed.
@@ -481,6 +507,11 @@ pub(crate) fn serve_queue<FS: Filesystem>(
                     ring.submit()?;
                 }
                 if ud == WAKE {
+                    if state.stopping.load(Ordering::SeqCst) {
+                        abandoned = true;
+                        stop = true;
+                        continue;
+                    }
                     // SAFETY: as above; re-armed for the next reply from elsewhere.
                     unsafe {
                         let _ = ring.submission().push(&wake_sqe(&mut wake_buf));
@@ -563,7 +594,15 @@ pub(crate) fn serve_queue<FS: Filesystem>(
     state.registered.fetch_sub(1, Ordering::Relaxed);
     // The ring goes before the memory its commands named.
     drop(ring);
-    drop(entries);
+    if abandoned {
+        // casfs patch 0008: the kernel may still hold entries naming this memory (it
+        // will never write there: the connection is gone); it is left mapped rather
+        // than given back for reuse.
+        warn!("fuse ring {qid}: stopped with entries the kernel did not end");
+        std::mem::forget(entries);
+    } else {
+        drop(entries);
+    }
     drop(wake_buf);
     result
 }
