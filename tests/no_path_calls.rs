@@ -150,8 +150,9 @@ const ALLOWED: &[(&str, &str, &str)] = &[
     ),
     (
         "src/middleware/isolate/init.rs",
-        "let netns = rustix::fs::open(",
-        "the init's own network namespace (/proc/self/ns/net, inside the sandbox), for its proxy",
+        "rustix::fs::open(own_ns,",
+        "the init's own network and pid namespaces (/proc/self/ns/net and ns/pid, inside \
+         the sandbox), for its proxy and the look for files its processes keep open",
     ),
     (
         "src/middleware/isolate/limits.rs",

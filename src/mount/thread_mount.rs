@@ -482,6 +482,15 @@ impl MountedThread {
         }
     }
 
+    /// Where a checkpoint looks for files still open for writing: among the processes
+    /// of pid namespace `pid_ns` (its inode: an isolated sandbox's), or of the whole
+    /// host (`None`, the default). A FUSE mount sees every write and looks nowhere.
+    pub fn writers_in(&self, pid_ns: Option<u64>) {
+        if let Backend::Overlay(o) = &self.backend {
+            o.writers_in(pid_ns);
+        }
+    }
+
     /// The key of this mount's dirty set and directory in the store.
     pub fn key(&self) -> [u8; 8] {
         mount_key(&self.mountpoint)

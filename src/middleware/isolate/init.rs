@@ -41,14 +41,17 @@ pub fn run() -> io::Result<()> {
     // Whatever else was inherited is not the sandbox's processes' to have.
     // SAFETY: close_range on descriptors this process owns and no longer uses.
     unsafe { libc::syscall(libc::SYS_close_range, CONTROL_FD as u32 + 1, u32::MAX, 0) };
-    // The server makes the sandbox's proxy in its network namespace (`proxy`).
-    let netns = rustix::fs::open(
-        "/proc/self/ns/net",
-        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    )?;
-    wire::send(sock.as_fd(), &Event::Ready, &[netns.as_fd()])?;
-    drop(netns);
+    // The server makes the sandbox's proxy in its network namespace (`proxy`), and
+    // looks among the processes of its pid namespace for files they keep open for
+    // writing (`crate::mount::MountedThread::writers_in`).
+    let ns = |name: &str| {
+        use rustix::fs::{Mode, OFlags};
+        let own_ns = format!("/proc/self/ns/{name}");
+        rustix::fs::open(own_ns, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
+    };
+    let (netns, pidns) = (ns("net")?, ns("pid")?);
+    wire::send(sock.as_fd(), &Event::Ready, &[netns.as_fd(), pidns.as_fd()])?;
+    drop((netns, pidns));
     let mut running: HashMap<u64, Running> = HashMap::new();
     // Every group ever started: a kill reaches what a process left behind after it ended.
     let mut groups: HashMap<u64, i32> = HashMap::new();

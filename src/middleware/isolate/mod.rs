@@ -301,6 +301,8 @@ pub struct Jail {
     pub limited: bool,
     pub network: Network,
     pub uid: u32,
+    /// Its pid namespace's inode: its processes are there, and cannot leave.
+    pub pid_ns: u64,
 }
 
 /// How long the init may take to say it is ready, or that it started a process.
@@ -388,6 +390,7 @@ impl Jail {
             instance,
             network: opts.network,
             uid: who.uid,
+            pid_ns: parts.pid_ns,
         });
         let reader = Arc::downgrade(&jail);
         let sock = jail.control.as_fd().try_clone_to_owned()?;

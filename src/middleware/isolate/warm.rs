@@ -52,6 +52,8 @@ pub(super) struct Booted {
     stage: Option<Stage>,
     group: Option<Group>,
     netns: Option<OwnedFd>,
+    /// Its pid namespace's inode.
+    pid_ns: u64,
     /// What bubblewrap said on stderr (its last bytes): why a sandbox failed to start.
     engine_err: Arc<Mutex<Vec<u8>>>,
     errs: Option<std::thread::JoinHandle<()>>,
@@ -63,6 +65,8 @@ pub(super) struct Parts {
     pub control: OwnedFd,
     pub group: Option<Group>,
     pub netns: OwnedFd,
+    /// Its pid namespace's inode.
+    pub pid_ns: u64,
     pub engine_err: Arc<Mutex<Vec<u8>>>,
 }
 
@@ -107,11 +111,12 @@ impl Booted {
             stage: started.stage,
             group: started.group,
             netns: None,
+            pid_ns: 0,
             engine_err,
             errs,
         };
-        // The init's first word: ready, with its network namespace (or the sandbox
-        // failed to start: its socket closes).
+        // The init's first word: ready, with its network and pid namespaces (or the
+        // sandbox failed to start: its socket closes).
         let control = b.control.as_ref().expect("a booted sandbox's socket");
         let timeout = rustix::net::sockopt::Timeout::Recv;
         rustix::net::sockopt::set_socket_timeout(control, timeout, Some(START_WAIT))?;
@@ -119,8 +124,10 @@ impl Booted {
         let got = wire::recv::<Event>(control.as_fd(), &mut buf);
         rustix::net::sockopt::set_socket_timeout(control, timeout, None)?;
         match got {
-            Ok(Some((Event::Ready, fds))) if fds.len() == 1 => {
-                b.netns = fds.into_iter().next();
+            Ok(Some((Event::Ready, fds))) if fds.len() == 2 => {
+                let mut fds = fds.into_iter();
+                b.netns = fds.next();
+                b.pid_ns = rustix::fs::fstat(fds.next().expect("two descriptors"))?.st_ino;
                 Ok(b)
             }
             Ok(Some(_)) => Err(io::Error::other(
@@ -202,6 +209,7 @@ impl Booted {
             control: self.control.take().expect("a booted sandbox's socket"),
             group: self.group.take(),
             netns: self.netns.take().expect("a booted sandbox's namespace"),
+            pid_ns: self.pid_ns,
             engine_err: self.engine_err.clone(),
         }
     }

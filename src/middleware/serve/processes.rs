@@ -214,6 +214,11 @@ impl Server {
                 s.mw.provider()
                     .look(&key)
                     .is_some_and(|now| now.instance() == instance);
+            // Its processes are all in the jail's pid namespace: a checkpoint looks
+            // there alone for files they keep open for writing.
+            if let crate::middleware::SandboxWorkspace::Mount(m) = &h.workspace {
+                m.writers_in(Some(jail.pid_ns));
+            }
             drop(h);
             if !same {
                 jails.end_instance(&key, instance);

@@ -156,6 +156,9 @@ pub struct OverlayMount {
     cache: HashCache,
     /// Generations replaced by restores, waiting for a quiet store to be torn down.
     retiring: Arc<Retirements>,
+    /// Where files still open for writing are looked for ([`Self::writers_in`]): the
+    /// pid namespace's inode, 0 for every process of the host.
+    writers_pid_ns: std::sync::atomic::AtomicU64,
 }
 
 /// What an overlay mount left in the store for `mountpoint`: its lower's root, tag
@@ -420,6 +423,7 @@ impl OverlayMount {
             }),
             cache: Mutex::new(HashMap::new()),
             retiring: Arc::default(),
+            writers_pid_ns: Default::default(),
         };
         {
             let mut st = m.layers();
@@ -595,7 +599,7 @@ impl OverlayMount {
         let changed = memo
             .watch
             .as_ref()
-            .map(|w| w.changed(&self.mountpoint, dev));
+            .map(|w| w.changed(&self.mountpoint, dev, self.writers_scope()));
         let t_changed = t0.elapsed();
         let visit = changed
             .as_ref()
@@ -780,6 +784,25 @@ impl OverlayMount {
         self.status_with(true)
     }
 
+    /// Files still open for writing (whose writes may have returned with no close
+    /// yet) are looked for only among the processes of pid namespace `pid_ns` (its
+    /// inode; `None`: among every process of the host). An isolated sandbox's processes
+    /// cannot leave theirs, and a look at every process of the host costs with their
+    /// number; a process outside the namespace writing through a handle it keeps open
+    /// is then captured once it closes it.
+    pub fn writers_in(&self, pid_ns: Option<u64>) {
+        self.writers_pid_ns
+            .store(pid_ns.unwrap_or(0), std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn writers_scope(&self) -> Option<u64> {
+        Some(
+            self.writers_pid_ns
+                .load(std::sync::atomic::Ordering::SeqCst),
+        )
+        .filter(|n| *n != 0)
+    }
+
     /// Whether nothing changed since the last checkpoint as far as was announced: the
     /// status without the look in `/proc` for files still open for writing (whose
     /// writes may have returned with no close yet). For a mount just made, which no
@@ -796,7 +819,7 @@ impl OverlayMount {
         let memo = self.memo();
         let dirs = memo.watch.as_ref().and_then(|w| {
             if writers {
-                w.changed(&self.mountpoint, dev).dirs
+                w.changed(&self.mountpoint, dev, self.writers_scope()).dirs
             } else {
                 w.announced(&self.mountpoint).dirs
             }

@@ -471,8 +471,15 @@ impl UpperWatch {
     /// `dev`: the overlay's device, as recorded when it was mounted (where a process of
     /// another mount namespace, a sandbox's, has it mounted, its descriptors name its
     /// files from there).
-    pub(super) fn changed(&self, mountpoint: &Path, dev: Option<u64>) -> Changed {
-        self.changed_with(mountpoint, Some(dev))
+    /// `pid_ns`: the pid namespace (its inode) whose processes alone are looked at
+    /// (`None`: every process).
+    pub(super) fn changed(
+        &self,
+        mountpoint: &Path,
+        dev: Option<u64>,
+        pid_ns: Option<u64>,
+    ) -> Changed {
+        self.changed_with(mountpoint, Some((dev, pid_ns)))
     }
 
     /// [`changed`](Self::changed) as announced: without looking in `/proc` for files
@@ -482,8 +489,12 @@ impl UpperWatch {
         self.changed_with(mountpoint, None)
     }
 
-    /// `writers`: whether to look in `/proc`, and with which device.
-    fn changed_with(&self, mountpoint: &Path, writers: Option<Option<u64>>) -> Changed {
+    /// `writers`: whether to look in `/proc`, with which device, among which processes.
+    fn changed_with(
+        &self,
+        mountpoint: &Path,
+        writers: Option<(Option<u64>, Option<u64>)>,
+    ) -> Changed {
         let Some(w) = watcher() else {
             return Changed {
                 upto: 0,
@@ -495,7 +506,7 @@ impl UpperWatch {
         let mut under = vec![mountpoint];
         under.extend(root.as_deref());
         let writers = match writers {
-            Some(dev) => open_writers(&under, dev),
+            Some((dev, pid_ns)) => open_writers(&under, dev, pid_ns),
             None => Vec::new(),
         };
         let mut st = w.lock();
@@ -608,7 +619,10 @@ fn mounts_of(dev: u64, text: Vec<u8>) -> Vec<MountedAt> {
 /// A process of another mount namespace (a sandbox's, whose workspace is this overlay
 /// at `/workspace`) names the files it has open from its own root: where `dev` (the
 /// overlay's device) is mounted there, found in its `mountinfo`, counts as well.
-pub(super) fn open_writers(dirs: &[&Path], dev: Option<u64>) -> Vec<Rel> {
+///
+/// `pid_ns`: only the processes of this pid namespace (its inode) are looked at, one
+/// `stat` of each process's `ns/pid` to find them.
+pub(super) fn open_writers(dirs: &[&Path], dev: Option<u64>, pid_ns: Option<u64>) -> Vec<Rel> {
     let prefixes: Vec<Vec<u8>> = dirs
         .iter()
         .map(|d| {
@@ -661,6 +675,15 @@ pub(super) fn open_writers(dirs: &[&Path], dev: Option<u64>) -> Vec<Rel> {
         let name = p.file_name().to_bytes();
         if name.is_empty() || !name.iter().all(u8::is_ascii_digit) {
             continue;
+        }
+        if let Some(ns) = pid_ns {
+            let mut at = name.to_vec();
+            at.extend_from_slice(b"/ns/pid");
+            let inside =
+                statat(&proc_fd, at.as_slice(), AtFlags::empty()).is_ok_and(|st| st.st_ino == ns);
+            if !inside {
+                continue;
+            }
         }
         let Ok(dir) = openat(&proc_fd, p.file_name(), dir_flags, Mode::empty()) else {
             continue;
