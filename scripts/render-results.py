@@ -223,6 +223,13 @@ def describe(r):
     return ", ".join(parts)
 
 
+def shown_command(r):
+    """A result's command as a reader would type it in a checkout: a path into the
+    repository's docs/results/ given as an absolute path of the checkout it ran in is
+    shown relative to the checkout's root."""
+    return re.sub(r"(?<=\s)/\S*/(docs/results/)", r"\1", r.get("command", ""))
+
+
 def source_line(results, files, from_md, shown_runs):
     """The line under a table: the file(s) it comes from and the earlier runs."""
     out = []
@@ -235,7 +242,7 @@ def source_line(results, files, from_md, shown_runs):
             for q in results.selection.get(p, results.runs_of(bench))
             if q != p and results.files[q].get("date", "") <= date
         ]
-        s = f"From {link(from_md, p, results.root)} ({describe(r)}): `{r.get('command')}`"
+        s = f"From {link(from_md, p, results.root)} ({describe(r)}): `{shown_command(r)}`"
         if older:
             folder = os.path.dirname(p)
             shown = ", ".join(link(from_md, q, results.root) for q in reversed(older[-3:]))
@@ -379,8 +386,32 @@ def render_figures(name, spec, results, from_md):
         cells = [render_cell(name, c, results, used, run_counts) for c in row.get("cells", [])]
         cells += [""] * (width - 1 - len(cells))
         lines.append("| " + " | ".join([row.get("label", "")] + cells) + " |")
-    lines += ["", source_line(results, used, from_md, run_counts)]
+    if spec.get("sources") == "brief":
+        lines += ["", brief_source_line(results, used, from_md, run_counts)]
+    else:
+        lines += ["", source_line(results, used, from_md, run_counts)]
     return "\n".join(lines)
+
+
+def brief_source_line(results, files, from_md, run_counts):
+    """The line under a table of figures from many benchmarks (the README's headline):
+    each benchmark's file, named by the benchmark; its machine, date and command are
+    under that benchmark's own table."""
+    seen = []
+    for p in files:
+        if p not in seen:
+            seen.append(p)
+    named = ", ".join(
+        f"[{results.files[p].get('bench', os.path.basename(os.path.dirname(p)))}]"
+        f"({os.path.relpath(os.path.join(results.root, p), os.path.dirname(os.path.join(results.root, from_md)))})"
+        for p in seen
+    )
+    lo, hi = min(run_counts), max(run_counts)
+    reps = f"{lo}" if lo == hi else f"{lo}-{hi}"
+    s = (f"From the newest run of each benchmark: {named}; each one's machine, date and "
+         f"command are under its table in docs/benchmarks.md. Medians of {reps} "
+         f"run{'s' if hi > 1 else ''} each.")
+    return textwrap.fill(s, WIDTH, break_long_words=False, break_on_hyphens=False)
 
 
 def render(name, spec, results, from_md):

@@ -12,7 +12,7 @@
 //! paused, aborted, fails or is detached by a disconnect closes its lease and never
 //! publishes afterwards.
 //!
-//! Depends on `checkpoint`, `fs` and `cas`; nothing below knows of runs.
+//! Depends on `mount`, `checkpoint`, `fs` and `cas`; nothing below knows of runs.
 
 mod context;
 mod dir_watch;

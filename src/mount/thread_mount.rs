@@ -1,10 +1,14 @@
-//! A workspace served for a thread: the [`Workspace`] of `fs` plus what it is a
-//! checkpoint of (a [`MountTag`]: thread, base checkpoint, the head the next append
-//! expects), its checkpoint (snapshot, append under the lease, finish) and restore (root
-//! swap), and the adoption of work a killed daemon left.
+//! A workspace served for a thread, on either backend ([`MountMode`]): casfs's own FUSE
+//! file system (the [`Workspace`] of `fs`) or the kernel's overlayfs over a read-only
+//! casfs lower ([`OverlayMount`], `super::overlay`); plus what it is a checkpoint of (a
+//! [`MountTag`]: thread, base checkpoint, the head the next append expects), its
+//! checkpoint (snapshot, append under the lease, finish) and restore (a root swap on
+//! FUSE, a remount on overlay), and the adoption of work a killed daemon left.
 //!
-//! Files of a mount live under `<store>/mounts/<key>/` ([`mount_dir`]): `upper/`
-//! (local copies of dirty files), `control.sock` and `pid`. Its dirty set lives in the
+//! Files of a mount live under `<store>/mounts/<key>/` ([`mount_dir`]): on FUSE
+//! `upper/` (local copies of dirty files), on overlay `overlay/<generation>/` (its
+//! lower's mountpoint, upper and work directory); a `casfs mount` daemon's
+//! `control.sock` and `pid` on both. Its dirty set or overlay record lives in the
 //! store's `mounts` column family, keyed by the same 8-byte key (from the mountpoint's
 //! canonical path), so mounting the same mountpoint again after a crash picks the
 //! uncaptured work back up.
