@@ -154,6 +154,20 @@ pub(crate) type UringStateCell = crate::uring::UringState;
 #[derive(Debug, Default)]
 pub(crate) struct UringStateCell;
 
+/// casfs patch 0008: whether the connection of `ch` was torn down: the kernel reports
+/// `POLLERR` on `/dev/fuse` precisely then (see patch 0001).
+#[cfg(target_os = "linux")]
+fn connection_gone(ch: &Channel) -> bool {
+    let mut p = libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(&ch.as_fd()),
+        events: 0,
+        revents: 0,
+    };
+    // SAFETY: one pollfd of a descriptor `ch` keeps open; no wait.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n == 1 && p.revents & libc::POLLERR != 0
+}
+
 impl<FS: Filesystem> AsFd for Session<FS> {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.ch.as_fd()
@@ -358,17 +372,19 @@ impl<FS: Filesystem> Session<FS> {
 
         let mut reply: io::Result<()> = Ok(());
         // casfs patch 0008: when the classic loops (joined first) ended.
-        let mut classic_ended = None;
+        let mut classic_ended: Option<std::time::Instant> = None;
         for (i, thread) in threads.into_iter().enumerate() {
-            // casfs patch 0008: the classic loops ended, so the connection is gone; ring
-            // threads the kernel did not end within a second of that are stopped.
+            // casfs patch 0008: once the classic loops ended, ring threads the kernel did
+            // not end within a second are stopped, if the connection was torn down
+            // (`/dev/fuse` polls as an error then); a loop that ended on an error of its
+            // own leaves a live connection's rings serving.
             #[cfg(target_os = "linux")]
             if i >= n_threads {
                 let since = *classic_ended.get_or_insert_with(std::time::Instant::now);
                 while !thread.is_finished() && since.elapsed() < std::time::Duration::from_secs(1) {
-                    thread::sleep(std::time::Duration::from_millis(10));
+                    thread::sleep(std::time::Duration::from_millis(1));
                 }
-                if !thread.is_finished() {
+                if !thread.is_finished() && connection_gone(&main_ch) {
                     uring_state.stop();
                 }
             }

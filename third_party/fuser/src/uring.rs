@@ -102,23 +102,25 @@ pub(crate) struct UringState {
     /// Queues whose entries the kernel accepted.
     pub(crate) registered: AtomicUsize,
     pub(crate) queues: AtomicUsize,
-    /// casfs patch 0008: set when the connection is gone and a ring thread still waits
-    /// (`stop`).
+    /// casfs patch 0008: set (under `wakes`' lock) when the connection is gone and a
+    /// ring thread still waits (`stop`).
     stopping: std::sync::atomic::AtomicBool,
-    /// casfs patch 0008: each ring thread's wake eventfd.
-    wakes: Mutex<Vec<Arc<OwnedFd>>>,
+    /// casfs patch 0008: each ring thread's wake eventfd, while the thread has it.
+    wakes: Mutex<Vec<std::sync::Weak<OwnedFd>>>,
 }
 
 impl UringState {
-    /// casfs patch 0008: the connection is gone (every classic loop ended) but a ring
-    /// thread still waits: the kernel did not end its entries (an entry registered
-    /// while the connection was being torn down is never completed, a race fixed in
-    /// later kernels). Each ring thread is woken and stops.
+    /// casfs patch 0008: the connection was torn down but a ring thread still waits:
+    /// the kernel did not end its entries (an entry registered while the connection
+    /// was being torn down is never completed, a race fixed in later kernels). Every
+    /// ring thread still running is woken and stops; one not yet started stops at its
+    /// start.
     pub(crate) fn stop(&self) {
+        let wakes = self.wakes.lock().unwrap_or_else(|p| p.into_inner());
         self.stopping.store(true, Ordering::SeqCst);
         let one = 1u64.to_ne_bytes();
-        for w in self.wakes.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-            // SAFETY: an 8-byte write to an eventfd kept open by this state.
+        for w in wakes.iter().filter_map(std::sync::Weak::upgrade) {
+            // SAFETY: an 8-byte write to an eventfd held open here.
             unsafe { libc::write(w.as_raw_fd(), one.as_ptr().cast(), 8) };
         }
     }
@@ -201,6 +203,26 @@ impl Mapping {
             ptr: NonNull::new(p.cast()).expect("mmap does not return null on success"),
             len,
         })
+    }
+}
+
+impl Mapping {
+    /// casfs patch 0008: its pages given back, its addresses kept reserved (the kernel
+    /// may still name them), and never unmapped.
+    fn abandon(self) {
+        // SAFETY: replaces this mapping's own range with an inaccessible one of the
+        // same size; nothing of this process uses it any more.
+        unsafe {
+            libc::mmap(
+                self.ptr.as_ptr().cast(),
+                self.len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        std::mem::forget(self);
     }
 }
 
@@ -397,11 +419,15 @@ pub(crate) fn serve_queue<FS: Filesystem>(
         }
         OwnedFd::from_raw_fd(f)
     });
-    state
-        .wakes
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(wake.clone());
+    {
+        let mut wakes = state.wakes.lock().unwrap_or_else(|p| p.into_inner());
+        if state.stopping.load(Ordering::SeqCst) {
+            // casfs patch 0008: the session gave up on the rings before this one began.
+            return Ok(());
+        }
+        wakes.retain(|w| w.strong_count() > 0);
+        wakes.push(Arc::downgrade(&wake));
+    }
     let replies = Arc::new(Replies {
         queue: Mutex::new(Vec::new()),
         wake,
@@ -596,10 +622,14 @@ pub(crate) fn serve_queue<FS: Filesystem>(
     drop(ring);
     if abandoned {
         // casfs patch 0008: the kernel may still hold entries naming this memory (it
-        // will never write there: the connection is gone); it is left mapped rather
-        // than given back for reuse.
+        // will never write there: the connection is gone); its addresses are never
+        // reused.
         warn!("fuse ring {qid}: stopped with entries the kernel did not end");
-        std::mem::forget(entries);
+        for e in entries {
+            e.buf.abandon();
+            // The header and iovec boxes the kernel was given stay allocated.
+            std::mem::forget((e.header, e.iov));
+        }
     } else {
         drop(entries);
     }
