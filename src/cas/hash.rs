@@ -29,13 +29,7 @@ impl Hash {
     }
 
     pub fn to_hex(&self) -> String {
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        let mut s = String::with_capacity(HASH_LEN * 2);
-        for b in self.0 {
-            s.push(DIGITS[(b >> 4) as usize] as char);
-            s.push(DIGITS[(b & 15) as usize] as char);
-        }
-        s
+        hex::encode(self.0)
     }
 
     /// Parses exactly 64 hex digits (either case).
@@ -43,8 +37,7 @@ impl Hash {
         if s.len() != HASH_LEN * 2 {
             return None;
         }
-        let bytes = decode_hex(s)?;
-        Hash::from_slice(&bytes)
+        Hash::from_slice(&decode_hex(s)?)
     }
 
     /// The first `n` hex digits, for display.
@@ -55,23 +48,9 @@ impl Hash {
     }
 }
 
-/// Decodes a string of hex digits of even length.
+/// Decodes a string of hex digits (either case) of even length.
 pub fn decode_hex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
-        return None;
-    }
-    let digit = |c: u8| -> Option<u8> {
-        match c {
-            b'0'..=b'9' => Some(c - b'0'),
-            b'a'..=b'f' => Some(c - b'a' + 10),
-            b'A'..=b'F' => Some(c - b'A' + 10),
-            _ => None,
-        }
-    };
-    s.as_bytes()
-        .chunks(2)
-        .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
-        .collect()
+    hex::decode(s).ok()
 }
 
 impl fmt::Display for Hash {
