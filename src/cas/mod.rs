@@ -117,13 +117,17 @@ impl TreeFacts {
             Some((b, TreeFacts { xattrs: false })) => b.get(&e.name) == Some(e),
             _ => false,
         };
-        let changed = || tree.entries().iter().filter(|e| !same(e));
-        // An entry's own attributes first: they settle it with no lookup.
-        if changed().any(|e| !e.xattrs.is_empty()) {
-            return Some(TreeFacts { xattrs: true });
+        // The changed entries' own attributes first (they settle it with no lookup),
+        // their subtrees then.
+        let mut subtrees = Vec::new();
+        for e in tree.entries().iter().filter(|e| !same(e)) {
+            if !e.xattrs.is_empty() {
+                return Some(TreeFacts { xattrs: true });
+            }
+            subtrees.extend(e.tree_id());
         }
         let mut unknown = false;
-        for id in changed().filter_map(|e| e.tree_id()) {
+        for id in subtrees {
             match sub(&id) {
                 Some(f) if f.xattrs => return Some(f),
                 Some(_) => {}

@@ -270,42 +270,30 @@ fn a_write_still_open_in_a_sandbox_is_in_the_checkpoint() {
     assert!(crate::wait_for(Duration::from_secs(10), || {
         exec(a, s, &key, "test -e written").0 == 0
     }));
-    let v = snapshot(a, s, "open", &key);
-    let id = v["checkpoint"]["id"].as_str().unwrap().to_string();
-    // What the checkpoint holds, in a sandbox made from it.
-    let (st, f) = a.http(
-        &s.socket,
-        "POST",
-        "/v1/threads/from-open/fork",
-        Some(&serde_json::json!({ "from": id })),
-    );
-    assert_eq!(st, 200, "{f}");
-    let (back, _) = sandbox(a, s, "from-open");
-    let (code, out, err) = exec(a, s, &back, "cat log.txt; cat host.txt");
+    // What a checkpoint of the sandbox holds, read in a sandbox made from it on thread
+    // `into`.
+    let checkpointed = |into: &str| {
+        let v = snapshot(a, s, "open", &key);
+        let (st, f) = a.http(
+            &s.socket,
+            "POST",
+            &format!("/v1/threads/{into}/fork"),
+            Some(&serde_json::json!({ "from": v["checkpoint"]["id"] })),
+        );
+        assert_eq!(st, 200, "{f}");
+        let (back, _) = sandbox(a, s, into);
+        let (code, out, err) = exec(a, s, &back, "cat log.txt; cat host.txt");
+        assert_eq!(code, 0, "{err}");
+        out
+    };
     // (A FUSE mount sees every write as it is made, the host's too.)
     let held = if crate::overlay() { "" } else { "more\n" };
     assert_eq!(
-        (code, out),
-        (0, format!("base\nmore\nhost\n{held}")),
-        "{err}"
+        checkpointed("from-open"),
+        format!("base\nmore\nhost\n{held}")
     );
 
     // Closed: in the next checkpoint.
     drop(host);
-    let v = snapshot(a, s, "open", &key);
-    let id = v["checkpoint"]["id"].as_str().unwrap().to_string();
-    let (st, f) = a.http(
-        &s.socket,
-        "POST",
-        "/v1/threads/from-closed/fork",
-        Some(&serde_json::json!({ "from": id })),
-    );
-    assert_eq!(st, 200, "{f}");
-    let (back, _) = sandbox(a, s, "from-closed");
-    let (code, out, err) = exec(a, s, &back, "cat log.txt; cat host.txt");
-    assert_eq!(
-        (code, out.as_str()),
-        (0, "base\nmore\nhost\nmore\n"),
-        "{err}"
-    );
+    assert_eq!(checkpointed("from-closed"), "base\nmore\nhost\nmore\n");
 }

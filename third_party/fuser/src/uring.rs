@@ -204,9 +204,7 @@ impl Mapping {
             len,
         })
     }
-}
 
-impl Mapping {
     /// casfs patch 0008: its pages given back, its addresses kept reserved (the kernel
     /// may still name them), and never unmapped.
     fn abandon(self) {
