@@ -556,7 +556,7 @@ fn a_restore_from_s3_stages_contents_in_groups() {
     assert_eq!(snapshot(&out), snapshot(&work));
     assert_eq!(st.files_written, 30 + 20 + 21 + 4 + 1, "{st:?}");
     let small = ObjectId(Hash::of(&std::fs::read(work.join("b/x/f7")).unwrap()));
-    assert!(!fresh.rocks_objects().contains(&small).unwrap());
+    assert!(!fresh.local_objects().contains(&small).unwrap());
     let r = fresh.remote().unwrap().stats();
     // One listing, one index, trees in one or two reads, contents in a few per group.
     assert_eq!((r.requests.list, r.requests.get), (1, 1), "{r:?}");
@@ -682,7 +682,7 @@ fn a_damaged_pack_is_refused_by_name() {
     assert!(msg.contains(&id1.to_hex()), "names the object: {msg}");
     let pack_name = packs[0].filename().unwrap();
     assert!(msg.contains(pack_name), "names the pack: {msg}");
-    assert!(!host_b.rocks_objects().contains(&id1).unwrap());
+    assert!(!host_b.local_objects().contains(&id1).unwrap());
     // A restore's staging leaves the damaged object out (its read names it) and stages
     // the intact neighbour, in memory only.
     let staged = host_b.objects().stage(&[id1, id2]);
@@ -690,10 +690,10 @@ fn a_damaged_pack_is_refused_by_name() {
     let reader = casfs::cas::StagedReader::new(&staged, host_b.objects());
     assert_eq!(reader.get(&id2, "blob").unwrap(), second);
     assert!(reader.get(&id1, "blob").unwrap_err().is_integrity());
-    assert!(!host_b.rocks_objects().contains(&id2).unwrap());
+    assert!(!host_b.local_objects().contains(&id2).unwrap());
     // A prefetch keeps nothing damaged either, and the intact neighbour reads.
     host_b.objects().prefetch(&[id1, id2]);
-    assert!(!host_b.rocks_objects().contains(&id1).unwrap());
+    assert!(!host_b.local_objects().contains(&id1).unwrap());
     assert_eq!(host_b.objects().get(&id2, "blob").unwrap(), second);
     // A damaged index is refused by name too.
     let idx = keys(&b, "index");
@@ -754,7 +754,7 @@ fn uploads_and_reads_go_by_the_pack() {
     assert_eq!((r.requests.list, r.requests.get), (1, 1), "{r:?}");
     assert!(r.requests.ranged_get <= 12, "{r:?}");
     for (id, data) in &ids {
-        assert_eq!(&c.rocks_objects().get(id, "blob").unwrap(), data);
+        assert_eq!(&c.local_objects().get(id, "blob").unwrap(), data);
     }
     // One lazy read on another fresh host: one listing, one index, one ranged GET.
     let d = open(&t.path().join("d"), &b);
@@ -971,4 +971,152 @@ fn gc_on_one_host_while_another_uploads_loses_nothing() {
             .unwrap_or_else(|e| panic!("checkpoint {i} after gc ({total:?}): {e}"));
         assert_eq!(snapshot(&out), snapshot(dir), "checkpoint {i}");
     }
+}
+
+/// A connection to the fleet's PostgreSQL schema, for tests that look at or damage what
+/// casfs keeps there.
+fn pg(b: &Backends) -> postgres::Client {
+    let url = url::Url::parse(b.checkpoints.as_ref().unwrap()).unwrap();
+    let schema = url
+        .query_pairs()
+        .find(|(k, _)| k == "schema")
+        .unwrap()
+        .1
+        .into_owned();
+    let mut cfg: postgres::Config = env("CASFS_TEST_PG").parse().unwrap();
+    cfg.password(env("PGPASSWORD"));
+    let mut c = cfg.connect(postgres::NoTls).unwrap();
+    c.batch_execute(&format!("SET search_path TO {schema}"))
+        .unwrap();
+    c
+}
+
+/// Retention and the consistency check on PostgreSQL + S3: `prune` on one host removes
+/// records every host then stops its log at; `fsck` on a host with an empty cache
+/// verifies every live object from S3, tells a pruned parent from a lost one, finds a
+/// lease beyond its fencing token (and `--repair` raises the token), a head naming a
+/// missing checkpoint and a damaged pack, and says what a `gc` of the packs would do.
+#[test]
+fn prune_and_fsck_work_on_a_fleet_store() {
+    use casfs::checkpoint::maintenance::{fsck, prune, Retention};
+    let t = tempfile::tempdir().unwrap();
+    let b = fleet();
+    let host_a = open(&t.path().join("host-a"), &b);
+    let th = thread("kept");
+    let work = t.path().join("work");
+    write_tree(&work, 7);
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        std::fs::write(work.join("src/f1.rs"), format!("version {i}\n")).unwrap();
+        ids.push(capture_on_head(&host_a, &work, &th).id);
+    }
+    let live = std::collections::HashSet::new();
+
+    // A clean store: nothing wrong, every object read back from S3 by a host that has
+    // none of them.
+    let host_b = open(&t.path().join("host-b"), &b);
+    let r = fsck(&host_b, false, &live).unwrap();
+    assert!(r.errors.is_empty() && r.leftovers.is_empty(), "{r:?}");
+    assert_eq!((r.checkpoints, r.threads), (4, 1), "{r:?}");
+    assert!(r.objects_verified > 40, "{r:?}");
+    assert!(host_b.remote().unwrap().stats().fetched_objects > 40);
+    let packs = r.remote.as_ref().expect("a dry run of the packs' gc").packs;
+    assert!(packs >= 1, "{r:?}");
+
+    // Retention on host A: the newest two are kept; host B's log stops at them.
+    let keep_two = Retention {
+        keep_last: Some(2),
+        ..Retention::default()
+    };
+    let dry = prune(&host_a, &keep_two, true).unwrap();
+    assert_eq!((dry.pruned, dry.kept), (2, 2), "{dry:?}");
+    assert_eq!(host_b.checkpoints().log(&th, 10).unwrap().len(), 4);
+    let p = prune(&host_a, &keep_two, false).unwrap();
+    let mut pruned = p.pruned_ids.clone();
+    pruned.sort();
+    let mut oldest = vec![ids[0], ids[1]];
+    oldest.sort();
+    assert_eq!(pruned, oldest, "{p:?}");
+    let log: Vec<_> = host_b
+        .checkpoints()
+        .log(&th, 10)
+        .unwrap()
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    assert_eq!(log, vec![ids[3], ids[2]]);
+    assert!(host_b.checkpoints().is_pruned(&ids[1]).unwrap());
+    assert!(!host_b.checkpoints().is_pruned(&ids[2]).unwrap());
+    let r = fsck(&host_b, false, &live).unwrap();
+    assert!(r.errors.is_empty(), "a pruned parent is not lost: {r:?}");
+    assert_eq!(r.checkpoints, 2);
+
+    // A lease beyond its thread's fencing token: found, and repaired by raising it.
+    let lease = host_a
+        .checkpoints()
+        .acquire_writer(&th, "host-a", Duration::from_secs(60))
+        .unwrap();
+    let mut db = pg(&b);
+    db.execute(
+        "UPDATE casfs_fencing SET token = 0 WHERE thread = 'kept'",
+        &[],
+    )
+    .unwrap();
+    let r = fsck(&host_b, false, &live).unwrap();
+    assert_eq!(r.errors.len(), 1, "{r:?}");
+    assert!(r.errors[0].contains("beyond the fencing token"), "{r:?}");
+    let r = fsck(&host_b, true, &live).unwrap();
+    assert!(r.errors.is_empty(), "{r:?}");
+    assert!(
+        r.repaired[0].contains(&format!(
+            "raised the fencing token of thread \"kept\" to {}",
+            lease.token
+        )),
+        "{r:?}"
+    );
+    let token: i64 = db
+        .query_one("SELECT token FROM casfs_fencing WHERE thread = 'kept'", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(token as u64, lease.token);
+    host_a.checkpoints().release(&lease).unwrap();
+    assert!(fsck(&host_b, false, &live).unwrap().errors.is_empty());
+
+    // A head naming a checkpoint no record holds.
+    let gone = Hash::of(b"no such checkpoint");
+    db.execute(
+        "INSERT INTO casfs_heads VALUES ('lost', $1)",
+        &[&gone.as_bytes().as_slice()],
+    )
+    .unwrap();
+    let r = fsck(&host_b, false, &live).unwrap();
+    assert_eq!(r.threads, 2);
+    assert!(
+        r.errors.len() == 1 && r.errors[0].contains(&gone.to_hex()),
+        "{r:?}"
+    );
+    db.execute("DELETE FROM casfs_heads WHERE thread = 'lost'", &[])
+        .unwrap();
+
+    // A damaged pack: a host with an empty cache finds it, naming the pack.
+    let packs = keys(&b, "packs");
+    let (s3, _) = bucket(&b);
+    block_on(async {
+        use object_store::ObjectStore as _;
+        for p in &packs {
+            let mut bytes = s3.get(p).await.unwrap().bytes().await.unwrap().to_vec();
+            let mid = bytes.len() / 2;
+            bytes[mid] ^= 0x40;
+            s3.put(p, bytes.into()).await.unwrap();
+        }
+    });
+    let host_c = open(&t.path().join("host-c"), &b);
+    let r = fsck(&host_c, false, &live).unwrap();
+    assert!(!r.errors.is_empty(), "{r:?}");
+    assert!(
+        r.errors
+            .iter()
+            .any(|e| packs.iter().any(|p| e.contains(p.filename().unwrap()))),
+        "names the pack: {r:?}"
+    );
 }

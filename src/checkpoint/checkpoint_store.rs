@@ -79,6 +79,87 @@ pub trait CheckpointStore: Send + Sync {
 
     /// Resolves a unique hex prefix (at least 4 digits) to a checkpoint id.
     fn resolve_prefix(&self, prefix: &str) -> CheckpointResult<CheckpointId>;
+
+    /// Every checkpoint record, each decoded (and checked against its id) or why it
+    /// does not decode: what retention ranks and a collection marks from.
+    fn all_records(&self) -> CheckpointResult<Vec<(CheckpointId, CheckpointResult<Checkpoint>)>>;
+
+    /// Removes checkpoint records (retention), leaving a tombstone for each so
+    /// [`CheckpointStore::is_pruned`] tells them from lost ones. A record that is a
+    /// thread's head when the removal runs is kept whatever the caller decided. Returns
+    /// how many were removed.
+    fn remove_records(&self, doomed: &[(CheckpointId, ThreadId)]) -> CheckpointResult<usize>;
+
+    /// Reads the store's own bookkeeping for `fsck`: every head as stored, and every
+    /// lease against its thread's fencing token ([`check_leases`]). With `repair`, a
+    /// fencing token below a lease's is raised to it and a lease that does not decode
+    /// is dropped.
+    fn bookkeeping(&self, repair: bool) -> CheckpointResult<Bookkeeping>;
+}
+
+/// A checkpoint store's heads, leases and fencing tokens as `fsck` sees them.
+#[derive(Debug, Default)]
+pub struct Bookkeeping {
+    /// Every stored head: the thread's name as stored, and its checkpoint or why the
+    /// stored value is not an id.
+    pub heads: Vec<(String, Result<CheckpointId, String>)>,
+    /// Damage: a lease beyond its fencing token, a token that does not decode.
+    pub errors: Vec<String>,
+    /// Harmless: a lease record that does not decode (it is only dropped).
+    pub leftovers: Vec<String>,
+    /// What `repair` did.
+    pub repaired: Vec<String>,
+}
+
+/// What a repair changes in a store's leases: fencing tokens to raise (thread, token)
+/// and undecodable leases to drop (thread).
+#[derive(Debug, Default)]
+pub(crate) struct LeaseFixes {
+    pub raise: Vec<(String, u64)>,
+    pub drop: Vec<String>,
+}
+
+/// The lease rule every backend's `fsck` applies: a lease's token is never beyond its
+/// thread's fencing token (the next writer would be handed a token already used).
+/// `tokens` holds each thread's fencing token, `leases` each lease's token or why the
+/// record does not decode. Reports into `out`; returns the fixes when `repair`.
+pub(crate) fn check_leases(
+    tokens: &std::collections::BTreeMap<String, u64>,
+    leases: Vec<(String, Result<u64, String>)>,
+    repair: bool,
+    out: &mut Bookkeeping,
+) -> LeaseFixes {
+    let mut fixes = LeaseFixes::default();
+    for (name, lease) in leases {
+        match lease {
+            Err(e) => {
+                out.leftovers
+                    .push(format!("lease of thread {name:?} does not decode: {e}"));
+                if repair {
+                    out.repaired
+                        .push(format!("dropped the undecodable lease of thread {name:?}"));
+                    fixes.drop.push(name);
+                }
+            }
+            Ok(token) => {
+                let t = tokens.get(&name).copied().unwrap_or(0);
+                if token <= t {
+                    continue;
+                }
+                if repair {
+                    out.repaired.push(format!(
+                        "raised the fencing token of thread {name:?} to {token}"
+                    ));
+                    fixes.raise.push((name, token));
+                } else {
+                    out.errors.push(format!(
+                        "lease of thread {name:?} has token {token} beyond the fencing token {t}"
+                    ));
+                }
+            }
+        }
+    }
+    fixes
 }
 
 /// A checkpoint prefix as typed, checked and lowercased: 4 to 64 hex digits.

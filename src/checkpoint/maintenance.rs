@@ -18,15 +18,11 @@ use serde::{Deserialize, Serialize};
 use super::dircache;
 use super::dirfd;
 use super::lease::millis;
-use super::rocks_store::{FENCING_CF, HEADS_CF, LEASES_CF};
 use super::store::{key_hex, mount_dir_of_key};
-use super::{
-    CheckpointError, CheckpointId, CheckpointResult, CheckpointStore as _, LeaseRecord, MountTag,
-    Store, ThreadId,
-};
+use super::{CheckpointError, CheckpointId, CheckpointResult, MountTag, Store, ThreadId};
 use crate::cas::gc::Collecting;
 use crate::cas::remote_store::{RemoteGcOptions, RemoteGcReport, RemoteObjectStore};
-use crate::cas::{Batch, Hash, Marker, Problem, SweepReport};
+use crate::cas::{Hash, Marker, Problem, SweepReport};
 use crate::fs::dirty::{mount_keys, DirtyStore, Override};
 use crate::fs::upper_rel;
 
@@ -51,16 +47,10 @@ pub struct PruneReport {
     pub pruned_ids: Vec<CheckpointId>,
 }
 
-/// Holds the store's collection fence (writers wait until it is dropped).
+/// Holds the store's collection fence: this host's writers (captures, checkpoints,
+/// restores) wait until it is dropped.
 fn fence(store: &Store) -> CheckpointResult<Collecting<'_>> {
-    if store.backends().is_fleet() {
-        return Err(CheckpointError::Invalid(
-            "gc, prune and fsck work on the embedded store; a store with fleet backends \
-             (PostgreSQL, object storage) is not supported by them yet"
-                .into(),
-        ));
-    }
-    Ok(store.rocks_objects().fence_ref().collect()?)
+    Ok(store.local_objects().fence_ref().collect()?)
 }
 
 /// The checkpoints every mount's dirty set is based on or will append on.
@@ -87,7 +77,7 @@ pub fn prune(store: &Store, r: &Retention, dry_run: bool) -> CheckpointResult<Pr
         ));
     }
     let _fence = fence(store)?;
-    let cps = store.rocks_checkpoints();
+    let cps = store.checkpoints();
     let now = millis(SystemTime::now());
     let cutoff = r
         .keep_within
@@ -201,7 +191,7 @@ fn walk(store: &Store, verify: bool) -> CheckpointResult<Walk<'_>> {
     let mut problems = Vec::new();
     let mut checkpoints = 0;
     let take = |m: &mut Marker, into: &mut Vec<Problem>| into.append(&mut m.problems);
-    for (id, rec) in store.all_records()? {
+    for (id, rec) in store.checkpoints().all_records()? {
         let Ok(cp) = rec else { continue };
         checkpoints += 1;
         let at = format!("checkpoint {}:/", id.short());
@@ -352,12 +342,12 @@ pub fn gc_with(store: &Store, o: &RemoteGcOptions) -> CheckpointResult<GcReport>
     let reachable = w.marker.marked().len() as u64;
     let marked = w.marker.into_marked();
     let (dircache_dirs, dircache_dropped, _) = stale_dircache(store, &marked, !dry_run)?;
-    let sweep = store.rocks_objects().sweep(&marked, &collecting, dry_run)?;
+    let sweep = store.local_objects().sweep(&marked, &collecting, dry_run)?;
     // Writers may go on: giving the space back (a compaction) needs no fence.
     drop(collecting);
     let fenced_ms = fenced.elapsed().as_millis() as u64;
     if !dry_run && sweep.objects_freed > 0 {
-        store.rocks_objects().reclaim()?;
+        store.local_objects().reclaim()?;
     }
     Ok(GcReport {
         dry_run,
@@ -388,7 +378,7 @@ fn gc_remote(
         Duration::from_secs(600),
     )?;
     let out = (|| {
-        let collecting = store.rocks_objects().fence_ref().collect()?;
+        let collecting = fence(store)?;
         let fenced = Instant::now();
         let w = walk(store, false)?;
         crate::crashpoint("gc.marked");
@@ -437,8 +427,14 @@ pub struct FsckReport {
     pub threads: usize,
     pub mounts: usize,
     pub objects_verified: u64,
+    /// Objects in this host's RocksDB nothing live needs (with fleet objects: in its
+    /// cache of them).
     pub unreachable_objects: u64,
     pub unreachable_bytes: u64,
+    /// With fleet objects: what a collection of the remote's packs would do now (a
+    /// dry run; `casfs gc` does it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<RemoteGcReport>,
     pub duration_ms: u64,
 }
 
@@ -455,7 +451,7 @@ pub fn fsck(store: &Store, repair: bool, live: &HashSet<[u8; 8]>) -> CheckpointR
     let start = Instant::now();
     let mut rep = FsckReport::default();
     let collecting = fence(store)?;
-    let cps = store.rocks_checkpoints();
+    let cps = store.checkpoints();
     let db = store.database();
 
     // Records, parents, heads.
@@ -483,17 +479,14 @@ pub fn fsck(store: &Store, repair: bool, live: &HashSet<[u8; 8]>) -> CheckpointR
         }
     }
     rep.checkpoints = present.len();
-    for item in db.column(HEADS_CF).entries() {
-        let (k, v) = item?;
-        rep.threads += 1;
-        let name = String::from_utf8_lossy(&k).into_owned();
-        match Hash::from_slice(&v).map(CheckpointId) {
-            None => rep.errors.push(format!(
-                "head of thread {name:?}: {} bytes, not an id",
-                v.len()
-            )),
-            Some(id) => match present.get(&id) {
-                None if !records.iter().any(|(i, _)| *i == id) => rep.errors.push(format!(
+    // Heads, leases and fencing tokens, as the checkpoint store keeps them.
+    let book = cps.bookkeeping(repair)?;
+    rep.threads = book.heads.len();
+    for (name, head) in &book.heads {
+        match head {
+            Err(e) => rep.errors.push(format!("head of thread {name:?}: {e}")),
+            Ok(id) => match present.get(id) {
+                None if !records.iter().any(|(i, _)| i == id) => rep.errors.push(format!(
                     "head of thread {name:?}: checkpoint {id} is missing"
                 )),
                 // A record that does not decode: reported above.
@@ -506,58 +499,9 @@ pub fn fsck(store: &Store, repair: bool, live: &HashSet<[u8; 8]>) -> CheckpointR
             },
         }
     }
-
-    // Leases and fencing tokens.
-    let mut tokens: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
-    for item in db.column(FENCING_CF).entries() {
-        let (k, v) = item?;
-        match <[u8; 8]>::try_from(&*v) {
-            Ok(b) => {
-                tokens.insert(k.to_vec(), u64::from_be_bytes(b));
-            }
-            Err(_) => rep.errors.push(format!(
-                "fencing token of thread {:?}: {} bytes",
-                String::from_utf8_lossy(&k),
-                v.len()
-            )),
-        }
-    }
-    let mut lease_fixes = Batch::default();
-    for item in db.column(LEASES_CF).entries() {
-        let (k, v) = item?;
-        let name = String::from_utf8_lossy(&k).into_owned();
-        match serde_json::from_slice::<LeaseRecord>(&v) {
-            Err(e) => {
-                rep.leftovers
-                    .push(format!("lease of thread {name:?} does not decode: {e}"));
-                if repair {
-                    lease_fixes.delete(&db.column(LEASES_CF), &k);
-                    rep.repaired
-                        .push(format!("dropped the undecodable lease of thread {name:?}"));
-                }
-            }
-            Ok(l) => {
-                let t = tokens.get(&*k).copied().unwrap_or(0);
-                if l.token > t {
-                    rep.errors.push(format!(
-                        "lease of thread {name:?} has token {} beyond the fencing token {t}",
-                        l.token
-                    ));
-                    if repair {
-                        lease_fixes.put(&db.column(FENCING_CF), &k, l.token.to_be_bytes());
-                        rep.repaired.push(format!(
-                            "raised the fencing token of thread {name:?} to {}",
-                            l.token
-                        ));
-                        rep.errors.pop();
-                    }
-                }
-            }
-        }
-    }
-    if repair && !lease_fixes.is_empty() {
-        db.write(lease_fixes, true)?;
-    }
+    rep.errors.extend(book.errors);
+    rep.leftovers.extend(book.leftovers);
+    rep.repaired.extend(book.repaired);
 
     // Objects.
     let w = walk(store, true)?;
@@ -604,6 +548,13 @@ pub fn fsck(store: &Store, repair: bool, live: &HashSet<[u8; 8]>) -> CheckpointR
     // Unreachable objects: counted; swept by a repair when nothing live was unreadable.
     let dry = !(repair && w.problems.is_empty());
     let marked = w.marker.into_marked();
+    if let Some(remote) = store.remote() {
+        let o = RemoteGcOptions {
+            dry_run: true,
+            ..RemoteGcOptions::default()
+        };
+        rep.remote = Some(remote.collect(&marked, &o)?);
+    }
     let (_, stale, example) = stale_dircache(store, &marked, !dry)?;
     if stale > 0 {
         rep.leftovers.push(format!(
@@ -616,7 +567,7 @@ pub fn fsck(store: &Store, repair: bool, live: &HashSet<[u8; 8]>) -> CheckpointR
                 .push(format!("dropped {stale} stale directory cache entr(y/ies)"));
         }
     }
-    let sweep = store.rocks_objects().sweep(&marked, &collecting, dry)?;
+    let sweep = store.local_objects().sweep(&marked, &collecting, dry)?;
     rep.unreachable_objects = sweep.objects_freed;
     rep.unreachable_bytes = sweep.bytes_freed;
     if !dry && sweep.objects_freed > 0 {
@@ -627,7 +578,7 @@ pub fn fsck(store: &Store, repair: bool, live: &HashSet<[u8; 8]>) -> CheckpointR
     }
     drop(collecting);
     if !dry && sweep.objects_freed > 0 {
-        store.rocks_objects().reclaim()?;
+        store.local_objects().reclaim()?;
     }
     rep.duration_ms = start.elapsed().as_millis() as u64;
     Ok(rep)

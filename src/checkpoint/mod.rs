@@ -27,7 +27,7 @@ pub use capture::{
     capture_dir, capture_to_thread, AppendOptions, CaptureOptions, CaptureProgress, Captured,
     ExpectedHead,
 };
-pub use checkpoint_store::CheckpointStore;
+pub use checkpoint_store::{Bookkeeping, CheckpointStore};
 pub use error::{CheckpointError, CheckpointResult};
 pub use lease::{
     holder_name, same_secret, secret_hex, LeaseKeeper, LeaseRecord, LeaseStatus, OwnerToken,

@@ -5,7 +5,8 @@
 //! `casfs_checkpoints` (id, thread, body: the canonical record), `casfs_heads` (thread ->
 //! id), `casfs_leases` (thread -> holder, token, acquired_at, expires_at, ttl_ms,
 //! owner_digest: the hash of the lease's owner secret),
-//! `casfs_fencing` (thread -> last token handed out), `casfs_portable` (the portable
+//! `casfs_fencing` (thread -> last token handed out), `casfs_pruned` (checkpoints
+//! retention removed: id, thread, when), `casfs_portable` (the portable
 //! checkpoint stores' keys and values, `checkpoint::portable`), `casfs_meta` (schema
 //! version).
 //! casfs creates them on first use (under an advisory lock, so hosts starting together
@@ -19,11 +20,13 @@
 //!
 //! The password comes from `PGPASSWORD` (or a `.pgpass` file), never from the URL.
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use postgres::{Client, NoTls, Transaction};
 
+use super::checkpoint_store::{check_leases, Bookkeeping};
 use super::{
     Checkpoint, CheckpointError, CheckpointId, CheckpointResult, CheckpointStore, LeaseRecord,
     NewCheckpoint, OwnerToken, ThreadId, WriterLease,
@@ -31,8 +34,9 @@ use super::{
 use crate::cas::Hash;
 
 /// Version 2 added `casfs_leases.owner_digest`: a casfs that checks no owner secret
-/// (version 1) must not share the tables with one that does.
-const SCHEMA_VERSION: i32 = 2;
+/// (version 1) must not share the tables with one that does. Version 3 added
+/// `casfs_pruned`: a casfs without it would take a pruned parent for a lost one.
+const SCHEMA_VERSION: i32 = 3;
 
 pub struct PgCheckpointStore {
     client: Mutex<Client>,
@@ -105,11 +109,14 @@ impl PgCheckpointStore {
                  ttl_ms bigint NOT NULL);
              CREATE TABLE IF NOT EXISTS casfs_fencing (thread text PRIMARY KEY, token bigint NOT NULL);
              CREATE TABLE IF NOT EXISTS casfs_portable (k bytea PRIMARY KEY, v bytea NOT NULL);
+             CREATE TABLE IF NOT EXISTS casfs_pruned (
+                 id bytea PRIMARY KEY, thread text NOT NULL,
+                 pruned_at timestamptz NOT NULL DEFAULT now());
              ALTER TABLE casfs_leases ADD COLUMN IF NOT EXISTS owner_digest text NOT NULL DEFAULT '';
              INSERT INTO casfs_meta VALUES ('schema_version', '{SCHEMA_VERSION}')
                  ON CONFLICT (key) DO NOTHING;
              UPDATE casfs_meta SET value = '{SCHEMA_VERSION}'
-                 WHERE key = 'schema_version' AND value = '1';
+                 WHERE key = 'schema_version' AND value IN ('1', '2');
              SELECT pg_advisory_unlock(727235);"
         );
         client
@@ -130,38 +137,6 @@ impl PgCheckpointStore {
         Ok(PgCheckpointStore {
             client: Mutex::new(client),
             name,
-        })
-    }
-
-    /// Every checkpoint record, decoded (one that does not decode is an error of its
-    /// own, named by its key): what a collection marks from.
-    pub fn all_records(
-        &self,
-    ) -> CheckpointResult<Vec<(CheckpointId, CheckpointResult<Checkpoint>)>> {
-        self.tx(|t| {
-            let rows = t
-                .query("SELECT id, body FROM casfs_checkpoints", &[])
-                .map_err(|e| self.db_err(e))?;
-            Ok(rows
-                .into_iter()
-                .map(|r| {
-                    let id: Vec<u8> = r.get(0);
-                    let body: Vec<u8> = r.get(1);
-                    match Hash::from_slice(&id) {
-                        Some(h) => {
-                            let id = CheckpointId(h);
-                            (id, Checkpoint::decode(&id, &body))
-                        }
-                        None => (
-                            CheckpointId(Hash::of(&id)),
-                            Err(CheckpointError::Corrupt {
-                                id: format!("key of {} bytes", id.len()),
-                                detail: "not a checkpoint id".into(),
-                            }),
-                        ),
-                    }
-                })
-                .collect())
         })
     }
 
@@ -494,6 +469,106 @@ impl CheckpointStore for PgCheckpointStore {
                 candidates: ids,
             }),
         }
+    }
+
+    fn all_records(&self) -> CheckpointResult<Vec<(CheckpointId, CheckpointResult<Checkpoint>)>> {
+        self.tx(|t| {
+            let rows = t
+                .query("SELECT id, body FROM casfs_checkpoints", &[])
+                .map_err(|e| self.db_err(e))?;
+            Ok(rows
+                .into_iter()
+                .map(|r| {
+                    let id: Vec<u8> = r.get(0);
+                    let body: Vec<u8> = r.get(1);
+                    match Hash::from_slice(&id) {
+                        Some(h) => {
+                            let id = CheckpointId(h);
+                            (id, Checkpoint::decode(&id, &body))
+                        }
+                        None => (
+                            CheckpointId(Hash::of(&id)),
+                            Err(CheckpointError::Corrupt {
+                                id: format!("key of {} bytes", id.len()),
+                                detail: "not a checkpoint id".into(),
+                            }),
+                        ),
+                    }
+                })
+                .collect())
+        })
+    }
+
+    fn is_pruned(&self, id: &CheckpointId) -> CheckpointResult<bool> {
+        self.tx(|t| {
+            let row = t
+                .query_opt(
+                    "SELECT 1 FROM casfs_pruned WHERE id = $1",
+                    &[&id.0.as_bytes().as_slice()],
+                )
+                .map_err(|e| self.db_err(e))?;
+            Ok(row.is_some())
+        })
+    }
+
+    fn remove_records(&self, doomed: &[(CheckpointId, ThreadId)]) -> CheckpointResult<usize> {
+        crate::crashpoint("prune.before");
+        self.tx(|t| {
+            let mut n = 0;
+            for (id, _) in doomed {
+                // A head is kept: the check and the delete are one statement, and no
+                // record that is not a head now can become one.
+                n += t
+                    .execute(
+                        "WITH gone AS (
+                             DELETE FROM casfs_checkpoints
+                             WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM casfs_heads WHERE id = $1)
+                             RETURNING id, thread)
+                         INSERT INTO casfs_pruned (id, thread) SELECT id, thread FROM gone
+                         ON CONFLICT (id) DO NOTHING",
+                        &[&id.0.as_bytes().as_slice()],
+                    )
+                    .map_err(|e| self.db_err(e))? as usize;
+            }
+            Ok(n)
+        })
+    }
+
+    fn bookkeeping(&self, repair: bool) -> CheckpointResult<Bookkeeping> {
+        self.tx(|t| {
+            let mut out = Bookkeeping::default();
+            let q =
+                |t: &mut Transaction<'_>, sql: &str| t.query(sql, &[]).map_err(|e| self.db_err(e));
+            for r in q(t, "SELECT thread, id FROM casfs_heads ORDER BY thread")? {
+                let id: Vec<u8> = r.get(1);
+                let head = Hash::from_slice(&id)
+                    .map(CheckpointId)
+                    .ok_or_else(|| format!("{} bytes, not an id", id.len()));
+                out.heads.push((r.get(0), head));
+            }
+            // Locked: a lease taken meanwhile waits, so what is read is one state.
+            let tokens: BTreeMap<String, u64> =
+                q(t, "SELECT thread, token FROM casfs_fencing FOR UPDATE")?
+                    .into_iter()
+                    .map(|r| (r.get(0), r.get::<_, i64>(1) as u64))
+                    .collect();
+            let leases = q(t, "SELECT thread, token FROM casfs_leases")?
+                .into_iter()
+                .map(|r| (r.get(0), Ok(r.get::<_, i64>(1) as u64)))
+                .collect();
+            let fixes = check_leases(&tokens, leases, repair, &mut out);
+            for (thread, token) in &fixes.raise {
+                t.execute(
+                    "INSERT INTO casfs_fencing VALUES ($1, $2) ON CONFLICT (thread)
+                     DO UPDATE SET token = GREATEST(casfs_fencing.token, EXCLUDED.token)",
+                    &[thread, &(*token as i64)],
+                )
+                .map_err(|e| self.db_err(e))?;
+            }
+            // Every column is typed: no lease record fails to decode here.
+            debug_assert!(fixes.drop.is_empty());
+            Ok(out)
+        })
     }
 }
 

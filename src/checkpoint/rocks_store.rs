@@ -14,9 +14,11 @@
 //! would have synced it), and a lost release leaves a lease whose holder's pid is gone,
 //! which the next writer on this host takes over at once. Two syncs fewer per capture.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use super::checkpoint_store::{check_leases, Bookkeeping};
 use super::lease::millis;
 use super::{
     Checkpoint, CheckpointError, CheckpointId, CheckpointResult, CheckpointStore, LeaseRecord,
@@ -99,59 +101,6 @@ impl RocksCheckpointStore {
         });
         super::checkpoint_store::check_current(lease, current.clone())?;
         Ok(current.expect("checked to be there").0)
-    }
-
-    /// Every stored checkpoint record, each decoded (and checked against its id) or
-    /// the error decoding it gave.
-    pub fn all_records(
-        &self,
-    ) -> CheckpointResult<Vec<(CheckpointId, CheckpointResult<Checkpoint>)>> {
-        let mut out = Vec::new();
-        for item in self.db.column(CHECKPOINTS_CF).entries() {
-            let (k, v) = item?;
-            let Some(h) = Hash::from_slice(&k) else {
-                let id = CheckpointId(Hash::of(&k));
-                out.push((
-                    id,
-                    Err(CheckpointError::Corrupt {
-                        id: format!("key {:?}", String::from_utf8_lossy(&k)),
-                        detail: format!("a checkpoint key of {} bytes", k.len()),
-                    }),
-                ));
-                continue;
-            };
-            let id = CheckpointId(h);
-            out.push((id, Checkpoint::decode(&id, &v)));
-        }
-        Ok(out)
-    }
-
-    /// Removes checkpoint records (retention), leaving a tombstone for each. A
-    /// checkpoint that is a thread's head when the removal runs is kept whatever the
-    /// caller decided. Returns how many were removed.
-    pub fn remove_records(&self, doomed: &[(CheckpointId, ThreadId)]) -> CheckpointResult<usize> {
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        let heads: std::collections::HashSet<CheckpointId> =
-            self.threads()?.into_iter().map(|(_, id)| id).collect();
-        let now = millis(SystemTime::now());
-        let mut batch = Batch::default();
-        let mut n = 0;
-        for (id, thread) in doomed {
-            if heads.contains(id) {
-                continue;
-            }
-            let tomb = serde_json::json!({"thread": thread, "pruned_at_ms": now});
-            batch.put(
-                &self.db.column(PRUNED_CF),
-                id.0.as_bytes(),
-                serde_json::to_vec(&tomb).expect("json"),
-            );
-            batch.delete(&self.db.column(CHECKPOINTS_CF), id.0.as_bytes());
-            n += 1;
-        }
-        crate::crashpoint("prune.before");
-        self.write(batch)?;
-        Ok(n)
     }
 
     fn put_lease(&self, batch: &mut Batch, lease: &LeaseRecord) {
@@ -376,5 +325,102 @@ impl CheckpointStore for RocksCheckpointStore {
                 candidates,
             }),
         }
+    }
+
+    fn all_records(&self) -> CheckpointResult<Vec<(CheckpointId, CheckpointResult<Checkpoint>)>> {
+        let mut out = Vec::new();
+        for item in self.db.column(CHECKPOINTS_CF).entries() {
+            let (k, v) = item?;
+            let Some(h) = Hash::from_slice(&k) else {
+                let id = CheckpointId(Hash::of(&k));
+                out.push((
+                    id,
+                    Err(CheckpointError::Corrupt {
+                        id: format!("key {:?}", String::from_utf8_lossy(&k)),
+                        detail: format!("a checkpoint key of {} bytes", k.len()),
+                    }),
+                ));
+                continue;
+            };
+            let id = CheckpointId(h);
+            out.push((id, Checkpoint::decode(&id, &v)));
+        }
+        Ok(out)
+    }
+
+    fn remove_records(&self, doomed: &[(CheckpointId, ThreadId)]) -> CheckpointResult<usize> {
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let heads: std::collections::HashSet<CheckpointId> =
+            self.threads()?.into_iter().map(|(_, id)| id).collect();
+        let now = millis(SystemTime::now());
+        let mut batch = Batch::default();
+        let mut n = 0;
+        for (id, thread) in doomed {
+            if heads.contains(id) {
+                continue;
+            }
+            let tomb = serde_json::json!({"thread": thread, "pruned_at_ms": now});
+            batch.put(
+                &self.db.column(PRUNED_CF),
+                id.0.as_bytes(),
+                serde_json::to_vec(&tomb).expect("json"),
+            );
+            batch.delete(&self.db.column(CHECKPOINTS_CF), id.0.as_bytes());
+            n += 1;
+        }
+        crate::crashpoint("prune.before");
+        self.write(batch)?;
+        Ok(n)
+    }
+
+    fn bookkeeping(&self, repair: bool) -> CheckpointResult<Bookkeeping> {
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = Bookkeeping::default();
+        for item in self.db.column(HEADS_CF).entries() {
+            let (k, v) = item?;
+            let id = Hash::from_slice(&v)
+                .map(CheckpointId)
+                .ok_or_else(|| format!("{} bytes, not an id", v.len()));
+            out.heads
+                .push((String::from_utf8_lossy(&k).into_owned(), id));
+        }
+        let mut tokens = BTreeMap::new();
+        for item in self.db.column(FENCING_CF).entries() {
+            let (k, v) = item?;
+            let name = String::from_utf8_lossy(&k).into_owned();
+            match <[u8; 8]>::try_from(&*v) {
+                Ok(b) => {
+                    tokens.insert(name, u64::from_be_bytes(b));
+                }
+                Err(_) => out.errors.push(format!(
+                    "fencing token of thread {name:?}: {} bytes",
+                    v.len()
+                )),
+            }
+        }
+        let mut leases = Vec::new();
+        for item in self.db.column(LEASES_CF).entries() {
+            let (k, v) = item?;
+            let token = serde_json::from_slice::<LeaseRecord>(&v)
+                .map(|l| l.token)
+                .map_err(|e| e.to_string());
+            leases.push((String::from_utf8_lossy(&k).into_owned(), token));
+        }
+        let fixes = check_leases(&tokens, leases, repair, &mut out);
+        let mut batch = Batch::default();
+        for (thread, token) in &fixes.raise {
+            batch.put(
+                &self.db.column(FENCING_CF),
+                thread.as_bytes(),
+                token.to_be_bytes(),
+            );
+        }
+        for thread in &fixes.drop {
+            batch.delete(&self.db.column(LEASES_CF), thread.as_bytes());
+        }
+        if !batch.is_empty() {
+            self.write(batch)?;
+        }
+        Ok(out)
     }
 }

@@ -59,14 +59,20 @@ impl Backends {
 
 /// An open store: objects and checkpoints in one RocksDB, exclusively this process's;
 /// with fleet backends, checkpoints in PostgreSQL and objects in object storage (the
-/// RocksDB then caches objects and keeps the mounts' dirty sets).
+/// RocksDB then caches objects and keeps the mounts' dirty sets). Which backend answers
+/// is chosen once, when the store opens: every layer above sees the traits.
 pub struct Store {
     root: PathBuf,
     db: Arc<Database>,
-    objects: Arc<RocksObjectStore>,
-    checkpoints: Arc<RocksCheckpointStore>,
+    /// The objects in this host's RocksDB: the store's own, or the cache of fleet
+    /// objects.
+    local: Arc<RocksObjectStore>,
+    /// The object store in use: `local`, or the remote reading through it.
+    objects: Arc<dyn ObjectStore>,
+    /// With fleet objects: the remote (its packs are collected, synced and verified).
     remote: Option<Arc<crate::cas::remote_store::RemoteObjectStore>>,
-    fleet_checkpoints: Option<Arc<super::PgCheckpointStore>>,
+    /// The checkpoint store in use: the embedded RocksDB's, or PostgreSQL's.
+    checkpoints: Arc<dyn CheckpointStore>,
     /// The one portable backend of this open store: its transactions are serialized
     /// by it, so every request shares it.
     portable: super::portable::PortableStores,
@@ -157,30 +163,39 @@ impl Store {
         lock: Option<File>,
         backends: Backends,
     ) -> CheckpointResult<Store> {
-        let objects = Arc::new(RocksObjectStore::new(db.clone()));
+        let local = Arc::new(RocksObjectStore::new(db.clone()));
         let remote = match &backends.objects {
             Some(url) => Some(Arc::new(crate::cas::remote_store::RemoteObjectStore::open(
-                objects.clone(),
+                local.clone(),
                 url,
                 Some(root.join("remote-index")),
             )?)),
             None => None,
         };
-        let fleet_checkpoints = match &backends.checkpoints {
-            Some(url) => Some(Arc::new(super::PgCheckpointStore::open(url)?)),
-            None => None,
+        let objects: Arc<dyn ObjectStore> = match &remote {
+            Some(r) => r.clone(),
+            None => local.clone(),
         };
-        let kv: Arc<dyn super::portable::PortableKv> = match &fleet_checkpoints {
-            Some(pg) => pg.clone(),
-            None => Arc::new(super::portable::RocksPortable::new(db.clone())),
+        let (checkpoints, kv): (
+            Arc<dyn CheckpointStore>,
+            Arc<dyn super::portable::PortableKv>,
+        ) = match &backends.checkpoints {
+            Some(url) => {
+                let pg = Arc::new(super::PgCheckpointStore::open(url)?);
+                (pg.clone(), pg)
+            }
+            None => (
+                Arc::new(RocksCheckpointStore::new(db.clone())),
+                Arc::new(super::portable::RocksPortable::new(db.clone())),
+            ),
         };
         Ok(Store {
             portable: super::portable::PortableStores::new(kv),
             root: root.to_path_buf(),
-            checkpoints: Arc::new(RocksCheckpointStore::new(db.clone())),
+            local,
             objects,
             remote,
-            fleet_checkpoints,
+            checkpoints,
             backends,
             db,
             _lock: lock,
@@ -251,34 +266,22 @@ impl Store {
     }
 
     pub fn objects(&self) -> &dyn ObjectStore {
-        match &self.remote {
-            Some(r) => r.as_ref(),
-            None => self.objects.as_ref(),
-        }
+        self.objects.as_ref()
     }
 
     /// The object store, shareable with threads that outlive a borrow (the mount).
     pub fn objects_shared(&self) -> Arc<dyn ObjectStore> {
-        match &self.remote {
-            Some(r) => r.clone(),
-            None => self.objects.clone(),
-        }
+        self.objects.clone()
     }
 
     pub fn checkpoints(&self) -> &dyn CheckpointStore {
-        match &self.fleet_checkpoints {
-            Some(pg) => pg.as_ref(),
-            None => self.checkpoints.as_ref(),
-        }
+        self.checkpoints.as_ref()
     }
 
     /// The checkpoint store, shareable with threads that outlive a borrow (a lease's
     /// renewer).
     pub fn checkpoints_shared(&self) -> Arc<dyn CheckpointStore> {
-        match &self.fleet_checkpoints {
-            Some(pg) => pg.clone(),
-            None => self.checkpoints.clone(),
-        }
+        self.checkpoints.clone()
     }
 
     /// The portable checkpoint stores (an agent framework's own records), where the
@@ -289,26 +292,11 @@ impl Store {
         self.portable.clone()
     }
 
-    /// The embedded checkpoint store itself (retention and fsck need more than the
-    /// trait gives).
-    pub fn rocks_checkpoints(&self) -> &RocksCheckpointStore {
-        &self.checkpoints
-    }
-
-    /// Every checkpoint record of the store in use (PostgreSQL's with fleet
-    /// checkpoints), each decoded or the reason it is not.
-    pub fn all_records(
-        &self,
-    ) -> CheckpointResult<Vec<(super::CheckpointId, CheckpointResult<super::Checkpoint>)>> {
-        match &self.fleet_checkpoints {
-            Some(pg) => pg.all_records(),
-            None => self.checkpoints.all_records(),
-        }
-    }
-
-    /// The embedded object store itself (garbage collection sweeps it).
-    pub fn rocks_objects(&self) -> &RocksObjectStore {
-        &self.objects
+    /// The objects in this host's RocksDB: the whole object store when it is embedded,
+    /// the cache of fleet objects otherwise. Garbage collection sweeps it, holding its
+    /// fence.
+    pub fn local_objects(&self) -> &RocksObjectStore {
+        &self.local
     }
 }
 

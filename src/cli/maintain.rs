@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::bail;
+use casfs::cas::remote_store::RemoteGcReport;
 use casfs::checkpoint::maintenance::{GcReport, MaintainOp, MaintainReport};
 use casfs::checkpoint::{OpenMode, Store};
 use casfs::mount::control::{request, MountStatus, Request};
@@ -92,24 +93,29 @@ fn via_serve(
     }
 }
 
+/// What a collection of fleet packs did (or, dry, would do).
+fn print_remote_packs(what: &str, r: &RemoteGcReport) {
+    let verb = if r.dry_run { "would delete" } else { "deleted" };
+    println!(
+        "{what}: remote packs: {} kept, {} marked for deletion, {} waiting out their grace period, \
+         {verb} {} and {} orphan(s) ({}); {} live object(s) copied into {} new pack(s); \
+         {} unused in kept packs",
+        r.packs_kept,
+        r.packs_marked,
+        r.packs_waiting,
+        r.packs_deleted,
+        r.orphan_packs_deleted,
+        bytes(r.bytes_deleted),
+        r.objects_copied,
+        r.packs_written,
+        bytes(r.bytes_unused)
+    );
+}
+
 fn print_gc(g: &GcReport) {
     let verb = if g.dry_run { "would free" } else { "freed" };
     if let Some(r) = &g.remote {
-        let verb = if g.dry_run { "would delete" } else { "deleted" };
-        println!(
-            "gc: remote packs: {} kept, {} marked for deletion, {} waiting out their grace period, \
-             {verb} {} and {} orphan(s) ({}); {} live object(s) copied into {} new pack(s); \
-             {} unused in kept packs",
-            r.packs_kept,
-            r.packs_marked,
-            r.packs_waiting,
-            r.packs_deleted,
-            r.orphan_packs_deleted,
-            bytes(r.bytes_deleted),
-            r.objects_copied,
-            r.packs_written,
-            bytes(r.bytes_unused)
-        );
+        print_remote_packs("gc", r);
         println!(
             "    live: {} objects from {} checkpoint(s), {} mount(s); {} requests; {}",
             g.reachable,
@@ -243,6 +249,9 @@ pub fn fsck(cli: &Cli, repair: bool) -> anyhow::Result<()> {
         }
         for f in &r.repaired {
             println!("repaired: {f}");
+        }
+        if let Some(remote) = &r.remote {
+            print_remote_packs("fsck (a gc now)", remote);
         }
         println!(
             "fsck: {} checkpoint(s) on {} thread(s), {} mount(s), {} objects verified, {} unreachable ({}); {} error(s), {} leftover(s); {}",

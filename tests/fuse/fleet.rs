@@ -124,7 +124,7 @@ fn a_second_host_prefetches_what_the_last_run_read() {
         let data = fs::read(src.join(name)).unwrap();
         ObjectId(casfs::cas::file::file_id_of(&data).0)
     };
-    let local = hb.rocks_objects();
+    let local = hb.local_objects();
     assert!(
         wait_for(Duration::from_secs(20), || read
             .iter()
