@@ -6,7 +6,7 @@
 //! capture and restore, maintenance), [`mount`] (a thread's mounted workspace, its
 //! control protocol and daemon), [`middleware`] (agent runs on threads, `casfs serve`),
 //! and the command line in `cli`. A layer never reaches up; [`memory`] (giving freed
-//! memory back) serves them all.
+//! memory back) and [`sys`] (what every layer uses of the OS and std) serve them all.
 
 pub mod cas;
 pub mod checkpoint;
@@ -16,6 +16,7 @@ pub mod fuzzing;
 pub mod memory;
 pub mod middleware;
 pub mod mount;
+pub mod sys;
 
 /// A Unix socket listener at `path` that is already listening and private (0600) when
 /// the path appears: bound and chmod-ed under a side name, then renamed into place. A

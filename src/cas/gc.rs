@@ -10,6 +10,7 @@
 //! while a collection runs (a writer outside any session) is remembered, and the sweep
 //! skips it.
 
+use crate::sys::{Locked, ReadWriteLocked};
 use std::cell::RefCell;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -73,7 +74,7 @@ impl Collecting<'_> {
 
 impl Fence {
     fn touched(&self) -> std::sync::MutexGuard<'_, HashSet<Hash>> {
-        self.touched.lock().unwrap_or_else(|p| p.into_inner())
+        self.touched.locked()
     }
 
     /// Waits until no collection runs and holds it off until the session is dropped.
@@ -82,7 +83,7 @@ impl Fence {
         if HELD.with(|h| h.borrow().contains(&addr)) {
             return WriteSession { guard: None };
         }
-        let g = self.lock.read().unwrap_or_else(|p| p.into_inner());
+        let g = self.lock.read_locked();
         HELD.with(|h| h.borrow_mut().push(addr));
         WriteSession {
             guard: Some((g, addr)),
@@ -98,7 +99,7 @@ impl Fence {
                 "a collection cannot start inside a write session".into(),
             ));
         }
-        let g = self.lock.write().unwrap_or_else(|p| p.into_inner());
+        let g = self.lock.write_locked();
         self.touched().clear();
         self.collecting.store(true, Ordering::SeqCst);
         Ok(Collecting {

@@ -9,6 +9,7 @@
 //! scans) and write several keys at once with a [`Batch`]; the RocksDB handle itself
 //! stays inside `cas`.
 
+use crate::sys::Locked;
 use std::path::{Path, PathBuf};
 
 use rocksdb::{
@@ -80,7 +81,7 @@ impl SpaceGuard {
         if self.reserve == 0 {
             return true;
         }
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let mut last = self.last.locked();
         if last.0.elapsed() > std::time::Duration::from_millis(50) {
             if let Some((_, free)) = statvfs_bytes(path) {
                 *last = (std::time::Instant::now(), free);
@@ -93,7 +94,7 @@ impl SpaceGuard {
         if self.reserve == 0 {
             return Ok(());
         }
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let mut last = self.last.locked();
         let near = last.1 < self.reserve.saturating_add(need).saturating_add(64 << 20);
         if near || last.0.elapsed() > std::time::Duration::from_millis(50) {
             if let Some((_, free)) = statvfs_bytes(path) {
@@ -244,7 +245,7 @@ impl Database {
         if !self.read_only {
             return f(self);
         }
-        let lock = || self.reopened.lock().unwrap_or_else(|p| p.into_inner());
+        let lock = || self.reopened.locked();
         let newest = lock().clone();
         let mut db: &Database = newest.as_deref().unwrap_or(self);
         let mut fresh;

@@ -2,6 +2,7 @@
 //! it has read, decoded and kept (in memory, and as files under the store so that a
 //! restart reads none again), and the request counters every remote operation reports.
 
+use crate::sys::ReadWriteLocked;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -105,7 +106,7 @@ impl Indexes {
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Loaded> {
-        self.loaded.read().unwrap_or_else(|p| p.into_inner())
+        self.loaded.read_locked()
     }
 
     /// Where `id` is: a location in a pack no index marks for deletion if there is
@@ -144,14 +145,14 @@ impl Indexes {
     }
 
     pub fn insert(&self, name: Hash, idx: Arc<PackIndex>) {
-        let mut l = self.loaded.write().unwrap_or_else(|p| p.into_inner());
+        let mut l = self.loaded.write_locked();
         l.by_name.insert(name, idx);
         l.remark();
     }
 
     /// Forgets the indexes not in `listed` (gc replaced them) and their kept files.
     pub fn retain(&self, listed: &std::collections::HashSet<Hash>) {
-        let mut l = self.loaded.write().unwrap_or_else(|p| p.into_inner());
+        let mut l = self.loaded.write_locked();
         let gone: Vec<Hash> = l
             .by_name
             .keys()

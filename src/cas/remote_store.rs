@@ -30,6 +30,7 @@
 mod gc;
 mod packed;
 
+use crate::sys::Locked;
 use packed::PackedAtPut;
 
 pub use gc::{RemoteGcOptions, RemoteGcReport};
@@ -442,7 +443,7 @@ impl RemoteObjectStore {
     /// kept under the store, else with a GET, verified against its name); forgets
     /// those gc replaced. One listing at a time.
     fn list_indexes(&self) -> CasResult<()> {
-        let mut listed = self.listed.lock().unwrap_or_else(|p| p.into_inner());
+        let mut listed = self.listed.locked();
         // An index listed and then deleted before its GET was replaced by another host's
         // gc, which writes the merged index before deleting what it merges: listing
         // again finds it.
@@ -571,9 +572,9 @@ impl RemoteObjectStore {
     /// there, and `sync`, which returns after both, comes before any checkpoint that
     /// needs them).
     fn upload_pending(&self) -> CasResult<()> {
-        let _one = self.uploading.lock().unwrap_or_else(|p| p.into_inner());
+        let _one = self.uploading.locked();
         let (ids, metadata, packed) = {
-            let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            let mut p = self.pending.locked();
             (
                 p.order.clone(),
                 p.metadata.clone(),
@@ -656,7 +657,7 @@ impl RemoteObjectStore {
             self.put_index(PackIndex::build(&packs)?)?;
             self.uploaded_objects.fetch_add(objects, Ordering::Relaxed);
         }
-        let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut p = self.pending.locked();
         let done: HashSet<Hash> = ids.into_iter().collect();
         p.order.retain(|h| !done.contains(h));
         p.set.retain(|h| !done.contains(h));
@@ -670,11 +671,11 @@ impl RemoteObjectStore {
         let out = self.local.put_keeping(data, |id, stored| {
             // Metadata packs are filled at upload, in the order a restore reads them.
             if !metadata {
-                let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+                let mut p = self.pending.locked();
                 p.packed.push(*id, stored, self.pack_size());
             }
         })?;
-        let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut p = self.pending.locked();
         if p.set.insert(out.id.0) {
             p.order.push(out.id.0);
         }
@@ -959,10 +960,7 @@ impl ObjectStore for RemoteObjectStore {
         if !by_pack.is_empty() {
             self.fetch_ranges(by_pack, |id, stored, l| {
                 if let Ok(data) = self.verify(id, stored, Some(l)) {
-                    staged
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(*id, data);
+                    staged.locked().insert(*id, data);
                 }
             });
         }

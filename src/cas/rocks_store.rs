@@ -1,6 +1,7 @@
 //! [`ObjectStore`] on the store's embedded RocksDB: the `objects` column family,
 //! objects zstd-compressed when that saves space, large ones in blob files.
 
+use crate::sys::ReadWriteLocked;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -50,7 +51,7 @@ pub struct RocksObjectStore {
 impl Drop for RocksObjectStore {
     /// Waits for the reads ahead under way (one object each) and stops the rest.
     fn drop(&mut self) {
-        *self.ahead_gate.write().unwrap_or_else(|p| p.into_inner()) = false;
+        *self.ahead_gate.write_locked() = false;
     }
 }
 
@@ -343,7 +344,7 @@ impl ObjectStore for RocksObjectStore {
         let gate = self.ahead_gate.clone();
         pool.spawn(move || {
             ids.par_iter().for_each(|id| {
-                let open = gate.read().unwrap_or_else(|p| p.into_inner());
+                let open = gate.read_locked();
                 if !*open {
                     return;
                 }

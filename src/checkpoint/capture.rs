@@ -6,6 +6,7 @@
 //! ([`super::dircache`]) lets a re-capture skip every file whose fingerprint (inode,
 //! size, mode, mtime, ctime) is unchanged, and every directory whose entries all are.
 
+use crate::sys::Locked;
 use std::fs;
 use std::io::{Read, Seek};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
@@ -98,18 +99,12 @@ struct Ctx<'a> {
 
 impl Ctx<'_> {
     fn add_objects(&self, s: &StoreStats) {
-        self.objects
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .add(s);
+        self.objects.locked().add(s);
     }
 
     fn warn(&self, w: String) {
         tracing::warn!("{w}");
-        self.warnings
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(w);
+        self.warnings.locked().push(w);
     }
 
     fn count_file(&self, size: u64) {
@@ -176,7 +171,7 @@ pub fn capture_dir(
     };
     let root = crate::on_deep_pool(|| capture_tree(&ctx, fd.as_fd(), &dir, b""))?;
     store.objects().sync()?;
-    let o = *ctx.objects.lock().unwrap_or_else(|p| p.into_inner());
+    let o = *ctx.objects.locked();
     let n = &ctx.n;
     let stats = CaptureStats {
         files: n.files.load(Ordering::Relaxed),

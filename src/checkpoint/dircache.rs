@@ -18,6 +18,7 @@
 //! empty path, children `a`, `a/b`, ...), value `version | tree id | count |
 //! (flag fingerprint?)* | encoded tree`.
 
+use crate::sys::Locked;
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -183,7 +184,7 @@ impl<'a> DirCacheSet<'a> {
 
     /// Records `t` when the updates are saved.
     pub fn set_token(&self, t: Token) {
-        *self.token.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);
+        *self.token.locked() = Some(t);
     }
 
     fn key(&self, rel: &[u8]) -> Vec<u8> {
@@ -215,14 +216,13 @@ impl<'a> DirCacheSet<'a> {
 
     pub fn put(&self, rel: &[u8], c: &DirCache) {
         self.updates
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .locked()
             .push((self.key(rel), Some(c.encode())));
     }
 
     /// Forgets the directory `rel` and everything below it.
     pub fn forget_subtree(&self, rel: &[u8]) {
-        let mut u = self.updates.lock().unwrap_or_else(|p| p.into_inner());
+        let mut u = self.updates.locked();
         u.push((self.key(rel), None));
         let mut below = rel.to_vec();
         below.push(b'/');

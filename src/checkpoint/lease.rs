@@ -1,6 +1,7 @@
 //! Writer leases: one writer per thread, with a fencing token that only grows; holder
 //! names that tell a dead holder; and [`LeaseKeeper`], the one background renewer.
 
+use crate::sys::Locked;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -284,7 +285,7 @@ impl LeaseKeeper {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, KeeperState> {
-        self.shared.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.shared.0.locked()
     }
 
     pub fn status(&self) -> LeaseStatus {
@@ -321,11 +322,7 @@ impl LeaseKeeper {
     fn stop_renewing(&self, mark: impl FnOnce(&mut KeeperState)) {
         mark(&mut self.state());
         self.shared.1.notify_all();
-        let renewer = self
-            .renewer
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let renewer = self.renewer.locked().take();
         if let Some(t) = renewer {
             let _ = t.join();
         }
@@ -360,7 +357,7 @@ impl Drop for LeaseKeeper {
 
 fn renew_loop(shared: &(Mutex<KeeperState>, Condvar), store: &dyn CheckpointStore) {
     let (lock, cvar) = shared;
-    let mut st = lock.lock().unwrap_or_else(|p| p.into_inner());
+    let mut st = lock.locked();
     loop {
         let Some(lease) = st.lease.clone() else {
             return;
@@ -381,7 +378,7 @@ fn renew_loop(shared: &(Mutex<KeeperState>, Condvar), store: &dyn CheckpointStor
         }
         drop(st);
         let renewed = store.renew(&lease);
-        st = lock.lock().unwrap_or_else(|p| p.into_inner());
+        st = lock.locked();
         if st.closed {
             // Closed while renewing: leave the freshest lease to release.
             if let Ok(l) = renewed {

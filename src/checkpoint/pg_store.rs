@@ -20,6 +20,7 @@
 //!
 //! The password comes from `PGPASSWORD` (or a `.pgpass` file), never from the URL.
 
+use crate::sys::Locked;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
@@ -153,7 +154,7 @@ impl PgCheckpointStore {
         &self,
         f: impl FnOnce(&mut Transaction<'_>) -> CheckpointResult<T>,
     ) -> CheckpointResult<T> {
-        let mut c = self.client.lock().unwrap_or_else(|p| p.into_inner());
+        let mut c = self.client.locked();
         if c.is_closed() {
             return Err(CheckpointError::Invalid(format!(
                 "checkpoint store {}: the connection is closed",
@@ -582,7 +583,7 @@ impl super::portable::PortableKv for PgCheckpointStore {
         f: &mut dyn FnMut(&mut dyn super::portable::KvTx) -> super::portable::PortableResult<()>,
     ) -> super::portable::PortableResult<()> {
         use super::portable::PortableError;
-        let mut c = self.client.lock().unwrap_or_else(|p| p.into_inner());
+        let mut c = self.client.locked();
         let err = |e: postgres::Error| PortableError::Store(self.db_err(e));
         let mut t = c.transaction().map_err(err)?;
         t.execute(

@@ -14,6 +14,7 @@
 //! would have synced it), and a lost release leaves a lease whose holder's pid is gone,
 //! which the next writer on this host takes over at once. Two syncs fewer per capture.
 
+use crate::sys::Locked;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -149,7 +150,7 @@ impl CheckpointStore for RocksCheckpointStore {
         ttl: Duration,
     ) -> CheckpointResult<WriterLease> {
         super::checkpoint_store::check_ttl(ttl)?;
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = self.lock.locked();
         let now = SystemTime::now();
         let current = self.current_lease(thread)?;
         super::checkpoint_store::check_free(
@@ -182,7 +183,7 @@ impl CheckpointStore for RocksCheckpointStore {
     }
 
     fn renew(&self, lease: &WriterLease) -> CheckpointResult<WriterLease> {
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = self.lock.locked();
         let now = SystemTime::now();
         let mut record = self.check_lease(lease, now)?;
         record.expires_at_ms = millis(now) + record.ttl_ms;
@@ -193,7 +194,7 @@ impl CheckpointStore for RocksCheckpointStore {
     }
 
     fn release(&self, lease: &WriterLease) -> CheckpointResult<()> {
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = self.lock.locked();
         let current = self.current_lease(&lease.thread)?;
         let last = self.last_token(&lease.thread)?;
         if super::checkpoint_store::release_deletes(lease, current.as_ref(), last)? {
@@ -235,7 +236,7 @@ impl CheckpointStore for RocksCheckpointStore {
         lease: &WriterLease,
     ) -> CheckpointResult<Checkpoint> {
         super::checkpoint_store::check_lease_thread(&new, lease)?;
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = self.lock.locked();
         let now = SystemTime::now();
         self.check_lease(lease, now)?;
         self.expect_head(&new.thread_id, expected_head)?;
@@ -256,7 +257,7 @@ impl CheckpointStore for RocksCheckpointStore {
     }
 
     fn fork(&self, new_thread: &ThreadId, from: &CheckpointId) -> CheckpointResult<Checkpoint> {
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = self.lock.locked();
         if self.head(new_thread)?.is_some() {
             return Err(CheckpointError::ThreadExists(new_thread.clone()));
         }
@@ -349,7 +350,7 @@ impl CheckpointStore for RocksCheckpointStore {
     }
 
     fn remove_records(&self, doomed: &[(CheckpointId, ThreadId)]) -> CheckpointResult<usize> {
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = self.lock.locked();
         let heads: std::collections::HashSet<CheckpointId> =
             self.threads()?.into_iter().map(|(_, id)| id).collect();
         let now = millis(SystemTime::now());
@@ -374,7 +375,7 @@ impl CheckpointStore for RocksCheckpointStore {
     }
 
     fn bookkeeping(&self, repair: bool) -> CheckpointResult<Bookkeeping> {
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = self.lock.locked();
         let mut out = Bookkeeping::default();
         for item in self.db.column(HEADS_CF).entries() {
             let (k, v) = item?;

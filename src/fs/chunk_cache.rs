@@ -2,6 +2,7 @@
 //! decompress each 1 MiB chunk once, not once per kernel read request, and the reader
 //! of stored file contents built on it (shared by the read-only view and the workspace).
 
+use crate::sys::Locked;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
@@ -31,10 +32,10 @@ impl ChunkReader {
             return Ok(c);
         }
         let slot = {
-            let mut f = self.fetching.lock().unwrap_or_else(|p| p.into_inner());
+            let mut f = self.fetching.locked();
             f.entry(id).or_default().clone()
         };
-        let _turn = slot.lock().unwrap_or_else(|p| p.into_inner());
+        let _turn = slot.locked();
         let result = match self.cache.get(&id) {
             Some(c) => Ok(c),
             None => read_chunk(self.objects.as_ref(), &id, len).map(|d| {
@@ -43,10 +44,7 @@ impl ChunkReader {
                 d
             }),
         };
-        self.fetching
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&id);
+        self.fetching.locked().remove(&id);
         result
     }
 
@@ -109,16 +107,11 @@ impl ChunkCache {
     }
 
     pub fn get(&self, id: &ChunkId) -> Option<Arc<Vec<u8>>> {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .map
-            .get(id)
-            .cloned()
+        self.inner.locked().map.get(id).cloned()
     }
 
     pub fn insert(&self, id: ChunkId, data: Arc<Vec<u8>>) {
-        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.inner.locked();
         if data.len() > self.capacity || g.map.contains_key(&id) {
             return;
         }
@@ -136,7 +129,7 @@ impl ChunkCache {
     }
 
     pub fn bytes(&self) -> usize {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).bytes
+        self.inner.locked().bytes
     }
 }
 

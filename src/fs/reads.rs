@@ -3,6 +3,7 @@
 //! and stored with the next checkpoint, so that a host mounting it later fetches them
 //! first.
 
+use crate::sys::Locked;
 use std::collections::HashSet;
 use std::sync::Mutex;
 
@@ -20,7 +21,7 @@ pub struct ReadLog {
 
 impl ReadLog {
     pub fn note(&self, f: FileRef) {
-        let mut r = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut r = self.inner.locked();
         if r.1.len() < MAX_READS_KEPT && r.0.insert(f.id) {
             r.1.push(f);
         }
@@ -28,7 +29,7 @@ impl ReadLog {
 
     /// The files noted since the last call, and a fresh start.
     pub fn take(&self) -> Vec<FileRef> {
-        let mut r = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut r = self.inner.locked();
         r.0.clear();
         std::mem::take(&mut r.1)
     }

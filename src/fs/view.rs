@@ -9,6 +9,7 @@
 //! contents go through a bounded [`ChunkCache`]. Content never changes under a view, so
 //! the kernel may cache attributes and pages freely.
 
+use crate::sys::{Locked, ReadWriteLocked};
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -171,7 +172,7 @@ impl Listings {
         if self.full.load(Ordering::Relaxed) {
             return true;
         }
-        let mut sparse = self.sparse.lock().unwrap_or_else(|p| p.into_inner());
+        let mut sparse = self.sparse.locked();
         // Switched meanwhile: the directories noted are gone to be dropped already.
         if self.full.load(Ordering::Relaxed) {
             return true;
@@ -185,7 +186,7 @@ impl Listings {
         if self.full.load(Ordering::Relaxed) {
             return;
         }
-        let mut sparse = self.sparse.lock().unwrap_or_else(|p| p.into_inner());
+        let mut sparse = self.sparse.locked();
         let (dirs, lookups) = &mut *sparse;
         if !dirs.contains(&parent) {
             return;
@@ -286,7 +287,7 @@ impl TreeView {
     }
 
     fn entry(&self, ino: u64) -> Result<(EntryRef, u64), Errno> {
-        let g = self.inodes.read().unwrap_or_else(|p| p.into_inner());
+        let g = self.inodes.read_locked();
         let n = g
             .nodes
             .get((ino as usize).wrapping_sub(1))
@@ -310,24 +311,19 @@ impl TreeView {
             Some(Some(Loaded::Tree(t, first))) => Some((t.clone(), *first)),
             _ => None,
         };
-        if let Some(t) = known(&self.inodes.read().unwrap_or_else(|p| p.into_inner())) {
+        if let Some(t) = known(&self.inodes.read_locked()) {
             return Ok(t);
         }
         let (entry, _) = self.entry(ino)?;
         let EntryContent::Dir(id) = entry.content else {
             return Err(Errno::ENOTDIR);
         };
-        let ahead = self
-            .ahead
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&id)
-            .cloned();
+        let ahead = self.ahead.read_locked().get(&id).cloned();
         let tree = match ahead {
             Some(t) => t,
             None => Arc::new(load_tree(self.objects.as_ref(), &id).map_err(eio)?),
         };
-        let mut g = self.inodes.write().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.inodes.write_locked();
         // Loaded by another request meanwhile.
         if let Some(t) = known(&g) {
             return Ok(t);
@@ -344,12 +340,12 @@ impl TreeView {
 
     /// The inode of the objects view's file `entry`, numbered on first sight.
     fn object_file(&self, entry: TreeEntry) -> u64 {
-        let g = self.inodes.read().unwrap_or_else(|p| p.into_inner());
+        let g = self.inodes.read_locked();
         if let Some(&ino) = g.objects.get(&entry.name) {
             return ino;
         }
         drop(g);
-        let mut g = self.inodes.write().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.inodes.write_locked();
         if let Some(&ino) = g.objects.get(&entry.name) {
             return ino;
         }
@@ -404,11 +400,11 @@ impl TreeView {
             Some(Loaded::Tree(..)) => Err(Errno::EISDIR),
             None => Ok(None),
         };
-        if let Some(c) = known(&self.inodes.read().unwrap_or_else(|p| p.into_inner()))? {
+        if let Some(c) = known(&self.inodes.read_locked())? {
             return Ok(c);
         }
         let list = Arc::new(load_chunk_list(self.objects.as_ref(), &fref).map_err(eio)?);
-        let mut g = self.inodes.write().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.inodes.write_locked();
         if let Some(c) = known(&g)? {
             return Ok(c);
         }
@@ -623,12 +619,7 @@ impl Filesystem for TreeView {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let files = self
-            .inodes
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .nodes
-            .len() as u64;
+        let files = self.inodes.read_locked().nodes.len() as u64;
         reply.statfs(0, 0, 0, files, 0, 4096, 255, 4096);
     }
 
@@ -681,10 +672,7 @@ fn read_ahead(
                 };
                 held += tree.len();
                 queue.extend(tree.entries().iter().filter_map(|e| e.tree_id()));
-                ahead
-                    .write()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(id, Arc::new(tree));
+                ahead.write_locked().insert(id, Arc::new(tree));
                 if held >= limit {
                     return;
                 }

@@ -10,6 +10,7 @@
 //! drain.) One instance has one queue, in order: a drain's marker file, once reported,
 //! follows every change made before it in its sandbox.
 
+use crate::sys::Locked;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -91,9 +92,9 @@ pub(crate) struct DirWatch {
 /// Watches `root` recursively; its changes are sent to `tx`.
 pub(crate) fn watch_dir(root: &Path, tx: Sender<FsEvent>) -> Result<DirWatch, String> {
     let s = shared()?;
-    let mut w = s.watcher.lock().unwrap_or_else(|p| p.into_inner());
+    let mut w = s.watcher.locked();
     let id = {
-        let mut r = s.routes.lock().unwrap_or_else(|p| p.into_inner());
+        let mut r = s.routes.locked();
         r.next_id += 1;
         let id = r.next_id;
         r.list.push(Route {
@@ -110,11 +111,7 @@ pub(crate) fn watch_dir(root: &Path, tx: Sender<FsEvent>) -> Result<DirWatch, St
     // the old watch stays on the old one. The same directory watched twice is one
     // watch (inotify gives back the descriptor it has).
     if let Err(e) = w.watch(root, RecursiveMode::Recursive) {
-        s.routes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .list
-            .retain(|x| x.id != id);
+        s.routes.locked().list.retain(|x| x.id != id);
         return Err(format!("watching {}: {e}", root.display()));
     }
     Ok(DirWatch {
@@ -126,9 +123,9 @@ pub(crate) fn watch_dir(root: &Path, tx: Sender<FsEvent>) -> Result<DirWatch, St
 impl Drop for DirWatch {
     fn drop(&mut self) {
         let Ok(s) = shared() else { return };
-        let mut w = s.watcher.lock().unwrap_or_else(|p| p.into_inner());
+        let mut w = s.watcher.locked();
         let last = {
-            let mut r = s.routes.lock().unwrap_or_else(|p| p.into_inner());
+            let mut r = s.routes.locked();
             r.list.retain(|x| x.id != self.id);
             !r.list.iter().any(|x| x.root == self.root)
         };
@@ -144,7 +141,7 @@ fn route(routes: &Mutex<Routes>, ev: &notify::Event) {
     let Some(first) = ev.paths.first() else {
         return;
     };
-    let mut r = routes.lock().unwrap_or_else(|p| p.into_inner());
+    let mut r = routes.locked();
     for rt in r.list.iter_mut().filter(|rt| first.starts_with(&rt.root)) {
         translate(rt, ev);
     }

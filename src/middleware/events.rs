@@ -10,6 +10,7 @@
 //! is delivered become one event (see [`coalesce`]). A diff is read when its event is
 //! delivered, so it shows the file as it is then: after the change, never before it.
 
+use crate::sys::Locked;
 use std::collections::VecDeque;
 use std::ffi::CString;
 use std::io::Read;
@@ -144,7 +145,7 @@ impl Watcher {
         };
         let (lock, cvar) = &*self.delivered;
         let start = Instant::now();
-        let mut got = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut got = lock.locked();
         let mut result = Ok(());
         while !done(&got) {
             let left = limit.saturating_sub(start.elapsed());
@@ -220,10 +221,7 @@ fn dispatch(
                 let (lock, cvar) = delivered;
                 if e.path.starts_with(MARKER_PREFIX) && !e.path.contains('/') {
                     if e.kind == FsEventKind::Create {
-                        lock.lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .markers
-                            .push(e.path);
+                        lock.locked().markers.push(e.path);
                         cvar.notify_all();
                     }
                     continue;
@@ -235,7 +233,7 @@ fn dispatch(
                     _ => None,
                 };
                 (cfg.on_event)(&FileEvent { event: e, diff });
-                lock.lock().unwrap_or_else(|p| p.into_inner()).seq = seq;
+                lock.locked().seq = seq;
                 cvar.notify_all();
             }
             None => return,

@@ -1,5 +1,6 @@
 //! The run lifecycle: setup, on_chunk, on_finish, on_abort, on_error, on_disconnect.
 
+use crate::sys::Locked;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -254,10 +255,7 @@ impl Run {
 
     /// The run's sandbox (none after it was destroyed).
     pub fn sandbox(&self) -> Option<SandboxHandle> {
-        self.handle
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.handle.locked().clone()
     }
 
     /// Stops renewing the writer lease without giving it up, as a stalled process (a
@@ -294,7 +292,7 @@ impl Run {
                 key: h.key.clone(),
                 detail,
             })?;
-            *self.watcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(w);
+            *self.watcher.locked() = Some(w);
         }
         Ok(())
     }
@@ -308,7 +306,7 @@ impl Run {
         let (handle, outcome) = self.mw.provider.ensure(&self.ctx, &self.mw.secrets)?;
         self.created
             .store(outcome != EnsureOutcome::Resumed, Ordering::SeqCst);
-        *self.handle.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle.clone());
+        *self.handle.locked() = Some(handle.clone());
         self.cancelled()?;
         let (Some(cfg), Some(cp)) = (&self.mw.config.snapshots, head) else {
             return Ok(());
@@ -469,11 +467,7 @@ impl Run {
     /// Delivers the file events of every change made so far and stops watching. A host
     /// that does not take them in time is logged, not an error of the run.
     fn drain_events(&self, phase: &str) {
-        let w = self
-            .watcher
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let w = self.watcher.locked().take();
         if let Some(w) = w {
             if let Err(e) = w.drain(DRAIN_LIMIT) {
                 tracing::warn!(run = %self.ctx.run_id, phase, "file events: {e}");
@@ -489,7 +483,7 @@ impl Run {
     }
 
     fn destroy(&self) -> MiddlewareResult<()> {
-        let Some(h) = self.handle.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+        let Some(h) = self.handle.locked().take() else {
             return Ok(());
         };
         let key = h.key.clone();

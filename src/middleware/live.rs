@@ -5,6 +5,7 @@
 //! tenant asking for one: one tenant's load never destroys another's work (at the cap
 //! of all, a tenant with nothing idle of its own is refused).
 
+use crate::sys::Locked;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -32,7 +33,7 @@ pub(crate) type LiveMap = HashMap<String, Entry>;
 
 impl Live {
     pub fn lock(&self) -> MutexGuard<'_, LiveMap> {
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
+        self.map.locked()
     }
 
     pub fn set_max(&self, n: usize) {
@@ -191,7 +192,7 @@ pub(crate) struct KeyGuard<'a> {
 
 impl KeyLocks {
     fn held(&self) -> MutexGuard<'_, HashSet<String>> {
-        self.held.lock().unwrap_or_else(|p| p.into_inner())
+        self.held.locked()
     }
 
     /// Waits for `key` and takes it.

@@ -1,6 +1,7 @@
 //! What a run's checkpoint keeps: include and exclude globs (gitignore style), a largest
 //! file, a byte budget, and secret scrubbing; and the workspace definition's hash.
 
+use crate::sys::Locked;
 use std::fs::File;
 use std::io::Read;
 use std::sync::Mutex;
@@ -145,7 +146,7 @@ impl<'a> CaptureFilter<'a> {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, FilterState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.locked()
     }
 }
 

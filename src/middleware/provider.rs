@@ -8,6 +8,7 @@
 //! set, or the plain directory): a sandbox created later for the same key starts at the
 //! thread's head, or empty. Only a sandbox resumed alive keeps what the last run left.
 
+use crate::sys::Locked;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -191,17 +192,13 @@ impl SandboxHandle {
     pub fn expected_head(&self) -> Option<CheckpointId> {
         match &self.workspace {
             SandboxWorkspace::Mount(m) => m.tag().expected_head,
-            SandboxWorkspace::Dir(d) => d
-                .base
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .map(|b| b.0),
+            SandboxWorkspace::Dir(d) => d.base.locked().map(|b| b.0),
         }
     }
 
     pub(crate) fn set_base(&self, id: CheckpointId, root: TreeId) {
         if let SandboxWorkspace::Dir(d) = &self.workspace {
-            *d.base.lock().unwrap_or_else(|p| p.into_inner()) = Some((id, root));
+            *d.base.locked() = Some((id, root));
         }
     }
 
@@ -210,7 +207,7 @@ impl SandboxHandle {
         match &self.workspace {
             SandboxWorkspace::Mount(m) => m.base_file(path).map_err(|e| e.to_string()),
             SandboxWorkspace::Dir(d) => {
-                let base = *d.base.lock().unwrap_or_else(|p| p.into_inner());
+                let base = *d.base.locked();
                 let Some((_, root)) = base else {
                     return Ok(None);
                 };
@@ -467,7 +464,7 @@ impl CasfsProvider {
     }
 
     fn doomed_map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<MountedThread>>> {
-        self.doomed.lock().unwrap_or_else(|p| p.into_inner())
+        self.doomed.locked()
     }
 
     /// The mountpoint of sandbox `key`, behind its gate.

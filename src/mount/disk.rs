@@ -15,6 +15,7 @@
 //! when the file system's last mount goes (`LO_FLAGS_AUTOCLEAR`). Root only: ext4
 //! cannot be mounted in a user namespace.
 
+use crate::sys::Locked;
 use std::collections::BTreeSet;
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
@@ -252,7 +253,7 @@ static RUNNING: Mutex<BTreeSet<PathBuf>> = Mutex::new(BTreeSet::new());
 static STOPPED: Mutex<BTreeSet<PathBuf>> = Mutex::new(BTreeSet::new());
 
 fn lock(m: &Mutex<BTreeSet<PathBuf>>) -> std::sync::MutexGuard<'_, BTreeSet<PathBuf>> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    m.locked()
 }
 
 /// Makes spare images of `bytes` in `spares` until there are [`SPARES`], on a thread

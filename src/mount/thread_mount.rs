@@ -13,6 +13,7 @@
 //! canonical path), so mounting the same mountpoint again after a crash picks the
 //! uncaptured work back up.
 
+use crate::sys::Locked;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -438,8 +439,7 @@ impl MountedThread {
     pub fn fuse_transport(&self) -> &'static str {
         match &self.backend {
             Backend::Fuse { mounted, .. } => mounted
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
+                .locked()
                 .as_ref()
                 .map_or("classic", |m| m.transport()),
             Backend::Overlay(o) => o.fuse_transport(),
@@ -732,7 +732,7 @@ impl MountedThread {
 }
 
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    m.locked()
 }
 
 /// A snapshot taken and not yet recorded as the mount's base.

@@ -25,6 +25,7 @@
 //! an upload reads them at the start of its sync, which is the last step before the
 //! append).
 
+use crate::sys::Locked;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -92,7 +93,7 @@ impl RemoteObjectStore {
     /// object a checkpoint needs.
     pub fn collect(&self, live: &HashSet<Hash>, o: &RemoteGcOptions) -> CasResult<RemoteGcReport> {
         let before = self.requests.snapshot();
-        let _one = self.uploading.lock().unwrap_or_else(|p| p.into_inner());
+        let _one = self.uploading.locked();
         self.list_indexes()?;
         let old = self.indexes.all();
         let listed: HashMap<Hash, object_store::ObjectMeta> =

@@ -11,6 +11,7 @@
 //! database would have locks of its own and let two transactions of one name
 //! interleave.
 
+use crate::sys::Locked;
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
@@ -120,7 +121,7 @@ impl PortableKv for RocksPortable {
         // One transaction of a name at a time in the process, from its first read to
         // its synced write; the store's lock keeps every other process out of the
         // database.
-        let _g = self.lock_of(name).lock().unwrap_or_else(|p| p.into_inner());
+        let _g = self.lock_of(name).locked();
         let mut tx = RocksTx {
             db: &self.db,
             pending: BTreeMap::new(),

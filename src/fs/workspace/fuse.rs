@@ -2,6 +2,7 @@
 //! back as a reply; and mounting a workspace.
 
 use super::*;
+use crate::sys::{Locked, ReadWriteLocked};
 
 pub(super) fn reply_empty(r: Result<(), Errno>, reply: ReplyEmpty) {
     match r {
@@ -105,7 +106,7 @@ impl Filesystem for WorkspaceFs {
         let r = (|| {
             let ws = self.ws();
             let _ = fh;
-            let _b = ws.barrier.read().unwrap_or_else(|p| p.into_inner());
+            let _b = ws.barrier.read_locked();
             let mut tx = ws.tx();
             let t = now_ns();
             let resolve = |x: TimeOrNow| match x {
@@ -505,7 +506,7 @@ impl Filesystem for WorkspaceFs {
         reply: ReplyWrite,
     ) {
         let ws = self.ws();
-        let _b = ws.barrier.read().unwrap_or_else(|p| p.into_inner());
+        let _b = ws.barrier.read_locked();
         // Upper files share the store's filesystem: leave its database the reserve it
         // needs (a write that fails there for lack of space, it does not survive).
         let r = ws
@@ -542,12 +543,7 @@ impl Filesystem for WorkspaceFs {
         // before the writer goes on. Only handles opened while someone listened get
         // flushes (`open_node`); the others' closes are announced at their release.
         let ws = self.ws();
-        let writes = ws
-            .handles
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&fh.0)
-            .is_some_and(|h| h.write);
+        let writes = ws.handles.locked().get(&fh.0).is_some_and(|h| h.write);
         if writes {
             let mut tx = ws.tx();
             if tx.watched() {
@@ -827,7 +823,7 @@ impl Filesystem for WorkspaceFs {
         reply: ReplyEmpty,
     ) {
         let ws = self.ws();
-        let _b = ws.barrier.read().unwrap_or_else(|p| p.into_inner());
+        let _b = ws.barrier.read_locked();
         let grows = mode & (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_COLLAPSE_RANGE) == 0;
         let space = if grows {
             ws.dirty.database().ensure_space(length).map_err(eio)

@@ -8,6 +8,7 @@
 //! touched to the dirty set in the same step, so a killed daemon loses nothing the
 //! kernel had been told was done.
 
+use crate::sys::Locked;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ffi::{CString, OsStr};
 use std::fs::File;
@@ -457,7 +458,7 @@ impl Workspace {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.locked()
     }
 
     /// The content of the regular file at `path` in the base tree (the checkpoint the
@@ -625,11 +626,7 @@ impl Workspace {
     }
 
     fn release_handle(&self, fh: u64) {
-        let h = self
-            .handles
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&fh);
+        let h = self.handles.locked().remove(&fh);
         let Some(h) = h else { return };
         let mut tx = self.tx();
         if h.announce_at_release && tx.watched() && tx.st.nodes.contains_key(&h.ino) {

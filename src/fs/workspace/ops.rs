@@ -2,6 +2,7 @@
 //! (copy-up, passthrough backings, handles), listing directories.
 
 use super::*;
+use crate::sys::{Locked, ReadWriteLocked};
 
 /// The FUSE face of a [`Workspace`].
 pub struct WorkspaceFs(pub Arc<Workspace>);
@@ -93,7 +94,7 @@ impl WorkspaceFs {
         let trunc = flags & libc::O_TRUNC != 0 && write;
         let ws = self.ws();
         let _b = if write {
-            Some(ws.barrier.read().unwrap_or_else(|p| p.into_inner()))
+            Some(ws.barrier.read_locked())
         } else {
             None
         };
@@ -229,7 +230,7 @@ impl WorkspaceFs {
         };
         tx.commit()?;
         let fh = ws.new_fh();
-        ws.handles.lock().unwrap_or_else(|p| p.into_inner()).insert(
+        ws.handles.locked().insert(
             fh,
             Handle {
                 ino,
@@ -323,8 +324,7 @@ impl WorkspaceFs {
         }
         self.ws()
             .handles
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .locked()
             .get(&fh)
             .map(|h| h.src.clone())
             .unwrap_or(Src::None)

@@ -2,6 +2,7 @@
 //! dirty set becomes the new base) and a root swap (restore).
 
 use super::*;
+use crate::sys::ReadWriteLocked;
 
 /// Counts of what a snapshot did.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
@@ -348,7 +349,7 @@ impl Workspace {
         &'a self,
         filter: Option<&dyn SnapshotFilter>,
     ) -> Result<Snapshot<'a>, WorkspaceError> {
-        let barrier = self.barrier.write().unwrap_or_else(|p| p.into_inner());
+        let barrier = self.barrier.write_locked();
         let mut tx = self.tx();
         let mut stats = SnapshotStats::default();
         let root_dirty = tx.st.nodes[&ROOT].dirty;
@@ -397,7 +398,7 @@ impl Workspace {
     pub fn swap_root(&self, root: TreeId, tag: Tag, force: bool) -> Result<(), WorkspaceError> {
         // The new root must be readable before anything is dropped.
         load_tree(self.objects.as_ref(), &root)?;
-        let _barrier = self.barrier.write().unwrap_or_else(|p| p.into_inner());
+        let _barrier = self.barrier.write_locked();
         let mut tx = self.tx();
         // Any dirty node is uncaptured work: a changed file, or a directory that lost an
         // entry (a deletion leaves only its directory dirty).

@@ -17,6 +17,7 @@
 //!   filter of [`super::seccomp`], its own session (no terminal of the host's), no
 //!   further user namespace, and only the environment the server gave it.
 
+use crate::sys::Locked;
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd, RawFd};
@@ -369,7 +370,7 @@ fn private_root() -> io::Result<OwnedFd> {
             Mode::empty(),
         )
     };
-    let mut done = PRIVATE.lock().unwrap_or_else(|p| p.into_inner());
+    let mut done = PRIVATE.locked();
     let root = open()?;
     if *done {
         return Ok(root);

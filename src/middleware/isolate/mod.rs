@@ -18,6 +18,7 @@ mod spare;
 mod warm;
 mod wire;
 
+use crate::sys::Locked;
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::SocketAddr;
@@ -99,7 +100,7 @@ fn data_fd(name: &str, bytes: &[u8]) -> io::Result<OwnedFd> {
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    m.locked()
 }
 
 /// Which stream a chunk of output came on.

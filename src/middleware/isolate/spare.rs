@@ -15,6 +15,7 @@
 //! server's `Child` of it is bubblewrap's. Its socket closes at that exec: the server
 //! reads the end of it as the exec done, and a message as why it failed.
 
+use crate::sys::Locked;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
@@ -191,7 +192,7 @@ pub(super) fn take(
     limits: Limits,
     group: impl Fn() -> Option<Group> + Send + Sync + Clone + 'static,
 ) -> io::Result<Spare> {
-    let kept = KEPT.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let kept = KEPT.locked().take();
     // One of other limits, or one that died, is ended (outside the lock).
     let kept = kept
         .filter(|(l, _)| *l == limits)
@@ -207,10 +208,7 @@ pub(super) fn take(
             .spawn(move || {
                 match Spare::start(group()) {
                     Ok(s) if !STOPPED.load(Ordering::SeqCst) => {
-                        let old = KEPT
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .replace((limits, s));
+                        let old = KEPT.locked().replace((limits, s));
                         drop(old);
                     }
                     Ok(s) => drop(s),
@@ -235,7 +233,7 @@ pub fn end() {
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
-    let kept = KEPT.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let kept = KEPT.locked().take();
     drop(kept);
 }
 

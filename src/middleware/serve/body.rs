@@ -7,6 +7,7 @@
 //! `too_large` naming the route's limit, 400 `invalid` naming the JSON limit, 503
 //! `busy` when the budget has no room within `--request-memory-wait`.
 
+use crate::sys::Locked;
 use std::sync::{Arc, Mutex};
 
 use axum::extract::{FromRequestParts, Request};
@@ -257,7 +258,7 @@ async fn read(
     }
     match parts.extensions.get::<Held>() {
         Some(h) => {
-            h.0.lock().unwrap_or_else(|p| p.into_inner()).push(charge);
+            h.0.locked().push(charge);
             Ok((bytes, None))
         }
         None => Ok((bytes, Some(charge))),

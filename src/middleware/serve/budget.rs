@@ -12,6 +12,7 @@
 //! failing, and a waiting request holds nothing (its body is not read yet). One that
 //! could never fit (more than the whole budget) is refused at once.
 
+use crate::sys::Locked;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -80,12 +81,12 @@ impl Budget {
     /// Bytes in use.
     #[cfg(test)]
     pub fn used(&self) -> usize {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).used
+        self.state.locked().used
     }
 
     /// Takes `n` more for `c` if they fit now.
     fn try_grow(&self, c: &Charge, n: usize, share: Share) -> bool {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.state.locked();
         if s.used + n > share.total {
             return false;
         }
@@ -106,7 +107,7 @@ impl Budget {
             return;
         }
         {
-            let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let mut s = self.state.locked();
             s.used -= n;
             if let Some(p) = peer {
                 if let Some(m) = s.by_peer.get_mut(&p) {

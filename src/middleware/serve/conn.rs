@@ -23,6 +23,7 @@
 //! a request is being answered (a long poll, a capture that takes minutes) no read
 //! timeout runs: the request is the server's to finish.
 
+use crate::sys::Locked;
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
@@ -538,7 +539,7 @@ impl OpenCount {
         max: usize,
         per_peer: usize,
     ) -> Result<OpenSlot, Full> {
-        let mut o = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut o = self.0.locked();
         if o.all >= max {
             return Err(Full::All(max));
         }
@@ -563,7 +564,7 @@ impl OpenCount {
     /// caps holds no more descriptors than the caps allow.
     pub fn turn_away(&self, io: Stream, full: Full, max: usize) {
         {
-            let mut o = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            let mut o = self.0.locked();
             if o.turning >= max {
                 return;
             }
@@ -572,7 +573,7 @@ impl OpenCount {
         struct Turning(Arc<Mutex<Open>>);
         impl Drop for Turning {
             fn drop(&mut self) {
-                self.0.lock().unwrap_or_else(|p| p.into_inner()).turning -= 1;
+                self.0.locked().turning -= 1;
             }
         }
         let turning = Turning(self.0.clone());
@@ -591,7 +592,7 @@ pub struct OpenSlot {
 
 impl Drop for OpenSlot {
     fn drop(&mut self) {
-        let mut o = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let mut o = self.open.locked();
         o.all -= 1;
         if let Some(k) = self.peer {
             if let Some(n) = o.by_peer.get_mut(&k) {

@@ -4,6 +4,7 @@
 //! host in another language can use casfs. `docs/openapi.json` describes every route of
 //! [`ROUTES`]; a test keeps the two equal.
 
+use crate::sys::Locked;
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -305,7 +306,7 @@ impl Server {
 
     /// Sets the server's limits (the body limit for routers made from now on).
     pub fn set_limits(&self, l: ServeLimits) {
-        *self.limits.lock().unwrap_or_else(|p| p.into_inner()) = l;
+        *self.limits.locked() = l;
     }
 
     /// Lets clients make portable stores whose leases keep the clients' clock
@@ -321,7 +322,7 @@ impl Server {
     }
 
     pub fn limits(&self) -> ServeLimits {
-        *self.limits.lock().unwrap_or_else(|p| p.into_inner())
+        *self.limits.locked()
     }
 
     /// Ends runs nobody asked about for the run idle timeout (as a disconnect: nothing
@@ -330,14 +331,11 @@ impl Server {
     pub fn reap(&self) {
         let l = self.limits();
         let stale: Vec<(String, Arc<Run>)> = {
-            let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+            let mut runs = self.runs.locked();
             let ids: Vec<String> = runs
                 .iter()
                 .filter_map(|(id, r)| match r {
-                    RunSlot::Live(l2)
-                        if l2.seen.lock().unwrap_or_else(|p| p.into_inner()).elapsed()
-                            >= l.run_idle =>
-                    {
+                    RunSlot::Live(l2) if l2.seen.locked().elapsed() >= l.run_idle => {
                         Some(id.clone())
                     }
                     _ => None,
@@ -371,13 +369,7 @@ impl Server {
     /// Ends the server's runs (as a disconnect: nothing published, leases released) and
     /// destroys every sandbox: nothing a run left uncaptured outlives the server.
     pub fn close(&self) -> Result<(), MiddlewareError> {
-        let runs: Vec<RunSlot> = self
-            .runs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain()
-            .map(|(_, r)| r)
-            .collect();
+        let runs: Vec<RunSlot> = self.runs.locked().drain().map(|(_, r)| r).collect();
         for r in runs {
             if let RunSlot::Live(l) = r {
                 if let Err(e) = l.run.on_disconnect() {
@@ -504,7 +496,7 @@ impl Server {
 
     /// The id of a live run whose sandbox is `key`, if there is one.
     fn run_holding(&self, key: &str) -> Option<String> {
-        let runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+        let runs = self.runs.locked();
         runs.values().find_map(|r| match r {
             RunSlot::Live(l) if l.run.sandbox().is_some_and(|h| h.key == key) => {
                 Some(l.run.context().run_id.clone())
@@ -526,14 +518,9 @@ impl Server {
         f: impl FnOnce(&LiveRun) -> T,
     ) -> Result<T, ApiError> {
         let key = who.run_key(id);
-        match self
-            .runs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-        {
+        match self.runs.locked().get(&key) {
             Some(RunSlot::Live(l)) => {
-                *l.seen.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+                *l.seen.locked() = Instant::now();
                 Ok(f(l))
             }
             Some(RunSlot::Starting) => Err(ApiError::new(
@@ -560,7 +547,7 @@ impl Server {
         let r = self.run(who, id)?;
         let key = who.run_key(id);
         let taken = {
-            let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+            let mut runs = self.runs.locked();
             match runs.get(&key) {
                 Some(RunSlot::Live(l)) if Arc::ptr_eq(&l.run, &r) => runs.remove(&key).is_some(),
                 _ => false,
@@ -757,7 +744,7 @@ async fn start_run(
         let events = Arc::new(Mutex::new(EventRing::new(s.limits().max_events)));
         let sink = events.clone();
         let on_event = FileEvents {
-            on_event: Arc::new(move |e| sink.lock().unwrap_or_else(|p| p.into_inner()).push(e)),
+            on_event: Arc::new(move |e| sink.locked().push(e)),
             diff: s.mw_config().file_events.as_ref().is_some_and(|f| f.diff),
         };
         let run =
@@ -793,7 +780,7 @@ impl<'a> Reservation<'a> {
     fn take(server: &'a Server, who: &Caller, run_id: &str) -> Result<Reservation<'a>, ApiError> {
         let l = server.limits();
         let id = who.run_key(run_id);
-        let mut runs = server.runs.lock().unwrap_or_else(|p| p.into_inner());
+        let mut runs = server.runs.locked();
         if runs.contains_key(&id) {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
@@ -835,8 +822,7 @@ impl<'a> Reservation<'a> {
     fn fill(mut self, run: LiveRun) {
         self.server
             .runs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .locked()
             .insert(self.id.clone(), RunSlot::Live(run));
         self.filled = true;
     }
@@ -845,11 +831,7 @@ impl<'a> Reservation<'a> {
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
         if !self.filled {
-            self.server
-                .runs
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&self.id);
+            self.server.runs.locked().remove(&self.id);
         }
     }
 }
@@ -965,10 +947,7 @@ async fn events(
     ApiQuery(q): ApiQuery<EventsQuery>,
 ) -> ApiResult {
     let ev = s.live(&who, &run, |l| l.events.clone())?;
-    let list = ev
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .after(q.after.unwrap_or(0));
+    let list = ev.locked().after(q.after.unwrap_or(0));
     Ok(Json(Value::Array(list)))
 }
 
@@ -1028,7 +1007,7 @@ async fn maintain(
 /// mark of every arena (`cargo bench --bench soak`).
 fn give_back_freed_memory() {
     static LAST: Mutex<Option<Instant>> = Mutex::new(None);
-    let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
+    let mut last = LAST.locked();
     if last.is_some_and(|t| t.elapsed() < Duration::from_secs(10)) {
         return;
     }

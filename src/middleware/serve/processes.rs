@@ -7,6 +7,7 @@
 //! as its owner (never root), the workspace at `/workspace`. Only the caller's own
 //! sandbox is served; another's is not found.
 
+use crate::sys::Locked;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -156,7 +157,7 @@ impl Start {
 impl Server {
     /// Sets how sandboxes' processes are isolated (for sandboxes started from now on).
     pub fn set_isolation(&self, o: crate::middleware::isolate::Options) {
-        *self.isolation.lock().unwrap_or_else(|p| p.into_inner()) = o;
+        *self.isolation.locked() = o;
     }
 
     /// Whose a sandbox made for `who` is: a member's own; one that no member of the host
@@ -172,10 +173,7 @@ impl Server {
     }
 
     pub(super) fn isolation(&self) -> crate::middleware::isolate::Options {
-        self.isolation
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.isolation.locked().clone()
     }
 
     /// The caller's sandbox `key`'s isolation, started with its first process.

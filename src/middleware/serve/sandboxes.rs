@@ -8,6 +8,7 @@
 //! its whole tree (inotify watches every directory), which a client that watches later,
 //! or never, need not wait for when it restores.
 
+use crate::sys::Locked;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -73,7 +74,7 @@ impl ApiSandboxes {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, ApiSandbox>> {
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
+        self.map.locked()
     }
 
     /// Waits until no sandbox of `key` is being made, and keeps others from making one
@@ -225,7 +226,7 @@ impl Server {
                 let (sink, wake) = (events.clone(), notify.clone());
                 let cfg = FileEvents {
                     on_event: Arc::new(move |e| {
-                        sink.lock().unwrap_or_else(|p| p.into_inner()).push(e);
+                        sink.locked().push(e);
                         wake.notify_waiters();
                     }),
                     diff: self
@@ -290,7 +291,7 @@ impl Server {
     /// Whether API sandbox `key` records its events now.
     fn watching(&self, key: &str) -> bool {
         let w = self.sandboxes.lock().get(key).map(|s| s.watcher.clone());
-        w.is_some_and(|w| w.lock().unwrap_or_else(|p| p.into_inner()).is_some())
+        w.is_some_and(|w| w.locked().is_some())
     }
 }
 
@@ -300,7 +301,7 @@ fn start_watcher(
     h: &SandboxHandle,
     cfg: &FileEvents,
 ) -> Result<(), ApiError> {
-    let mut w = slot.lock().unwrap_or_else(|p| p.into_inner());
+    let mut w = slot.locked();
     if w.is_none() {
         *w = Some(Watcher::start(h, cfg).map_err(|detail| {
             ApiError::from(crate::middleware::MiddlewareError::Sandbox {
@@ -397,7 +398,7 @@ pub(super) async fn events(
     };
     s.mw.provider().touch(&key);
     // Made with `"events": false`: its events are recorded from this request on.
-    if watch.0.lock().unwrap_or_else(|p| p.into_inner()).is_none() {
+    if watch.0.locked().is_none() {
         let k = key.clone();
         blocking(move || {
             let (slot, weak, cfg) = watch;
@@ -414,10 +415,7 @@ pub(super) async fn events(
         let woken = notify.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();
-        let list = events
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .after(after);
+        let list = events.locked().after(after);
         if !list.is_empty() || tokio::time::Instant::now() >= deadline {
             return Ok(Json(Value::Array(list)));
         }
@@ -426,10 +424,7 @@ pub(super) async fn events(
             return Err(no_sandbox(&key));
         }
         if tokio::time::timeout_at(deadline, woken).await.is_err() {
-            let list = events
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .after(after);
+            let list = events.locked().after(after);
             return Ok(Json(Value::Array(list)));
         }
     }

@@ -20,6 +20,7 @@ mod retire;
 mod upper;
 mod watch;
 
+use crate::sys::Locked;
 use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -458,11 +459,11 @@ impl OverlayMount {
     }
 
     fn layers(&self) -> MutexGuard<'_, Layers> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.locked()
     }
 
     fn memo(&self) -> MutexGuard<'_, Memo> {
-        self.memo.lock().unwrap_or_else(|p| p.into_inner())
+        self.memo.locked()
     }
 
     fn gen_dir(&self, g: u64) -> PathBuf {
@@ -897,7 +898,7 @@ impl OverlayMount {
         *self.memo() = Memo::new(st.generation, &self.upper(&st));
         drop(st);
         // Stamps name inodes of the old upper, whose numbers the new one may reuse.
-        self.cache.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.cache.locked().clear();
         if let Some(v) = old_lower {
             self.retiring.retire(old_dir, v, held);
         }

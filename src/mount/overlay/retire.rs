@@ -13,6 +13,7 @@
 //! for the teardown then). Unmounting the mount tears its waiting generations down
 //! first.
 
+use crate::sys::Locked;
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
@@ -116,14 +117,14 @@ struct Removing(());
 
 impl Removing {
     fn start() -> Removing {
-        *REMOVING.0.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        *REMOVING.0.locked() += 1;
         Removing(())
     }
 }
 
 impl Drop for Removing {
     fn drop(&mut self) {
-        let mut n = REMOVING.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut n = REMOVING.0.locked();
         *n -= 1;
         REMOVING.1.notify_all();
     }
@@ -133,7 +134,7 @@ impl Drop for Removing {
 /// `limit` (a process still inside an old generation keeps it). Returns whether none is.
 pub(super) fn wait_removed(limit: Duration) -> bool {
     let start = Instant::now();
-    let mut n = REMOVING.0.lock().unwrap_or_else(|p| p.into_inner());
+    let mut n = REMOVING.0.locked();
     while *n > 0 {
         let left = limit.saturating_sub(start.elapsed());
         if left.is_zero() {
@@ -166,7 +167,7 @@ pub(super) struct Retirements {
 
 impl Retirements {
     fn lock(&self) -> MutexGuard<'_, Queue> {
-        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+        self.queue.locked()
     }
 
     /// Queues the generation in `dir` (its overlay held by `held`) for teardown.

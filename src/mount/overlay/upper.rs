@@ -12,6 +12,7 @@
 //! view is the lower's trees with these applied, bottom-up: the walk visits the upper
 //! only, never the lower's other directories.
 
+use crate::sys::Locked;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::CString;
 use std::io::{Read, Seek};
@@ -215,7 +216,7 @@ pub(super) struct UpperCapture<'a> {
 /// Marks the files a capture hashed as held by a checkpoint: the next one that finds
 /// them unchanged reads and counts nothing.
 pub(super) fn mark_in_checkpoint(cache: &HashCache, hashed: &[Stamp]) {
-    let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+    let mut c = cache.locked();
     for s in hashed {
         if let Some(h) = c.get_mut(s) {
             h.in_checkpoint = true;
@@ -589,12 +590,7 @@ impl UpperCapture<'_> {
     ) -> Result<Option<(FileId, u64)>, UpperError> {
         let stamp = Stamp::of(&entry.meta);
         if self.filter.is_none() {
-            let hit = self
-                .cache
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(&stamp)
-                .copied();
+            let hit = self.cache.locked().get(&stamp).copied();
             if let Some(hit) = hit {
                 if !hit.in_checkpoint {
                     // Read for this checkpoint, ahead of it.
@@ -652,10 +648,7 @@ impl UpperCapture<'_> {
                         size: fref.size,
                         in_checkpoint: false,
                     };
-                    self.cache
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(before, hashed);
+                    self.cache.locked().insert(before, hashed);
                     self.hashed.push(before);
                 } else if after != before {
                     tracing::warn!("{rel}: changed while it was being captured; stored as read");

@@ -26,6 +26,7 @@
 //! whole from then on. The reader drains the queue a millisecond after it is woken,
 //! so a burst of creates costs a wakeup per batch rather than per event.
 
+use crate::sys::Locked;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsString;
 use std::os::fd::{AsFd, AsRawFd};
@@ -180,7 +181,7 @@ fn read_forever(fd: std::os::fd::RawFd) {
 
 impl Watcher {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.locked()
     }
 }
 

@@ -1,0 +1,6 @@
+//! The bottom floor: what every layer uses of the operating system and the standard
+//! library beyond their plain calls. Nothing here imports another casfs module.
+
+pub mod sync;
+
+pub use sync::{Locked, ReadWriteLocked};
