@@ -101,94 +101,54 @@ export class SandboxCheckpointError extends Error {
   }
 }
 
+/** A framework error with a fixed code, as a subclass of its own name. */
+type CodedErrorClass = new (message: string, options?: { cause?: unknown }) => SandboxCheckpointError
+
+function coded(code: SandboxCheckpointErrorCode, name: string): CodedErrorClass {
+  return class extends SandboxCheckpointError {
+    constructor(message: string, options?: { cause?: unknown }) {
+      super(code, message, options)
+      this.name = name
+    }
+  }
+}
+
 /** The thread's head is not the one the writer expected. */
-export class SandboxCheckpointConflictError extends SandboxCheckpointError {
-  constructor(message: string, options?: { cause?: unknown }) {
-    super('SANDBOX_SNAPSHOT_STALE_HEAD', message, options)
-    this.name = 'SandboxCheckpointConflictError'
-  }
-}
+export const SandboxCheckpointConflictError = coded('SANDBOX_SNAPSHOT_STALE_HEAD', 'SandboxCheckpointConflictError')
+export const SandboxCheckpointDuplicateIdError = coded('SANDBOX_SNAPSHOT_DUPLICATE_ID', 'SandboxCheckpointDuplicateIdError')
+export const SandboxCheckpointInvalidIdError = coded('SANDBOX_SNAPSHOT_INVALID_ID', 'SandboxCheckpointInvalidIdError')
+export const SandboxCheckpointInvalidEntryError = coded('SANDBOX_SNAPSHOT_INVALID_ENTRY', 'SandboxCheckpointInvalidEntryError')
+export const SandboxCheckpointParentMismatchError = coded('SANDBOX_SNAPSHOT_PARENT_MISMATCH', 'SandboxCheckpointParentMismatchError')
+export const SandboxCheckpointNotHeadError = coded('SANDBOX_SNAPSHOT_NOT_HEAD', 'SandboxCheckpointNotHeadError')
+export const SandboxCheckpointWriterConflictError = coded('SANDBOX_SNAPSHOT_WRITER_CONFLICT', 'SandboxCheckpointWriterConflictError')
+export const SandboxCheckpointWriterLostError = coded('SANDBOX_SNAPSHOT_WRITER_LOST', 'SandboxCheckpointWriterLostError')
 
-export class SandboxCheckpointDuplicateIdError extends SandboxCheckpointError {
-  constructor(message: string, options?: { cause?: unknown }) {
-    super('SANDBOX_SNAPSHOT_DUPLICATE_ID', message, options)
-    this.name = 'SandboxCheckpointDuplicateIdError'
-  }
-}
-
-export class SandboxCheckpointInvalidIdError extends SandboxCheckpointError {
-  constructor(message: string, options?: { cause?: unknown }) {
-    super('SANDBOX_SNAPSHOT_INVALID_ID', message, options)
-    this.name = 'SandboxCheckpointInvalidIdError'
-  }
-}
-
-export class SandboxCheckpointInvalidEntryError extends SandboxCheckpointError {
-  constructor(message: string, options?: { cause?: unknown }) {
-    super('SANDBOX_SNAPSHOT_INVALID_ENTRY', message, options)
-    this.name = 'SandboxCheckpointInvalidEntryError'
-  }
-}
-
-export class SandboxCheckpointParentMismatchError extends SandboxCheckpointError {
-  constructor(message: string, options?: { cause?: unknown }) {
-    super('SANDBOX_SNAPSHOT_PARENT_MISMATCH', message, options)
-    this.name = 'SandboxCheckpointParentMismatchError'
-  }
-}
-
-export class SandboxCheckpointNotHeadError extends SandboxCheckpointError {
-  constructor(message: string, options?: { cause?: unknown }) {
-    super('SANDBOX_SNAPSHOT_NOT_HEAD', message, options)
-    this.name = 'SandboxCheckpointNotHeadError'
-  }
-}
-
-export class SandboxCheckpointWriterConflictError extends SandboxCheckpointError {
-  constructor(message: string, options?: { cause?: unknown }) {
-    super('SANDBOX_SNAPSHOT_WRITER_CONFLICT', message, options)
-    this.name = 'SandboxCheckpointWriterConflictError'
-  }
-}
-
-export class SandboxCheckpointWriterLostError extends SandboxCheckpointError {
-  constructor(message: string, options?: { cause?: unknown }) {
-    super('SANDBOX_SNAPSHOT_WRITER_LOST', message, options)
-    this.name = 'SandboxCheckpointWriterLostError'
-  }
+/**
+ * What each server refusal becomes: the framework's subclass for it, or a
+ * {@link SandboxCheckpointError} with the code (the fork errors have no subclass).
+ */
+const FOR_KIND: Partial<Record<CasfsErrorKind, CodedErrorClass | SandboxCheckpointErrorCode>> = {
+  stale_head: SandboxCheckpointConflictError,
+  parent_mismatch: SandboxCheckpointParentMismatchError,
+  duplicate_id: SandboxCheckpointDuplicateIdError,
+  not_head: SandboxCheckpointNotHeadError,
+  writer_conflict: SandboxCheckpointWriterConflictError,
+  writer_lost: SandboxCheckpointWriterLostError,
+  invalid_id: SandboxCheckpointInvalidIdError,
+  invalid_entry: SandboxCheckpointInvalidEntryError,
+  fork_source_not_found: 'SANDBOX_SNAPSHOT_FORK_SOURCE_NOT_FOUND',
+  fork_source_thread_mismatch: 'SANDBOX_SNAPSHOT_FORK_SOURCE_THREAD_MISMATCH',
+  fork_destination_not_empty: 'SANDBOX_SNAPSHOT_FORK_DESTINATION_NOT_EMPTY',
 }
 
 /** The framework's error for a server refusal, or the {@link CasfsError} itself. */
 export function asCheckpointError(e: unknown): unknown {
   if (!(e instanceof CasfsError)) return e
+  const to = FOR_KIND[e.kind]
   const opts = { cause: e }
-  const m = e.message
-  switch (e.kind) {
-    case 'stale_head':
-      return new SandboxCheckpointConflictError(m, opts)
-    case 'parent_mismatch':
-      return new SandboxCheckpointParentMismatchError(m, opts)
-    case 'duplicate_id':
-      return new SandboxCheckpointDuplicateIdError(m, opts)
-    case 'not_head':
-      return new SandboxCheckpointNotHeadError(m, opts)
-    case 'writer_conflict':
-      return new SandboxCheckpointWriterConflictError(m, opts)
-    case 'writer_lost':
-      return new SandboxCheckpointWriterLostError(m, opts)
-    case 'invalid_id':
-      return new SandboxCheckpointInvalidIdError(m, opts)
-    case 'invalid_entry':
-      return new SandboxCheckpointInvalidEntryError(m, opts)
-    case 'fork_source_not_found':
-      return new SandboxCheckpointError('SANDBOX_SNAPSHOT_FORK_SOURCE_NOT_FOUND', m, opts)
-    case 'fork_source_thread_mismatch':
-      return new SandboxCheckpointError('SANDBOX_SNAPSHOT_FORK_SOURCE_THREAD_MISMATCH', m, opts)
-    case 'fork_destination_not_empty':
-      return new SandboxCheckpointError('SANDBOX_SNAPSHOT_FORK_DESTINATION_NOT_EMPTY', m, opts)
-    default:
-      return e
-  }
+  if (to === undefined) return e
+  if (typeof to === 'string') return new SandboxCheckpointError(to, e.message, opts)
+  return new to(e.message, opts)
 }
 
 /**
