@@ -400,7 +400,7 @@ TRACE_LINE = re.compile(r"^(\d+)\s+(?:<\.\.\. )?([a-z_0-9]+)(?: resumed>)?(.*)$"
 # System calls casfs tries and, refused with EPERM (a SystemCallFilter= of a systemd
 # that predates them, with SystemCallErrorNumber=EPERM), stops trying for another way:
 # getxattrat/listxattrat (Linux 6.13) fall back to /proc/self/fd
-# (src/checkpoint/xattr.rs; its test `refused_xattrat_calls_fall_back_to_proc`). By
+# (src/sys/xattr.rs; its test `refused_xattrat_calls_fall_back_to_proc`). By
 # name, and by number where strace does not know the name.
 PROBES = {"getxattrat", "listxattrat", "syscall_0x1d0", "syscall_0x1d1"}
 

@@ -8,7 +8,7 @@
 use crate::cas::file::ChunkList;
 use crate::cas::object::{decode_stored, encode_stored};
 use crate::cas::{Hash, Tree};
-use crate::checkpoint::dircache::DirCache;
+use crate::checkpoint::sync::dircache::DirCache;
 use crate::checkpoint::{Checkpoint, CheckpointId, LeaseRecord, WriterLease};
 use crate::fs::dirty::{decode_override, MountMeta, NodeRecord};
 use crate::mount::control::Request;

@@ -18,6 +18,7 @@ use casfs::checkpoint::{
     CheckpointStore, ExpectedHead, NewCheckpoint, OpenMode, RestoreOptions, Store, ThreadId,
 };
 
+use casfs::middleware::portable::PortableStores;
 use common::{pattern, snapshot};
 
 fn env(name: &str) -> String {
@@ -63,8 +64,8 @@ fn portable_cp(id: &str, parent: Option<&str>, n: u8) -> serde_json::Value {
 
 /// The portable stores' rules, run on every backend: compare-and-swap, the check order,
 /// fences, takeover by an injected clock, forks, names kept apart.
-fn portable_store_contract(st: &casfs::checkpoint::portable::PortableStores) {
-    use casfs::checkpoint::portable::{Clock, PortableError as P, StoreOptions, Writer};
+fn portable_store_contract(st: &casfs::middleware::portable::PortableStores) {
+    use casfs::middleware::portable::{Clock, PortableError as P, StoreOptions, Writer};
     let opts = StoreOptions {
         lease_duration_ms: 1000.0,
         renew_after_ms: 300.0,
@@ -167,7 +168,7 @@ fn portable_store_contract(st: &casfs::checkpoint::portable::PortableStores) {
     assert!(matches!(st.head("nope", "t"), Err(P::NoStore(_))));
     // A fork: the root of another thread with the checkpoint's transcript.
     let dg = st.acquire("s1", "dest", Some(2002.0)).unwrap();
-    let fork: casfs::checkpoint::portable::ForkInput = serde_json::from_value(serde_json::json!({
+    let fork: casfs::middleware::portable::ForkInput = serde_json::from_value(serde_json::json!({
         "source_thread_id": "t", "source_checkpoint_id": "root", "destination_thread_id": "dest",
         "destination_checkpoint_id": "fork-root", "created_at": 9,
         "writer": {"thread_id": "dest", "owner_token": dg.owner_token, "fence": dg.fence},
@@ -277,12 +278,15 @@ fn the_embedded_store_meets_the_contracts() {
     let store = open(&t.path().join("s"), &Backends::default());
     checkpoint_store_contract(store.checkpoints());
     object_store_contract(store.objects());
-    portable_store_contract(&store.portable());
+    portable_store_contract(&PortableStores::of(&store));
     // What a portable store holds outlives the process that wrote it.
     drop(store);
     let again = open(&t.path().join("s"), &Backends::default());
     assert_eq!(
-        again.portable().head("s1", "t").unwrap().as_deref(),
+        PortableStores::of(&again)
+            .head("s1", "t")
+            .unwrap()
+            .as_deref(),
         Some("root")
     );
 }
@@ -294,11 +298,11 @@ fn postgresql_and_s3_meet_the_contracts() {
     let store = open(&t.path().join("s"), &b);
     checkpoint_store_contract(store.checkpoints());
     object_store_contract(store.objects());
-    portable_store_contract(&store.portable());
+    portable_store_contract(&PortableStores::of(&store));
     // Two hosts race for one portable thread: one lease, one append.
     let hosts = [
-        store.portable(),
-        open(&t.path().join("racer"), &b).portable(),
+        PortableStores::of(&store),
+        PortableStores::of(&open(&t.path().join("racer"), &b)),
     ];
     hosts[0].open("race", None, false).unwrap();
     let won: Vec<bool> = std::thread::scope(|sc| {

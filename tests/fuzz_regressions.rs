@@ -9,13 +9,13 @@ use std::path::Path;
 use casfs::cas::file::ChunkList;
 use casfs::cas::object::encode_stored;
 use casfs::cas::{ChunkId, EntryContent, FileId, Hash, Tree, TreeEntry, TreeId, CHUNK_SIZE};
-use casfs::checkpoint::dircache::DirCache;
-use casfs::checkpoint::dirfd::Fingerprint;
 use casfs::checkpoint::maintenance::MaintainOp;
+use casfs::checkpoint::sync::dircache::DirCache;
 use casfs::checkpoint::{Checkpoint, CheckpointId, NewCheckpoint, ThreadId};
 use casfs::fs::dirty::{Kind, MountMeta, NodeRecord};
 use casfs::fuzzing::TARGETS;
 use casfs::mount::control::Request;
+use casfs::sys::dirfd::Fingerprint;
 
 fn sample_tree() -> Tree {
     let h = |s: &str| Hash::of(s.as_bytes());

@@ -1,7 +1,7 @@
 //! Boundary 1 (paths): the modules that touch a tree a less trusted party changes (a
 //! sandbox's workspace, an overlay's upper, a plain directory captured or restored
 //! into) make no file system call by path there: everything goes through
-//! `checkpoint::dirfd`'s directory handles. This test reads their source and fails on
+//! `sys::dirfd`'s directory handles. This test reads their source and fails on
 //! any call by path (`std::fs`, `File::open`, `OpenOptions`, the path-taking `libc`
 //! calls, ...) that is not in the allowlist below, each entry saying why that one call
 //! is safe; and on an allowlist entry that no longer matches anything.
@@ -11,14 +11,14 @@ use std::path::Path;
 /// The modules of docs/architecture.md's list of every place the server touches a path
 /// inside a workspace.
 const MODULES: &[&str] = &[
-    "src/checkpoint/capture.rs",
-    "src/checkpoint/restore.rs",
-    "src/checkpoint/dircache.rs",
-    "src/checkpoint/xattr.rs",
-    "src/checkpoint/watch.rs",
+    "src/checkpoint/sync/capture.rs",
+    "src/checkpoint/sync/restore.rs",
+    "src/checkpoint/sync/dircache.rs",
+    "src/sys/xattr.rs",
+    "src/checkpoint/sync/watch.rs",
     "src/checkpoint/maintenance.rs",
-    "src/checkpoint/dirfd/mod.rs",
-    "src/checkpoint/dirfd/root.rs",
+    "src/sys/dirfd/mod.rs",
+    "src/sys/dirfd/root.rs",
     "src/mount/overlay/upper.rs",
     "src/mount/overlay/watch.rs",
     "src/middleware/events.rs",
@@ -165,75 +165,75 @@ const ALLOWED: &[(&str, &str, &str)] = &[
         "the sandbox's own control group's cgroup.procs, which the server just made",
     ),
     (
-        "src/checkpoint/capture.rs",
+        "src/checkpoint/sync/capture.rs",
         "let dir = fs::canonicalize(dir)",
         "the directory the caller names (the command line's, or a sandbox root the \
          provider made in its own directory): resolved once; everything below it through \
          handles",
     ),
     (
-        "src/checkpoint/restore.rs",
+        "src/checkpoint/sync/restore.rs",
         "use std::fs::{self, File};",
         "imports: `fs` for the destination's own path (below), `File` the type descriptors \
          are read and written as",
     ),
     (
-        "src/checkpoint/restore.rs",
+        "src/checkpoint/sync/restore.rs",
         "fs::create_dir_all(dest)",
         "the destination the caller names, made if missing: everything below it through \
          handles of directories the restore opened or made",
     ),
     (
-        "src/checkpoint/restore.rs",
+        "src/checkpoint/sync/restore.rs",
         "let dest = fs::canonicalize(dest)",
         "the same destination, resolved once to key its directory cache",
     ),
     (
-        "src/checkpoint/restore.rs",
+        "src/checkpoint/sync/restore.rs",
         "let dir = match fs::canonicalize(dir)",
         "uncaptured_changes: the directory the caller names; below it through handles",
     ),
     (
-        "src/checkpoint/xattr.rs",
+        "src/sys/xattr.rs",
         "libc::llistxattr(c.as_ptr()",
         "/proc/self/fd/<dir>/<name> on a kernel without listxattrat: the descriptor pins \
          the directory, only the last name is looked up and not followed, and the entry is \
          checked to be the one opened",
     ),
     (
-        "src/checkpoint/xattr.rs",
+        "src/sys/xattr.rs",
         "libc::lgetxattr(",
         "the same /proc/self/fd/<dir>/<name> path",
     ),
     (
-        "src/checkpoint/watch.rs",
+        "src/checkpoint/sync/watch.rs",
         "if !socket.exists() {",
         "the watcher's socket, in the store's own directory",
     ),
     (
-        "src/checkpoint/watch.rs",
+        "src/checkpoint/sync/watch.rs",
         "let root = std::fs::canonicalize(root)?;",
         "the directory named on `casfs watch`'s command line (its user's own); below it \
          through handles",
     ),
     (
-        "src/checkpoint/watch.rs",
+        "src/checkpoint/sync/watch.rs",
         "libc::statfs(c.as_ptr(), &mut sfs)",
         "the same root, for its filesystem type",
     ),
     (
-        "src/checkpoint/watch.rs",
+        "src/checkpoint/sync/watch.rs",
         "libc::inotify_add_watch(self.fd.as_raw_fd(), c.as_ptr(), mask)",
         "/proc/self/fd/<fd> of a directory opened beneath the root: the magic link leads \
          to that very directory",
     ),
     (
-        "src/checkpoint/watch.rs",
+        "src/checkpoint/sync/watch.rs",
         "std::fs::create_dir_all(dir)?;",
         "the store's own directory of watcher sockets",
     ),
     (
-        "src/checkpoint/watch.rs",
+        "src/checkpoint/sync/watch.rs",
         "let _ = std::fs::remove_file(&self.0);",
         "the watcher's own socket, in the store's directory",
     ),
@@ -264,17 +264,17 @@ const ALLOWED: &[(&str, &str, &str)] = &[
         "an EROFS image in the store's images directory",
     ),
     (
-        "src/checkpoint/dirfd/mod.rs",
+        "src/sys/dirfd/mod.rs",
         "match rustix::fs::open(path, flags | OFlags::NOATIME, Mode::empty()) {",
         "open_dir_path_noatime: the same caller's own path",
     ),
     (
-        "src/checkpoint/dirfd/mod.rs",
+        "src/sys/dirfd/mod.rs",
         "Err(rustix::io::Errno::PERM) => rustix::fs::open(path, flags, Mode::empty()),",
         "the same, without O_NOATIME",
     ),
     (
-        "src/checkpoint/dirfd/mod.rs",
+        "src/sys/dirfd/mod.rs",
         "rustix::fs::open(",
         "open_dir_path: the one path the handles start from, the caller's own (a store \
          directory, a sandbox's root, a command line's directory); and /proc, checked to \
@@ -376,7 +376,7 @@ const ALLOWED: &[(&str, &str, &str)] = &[
         "the provider's own sandboxes directory",
     ),
     (
-        "src/checkpoint/restore.rs",
+        "src/checkpoint/sync/restore.rs",
         "entry.chown(uid, gid).map_err(io)?;",
         "the entry just opened and checked to be the one restored, changed through its \
          descriptor",
@@ -420,7 +420,7 @@ fn no_module_that_touches_a_workspace_calls_the_file_system_by_path() {
     assert!(
         found.is_empty(),
         "calls by path in modules that touch workspaces (go through \
-         checkpoint::dirfd, or add the call to ALLOWED with why it is safe):\n{}",
+         sys::dirfd, or add the call to ALLOWED with why it is safe):\n{}",
         found.join("\n")
     );
     let stale: Vec<String> = ALLOWED

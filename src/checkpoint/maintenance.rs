@@ -15,16 +15,16 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use super::dircache;
-use super::dirfd;
 use super::lease::millis;
 use super::store::{key_hex, mount_dir_of_key};
+use super::sync::{self, dircache};
 use super::{CheckpointError, CheckpointId, CheckpointResult, MountTag, Store, ThreadId};
 use crate::cas::gc::Collecting;
 use crate::cas::remote_store::{RemoteGcOptions, RemoteGcReport, RemoteObjectStore};
 use crate::cas::{Hash, Marker, Problem, SweepReport};
 use crate::fs::dirty::{mount_keys, DirtyStore, Override};
 use crate::fs::upper_rel;
+use crate::sys::dirfd;
 
 /// Which checkpoints retention keeps (besides every thread's head).
 #[derive(Debug, Clone, Default)]
@@ -594,12 +594,11 @@ fn check_images(store: &Store, repair: bool, rep: &mut FsckReport) {
     for e in rd.flatten() {
         let path = e.path();
         let name = e.file_name().to_string_lossy().into_owned();
-        // `<tree>.erofs`, or `<tree>.<uid>-<gid>.erofs` for a workspace of another user.
+        // Images only (`store::image_name`): markers and a build's temporary files are
+        // the mount's.
         let Some(tree) = name
             .strip_suffix(".erofs")
-            .and_then(|n| n.split('.').next())
-            .and_then(Hash::from_hex)
-            .map(crate::cas::TreeId)
+            .and_then(super::store::image_tree)
         else {
             continue;
         };
@@ -636,7 +635,7 @@ fn check_images(store: &Store, repair: bool, rep: &mut FsckReport) {
 fn remove_files(upper: &Path, files: &[PathBuf]) -> CheckpointResult<()> {
     use std::os::fd::AsFd;
     use std::os::unix::ffi::OsStrExt;
-    let top = dirfd::open_dir(upper)?;
+    let top = sync::open_dir(upper)?;
     for p in files {
         let io = |e| CheckpointError::io(p, e);
         let rel = p
@@ -647,7 +646,7 @@ fn remove_files(upper: &Path, files: &[PathBuf]) -> CheckpointResult<()> {
         };
         let parent = parent.map(|d| d.as_os_str().as_bytes()).unwrap_or_default();
         let dir = dirfd::open_dir_beneath(top.as_fd(), parent).map_err(io)?;
-        let name = dirfd::cstr(name.as_bytes(), p)?;
+        let name = sync::cstr(name.as_bytes(), p)?;
         match dirfd::unlink_at(dir.as_fd(), &name) {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
@@ -745,7 +744,7 @@ fn collect_files_at(fd: std::os::fd::BorrowedFd<'_>, path: &Path, out: &mut Vec<
     };
     for name in names {
         let p = dirfd::child(path, &name);
-        let Ok(c) = dirfd::cstr(&name, &p) else {
+        let Ok(c) = sync::cstr(&name, &p) else {
             continue;
         };
         match dirfd::lstat_at(fd, &c) {

@@ -7,7 +7,7 @@
 //! owner_digest: the hash of the lease's owner secret),
 //! `casfs_fencing` (thread -> last token handed out), `casfs_pruned` (checkpoints
 //! retention removed: id, thread, when), `casfs_portable` (the portable
-//! checkpoint stores' keys and values, `checkpoint::portable`), `casfs_meta` (schema
+//! checkpoint stores' keys and values, `middleware::portable`), `casfs_meta` (schema
 //! version).
 //! casfs creates them on first use (under an advisory lock, so hosts starting together
 //! do not race).
@@ -28,6 +28,7 @@ use std::time::{Duration, SystemTime};
 use postgres::{Client, NoTls, Transaction};
 
 use super::checkpoint_store::{check_leases, Bookkeeping};
+use super::portable_kv::{KvTx, PortableKv};
 use super::{
     Checkpoint, CheckpointError, CheckpointId, CheckpointResult, CheckpointStore, LeaseRecord,
     NewCheckpoint, OwnerToken, ThreadId, WriterLease,
@@ -576,15 +577,14 @@ impl CheckpointStore for PgCheckpointStore {
 /// The portable stores on PostgreSQL: one transaction per operation, holding an
 /// advisory lock on the store's name, so operations on one store are serialized
 /// across hosts.
-impl super::portable::PortableKv for PgCheckpointStore {
+impl PortableKv for PgCheckpointStore {
     fn transact(
         &self,
         name: &str,
-        f: &mut dyn FnMut(&mut dyn super::portable::KvTx) -> super::portable::PortableResult<()>,
-    ) -> super::portable::PortableResult<()> {
-        use super::portable::PortableError;
+        f: &mut dyn FnMut(&mut dyn KvTx) -> CheckpointResult<bool>,
+    ) -> CheckpointResult<()> {
         let mut c = self.client.locked();
-        let err = |e: postgres::Error| PortableError::Store(self.db_err(e));
+        let err = |e: postgres::Error| self.db_err(e);
         let mut t = c.transaction().map_err(err)?;
         t.execute(
             "SELECT pg_advisory_xact_lock(727236, hashtext($1))",
@@ -596,11 +596,13 @@ impl super::portable::PortableKv for PgCheckpointStore {
             store: self,
             failed: None,
         };
-        let r = f(&mut tx);
+        let commit = f(&mut tx);
         if let Some(e) = tx.failed.take() {
-            return Err(PortableError::Store(self.db_err(e)));
+            return Err(self.db_err(e));
         }
-        r?;
+        if !commit? {
+            return Ok(());
+        }
         t.commit().map_err(err)
     }
 }
@@ -613,12 +615,12 @@ struct PgTx<'a, 'b> {
     failed: Option<postgres::Error>,
 }
 
-impl super::portable::KvTx for PgTx<'_, '_> {
-    fn get(&mut self, key: &[u8]) -> super::portable::PortableResult<Option<Vec<u8>>> {
+impl KvTx for PgTx<'_, '_> {
+    fn get(&mut self, key: &[u8]) -> CheckpointResult<Option<Vec<u8>>> {
         let row = self
             .t
             .query_opt("SELECT v FROM casfs_portable WHERE k = $1", &[&key])
-            .map_err(|e| super::portable::PortableError::Store(self.store.db_err(e)))?;
+            .map_err(|e| self.store.db_err(e))?;
         Ok(row.map(|r| r.get(0)))
     }
 
@@ -644,7 +646,7 @@ impl super::portable::KvTx for PgTx<'_, '_> {
         }
     }
 
-    fn scan(&mut self, prefix: &[u8]) -> super::portable::PortableResult<Vec<(Vec<u8>, Vec<u8>)>> {
+    fn scan(&mut self, prefix: &[u8]) -> CheckpointResult<Vec<(Vec<u8>, Vec<u8>)>> {
         // Keys from the prefix up to (not including) the next prefix.
         let mut end = prefix.to_vec();
         while let Some(last) = end.pop() {
@@ -664,7 +666,7 @@ impl super::portable::KvTx for PgTx<'_, '_> {
                 &[&prefix, &end],
             )
         }
-        .map_err(|e| super::portable::PortableError::Store(self.store.db_err(e)))?;
+        .map_err(|e| self.store.db_err(e))?;
         Ok(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
     }
 }

@@ -10,11 +10,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::dircache::DIRCACHE_CF;
+use super::portable_kv::{PortableKv, RocksPortable};
 use super::rocks_store::COLUMN_FAMILIES;
+use super::sync::dircache::DIRCACHE_CF;
 use super::{CheckpointError, CheckpointResult, CheckpointStore, RocksCheckpointStore};
-use crate::cas::{Database, ObjectStore, RocksObjectStore};
-use crate::fs::mount_key;
+use crate::cas::{Database, Hash, ObjectStore, RocksObjectStore, TreeId};
+use crate::fs::{mount_key, Owner};
 
 const MARKER: &str = "casfs.json";
 const FORMAT: u32 = 1;
@@ -75,7 +76,7 @@ pub struct Store {
     checkpoints: Arc<dyn CheckpointStore>,
     /// The one portable backend of this open store: its transactions are serialized
     /// by it, so every request shares it.
-    portable: super::portable::PortableStores,
+    portable_kv: Arc<dyn PortableKv>,
     backends: Backends,
     /// `None` for a read-only open, which takes no lock.
     _lock: Option<File>,
@@ -151,7 +152,7 @@ impl Store {
         cfs.push(DIRCACHE_CF);
         cfs.push(crate::fs::MOUNTS_CF);
         cfs.push(crate::cas::remote_store::REMOTE_CF);
-        cfs.push(super::portable::PORTABLE_CF);
+        cfs.push(super::portable_kv::PORTABLE_CF);
         cfs.extend_from_slice(families);
         let db = Arc::new(Database::open(&root.join("db"), &cfs)?);
         Store::assemble(root, db, Some(lock), backends)
@@ -176,21 +177,19 @@ impl Store {
             Some(r) => r.clone(),
             None => local.clone(),
         };
-        let (checkpoints, kv): (
-            Arc<dyn CheckpointStore>,
-            Arc<dyn super::portable::PortableKv>,
-        ) = match &backends.checkpoints {
-            Some(url) => {
-                let pg = Arc::new(super::PgCheckpointStore::open(url)?);
-                (pg.clone(), pg)
-            }
-            None => (
-                Arc::new(RocksCheckpointStore::new(db.clone())),
-                Arc::new(super::portable::RocksPortable::new(db.clone())),
-            ),
-        };
+        let (checkpoints, kv): (Arc<dyn CheckpointStore>, Arc<dyn PortableKv>) =
+            match &backends.checkpoints {
+                Some(url) => {
+                    let pg = Arc::new(super::PgCheckpointStore::open(url)?);
+                    (pg.clone(), pg)
+                }
+                None => (
+                    Arc::new(RocksCheckpointStore::new(db.clone())),
+                    Arc::new(RocksPortable::new(db.clone())),
+                ),
+            };
         Ok(Store {
-            portable: super::portable::PortableStores::new(kv),
+            portable_kv: kv,
             root: root.to_path_buf(),
             local,
             objects,
@@ -284,12 +283,12 @@ impl Store {
         self.checkpoints.clone()
     }
 
-    /// The portable checkpoint stores (an agent framework's own records), where the
-    /// checkpoints are: the store's RocksDB, or PostgreSQL with fleet checkpoints. Every
-    /// call answers the same backend (a clone), so each operation is one atomic step
-    /// whichever request makes it.
-    pub fn portable(&self) -> super::portable::PortableStores {
-        self.portable.clone()
+    /// The backend of the portable checkpoint stores (an agent framework's own records,
+    /// `middleware::portable`), where the checkpoints are: the store's RocksDB, or
+    /// PostgreSQL with fleet checkpoints. Every call answers the same backend (a
+    /// clone), so each operation is one atomic step whichever request makes it.
+    pub fn portable_kv(&self) -> Arc<dyn PortableKv> {
+        self.portable_kv.clone()
     }
 
     /// The objects in this host's RocksDB: the whole object store when it is embedded,
@@ -348,10 +347,30 @@ fn lock_store(root: &Path, timeout: Duration) -> CheckpointResult<File> {
     Ok(file)
 }
 
-/// Where the overlay backend keeps the EROFS images of trees (a cache: `<tree
-/// id>.erofs`, rebuilt when missing).
+/// Where the overlay backend keeps the EROFS images of trees (a cache, rebuilt when
+/// missing), named by [`image_name`].
 pub fn images_dir(store_root: &Path) -> PathBuf {
     store_root.join("images")
+}
+
+/// The file name of the image of `tree` with its files `owner`'s: `<tree id>.erofs`
+/// for root's, `<tree id>.<uid>-<gid>.erofs` for a workspace of another user.
+pub fn image_name(tree: &TreeId, owner: Owner) -> String {
+    match owner {
+        Owner { uid: 0, gid: 0 } => format!("{}.erofs", tree.0.to_hex()),
+        Owner { uid, gid } => format!("{}.{uid}-{gid}.erofs", tree.0.to_hex()),
+    }
+}
+
+/// The file name that marks a tree the image format cannot hold (it holds the reason).
+pub fn unsupported_image_name(tree: &TreeId) -> String {
+    format!("{}.unsupported", tree.0.to_hex())
+}
+
+/// The tree a file in the images directory is of (an image, a marker, a build's
+/// temporary file), from its name; `None` for a name casfs did not make.
+pub fn image_tree(name: &str) -> Option<TreeId> {
+    name.split('.').next().and_then(Hash::from_hex).map(TreeId)
 }
 
 /// Where a mount's files live in the store.

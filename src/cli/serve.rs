@@ -95,7 +95,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
     // sandbox's mount) with it.
     casfs::ignore_broken_pipes();
     // What the no-follow handles keep for the process's life, opened now.
-    casfs::checkpoint::dirfd::prepare().context("opening /proc")?;
+    casfs::sys::dirfd::prepare().context("opening /proc")?;
     let read_json = |p: &std::path::Path| -> anyhow::Result<serde_json::Value> {
         let text =
             std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;

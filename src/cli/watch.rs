@@ -1,5 +1,5 @@
 //! `casfs watch DIR`: the watcher process that lets re-captures of DIR skip every
-//! directory in which nothing changed (see `casfs::checkpoint::watch`).
+//! directory in which nothing changed (see `casfs::checkpoint::sync::watch`).
 
 use std::io::Write;
 use std::path::Path;
@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
-use casfs::checkpoint::watch;
+use casfs::checkpoint::sync::watch;
 
 use super::Cli;
 

@@ -197,7 +197,7 @@ fn translate(rt: &mut Route, ev: &notify::Event) {
 /// Whether `rel` beneath `root` is a directory, looked up through handles (a link is
 /// not one: none is followed).
 fn is_dir_beneath(root: &Path, rel: &str) -> bool {
-    use crate::checkpoint::dirfd;
+    use crate::sys::dirfd;
     use std::os::fd::AsFd;
     dirfd::open_dir_path(root)
         .and_then(|r| dirfd::Entry::open_beneath(r.as_fd(), rel.as_bytes()))
@@ -227,7 +227,7 @@ const MAX_ANNOUNCED: usize = 10_000;
 /// in place when the directory's event arrives, so what is in it now is announced as
 /// created; an entry made in between is announced twice, never missed.
 fn announce_contents(rt: &mut Route, dir: &str) {
-    use crate::checkpoint::dirfd;
+    use crate::sys::dirfd;
     use std::os::fd::AsFd;
     // Looked into through handles beneath the root: no link followed, nothing outside
     // it listed, whatever is renamed meanwhile.

@@ -26,8 +26,8 @@ use serde::Serialize;
 use super::dir_watch::{watch_dir, DirWatch, MARKER_PREFIX};
 use super::provider::WeakSandboxHandle;
 use super::{SandboxHandle, SandboxWorkspace};
-use crate::checkpoint::dirfd;
 use crate::fs::{FsEvent, FsEventKind};
+use crate::sys::dirfd;
 
 /// A change in a run's workspace, as the host receives it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -23,6 +23,7 @@ mod lifecycle;
 mod live;
 mod persistence;
 mod policy;
+pub mod portable;
 mod provider;
 mod publish;
 mod secrets;

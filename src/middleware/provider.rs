@@ -772,7 +772,7 @@ impl DirProvider {
 }
 
 fn remove_tree(key: &str, path: &Path) -> MiddlewareResult<()> {
-    use crate::checkpoint::dirfd;
+    use crate::sys::dirfd;
     use std::os::unix::ffi::OsStrExt;
     let err = |e: std::io::Error| MiddlewareError::Sandbox {
         key: key.to_string(),

@@ -402,7 +402,7 @@ impl<'a> Publisher<'a> {
 /// link followed: a link put in its place is not written through), and read and written
 /// through the one descriptor checked to be a regular file.
 fn put_secrets_back(h: &SandboxHandle, rel: &str, secrets: &Secrets) -> MiddlewareResult<()> {
-    use crate::checkpoint::dirfd::{self, Entry};
+    use crate::sys::dirfd::{self, Entry};
     use std::io::{Read, Seek};
     use std::os::fd::AsFd;
     let path = h.root.join(rel);

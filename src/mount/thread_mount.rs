@@ -170,7 +170,7 @@ pub fn discard_mount_state(
     dirty.sync()?;
     // A bounded directory's file system goes with its image.
     super::disk::remove(&dir).map_err(|e| CheckpointError::io(&dir, e))?;
-    match crate::checkpoint::dirfd::remove_path(&dir) {
+    match crate::sys::dirfd::remove_path(&dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(CheckpointError::io(&dir, e)),

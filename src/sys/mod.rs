@@ -1,6 +1,8 @@
 //! The bottom floor: what every layer uses of the operating system and the standard
 //! library beyond their plain calls. Nothing here imports another casfs module.
 
+pub mod dirfd;
 pub mod sync;
+pub mod xattr;
 
 pub use sync::{Locked, ReadWriteLocked};

@@ -127,12 +127,12 @@ pub fn set_xattr(path: &Path, name: &str, value: &[u8]) {
 /// The extended attributes of `path` (a symlink's own), through casfs's directory
 /// handles: its parent opened, the entry read by name in it.
 pub fn xattrs(path: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
-    use casfs::checkpoint::dirfd;
+    use casfs::sys::dirfd;
     use std::os::fd::AsFd;
     let dir = dirfd::open_dir_path(path.parent().unwrap()).unwrap();
     let name = CString::new(path.file_name().unwrap().as_bytes()).unwrap();
     let m = dirfd::lstat_at(dir.as_fd(), &name).unwrap().unwrap();
-    casfs::checkpoint::xattr::list_at(dir.as_fd(), &name, &m).unwrap()
+    casfs::sys::xattr::list_at(dir.as_fd(), &name, &m).unwrap()
 }
 
 pub fn mkfifo(path: &Path) {

@@ -180,7 +180,7 @@ impl Drop for RemovedFlat {
             for m in crate::mounts_under(p) {
                 drop(crate::MountGuard::new(&m));
             }
-            let _ = casfs::checkpoint::dirfd::remove_path(p);
+            let _ = casfs::sys::dirfd::remove_path(p);
         }
     }
 }

@@ -561,7 +561,7 @@ pub(super) fn start(spec: &Spec<'_>, spare: super::spare::Spare) -> io::Result<S
     let ws = spec
         .workspace
         .map(|w| {
-            crate::checkpoint::dirfd::open_dir_path(w)
+            crate::sys::dirfd::open_dir_path(w)
                 .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", w.display())))
         })
         .transpose()?;
@@ -699,7 +699,7 @@ mod tests {
         }
         let t = tempfile::tempdir().unwrap();
         std::fs::write(t.path().join("secret.txt"), "theirs").unwrap();
-        let ws = crate::checkpoint::dirfd::open_dir_path(t.path()).unwrap();
+        let ws = crate::sys::dirfd::open_dir_path(t.path()).unwrap();
         let exe = OwnedFd::from(std::fs::File::open("/proc/self/exe").unwrap());
         let stage = Stage::make(Some(&ws), &exe, 4242).unwrap();
         let root = std::fs::metadata(STAGE_ROOT).unwrap();

@@ -145,7 +145,7 @@ impl Booted {
     /// workspace has it already.
     pub fn attach(&mut self, workspace: &Path) -> io::Result<()> {
         if let Some(mut stage) = self.stage.take() {
-            let ws = crate::checkpoint::dirfd::open_dir_path(workspace)
+            let ws = crate::sys::dirfd::open_dir_path(workspace)
                 .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", workspace.display())))?;
             stage.attach(&ws)?;
             // Its slot is private by now: nothing of the clearing reaches the sandbox.

@@ -1,7 +1,7 @@
 //! A sandbox's files for its client (the TypeScript provider's `fs`): read, write,
 //! list, stat and lstat, make a directory, remove, rename, under
 //! `/v1/sandboxes/{key}/fs/...`. Every path is resolved beneath the workspace's root
-//! as a container runtime resolves a path inside a rootfs (`checkpoint::dirfd::Root`:
+//! as a container runtime resolves a path inside a rootfs (`sys::dirfd::Root`:
 //! `openat2` with `RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS`): a link in the workspace
 //! is followed inside it, an absolute one from its root, `..` stops at the root, and
 //! nothing outside it is ever read or written, whatever links the workspace holds or
@@ -24,9 +24,9 @@ use serde_json::{json, Value};
 
 use super::api::{blocking, ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
 use super::{Caller, Server};
-use crate::checkpoint::dirfd::root::Root;
-use crate::checkpoint::dirfd::Meta;
 use crate::middleware::SandboxHandle;
+use crate::sys::dirfd::root::Root;
+use crate::sys::dirfd::Meta;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -1,6 +1,6 @@
 //! Portable checkpoint stores over HTTP (`/v1/stores/{store}/...`): an agent
 //! framework's checkpoint store, transcript store and sandbox instance store, durable
-//! in casfs's store (`checkpoint::portable`). The TypeScript package's
+//! in casfs's store (`middleware::portable`). The TypeScript package's
 //! `CasfsCheckpointStore` and `CasfsInstanceStore` are their clients.
 //!
 //! Every record, transcript and instance record is stored scrubbed of the server's
@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 
 use super::api::{blocking, ApiError, ApiJson, ApiPath, ApiResult};
 use super::{Caller, Server};
-use crate::checkpoint::portable::{ForkInput, PortableError, StoreOptions, Writer};
+use crate::middleware::portable::{ForkInput, PortableError, PortableStores, StoreOptions, Writer};
 
 impl From<PortableError> for ApiError {
     fn from(e: PortableError) -> ApiError {
@@ -75,7 +75,7 @@ impl Server {
 pub(super) struct Open {
     lease_duration_ms: Option<f64>,
     renew_after_ms: Option<f64>,
-    clock: Option<crate::checkpoint::portable::Clock>,
+    clock: Option<crate::middleware::portable::Clock>,
 }
 
 pub(super) async fn open(
@@ -100,7 +100,7 @@ pub(super) async fn open(
                 })
             };
         let allow = s.allow_client_clocks();
-        let o = s.store.portable().open(&store, options, allow)?;
+        let o = PortableStores::of(&s.store).open(&store, options, allow)?;
         Ok(Json(json!({"store": named, "options": o})))
     })
     .await
@@ -123,7 +123,7 @@ pub(super) async fn acquire(
         // A tenant's stores are its own.
         let store = who.store(&store);
         s.portable_id("the thread id", &b.thread_id)?;
-        let g = s.store.portable().acquire(&store, &b.thread_id, b.now)?;
+        let g = PortableStores::of(&s.store).acquire(&store, &b.thread_id, b.now)?;
         Ok(Json(serde_json::to_value(g).expect("JSON")))
     })
     .await
@@ -145,7 +145,7 @@ pub(super) async fn renew(
     blocking(move || {
         // A tenant's stores are its own.
         let store = who.store(&store);
-        let expires_at = s.store.portable().renew(&store, &b.writer, b.now)?;
+        let expires_at = PortableStores::of(&s.store).renew(&store, &b.writer, b.now)?;
         Ok(Json(json!({"expires_at": expires_at})))
     })
     .await
@@ -163,7 +163,7 @@ pub(super) async fn release(
         if b.now.is_some() {
             return Err(ApiError::bad("a release states no `now`"));
         }
-        s.store.portable().release(&store, &b.writer)?;
+        PortableStores::of(&s.store).release(&store, &b.writer)?;
         Ok(Json(json!({"ok": true})))
     })
     .await
@@ -177,7 +177,7 @@ pub(super) async fn get(
     blocking(move || {
         // A tenant's stores are its own.
         let store = who.store(&store);
-        let cp = s.store.portable().get(&store, &id)?;
+        let cp = PortableStores::of(&s.store).get(&store, &id)?;
         Ok(Json(json!({"checkpoint": cp.map(|c| s.fill(&c))})))
     })
     .await
@@ -191,7 +191,7 @@ pub(super) async fn list(
     blocking(move || {
         // A tenant's stores are its own.
         let store = who.store(&store);
-        let l = s.store.portable().list(&store, &thread)?;
+        let l = PortableStores::of(&s.store).list(&store, &thread)?;
         Ok(Json(Value::Array(l.iter().map(|c| s.fill(c)).collect())))
     })
     .await
@@ -205,7 +205,7 @@ pub(super) async fn head(
     blocking(move || {
         // A tenant's stores are its own.
         let store = who.store(&store);
-        let h = s.store.portable().head(&store, &thread)?;
+        let h = PortableStores::of(&s.store).head(&store, &thread)?;
         Ok(Json(json!({"head": h})))
     })
     .await
@@ -244,10 +244,13 @@ pub(super) async fn append(
             }
         }
         let cp = s.scrub(&b.checkpoint);
-        let head = s
-            .store
-            .portable()
-            .append(&store, &cp, expected.as_deref(), &b.writer, b.now)?;
+        let head = PortableStores::of(&s.store).append(
+            &store,
+            &cp,
+            expected.as_deref(),
+            &b.writer,
+            b.now,
+        )?;
         Ok(Json(json!({"head_id": head})))
     })
     .await
@@ -271,9 +274,13 @@ pub(super) async fn delete_head(
     blocking(move || {
         // A tenant's stores are its own.
         let store = who.store(&store);
-        s.store
-            .portable()
-            .delete_head(&store, &b.thread_id, &b.checkpoint_id, &b.writer, b.now)?;
+        PortableStores::of(&s.store).delete_head(
+            &store,
+            &b.thread_id,
+            &b.checkpoint_id,
+            &b.writer,
+            b.now,
+        )?;
         Ok(Json(json!({"ok": true})))
     })
     .await
@@ -287,7 +294,7 @@ pub(super) async fn blob_references(
     blocking(move || {
         // A tenant's stores are its own.
         let store = who.store(&store);
-        let refs = s.store.portable().blob_references(&store)?;
+        let refs = PortableStores::of(&s.store).blob_references(&store)?;
         Ok(Json(Value::Array(
             refs.into_iter()
                 .map(|(key, references)| json!({"key": key, "references": references}))
@@ -324,7 +331,7 @@ pub(super) async fn fork(
         // placeholder the client wrote.
         let mut fork = b.fork;
         fork.created_at = s.scrub(&fork.created_at);
-        let cp = s.store.portable().fork(&store, &fork, b.now)?;
+        let cp = PortableStores::of(&s.store).fork(&store, &fork, b.now)?;
         Ok(Json(json!({"checkpoint": s.fill(&cp)})))
     })
     .await
@@ -338,7 +345,7 @@ pub(super) async fn messages(
     blocking(move || {
         // A tenant's stores are its own.
         let store = who.store(&store);
-        let m = s.store.portable().messages(&store, &thread)?;
+        let m = PortableStores::of(&s.store).messages(&store, &thread)?;
         Ok(Json(json!({"messages": m.map(|m| s.fill(&m))})))
     })
     .await
@@ -355,7 +362,7 @@ pub(super) async fn put_messages(
         let store = who.store(&store);
         s.portable_id("the thread id", &thread)?;
         let m = s.scrub(&Value::Array(messages));
-        s.store.portable().save_messages(&store, &thread, &m)?;
+        PortableStores::of(&s.store).save_messages(&store, &thread, &m)?;
         Ok(Json(json!({"ok": true})))
     })
     .await
@@ -369,7 +376,7 @@ pub(super) async fn instance(
     blocking(move || {
         // A tenant's stores are its own.
         let store = who.store(&store);
-        let r = s.store.portable().instance(&store, &key)?;
+        let r = PortableStores::of(&s.store).instance(&store, &key)?;
         Ok(Json(json!({"record": r.map(|r| s.fill(&r))})))
     })
     .await
@@ -386,7 +393,7 @@ pub(super) async fn put_instance(
         let store = who.store(&store);
         s.portable_id("the instance key", &key)?;
         let r = s.scrub(&record);
-        s.store.portable().put_instance(&store, &key, &r)?;
+        PortableStores::of(&s.store).put_instance(&store, &key, &r)?;
         Ok(Json(json!({"ok": true})))
     })
     .await
@@ -400,7 +407,7 @@ pub(super) async fn delete_instance(
     blocking(move || {
         // A tenant's stores are its own.
         let store = who.store(&store);
-        s.store.portable().delete_instance(&store, &key)?;
+        PortableStores::of(&s.store).delete_instance(&store, &key)?;
         Ok(Json(json!({"ok": true})))
     })
     .await

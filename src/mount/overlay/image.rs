@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use crate::cas::TreeId;
-use crate::checkpoint::Store;
+use crate::checkpoint::{image_name, image_tree, unsupported_image_name, Store};
 pub(super) use crate::fs::erofs::mount_image;
 use crate::fs::erofs::{write_image, ImageError};
 use crate::fs::Owner;
@@ -37,15 +37,11 @@ fn images_dir(store: &Store) -> PathBuf {
 }
 
 fn image_path(store: &Store, root: &TreeId, owner: Owner) -> PathBuf {
-    let name = match owner {
-        Owner { uid: 0, gid: 0 } => format!("{}.erofs", root.0.to_hex()),
-        Owner { uid, gid } => format!("{}.{uid}-{gid}.erofs", root.0.to_hex()),
-    };
-    images_dir(store).join(name)
+    images_dir(store).join(image_name(root, owner))
 }
 
 fn unsupported_path(store: &Store, root: &TreeId) -> PathBuf {
-    images_dir(store).join(format!("{}.unsupported", root.0.to_hex()))
+    images_dir(store).join(unsupported_image_name(root))
 }
 
 /// Builds the image of `root` with its files `owner`'s unless it exists or is known
@@ -128,13 +124,10 @@ fn remove_dead_images(store: &Store, dir: &Path) {
             }
             continue;
         }
-        let Some(hex) = name.split('.').next() else {
+        let Some(tree) = image_tree(name) else {
             continue;
         };
-        let Some(h) = crate::cas::Hash::from_hex(hex) else {
-            continue;
-        };
-        if crate::cas::load_tree(store.objects(), &TreeId(h)).is_err() {
+        if crate::cas::load_tree(store.objects(), &tree).is_err() {
             let _ = std::fs::remove_file(e.path());
         }
     }

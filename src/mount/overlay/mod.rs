@@ -343,7 +343,7 @@ fn remove_generations(dir: &Path, keep: Option<u64>) {
     }
     for g in old {
         detach_lowers(&g);
-        if let Err(e) = crate::checkpoint::dirfd::remove_path(&g) {
+        if let Err(e) = crate::sys::dirfd::remove_path(&g) {
             tracing::warn!("removing {}: {e}", g.display());
         }
     }
@@ -1014,7 +1014,7 @@ pub(crate) fn release_to_fuse(store: &Store, mountpoint: &Path) -> CheckpointRes
     dirty.clear_all(&mut b);
     dirty.commit(b)?;
     dirty.sync()?;
-    match crate::checkpoint::dirfd::remove_path(&dir) {
+    match crate::sys::dirfd::remove_path(&dir) {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
         Err(e) => Err(CheckpointError::io(&dir, e)),

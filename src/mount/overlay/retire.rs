@@ -96,7 +96,7 @@ impl Job {
                     std::thread::sleep(Duration::from_millis(100));
                 }
                 drop(lower);
-                if let Err(e) = crate::checkpoint::dirfd::remove_path(&dir) {
+                if let Err(e) = crate::sys::dirfd::remove_path(&dir) {
                     tracing::warn!("removing {}: {e}", dir.display());
                 }
             });

@@ -25,10 +25,10 @@ use crate::cas::file::{store_bytes, store_reader, StoreStats};
 use crate::cas::{
     load_tree, store_tree_over, EntryContent, FileId, ObjectStore, Tree, TreeEntry, TreeId,
 };
-use crate::checkpoint::dirfd::{self, Entry, Meta};
-use crate::checkpoint::xattr;
 use crate::fs::erofs::parse_data_name;
 use crate::fs::{EntryKind, FilterError, SnapshotFilter, SnapshotStats};
+use crate::sys::dirfd::{self, Entry, Meta};
+use crate::sys::xattr;
 
 /// The prefix of the xattrs overlayfs keeps on upper entries, mounted by root.
 pub(super) const TRUSTED_PREFIX: &[u8] = b"trusted.overlay.";
@@ -302,7 +302,7 @@ impl UpperCapture<'_> {
     /// The tree of the merged directory whose upper is `upper` and whose lower is
     /// `lower` (none: a new or opaque directory); `rel` is its path in the workspace.
     /// `upper` (the store's own directory) is the one path opened: everything in it is
-    /// read through directory handles ([`crate::checkpoint::dirfd`]), no link followed.
+    /// read through directory handles ([`crate::sys::dirfd`]), no link followed.
     pub(super) fn dir(
         &mut self,
         upper: &Path,

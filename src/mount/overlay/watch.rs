@@ -37,7 +37,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
 
 use super::upper::{rel_join, split_rel, Rel, Visit};
-use crate::checkpoint::dirfd;
+use crate::sys::dirfd;
 
 /// What is watched on every directory of an upper.
 fn mask() -> WatchMask {

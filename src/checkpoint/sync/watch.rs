@@ -33,8 +33,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::dirfd;
 use crate::cas::Hash;
+use crate::sys::dirfd;
 
 /// What a capture recorded of the watcher's state when it asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -18,19 +18,23 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rayon::prelude::*;
 
 use super::dircache::{DirCache, DirCacheSet};
-use super::dirfd::{
-    child, cstr, fstat, list_dir, lstat_at, open_dir, vanished, Entry, Fingerprint, Meta, Replaced,
-};
 use super::watch::{self, Changes};
-use super::{
-    xattr, CaptureStats, Checkpoint, CheckpointError, CheckpointId, CheckpointResult, LeaseKeeper,
-    NewCheckpoint, RootMeta, Store, ThreadId,
-};
+use super::{cstr, open_dir};
 use crate::cas::file::{store_bytes, store_reader};
 use crate::cas::{
     store_tree_over, CasError, EntryContent, StoreStats, Tree, TreeEntry, TreeId, CHUNK_SIZE,
 };
+use crate::checkpoint::error::{CheckpointError, CheckpointResult};
+use crate::checkpoint::lease::LeaseKeeper;
+use crate::checkpoint::record::{
+    CaptureStats, Checkpoint, CheckpointId, NewCheckpoint, RootMeta, ThreadId,
+};
+use crate::checkpoint::store::Store;
 use crate::fs::{EntryKind, FilterError, SnapshotFilter};
+use crate::sys::dirfd::{
+    child, fstat, list_dir, lstat_at, vanished, Entry, Fingerprint, Meta, Replaced,
+};
+use crate::sys::xattr;
 
 /// Files whose ctime is this close to the capture's start are not trusted next time.
 const RACY_MARGIN: Duration = Duration::from_millis(100);

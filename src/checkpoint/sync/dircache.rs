@@ -22,10 +22,11 @@ use crate::sys::Locked;
 use std::path::Path;
 use std::sync::Mutex;
 
-use super::dirfd::Fingerprint;
 use super::watch::Token;
-use super::{CheckpointResult, Store};
 use crate::cas::{Batch, Hash, Tree, TreeEntry, TreeId};
+use crate::checkpoint::error::CheckpointResult;
+use crate::checkpoint::store::Store;
+use crate::sys::dirfd::Fingerprint;
 
 pub const DIRCACHE_CF: &str = "dircache";
 const VERSION: u8 = 1;

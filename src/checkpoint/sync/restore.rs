@@ -25,17 +25,21 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::dircache::{DirCache, DirCacheSet};
-use super::dirfd::{
-    child, create_at, cstr, fchmod, file_type, fstat, is_dir, list_dir, lstat_at, mkdir_at,
-    mknod_at, open_dir, open_dir_at, readlink_at, remove_at, rename_at, set_fd_mtime, symlink_at,
-    unlink_at, Entry, Fingerprint, Meta,
-};
-use super::{xattr, CheckpointError, CheckpointResult, RootMeta, Store};
+use super::{cstr, open_dir, remove_at};
 use crate::cas::file::{hash_reader, load_chunk_list, write_file_to};
 use crate::cas::{
     load_tree, CasError, EntryContent, FileId, ObjectId, ObjectStore, StagedReader, Tree,
     TreeEntry, TreeId,
 };
+use crate::checkpoint::error::{CheckpointError, CheckpointResult};
+use crate::checkpoint::record::RootMeta;
+use crate::checkpoint::store::Store;
+use crate::sys::dirfd::{
+    child, create_at, fchmod, file_type, fstat, is_dir, list_dir, lstat_at, mkdir_at, mknod_at,
+    open_dir_at, readlink_at, rename_at, set_fd_mtime, symlink_at, unlink_at, Entry, Fingerprint,
+    Meta,
+};
+use crate::sys::xattr;
 
 /// From a remote store, a restore reads file contents ahead in groups of entries of at
 /// most this many bytes (decoded), kept in memory only until they are written; about

@@ -33,21 +33,11 @@ use std::sync::OnceLock;
 
 use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags, Timespec, Timestamps};
 
-use super::{CheckpointError, CheckpointResult};
-
 /// How a path beneath a handle is resolved: never through a symlink (nor a magic link),
 /// never out of the handle's directory.
 pub const BENEATH: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)
     .union(ResolveFlags::NO_MAGICLINKS);
-
-pub fn cstr(b: &[u8], path: &Path) -> CheckpointResult<CString> {
-    CString::new(b).map_err(|_| CheckpointError::path(path, "name contains NUL"))
-}
-
-pub fn last_err(path: &Path) -> CheckpointError {
-    CheckpointError::io(path, io::Error::last_os_error())
-}
 
 pub fn child(path: &Path, name: &[u8]) -> std::path::PathBuf {
     path.join(OsStr::from_bytes(name))
@@ -223,13 +213,6 @@ pub fn open_dir_beneath(dir: BorrowedFd<'_>, rel: &[u8]) -> io::Result<OwnedFd> 
     }
 }
 
-/// Opens a directory by path, following symlinks: a path the caller chose (a store's
-/// own directory, a sandbox's root, a directory named on the command line), never a
-/// path inside a tree another party changes.
-pub fn open_dir(path: &Path) -> CheckpointResult<OwnedFd> {
-    open_dir_path(path).map_err(|e| CheckpointError::io(path, e))
-}
-
 /// [`open_dir`] as an `io::Result`.
 pub fn open_dir_path(path: &Path) -> io::Result<OwnedFd> {
     rustix::fs::open(
@@ -359,11 +342,6 @@ pub fn readlink_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Vec<u8>> {
     rustix::fs::readlinkat(dir, name, Vec::new())
         .map(|t| t.into_bytes())
         .map_err(errno)
-}
-
-/// Removes `name` in `dir`, recursively for directories, never following symlinks.
-pub fn remove_at(dir: BorrowedFd<'_>, name: &CStr, path: &Path) -> CheckpointResult<()> {
-    remove_entry(dir, name).map_err(|e| CheckpointError::io(path, e))
 }
 
 /// How many entries one removal may take away or lift (see [`remove_entry`]) before it

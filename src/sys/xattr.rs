@@ -235,7 +235,7 @@ mod refused_tests {
         let t = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink("nowhere", t.path().join("link")).unwrap();
         let dir = std::fs::File::open(t.path()).unwrap();
-        let expect = super::super::dirfd::lstat_at(dir.as_fd(), c"link")
+        let expect = crate::sys::dirfd::lstat_at(dir.as_fd(), c"link")
             .unwrap()
             .unwrap();
         let got = std::thread::spawn(move || {

@@ -4,10 +4,11 @@
 //! lock per store name in the one [`RocksPortable`] of the process that holds the
 //! store's lock, and one synced batch) and PostgreSQL (a fleet: an advisory transaction
 //! lock on the store's name, and one transaction) give it; the stores' rules are
-//! written once, over [`KvTx`].
+//! written once, over [`KvTx`], in `middleware::portable`, which knows nothing of the
+//! backend.
 //!
 //! The serialization lives in the backend value, so a casfs store has exactly one
-//! (`Store::portable` hands out clones of it): a second `RocksPortable` over the same
+//! (`Store::portable_kv` hands out clones of it): a second `RocksPortable` over the same
 //! database would have locks of its own and let two transactions of one name
 //! interleave.
 
@@ -16,7 +17,7 @@ use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
 
-use super::PortableResult;
+use super::CheckpointResult;
 use crate::cas::{Batch, Database};
 
 /// The column family the portable stores live in (RocksDB).
@@ -24,23 +25,24 @@ pub const PORTABLE_CF: &str = "portable";
 
 /// Reads and writes inside one transaction.
 pub trait KvTx {
-    fn get(&mut self, key: &[u8]) -> PortableResult<Option<Vec<u8>>>;
+    fn get(&mut self, key: &[u8]) -> CheckpointResult<Option<Vec<u8>>>;
     fn put(&mut self, key: &[u8], value: &[u8]);
     fn delete(&mut self, key: &[u8]);
     /// Every key starting with `prefix`, in byte order, with its value (this
     /// transaction's writes included).
-    fn scan(&mut self, prefix: &[u8]) -> PortableResult<Vec<(Vec<u8>, Vec<u8>)>>;
+    fn scan(&mut self, prefix: &[u8]) -> CheckpointResult<Vec<(Vec<u8>, Vec<u8>)>>;
 }
 
 /// A backend of the portable stores.
 pub trait PortableKv: Send + Sync {
     /// Runs `f` in a transaction of store `name`: serialized with every other of that
-    /// name, committed (durably) when `f` returns `Ok`, discarded otherwise.
+    /// name, committed (durably) when `f` returns `Ok(true)`, discarded when it returns
+    /// `Ok(false)` (the rules refused: the caller keeps why) or an error.
     fn transact(
         &self,
         name: &str,
-        f: &mut dyn FnMut(&mut dyn KvTx) -> PortableResult<()>,
-    ) -> PortableResult<()>;
+        f: &mut dyn FnMut(&mut dyn KvTx) -> CheckpointResult<bool>,
+    ) -> CheckpointResult<()>;
 }
 
 /// How many locks a [`RocksPortable`] spreads store names over: transactions of two
@@ -77,7 +79,7 @@ struct RocksTx<'a> {
 }
 
 impl KvTx for RocksTx<'_> {
-    fn get(&mut self, key: &[u8]) -> PortableResult<Option<Vec<u8>>> {
+    fn get(&mut self, key: &[u8]) -> CheckpointResult<Option<Vec<u8>>> {
         if let Some(v) = self.pending.get(key) {
             return Ok(v.clone());
         }
@@ -92,7 +94,7 @@ impl KvTx for RocksTx<'_> {
         self.pending.insert(key.to_vec(), None);
     }
 
-    fn scan(&mut self, prefix: &[u8]) -> PortableResult<Vec<(Vec<u8>, Vec<u8>)>> {
+    fn scan(&mut self, prefix: &[u8]) -> CheckpointResult<Vec<(Vec<u8>, Vec<u8>)>> {
         let mut merged: BTreeMap<Vec<u8>, Vec<u8>> = self
             .db
             .column(PORTABLE_CF)
@@ -116,8 +118,8 @@ impl PortableKv for RocksPortable {
     fn transact(
         &self,
         name: &str,
-        f: &mut dyn FnMut(&mut dyn KvTx) -> PortableResult<()>,
-    ) -> PortableResult<()> {
+        f: &mut dyn FnMut(&mut dyn KvTx) -> CheckpointResult<bool>,
+    ) -> CheckpointResult<()> {
         // One transaction of a name at a time in the process, from its first read to
         // its synced write; the store's lock keeps every other process out of the
         // database.
@@ -126,8 +128,7 @@ impl PortableKv for RocksPortable {
             db: &self.db,
             pending: BTreeMap::new(),
         };
-        f(&mut tx)?;
-        if tx.pending.is_empty() {
+        if !f(&mut tx)? || tx.pending.is_empty() {
             return Ok(());
         }
         let col = self.db.column(PORTABLE_CF);
