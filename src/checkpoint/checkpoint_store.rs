@@ -2,12 +2,12 @@
 
 use std::time::Duration;
 
-use super::{
-    Checkpoint, CheckpointId, CheckpointResult, LeaseRecord, NewCheckpoint, ThreadId, WriterLease,
-};
+use super::ids::{CheckpointId, CheckpointResult, ThreadId};
+use super::lease::{LeaseRecord, WriterLease};
+use super::record::{Checkpoint, NewCheckpoint};
 
 /// Where checkpoints, heads and leases live. The embedded default is RocksDB
-/// ([`super::RocksCheckpointStore`]); fleet backends implement the same contract.
+/// ([`super::rocks_store::RocksCheckpointStore`]); fleet backends implement the same contract.
 pub trait CheckpointStore: Send + Sync {
     /// Takes the thread's writer lease for `ttl`, or fails with `LeaseHeld` naming the
     /// current holder while a live lease exists.
@@ -52,7 +52,7 @@ pub trait CheckpointStore: Send + Sync {
                 break;
             }
             let cp = match self.get(&id) {
-                Err(super::CheckpointError::NotFound(_))
+                Err(super::ids::CheckpointError::NotFound(_))
                     if !out.is_empty() && self.is_pruned(&id)? =>
                 {
                     break
@@ -166,7 +166,7 @@ pub(crate) fn check_leases(
 pub(crate) fn checked_prefix(prefix: &str) -> CheckpointResult<String> {
     let p = prefix.to_ascii_lowercase();
     if p.len() < 4 || p.len() > 64 || !p.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(super::CheckpointError::Invalid(format!(
+        return Err(super::ids::CheckpointError::Invalid(format!(
             "checkpoint {prefix:?}: expected at least 4 hex digits"
         )));
     }
@@ -180,7 +180,7 @@ pub(crate) fn check_current(
     lease: &WriterLease,
     current: Option<(LeaseRecord, bool)>,
 ) -> CheckpointResult<()> {
-    let lost = |detail: String| super::CheckpointError::LeaseLost {
+    let lost = |detail: String| super::ids::CheckpointError::LeaseLost {
         thread: lease.thread.clone(),
         token: lease.token,
         detail,
@@ -194,7 +194,7 @@ pub(crate) fn check_current(
             cur.holder, cur.token
         ))),
         Some((cur, _)) if !cur.owned_by(lease) => Err(lost(NOT_THE_OWNER.into())),
-        Some((cur, false)) => Err(super::CheckpointError::LeaseExpired {
+        Some((cur, false)) => Err(super::ids::CheckpointError::LeaseExpired {
             thread: lease.thread.clone(),
             token: lease.token,
             expired_at: cur.expires_at(),
@@ -215,7 +215,7 @@ pub(crate) fn release_deletes(
     current: Option<&LeaseRecord>,
     last_token: u64,
 ) -> CheckpointResult<bool> {
-    let lost = |detail: String| super::CheckpointError::LeaseLost {
+    let lost = |detail: String| super::ids::CheckpointError::LeaseLost {
         thread: lease.thread.clone(),
         token: lease.token,
         detail,
@@ -235,7 +235,7 @@ pub(crate) fn release_deletes(
 /// An append must be on the thread its lease is for.
 pub(crate) fn check_lease_thread(new: &NewCheckpoint, lease: &WriterLease) -> CheckpointResult<()> {
     if lease.thread != new.thread_id {
-        return Err(super::CheckpointError::Invalid(format!(
+        return Err(super::ids::CheckpointError::Invalid(format!(
             "lease is for thread {:?}, checkpoint for {:?}",
             lease.thread, new.thread_id
         )));
@@ -246,7 +246,7 @@ pub(crate) fn check_lease_thread(new: &NewCheckpoint, lease: &WriterLease) -> Ch
 /// A lease TTL a store accepts: more than 0, at most 24 hours.
 pub(crate) fn check_ttl(ttl: std::time::Duration) -> CheckpointResult<()> {
     if ttl.is_zero() || ttl > std::time::Duration::from_secs(24 * 3600) {
-        return Err(super::CheckpointError::Invalid(format!(
+        return Err(super::ids::CheckpointError::Invalid(format!(
             "lease TTL {ttl:?}: use more than 0 and at most 24 hours"
         )));
     }
@@ -261,7 +261,7 @@ pub(crate) fn check_free(
 ) -> CheckpointResult<()> {
     match current {
         Some((cur, true)) if !super::lease::holder_is_dead(&cur.holder) => {
-            Err(super::CheckpointError::LeaseHeld {
+            Err(super::ids::CheckpointError::LeaseHeld {
                 thread: thread.clone(),
                 until: cur.expires_at(),
                 holder: cur.holder,

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use super::CheckpointResult;
+use super::ids::CheckpointResult;
 use crate::cas::{load_tree, EntryContent, ObjectStore, Paired, Tree, TreeEntry, TreeId};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -15,10 +15,12 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
+use super::ids::{CheckpointError, CheckpointId, CheckpointResult, ThreadId};
 use super::lease::millis;
+use super::record::MountTag;
+use super::store::Store;
 use super::store::{key_hex, mount_dir_of_key};
 use super::sync::{self, dircache};
-use super::{CheckpointError, CheckpointId, CheckpointResult, MountTag, Store, ThreadId};
 use crate::cas::gc::Collecting;
 use crate::cas::remote_store::{RemoteGcOptions, RemoteGcReport, RemoteObjectStore};
 use crate::cas::{Hash, Marker, Problem, SweepReport};
@@ -82,7 +84,7 @@ pub fn prune(store: &Store, r: &Retention, dry_run: bool) -> CheckpointResult<Pr
     let cutoff = r
         .keep_within
         .map(|d| now.saturating_sub(d.as_millis() as u64));
-    let mut by_thread: BTreeMap<ThreadId, Vec<super::Checkpoint>> = BTreeMap::new();
+    let mut by_thread: BTreeMap<ThreadId, Vec<super::record::Checkpoint>> = BTreeMap::new();
     for (_, rec) in cps.all_records()? {
         // A record that does not decode is fsck's business; retention leaves it alone.
         if let Ok(cp) = rec {
@@ -102,7 +104,7 @@ pub fn prune(store: &Store, r: &Retention, dry_run: bool) -> CheckpointResult<Pr
     for (thread, records) in &by_thread {
         // Rank by distance from the head along parents; records off that line (none
         // normally) rank after every one on it.
-        let index: BTreeMap<CheckpointId, &super::Checkpoint> =
+        let index: BTreeMap<CheckpointId, &super::record::Checkpoint> =
             records.iter().map(|c| (c.id, c)).collect();
         let mut rank: BTreeMap<CheckpointId, usize> = BTreeMap::new();
         let mut next = heads.get(thread).copied();
@@ -374,7 +376,7 @@ fn gc_remote(
     let thread = ThreadId::new(GC_THREAD)?;
     let lease = store.checkpoints().acquire_writer(
         &thread,
-        &super::holder_name("gc"),
+        &super::lease::holder_name("gc"),
         Duration::from_secs(600),
     )?;
     let out = (|| {

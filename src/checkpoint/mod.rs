@@ -7,7 +7,8 @@
 
 mod checkpoint_store;
 pub mod diff;
-mod error;
+mod ids;
+mod keeper;
 mod lease;
 pub mod maintenance;
 pub mod pg_store;
@@ -19,16 +20,16 @@ mod store;
 pub mod sync;
 
 pub use checkpoint_store::{Bookkeeping, CheckpointStore};
-pub use error::{CheckpointError, CheckpointResult};
+pub use ids::{check_tenant_name, CheckpointId, ThreadId, MAX_TENANT_LEN};
+pub use ids::{CheckpointError, CheckpointResult};
+pub use keeper::{LeaseKeeper, LeaseStatus};
 pub use lease::{
-    holder_name, millis, same_secret, secret_hex, LeaseKeeper, LeaseRecord, LeaseStatus,
-    OwnerToken, WriterLease,
+    holder_name, millis, same_secret, secret_hex, LeaseRecord, OwnerToken, WriterLease,
 };
 pub use pg_store::PgCheckpointStore;
-pub use record::{check_tenant_name, MAX_TENANT_LEN};
 pub use record::{
-    Artifact, CaptureStats, Checkpoint, CheckpointBody, CheckpointId, ContentRef, MountTag,
-    NewCheckpoint, RootMeta, SecretFile, ThreadId,
+    Artifact, CaptureStats, Checkpoint, CheckpointBody, ContentRef, MountTag, NewCheckpoint,
+    RootMeta, SecretFile,
 };
 pub use rocks_store::RocksCheckpointStore;
 pub use store::{

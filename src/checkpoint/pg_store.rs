@@ -27,12 +27,12 @@ use std::time::{Duration, SystemTime};
 
 use postgres::{Client, NoTls, Transaction};
 
+use super::checkpoint_store::CheckpointStore;
 use super::checkpoint_store::{check_leases, Bookkeeping};
+use super::ids::{CheckpointError, CheckpointId, CheckpointResult, ThreadId};
+use super::lease::{LeaseRecord, OwnerToken, WriterLease};
 use super::portable_kv::{KvTx, PortableKv};
-use super::{
-    Checkpoint, CheckpointError, CheckpointId, CheckpointResult, CheckpointStore, LeaseRecord,
-    NewCheckpoint, OwnerToken, ThreadId, WriterLease,
-};
+use super::record::{Checkpoint, NewCheckpoint};
 use crate::cas::Hash;
 
 /// Version 2 added `casfs_leases.owner_digest`: a casfs that checks no owner secret

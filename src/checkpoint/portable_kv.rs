@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
 
-use super::CheckpointResult;
+use super::ids::CheckpointResult;
 use crate::cas::{Batch, Database};
 
 /// The column family the portable stores live in (RocksDB).

@@ -2,7 +2,8 @@
 //! least 4 hex digits, or `@thread` (the thread's head), each optionally followed by
 //! `~N` (N parents back). The command line and `casfs serve` accept the same.
 
-use super::{CheckpointError, CheckpointId, CheckpointResult, CheckpointStore, ThreadId};
+use super::checkpoint_store::CheckpointStore;
+use super::ids::{CheckpointError, CheckpointId, CheckpointResult, ThreadId};
 
 /// The checkpoint `r` names in `cps`.
 pub fn resolve(cps: &dyn CheckpointStore, r: &str) -> CheckpointResult<CheckpointId> {

@@ -19,12 +19,12 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use super::checkpoint_store::CheckpointStore;
 use super::checkpoint_store::{check_leases, Bookkeeping};
+use super::ids::{CheckpointError, CheckpointId, CheckpointResult, ThreadId};
 use super::lease::millis;
-use super::{
-    Checkpoint, CheckpointError, CheckpointId, CheckpointResult, CheckpointStore, LeaseRecord,
-    NewCheckpoint, OwnerToken, ThreadId, WriterLease,
-};
+use super::lease::{LeaseRecord, OwnerToken, WriterLease};
+use super::record::{Checkpoint, NewCheckpoint};
 use crate::cas::{decode_hex, Batch, Database, Hash};
 
 pub const CHECKPOINTS_CF: &str = "checkpoints";

@@ -10,14 +10,18 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::checkpoint_store::CheckpointStore;
+use super::ids::{CheckpointError, CheckpointResult};
 use super::portable_kv::{PortableKv, RocksPortable};
+use super::rocks_store::RocksCheckpointStore;
 use super::rocks_store::COLUMN_FAMILIES;
-use super::sync::dircache::DIRCACHE_CF;
-use super::{CheckpointError, CheckpointResult, CheckpointStore, RocksCheckpointStore};
 use crate::cas::{Database, Hash, ObjectStore, RocksObjectStore, TreeId};
 use crate::fs::{mount_key, Owner};
 
 const MARKER: &str = "casfs.json";
+
+/// The column family of the directory cache (`sync::dircache`).
+pub const DIRCACHE_CF: &str = "dircache";
 const FORMAT: u32 = 1;
 
 /// Whether opening may create the store.
@@ -180,7 +184,7 @@ impl Store {
         let (checkpoints, kv): (Arc<dyn CheckpointStore>, Arc<dyn PortableKv>) =
             match &backends.checkpoints {
                 Some(url) => {
-                    let pg = Arc::new(super::PgCheckpointStore::open(url)?);
+                    let pg = Arc::new(super::pg_store::PgCheckpointStore::open(url)?);
                     (pg.clone(), pg)
                 }
                 None => (

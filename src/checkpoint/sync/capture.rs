@@ -24,11 +24,9 @@ use crate::cas::file::{store_bytes, store_reader};
 use crate::cas::{
     store_tree_over, CasError, EntryContent, StoreStats, Tree, TreeEntry, TreeId, CHUNK_SIZE,
 };
-use crate::checkpoint::error::{CheckpointError, CheckpointResult};
-use crate::checkpoint::lease::LeaseKeeper;
-use crate::checkpoint::record::{
-    CaptureStats, Checkpoint, CheckpointId, NewCheckpoint, RootMeta, ThreadId,
-};
+use crate::checkpoint::ids::{CheckpointError, CheckpointId, CheckpointResult, ThreadId};
+use crate::checkpoint::keeper::LeaseKeeper;
+use crate::checkpoint::record::{CaptureStats, Checkpoint, NewCheckpoint, RootMeta};
 use crate::checkpoint::store::Store;
 use crate::fs::{EntryKind, FilterError, SnapshotFilter};
 use crate::sys::dirfd::{

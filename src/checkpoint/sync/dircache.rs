@@ -24,11 +24,12 @@ use std::sync::Mutex;
 
 use super::watch::Token;
 use crate::cas::{Batch, Hash, Tree, TreeEntry, TreeId};
-use crate::checkpoint::error::CheckpointResult;
+use crate::checkpoint::ids::CheckpointResult;
 use crate::checkpoint::store::Store;
 use crate::sys::dirfd::Fingerprint;
 
-pub const DIRCACHE_CF: &str = "dircache";
+pub use crate::checkpoint::store::DIRCACHE_CF;
+
 const VERSION: u8 = 1;
 
 /// What the cache holds for one directory.

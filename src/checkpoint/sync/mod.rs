@@ -14,7 +14,7 @@ use std::ffi::{CStr, CString};
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::Path;
 
-use crate::checkpoint::error::{CheckpointError, CheckpointResult};
+use crate::checkpoint::ids::{CheckpointError, CheckpointResult};
 use crate::sys::dirfd;
 
 /// A name as the C calls take it; one with a NUL byte is refused, naming `path`.

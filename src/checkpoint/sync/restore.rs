@@ -31,7 +31,7 @@ use crate::cas::{
     load_tree, CasError, EntryContent, FileId, ObjectId, ObjectStore, StagedReader, Tree,
     TreeEntry, TreeId,
 };
-use crate::checkpoint::error::{CheckpointError, CheckpointResult};
+use crate::checkpoint::ids::{CheckpointError, CheckpointResult};
 use crate::checkpoint::record::RootMeta;
 use crate::checkpoint::store::Store;
 use crate::sys::dirfd::{
