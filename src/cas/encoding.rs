@@ -105,9 +105,9 @@ impl<'a> Reader<'a> {
         self.take(n)
     }
 
-    pub fn hash(&mut self) -> DecodeResult<super::Hash> {
-        let b = self.take(super::HASH_LEN)?;
-        Ok(super::Hash::from_slice(b).expect("length checked"))
+    pub fn hash(&mut self) -> DecodeResult<super::hash::Hash> {
+        let b = self.take(super::hash::HASH_LEN)?;
+        Ok(super::hash::Hash::from_slice(b).expect("length checked"))
     }
 
     pub fn finish(&self) -> DecodeResult<()> {

@@ -3,7 +3,7 @@
 use std::io;
 use std::path::PathBuf;
 
-use super::Hash;
+use super::hash::Hash;
 
 /// What can go wrong in the object store. Every variant names the object or path.
 #[derive(Debug, thiserror::Error)]

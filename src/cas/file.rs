@@ -11,7 +11,10 @@ use std::io::{Read, Write};
 use std::path::Path;
 
 use super::encoding::{put_varint, Reader};
-use super::{CasError, CasResult, ChunkId, FileId, Hash, ObjectId, ObjectStore, PutOutcome};
+use super::error::{CasError, CasResult};
+use super::hash::{ChunkId, FileId, Hash, ObjectId};
+use super::store::{ObjectStore, PutOutcome};
+use super::tree::{EntryContent, TreeEntry};
 
 /// The chunk size for large files (1 MiB).
 pub const CHUNK_SIZE: usize = 1 << 20;
@@ -28,6 +31,18 @@ pub struct FileRef {
 impl FileRef {
     pub fn is_chunked(&self) -> bool {
         self.size > CHUNK_SIZE as u64
+    }
+}
+
+impl TreeEntry {
+    pub fn file_ref(&self) -> Option<FileRef> {
+        match self.content {
+            EntryContent::File(id) => Some(FileRef {
+                id,
+                size: self.size,
+            }),
+            _ => None,
+        }
     }
 }
 
@@ -156,7 +171,7 @@ pub fn store_reader_over(
 ) -> CasResult<FileRef> {
     let put_chunk = |data: &[u8], index: usize, stats: &mut StoreStats| -> CasResult<ChunkId> {
         if let Some((id, len)) = base.and_then(|b| b.chunks.get(index)) {
-            if *len as usize == data.len() && id.0 == crate::cas::Hash::of(data) {
+            if *len as usize == data.len() && id.0 == crate::cas::hash::Hash::of(data) {
                 stats.reused_objects += 1;
                 return Ok(*id);
             }
@@ -373,7 +388,8 @@ pub fn file_id_of(data: &[u8]) -> FileId {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cas::{Database, RocksObjectStore};
+    use crate::cas::kv::Database;
+    use crate::cas::rocks_store::RocksObjectStore;
     use std::sync::Arc;
 
     fn store() -> (tempfile::TempDir, RocksObjectStore) {

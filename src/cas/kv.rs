@@ -16,12 +16,12 @@ use rocksdb::{
     BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DBCompressionType, Options, DB,
 };
 
-use super::{CasError, CasResult};
+use super::error::{CasError, CasResult};
 
 /// The column family holding content-addressed objects.
 pub const OBJECTS_CF: &str = "objects";
 
-/// The column family holding what is known of trees ([`super::TreeFacts`]), by tree id.
+/// The column family holding what is known of trees ([`super::tree::TreeFacts`]), by tree id.
 pub const TREE_FACTS_CF: &str = "tree_facts";
 
 /// A RocksDB database with its column families created at open.

@@ -5,7 +5,8 @@
 use std::cell::RefCell;
 
 use super::encoding::{put_varint, Reader};
-use super::{CasError, CasResult, Hash};
+use super::error::{CasError, CasResult};
+use super::hash::Hash;
 
 const RAW: u8 = 0;
 const ZSTD: u8 = 1;

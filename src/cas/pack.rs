@@ -21,7 +21,8 @@
 //!   Decoding checks every count, order and range and names the index in every error;
 //!   a lookup is a binary search over the decoded hashes.
 
-use super::{CasError, CasResult, Hash};
+use super::error::{CasError, CasResult};
+use super::hash::Hash;
 
 const MAGIC: &[u8; 8] = b"casfsidx";
 const VERSION: u8 = 2;

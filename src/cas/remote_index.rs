@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
+use super::hash::Hash;
 use super::pack::{Location, PackIndex};
-use super::Hash;
 
 /// Requests made to the remote store, by kind.
 #[derive(Debug, Default, Clone, Copy, serde::Serialize, serde::Deserialize, PartialEq, Eq)]

@@ -46,13 +46,14 @@ use object_store::path::Path as RemotePath;
 use object_store::{ObjectStore as Remote, PutPayload};
 use rayon::prelude::*;
 
-use super::gc::Fence;
+use super::error::{CasError, CasResult};
+use super::fence::Fence;
+use super::hash::{Hash, ObjectId};
 use super::object::decode_stored;
 use super::pack::{coalesce, read_whole, Location, PackEntry, PackIndex, PackWriter};
 use super::remote_index::{Counters, Indexes, RemoteRequests};
 use super::rocks_store::RocksObjectStore;
 use super::store::{ObjectStore, PutOutcome, Staged};
-use super::{CasError, CasResult, Hash, ObjectId};
 
 /// The column family that marked objects known to be in the remote store (before
 /// packs); kept so that stores which have it open, no longer read or written.
@@ -871,11 +872,11 @@ impl ObjectStore for RemoteObjectStore {
 
     /// This host's: facts are noted where trees are stored, not shipped (a tree
     /// another host stored is not known here).
-    fn tree_facts(&self, id: &crate::cas::TreeId) -> Option<crate::cas::TreeFacts> {
+    fn tree_facts(&self, id: &crate::cas::hash::TreeId) -> Option<crate::cas::tree::TreeFacts> {
         self.local.tree_facts(id)
     }
 
-    fn note_tree_facts(&self, id: &crate::cas::TreeId, facts: crate::cas::TreeFacts) {
+    fn note_tree_facts(&self, id: &crate::cas::hash::TreeId, facts: crate::cas::tree::TreeFacts) {
         self.local.note_tree_facts(id, facts)
     }
 
@@ -972,8 +973,8 @@ impl ObjectStore for RemoteObjectStore {
 mod tests {
     use super::*;
     use crate::cas::file::ChunkList;
+    use crate::cas::hash::{ChunkId, FileId, TreeId};
     use crate::cas::tree::{EntryContent, Tree, TreeEntry};
-    use crate::cas::{ChunkId, FileId, TreeId};
 
     fn entry(name: &str, content: EntryContent) -> TreeEntry {
         let size = u64::from(matches!(content, EntryContent::File(_)));
@@ -988,7 +989,7 @@ mod tests {
     }
 
     fn open_at(dir: &std::path::Path, remote: &std::path::Path) -> RemoteObjectStore {
-        let db = Arc::new(crate::cas::Database::open(&dir.join("db"), &[]).unwrap());
+        let db = Arc::new(crate::cas::kv::Database::open(&dir.join("db"), &[]).unwrap());
         let local = Arc::new(RocksObjectStore::new(db));
         let url = format!("file://{}", remote.display());
         RemoteObjectStore::open(local, &url, None).unwrap()
@@ -1045,7 +1046,7 @@ mod tests {
         // A large file: a chunk list of two chunks.
         let list = ChunkList {
             chunks: vec![
-                (ChunkId(c1), crate::cas::CHUNK_SIZE as u32),
+                (ChunkId(c1), crate::cas::file::CHUNK_SIZE as u32),
                 (ChunkId(c2), 1),
             ],
         }

@@ -8,11 +8,13 @@ use std::sync::Arc;
 
 use rocksdb::{BottommostLevelCompaction, CompactOptions, WriteBatch, WriteOptions};
 
-use super::gc::{Collecting, Fence};
+use super::error::{CasError, CasResult};
+use super::fence::{Collecting, Fence};
+use super::hash::{Hash, ObjectId, TreeId};
 use super::kv::{Database, OBJECTS_CF, TREE_FACTS_CF};
 use super::object::{decode_stored, encode_stored_into, MAX_OBJECT_LEN};
 use super::store::{ObjectStore, PutOutcome, SweepReport};
-use super::{CasError, CasResult, Hash, ObjectId, TreeFacts, TreeId};
+use super::tree::TreeFacts;
 
 thread_local! {
     static ENCODE_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };

@@ -5,8 +5,10 @@
 
 use std::collections::HashMap;
 
-use super::gc::Fence;
-use super::{CasResult, Hash, ObjectId, TreeFacts, TreeId};
+use super::error::CasResult;
+use super::fence::{Fence, WriteSession};
+use super::hash::{Hash, ObjectId, TreeId};
+use super::tree::TreeFacts;
 
 /// What a `put` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +37,7 @@ pub trait ObjectStore: Send + Sync {
     fn get(&self, id: &ObjectId, what: &'static str) -> CasResult<Vec<u8>>;
 
     /// What is known of tree `id` and the trees below it, if it was noted
-    /// ([`crate::cas::store_tree`] notes it for the trees it stores).
+    /// ([`crate::cas::tree_io::store_tree`] notes it for the trees it stores).
     fn tree_facts(&self, _id: &TreeId) -> Option<TreeFacts> {
         None
     }
@@ -172,4 +174,12 @@ pub struct SweepReport {
     pub bytes_freed: u64,
     /// Objects put while the collection ran, kept although unmarked.
     pub kept_new: u64,
+}
+
+/// Holds a write session on `store`'s fence, if it has one.
+pub fn write_session(store: &dyn ObjectStore) -> WriteSession<'_> {
+    match store.fence() {
+        Some(f) => f.session(),
+        None => WriteSession::none(),
+    }
 }

@@ -12,7 +12,7 @@
 //! `rdev` for devices, and nothing for fifos.
 
 use super::encoding::{put_bytes, put_varint, put_zigzag, Reader};
-use super::{FileId, FileRef, Hash, TreeId};
+use super::hash::{FileId, Hash, TreeId};
 
 pub const TREE_VERSION: u8 = 1;
 pub const MAX_NAME_LEN: usize = 255;
@@ -76,16 +76,6 @@ pub struct TreeEntry {
 }
 
 impl TreeEntry {
-    pub fn file_ref(&self) -> Option<FileRef> {
-        match self.content {
-            EntryContent::File(id) => Some(FileRef {
-                id,
-                size: self.size,
-            }),
-            _ => None,
-        }
-    }
-
     pub fn tree_id(&self) -> Option<TreeId> {
         match self.content {
             EntryContent::Dir(id) => Some(id),
@@ -328,6 +318,70 @@ impl Tree {
         }
         r.finish()?;
         Tree::from_sorted_entries(entries)
+    }
+}
+
+/// What holds of a tree and every tree below it, noted when it is stored (see
+/// [`ObjectStore::tree_facts`](crate::cas::ObjectStore::tree_facts)), for readers that would otherwise walk the tree to know
+/// (a read-only view of a tree without extended attributes says it supports none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TreeFacts {
+    /// Some entry of the tree or of a tree below has extended attributes.
+    pub xattrs: bool,
+}
+
+impl TreeFacts {
+    /// The facts of `tree`, given those of the trees below it (`sub`); unknown when
+    /// they depend on a subtree's that are.
+    pub fn of(tree: &Tree, sub: impl Fn(&TreeId) -> Option<TreeFacts>) -> Option<TreeFacts> {
+        Self::of_over(tree, None, sub)
+    }
+
+    /// [`of`](Self::of) `tree`, made from `base` (a tree and its facts) by changing
+    /// some entries: an entry equal to `base`'s of its name (its subtree too) adds
+    /// nothing to facts that hold of `base` as a whole, so only the others are looked
+    /// at. `base`'s extended attributes may be in an entry `tree` no longer has: then
+    /// every entry is.
+    pub fn of_over(
+        tree: &Tree,
+        base: Option<(&Tree, TreeFacts)>,
+        sub: impl Fn(&TreeId) -> Option<TreeFacts>,
+    ) -> Option<TreeFacts> {
+        let same = |e: &TreeEntry| match base {
+            Some((b, TreeFacts { xattrs: false })) => b.get(&e.name) == Some(e),
+            _ => false,
+        };
+        // The changed entries' own attributes first (they settle it with no lookup),
+        // their subtrees then.
+        let mut subtrees = Vec::new();
+        for e in tree.entries().iter().filter(|e| !same(e)) {
+            if !e.xattrs.is_empty() {
+                return Some(TreeFacts { xattrs: true });
+            }
+            subtrees.extend(e.tree_id());
+        }
+        let mut unknown = false;
+        for id in subtrees {
+            match sub(&id) {
+                Some(f) if f.xattrs => return Some(f),
+                Some(_) => {}
+                None => unknown = true,
+            }
+        }
+        (!unknown).then_some(TreeFacts { xattrs: false })
+    }
+
+    /// The stored form: one byte of flags.
+    pub fn encode(self) -> [u8; 1] {
+        [self.xattrs as u8]
+    }
+
+    /// The facts a stored value says; None for a value this version does not know.
+    pub fn decode(v: &[u8]) -> Option<TreeFacts> {
+        match v {
+            [f] if *f <= 1 => Some(TreeFacts { xattrs: *f == 1 }),
+            _ => None,
+        }
     }
 }
 

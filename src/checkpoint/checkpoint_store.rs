@@ -91,7 +91,7 @@ pub trait CheckpointStore: Send + Sync {
     fn remove_records(&self, doomed: &[(CheckpointId, ThreadId)]) -> CheckpointResult<usize>;
 
     /// Reads the store's own bookkeeping for `fsck`: every head as stored, and every
-    /// lease against its thread's fencing token ([`check_leases`]). With `repair`, a
+    /// lease against its thread's fencing token (`check_leases`). With `repair`, a
     /// fencing token below a lease's is raised to it and a lease that does not decode
     /// is dropped.
     fn bookkeeping(&self, repair: bool) -> CheckpointResult<Bookkeeping>;

@@ -21,7 +21,7 @@ use super::record::MountTag;
 use super::store::Store;
 use super::store::{key_hex, mount_dir_of_key};
 use super::sync::{self, dircache};
-use crate::cas::gc::Collecting;
+use crate::cas::fence::Collecting;
 use crate::cas::remote_store::{RemoteGcOptions, RemoteGcReport, RemoteObjectStore};
 use crate::cas::{Hash, Marker, Problem, SweepReport};
 use crate::fs::dirty::{mount_keys, DirtyStore, Override};

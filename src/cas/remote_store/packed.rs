@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 
 use super::{PACKED_AT_PUT, PACK_SLACK};
+use crate::cas::hash::Hash;
 use crate::cas::pack::PackWriter;
-use crate::cas::Hash;
 
 /// File contents packed as they are put, a pack filling per capture thread: a thread
 /// puts a directory's files (or a run of them) one after the other, so its pack holds
