@@ -1,7 +1,7 @@
 //! A stored tree as an EROFS metadata image, composefs-style: the kernel serves every
 //! lookup, listing and stat of the tree from the image with no daemon in the way, and
 //! overlayfs fetches file contents from a data-only layer (casfs's object view,
-//! [`crate::fs::mount_objects`]) by the redirect each file carries.
+//! [`crate::fs::view::mount_objects`]) by the redirect each file carries.
 //!
 //! Layout (Documentation/filesystems/erofs.rst, include/erofs_fs.h), 4 KiB blocks:
 //! block 0 holds the superblock at byte 1024; the metadata area starts at block 1 with

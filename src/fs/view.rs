@@ -24,7 +24,9 @@ use fuser::{
     ReplyDirectory, ReplyDirectoryPlus, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
 };
 
-use super::{reply_getxattr, reply_listxattr, ChunkReader, Mounted};
+use super::chunk_cache::ChunkReader;
+use super::mounted::Mounted;
+use super::reply::{reply_getxattr, reply_listxattr};
 use crate::cas::file::{load_chunk_list, ChunkList};
 use crate::cas::{load_tree, CasError, EntryContent, ObjectStore, Tree, TreeEntry, TreeId};
 
@@ -39,12 +41,12 @@ pub struct ViewOptions {
     /// (0: none): a first listing then finds its tree decoded and verified already
     /// instead of reading it from the store (the overlay's lower).
     pub read_ahead_dirs: usize,
-    /// Ask the kernel for FUSE over io_uring (see [`crate::fs::FuseTransport`]).
+    /// Ask the kernel for FUSE over io_uring (see [`crate::fs::transport::FuseTransport`]).
     pub fuse_uring: bool,
     /// Where the files opened are noted (the overlay's lower: what a run read).
-    pub reads: Option<std::sync::Arc<crate::fs::ReadLog>>,
+    pub reads: Option<std::sync::Arc<crate::fs::reads::ReadLog>>,
     /// Who every file belongs to.
-    pub owner: crate::fs::Owner,
+    pub owner: crate::fs::owner::Owner,
 }
 
 impl Default for ViewOptions {
@@ -56,7 +58,7 @@ impl Default for ViewOptions {
             read_ahead_dirs: 0,
             fuse_uring: super::transport::default_uring(),
             reads: None,
-            owner: crate::fs::Owner::current(),
+            owner: crate::fs::owner::Owner::current(),
         }
     }
 }
@@ -127,7 +129,7 @@ pub struct TreeView {
     /// contents (`<id>-<size>`), found by lookup only.
     objects_root: bool,
     want_uring: bool,
-    reads: Option<Arc<crate::fs::ReadLog>>,
+    reads: Option<Arc<crate::fs::reads::ReadLog>>,
     listings: Listings,
     /// No entry of the tree has extended attributes ([`crate::cas::TreeFacts`]): the
     /// view says it has no xattr support, and the kernel asks no more (overlayfs asks a
@@ -659,7 +661,7 @@ fn read_ahead(
         .spawn(move || {
             // Background work: a restore (which mounts a new view) or the workspace's
             // own requests come first.
-            crate::fs::low_priority();
+            crate::fs::mounted::low_priority();
             let mut queue = std::collections::VecDeque::from([root]);
             let mut held = 0usize;
             while let Some(id) = queue.pop_front() {

@@ -28,7 +28,6 @@ use fuser::{
 };
 
 use super::dirty::{DirtyStore, Kind, MountMeta, NodeRecord, Override, Tag};
-use super::{reply_getxattr, reply_listxattr, ChunkReader, Mounted};
 use crate::cas::file::{
     load_chunk_list, read_chunk, store_bytes, store_changed_chunks, store_reader_over, CHUNK_SIZE,
 };
@@ -37,6 +36,9 @@ use crate::cas::{
     load_tree, store_tree, CasError, ChunkId, EntryContent, FileRef, ObjectId, ObjectStore,
     StoreStats, Tree, TreeEntry, TreeId,
 };
+use crate::fs::chunk_cache::ChunkReader;
+use crate::fs::mounted::Mounted;
+use crate::fs::reply::{reply_getxattr, reply_listxattr};
 
 mod events;
 mod fuse;
@@ -94,12 +96,12 @@ pub struct WorkspaceOptions {
     /// At most this many bytes of local copies of clean files are kept (oldest unused
     /// evicted).
     pub local_copies_bytes: u64,
-    /// Ask the kernel for FUSE over io_uring (see [`crate::fs::FuseTransport`]).
+    /// Ask the kernel for FUSE over io_uring (see [`crate::fs::transport::FuseTransport`]).
     pub fuse_uring: bool,
     /// Who the files the workspace did not see made belong to (the base's, restored
     /// ones, its root); someone other than this process is let into the mount
     /// (`allow_other`).
-    pub owner: crate::fs::Owner,
+    pub owner: crate::fs::owner::Owner,
     /// An overlay mount of a tree with no metadata image yet builds one before it
     /// mounts (O(entries) once; lookups never reach casfs after), or (false) mounts
     /// the tree's view at once, O(1): what a sandbox restored at a new checkpoint
@@ -121,7 +123,7 @@ impl Default for WorkspaceOptions {
             allow_other: false,
             passthrough: true,
             fuse_uring: super::transport::default_uring(),
-            owner: crate::fs::Owner::current(),
+            owner: crate::fs::owner::Owner::current(),
             build_lower_image: true,
             disk_bytes: None,
         }
@@ -206,7 +208,7 @@ pub struct Workspace {
     /// Nodes unloaded since freed memory was last given back to the system.
     unloaded_since_trim: AtomicU64,
     /// Clean files opened since the last checkpoint, in first-open order.
-    reads: crate::fs::ReadLog,
+    reads: crate::fs::reads::ReadLog,
 }
 
 /// How long the reaper lets removals of upper files gather between batches.
@@ -300,13 +302,13 @@ impl Workspace {
             max_dirty: opts.disk_bytes.map_or(usize::MAX, |b| {
                 usize::try_from(b / 8192).unwrap_or(usize::MAX)
             }),
-            reads: crate::fs::ReadLog::default(),
+            reads: crate::fs::reads::ReadLog::default(),
             unloaded_since_trim: AtomicU64::new(0),
             barrier: RwLock::new(()),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             next_tmp: AtomicU64::new(1),
-            want_passthrough: opts.passthrough && crate::fs::passthrough_permitted(),
+            want_passthrough: opts.passthrough && crate::fs::mounted::passthrough_permitted(),
             want_uring: opts.fuse_uring,
             passthrough: AtomicBool::new(false),
             notifier: OnceLock::new(),

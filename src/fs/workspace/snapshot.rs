@@ -455,7 +455,7 @@ impl Workspace {
             .name("casfs-old-table".into())
             .spawn(move || {
                 // A million nodes take a core for a while.
-                crate::fs::low_priority();
+                crate::fs::mounted::low_priority();
                 for n in old.into_nodes() {
                     if let Body::File { upper: Some(_), .. } = n.body {
                         let _ = reaper.send(n.ino);
