@@ -640,15 +640,6 @@ fn malformed_http_is_answered_with_the_documented_json_error() {
                 400,
                 "invalid",
             ),
-            (
-                format!(
-                    "POST /v1/threads/t/writer HTTP/1.1\r\n{auth}Transfer-Encoding: chunked\r\n\
-                     Content-Length: 2\r\n\r\n{{}}"
-                )
-                .into_bytes(),
-                400,
-                "invalid",
-            ),
         ];
         for (bytes, status, kind) in &cases {
             let (st, v) = raw(&via, bytes);
@@ -681,6 +672,39 @@ fn malformed_http_is_answered_with_the_documented_json_error() {
             text.starts_with("HTTP/1.1 200") && text.contains("HTTP/1.1 400"),
             "{text}"
         );
+        // Content-Length beside Transfer-Encoding: chunked, in either order. hyper frames
+        // the body by its chunks alone (a bad chunk size fails the handler's read) and
+        // closes the connection after the one answer, an error: what a front end framing
+        // by the length took for the body, a request behind it, is never served.
+        let behind = format!("GET /v1/health HTTP/1.1\r\nHost: x\r\n{auth}\r\n");
+        let te = "Transfer-Encoding: chunked";
+        for (framing, chunks) in [
+            (format!("{te}\r\nContent-Length: 2"), "{}"),
+            (format!("Content-Length: 2\r\n{te}"), "{}"),
+            (
+                format!("{te}\r\nContent-Length: {}", 5 + behind.len()),
+                "0\r\n\r\n",
+            ),
+        ] {
+            let smuggled = format!(
+                "POST /v1/threads/t/writer HTTP/1.1\r\nHost: x\r\n{auth}\
+                 Content-Type: application/json\r\n{framing}\r\n\r\n{chunks}{behind}"
+            );
+            let mut c = via.connect();
+            c.set_timeout(Duration::from_secs(10));
+            c.write_all(smuggled.as_bytes()).unwrap();
+            let mut resp = Vec::new();
+            let _ = c.read_to_end(&mut resp);
+            let text = String::from_utf8_lossy(&resp);
+            let (st, v) = parse_answer(&resp);
+            assert_eq!(
+                (st, v["error"]["kind"].as_str()),
+                (400, Some("invalid")),
+                "{framing:?}: {text}"
+            );
+            assert_eq!(text.matches("HTTP/1.1 ").count(), 1, "{framing:?}: {text}");
+            answers(&mut s, &via, &framing);
+        }
         // A chunked body is framed and served.
         let chunked = format!(
             "POST /v1/threads/ch/writer HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\n\
