@@ -26,7 +26,6 @@ pub const TARGETS: &[(&str, Check)] = &[
     ("dirty_set", dirty_set),
     ("dircache", dircache),
     ("pack_index", pack_index),
-    ("http_head", http_head),
 ];
 
 /// A tree object: canonical, so a decoded tree encodes to the input exactly.
@@ -125,11 +124,4 @@ pub fn pack_index(data: &[u8]) {
         assert_eq!(again.iter().collect::<Vec<_>>(), entries);
         assert_eq!(again.packs(), idx.packs());
     }
-}
-
-/// What `casfs serve` reads off a socket before hyper does: a request head, then a
-/// chunked body (`middleware::serve::conn`). A head it passes is within the input and
-/// its framing is followed to the end of the input without a panic.
-pub fn http_head(data: &[u8]) {
-    crate::middleware::serve::check_wire(data);
 }

@@ -150,14 +150,6 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
     for r in &requests {
         out.push(("control_request", serde_json::to_vec(r).unwrap()));
     }
-    for head in [
-        &b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n"[..],
-        b"POST /v1/threads/t/writer HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}",
-        b"POST /v1/threads/t/writer HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n\
-          2;x=y\r\n{}\r\n0\r\nT: 1\r\n\r\n",
-    ] {
-        out.push(("http_head", head.to_vec()));
-    }
     out
 }
 
