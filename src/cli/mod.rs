@@ -403,11 +403,14 @@ pub enum Command {
         /// the others away [default: a quarter of --max-connections]
         #[arg(long, value_name = "N")]
         max_connections_per_peer: Option<usize>,
-        /// Seconds a client may take to send a request head, or leave its request
-        /// body or our reply without progress, before its connection is closed
+        /// Seconds a client may take to send a request head (from a new connection's
+        /// first byte, or from the end of the last reply on a kept-alive one), or leave
+        /// its request body or our reply without progress, before its connection is
+        /// closed
         #[arg(long, default_value_t = 30.0)]
         client_timeout: f64,
-        /// Seconds an open connection with no request going is kept
+        /// Seconds a new connection may send nothing; a kept-alive connection with no
+        /// request going is closed after this or --client-timeout, the shorter
         #[arg(long, default_value_t = 60.0)]
         idle_connection_timeout: f64,
         /// Let clients make portable stores (PUT /v1/stores/{store} with clock

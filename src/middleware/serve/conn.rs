@@ -1,40 +1,75 @@
-//! The connections of `casfs serve`, guarded before hyper sees a byte: a bound on how
-//! many are open, in all and from one peer, timeouts for clients that stall or idle,
-//! and every request head checked first, so that a malformed one is answered with the
-//! API's JSON error (hyper would answer it with an empty body) and the connection
-//! closed.
+//! The connections of `casfs serve`: hyper reads HTTP/1.1 off them; what hyper cannot
+//! do is here.
 //!
-//! [`OpenCount`]: at most `--max-connections` open, and at most
-//! `--max-connections-per-peer` of one peer ([`PeerKey`]: a Unix user by the uid the
-//! kernel gives, `SO_PEERCRED`; a TCP client by its address), so that one member's idle
-//! connections never turn another member away. The server's own user is held to the
-//! total only.
+//! [`run`] accepts connections and serves each with hyper's HTTP/1 connection
+//! ([`hyper::server::conn::http1::Builder`], on Tokio through hyper-util's `TokioIo` and
+//! `TokioTimer`). hyper parses every request head and body framing: a head over
+//! [`MAX_HEAD`] bytes or with over [`MAX_HEADERS`] header lines is refused with 431; a
+//! bad request line or header, a byte outside ASCII in the target, two different or a
+//! negative `Content-Length`, or a `Transfer-Encoding` that does not end in `chunked`
+//! with 400; either way the connection is closed, so nothing after a refused head is
+//! read as a request. A chunked body whose framing breaks fails its handler's read (400)
+//! and closes the connection. A request with both `Content-Length` and
+//! `Transfer-Encoding: chunked` is framed by its chunks alone, and its connection closed
+//! after the answer (RFC 9112, 6.1; hyper drops the length, so a handler cannot tell).
+//! A target over [`MAX_URI`] bytes is answered 414 here, before the routes (hyper's own
+//! bound is 64 KiB). A request body that makes no progress for [`Timeouts::stall`]
+//! fails its handler's read (tower-http's `RequestBodyTimeoutLayer`).
 //!
-//! [`GuardedIo`] sits between the socket and hyper. It reads a request head in full
-//! (at most [`MAX_HEAD`] bytes), checks it as hyper would (httparse, the URI, one
-//! `Content-Length` or `Transfer-Encoding: chunked`, never both), and only then hands
-//! it on, followed by exactly the body its framing says; the next head is checked
-//! again. A head it refuses never reaches hyper: the reader sees the end of the
-//! stream, and the refusal is written when hyper closes the connection.
+//! Before hyper, [`run`] counts every connection against the caps of `super::caps`
+//! ([`OpenCount`]: in all and by peer); one beyond them is answered 503 and closed.
 //!
-//! Timeouts: a connection with no request going idles out after [`Timeouts::idle`]; a
-//! head must arrive within [`Timeouts::head`] of its first byte and a body must make
-//! progress every [`Timeouts::stall`]; so must a reply the client does not read. While
-//! a request is being answered (a long poll, a capture that takes minutes) no read
-//! timeout runs: the request is the server's to finish.
+//! [`GuardedIo`] sits between the socket and hyper and parses nothing. The connection's
+//! service tells it whether a request is being answered (from the service's call until
+//! hyper drops the reply's body), and so it:
+//! - closes a connection with no request going that has sent nothing for
+//!   [`Timeouts::idle`] (a new connection is given that long for its first byte before
+//!   hyper starts on it);
+//! - fails a write of a reply the client has not taken for [`Timeouts::stall`];
+//! - takes a reply hyper writes while no request is being answered, every earlier
+//!   reply flushed, for hyper's own refusal of a head (hyper writes one only then, with
+//!   an empty body) and writes the API's JSON error with its status instead: `invalid`,
+//!   `headers_too_large` or `uri_too_long`. Should the client not have taken the reply
+//!   before, hyper's empty answer goes out as it is.
+//!
+//! After an error hyper ends a connection on, the connection is shut down and what the
+//! client still sends read and dropped for a second at most, so that closing never cuts
+//! the answer short.
+//!
+//! Timeouts: hyper's header timer ([`Timeouts::head`]) runs from when hyper starts
+//! waiting for a head: from a connection's first byte, and from the end of each reply,
+//! so a kept-alive connection is closed after the shorter of the idle and head
+//! timeouts; if part of a head had come, the answer is 408 `request_timeout`. While a
+//! request is being answered (a long poll, a capture that takes minutes) no read timeout
+//! runs: the request is the server's to finish.
+//!
+//! Nothing here parses a request head any more, so the fuzz targets
+//! (`casfs::fuzzing`) have none for HTTP: the hand parser they fuzzed is gone.
 
-use crate::sys::Locked;
-use std::collections::HashMap;
+use std::convert::Infallible;
 use std::future::Future;
 use std::io;
-use std::net::IpAddr;
-use std::pin::Pin;
+use std::pin::{pin, Pin};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use axum::extract::ConnectInfo;
+use axum::http::{Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::time::{Instant, Sleep};
+use tower::ServiceExt;
+use tower_http::timeout::{RequestBodyTimeoutLayer, TimeoutBody};
+
+use super::api::ApiError;
+use super::caps::{OpenCount, OpenSlot};
+use super::Peer;
 
 /// The longest request head read (request line and headers).
 pub const MAX_HEAD: usize = 64 << 10;
@@ -48,7 +83,7 @@ const MAX_HEADERS: usize = 100;
 pub struct Timeouts {
     /// No request going, nothing received.
     pub idle: Duration,
-    /// From a head's first byte to its last.
+    /// For a whole request head (hyper's header timer).
     pub head: Duration,
     /// A body that makes no progress, or a reply the client does not take.
     pub stall: Duration,
@@ -70,49 +105,32 @@ pub enum Stream {
     Tcp(tokio::net::TcpStream),
 }
 
-/// Whose a connection is, for the cap of one peer's connections.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PeerKey {
-    /// A Unix peer's uid.
-    Uid(u32),
-    /// A Unix peer the kernel did not name.
-    Unknown,
-    /// A TCP client's address.
-    Addr(IpAddr),
-}
-
-impl std::fmt::Display for PeerKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            PeerKey::Uid(u) => write!(f, "uid {u}"),
-            PeerKey::Unknown => write!(f, "a peer of no known uid"),
-            PeerKey::Addr(a) => write!(f, "{a}"),
-        }
-    }
-}
-
 impl Stream {
-    /// Whose the connection is; None for the server's own user (held to the total).
-    pub fn peer_key(&self) -> Option<PeerKey> {
-        match self {
-            Stream::Unix(s) => match s.peer_cred() {
-                // SAFETY: geteuid cannot fail.
-                Ok(c) if c.uid() == unsafe { libc::geteuid() } => None,
-                Ok(c) => Some(PeerKey::Uid(c.uid())),
-                Err(_) => Some(PeerKey::Unknown),
-            },
-            Stream::Tcp(s) => Some(
-                s.peer_addr()
-                    .map_or(PeerKey::Unknown, |a| PeerKey::Addr(a.ip())),
-            ),
-        }
-    }
-
-    /// Writes what the socket takes now, without waiting.
-    fn try_write(&self, b: &[u8]) -> io::Result<usize> {
-        match self {
-            Stream::Unix(s) => s.try_write(b),
-            Stream::Tcp(s) => s.try_write(b),
+    /// Waits until the client has sent a byte, or closed its side (tokio's readiness
+    /// alone may come first: the byte is peeked at).
+    async fn first_byte(&self) -> io::Result<()> {
+        use rustix::net::RecvFlags;
+        let peek = |fd: std::os::fd::BorrowedFd<'_>| {
+            rustix::net::recv(fd, &mut [0u8; 1][..], RecvFlags::PEEK | RecvFlags::DONTWAIT)
+                .map(drop)
+                .map_err(io::Error::from)
+        };
+        let interest = tokio::io::Interest::READABLE;
+        loop {
+            let peeked = match self {
+                Stream::Unix(s) => {
+                    s.readable().await?;
+                    s.try_io(interest, || peek(std::os::fd::AsFd::as_fd(s)))
+                }
+                Stream::Tcp(s) => {
+                    s.readable().await?;
+                    s.try_io(interest, || peek(std::os::fd::AsFd::as_fd(s)))
+                }
+            };
+            match peeked {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                r => return r,
+            }
         }
     }
 }
@@ -168,55 +186,6 @@ impl AsyncWrite for Stream {
     }
 }
 
-/// What the bytes after the handed-on ones are.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Framing {
-    /// The next request head (or nothing yet).
-    Head,
-    /// This many body bytes of a request with a `Content-Length`.
-    Body(u64),
-    /// A chunked body, at this point of its framing.
-    Chunked(Chunk),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Chunk {
-    /// In a chunk-size line: hex digits seen, whether past them (an extension).
-    Size {
-        digits: u32,
-        size: u64,
-        ext: bool,
-    },
-    /// The LF of a chunk-size line.
-    SizeLf {
-        size: u64,
-    },
-    Data(u64),
-    DataCr,
-    DataLf,
-    /// In the trailer section: characters on the current line.
-    Trailer {
-        on_line: u32,
-    },
-    TrailerLf {
-        on_line: u32,
-    },
-}
-
-/// What the framing makes of the bytes read so far.
-enum Step {
-    /// This many bytes at the front belong to the current message (a head that
-    /// passed, or body): hand them on.
-    Pass(usize),
-    /// Too few bytes to tell.
-    More,
-    /// The head at the front is refused with this answer.
-    Refuse(Refusal),
-    /// A body whose framing is broken: hand on this many bytes, then end the stream
-    /// (hyper's reader tells the handler, which answers the error).
-    Broken(usize),
-}
-
 /// A head refused: its status and the API's error kind and message.
 #[derive(Debug, Clone)]
 pub struct Refusal {
@@ -226,7 +195,7 @@ pub struct Refusal {
 }
 
 impl Refusal {
-    fn new(status: u16, kind: &'static str, message: impl Into<String>) -> Refusal {
+    pub(super) fn new(status: u16, kind: &'static str, message: impl Into<String>) -> Refusal {
         Refusal {
             status,
             kind,
@@ -252,355 +221,61 @@ impl Refusal {
     }
 }
 
-/// Checks a request head at the front of `buf` as hyper would read it; returns its
-/// length and the framing of its body.
-fn check_head(buf: &[u8]) -> Result<Option<(usize, Framing)>, Refusal> {
-    let bad = |m: String| Refusal::new(400, "invalid", m);
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut headers);
-    let len = match req.parse(buf) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
-            return Err(Refusal::new(
+impl Refusal {
+    /// The API's error for a head hyper refused with `status`.
+    fn of_hyper(status: u16) -> Refusal {
+        match status {
+            431 => Refusal::new(
                 431,
                 "headers_too_large",
-                format!("the request head is over {MAX_HEAD} bytes"),
-            ))
-        }
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => {
-            return Err(Refusal::new(
-                431,
-                "headers_too_large",
-                format!("the request has over {MAX_HEADERS} header lines"),
-            ))
-        }
-        Err(e) => {
-            return Err(bad(format!(
-                "not an HTTP/1.1 request head: {e} (in the {})",
-                if req.method.is_none() {
-                    "method"
-                } else if req.path.is_none() {
-                    "request target"
-                } else if req.version.is_none() {
-                    "version"
-                } else {
-                    "headers"
-                }
-            )))
-        }
-    };
-    if len > MAX_HEAD {
-        return Err(Refusal::new(
-            431,
-            "headers_too_large",
-            format!("the request head is over {MAX_HEAD} bytes"),
-        ));
-    }
-    let method = req.method.expect("parsed");
-    let path = req.path.expect("parsed");
-    if path.len() > MAX_URI {
-        return Err(Refusal::new(
-            414,
-            "uri_too_long",
-            format!("the request target is over {MAX_URI} bytes"),
-        ));
-    }
-    if method.eq_ignore_ascii_case("CONNECT") {
-        return Err(Refusal::new(
-            405,
-            "method_not_allowed",
-            "CONNECT is not served",
-        ));
-    }
-    if axum::http::Method::from_bytes(method.as_bytes()).is_err() {
-        return Err(bad(format!("method {method:?}: not a method")));
-    }
-    if let Err(e) = path.parse::<axum::http::Uri>() {
-        return Err(bad(format!(
-            "request target {:?}: {e} (percent-encode every byte that is not ASCII)",
-            path.escape_default().to_string()
-        )));
-    }
-    let http11 = req.version == Some(1);
-    let mut length: Option<u64> = None;
-    let mut chunked = false;
-    let mut encoded = false;
-    for h in req.headers.iter() {
-        if h.name.eq_ignore_ascii_case("content-length") {
-            let v = std::str::from_utf8(h.value).unwrap_or("").trim();
-            // 1*DIGIT, or a list of the same number (as hyper takes it).
-            let mut n = None;
-            for part in v.split(',').map(str::trim) {
-                let ok = !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit());
-                let p = ok.then(|| part.parse::<u64>().ok()).flatten();
-                match (p, n) {
-                    (None, _) => {
-                        return Err(bad(format!(
-                            "Content-Length {:?}: not a length (1 or more digits)",
-                            String::from_utf8_lossy(h.value)
-                        )))
-                    }
-                    (Some(p), Some(q)) if p != q => {
-                        return Err(bad("two different Content-Length values".into()))
-                    }
-                    (Some(p), _) => n = Some(p),
-                }
-            }
-            match (length, n) {
-                (Some(a), Some(b)) if a != b => {
-                    return Err(bad("two different Content-Length values".into()))
-                }
-                _ => length = n,
-            }
-        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-            if !http11 {
-                return Err(bad("Transfer-Encoding in an HTTP/1.0 request".to_string()));
-            }
-            encoded = true;
-            let v = String::from_utf8_lossy(h.value);
-            chunked = v
-                .rsplit(',')
-                .next()
-                .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
+                format!(
+                    "the request head is over {} KiB or has over {MAX_HEADERS} header lines",
+                    MAX_HEAD >> 10
+                ),
+            ),
+            414 => Refusal::new(414, "uri_too_long", "the request target is too long"),
+            s => Refusal::new(
+                s,
+                "invalid",
+                "not a well-formed HTTP/1.1 request head (the request line, a header, \
+                 Content-Length or Transfer-Encoding); percent-encode every byte of the \
+                 target that is not ASCII",
+            ),
         }
     }
-    if encoded && length.is_some() {
-        return Err(bad(
-            "both Content-Length and Transfer-Encoding: give one".to_string()
-        ));
-    }
-    if encoded && !chunked {
-        return Err(bad(
-            "Transfer-Encoding must end in chunked (or send a Content-Length)".to_string(),
-        ));
-    }
-    let framing = match (chunked, length) {
-        (true, _) => Framing::Chunked(Chunk::Size {
-            digits: 0,
-            size: 0,
-            ext: false,
-        }),
-        (false, Some(n)) if n > 0 => Framing::Body(n),
-        _ => Framing::Head,
-    };
-    Ok(Some((len, framing)))
 }
 
-/// Follows a chunked body over `buf`: how many of its bytes are this body's, and the
-/// state after them (`Head` once it ended); `None` if the framing is broken.
-fn follow_chunks(mut c: Chunk, buf: &[u8]) -> Option<(usize, Framing)> {
-    let mut i = 0;
-    while i < buf.len() {
-        let b = buf[i];
-        c = match c {
-            Chunk::Size { digits, size, ext } => match b {
-                b'\r' if digits > 0 => Chunk::SizeLf { size },
-                b'\n' if digits > 0 => {
-                    i += 1;
-                    c = after_size(size);
-                    continue;
-                }
-                _ if ext => Chunk::Size { digits, size, ext },
-                b';' | b' ' | b'\t' if digits > 0 => Chunk::Size {
-                    digits,
-                    size,
-                    ext: true,
-                },
-                _ => {
-                    let d = (b as char).to_digit(16)? as u64;
-                    if digits >= 16 {
-                        return None;
-                    }
-                    Chunk::Size {
-                        digits: digits + 1,
-                        size: size * 16 + d,
-                        ext,
-                    }
-                }
-            },
-            Chunk::SizeLf { size } => {
-                if b != b'\n' {
-                    return None;
-                }
-                after_size(size)
-            }
-            Chunk::Data(n) => {
-                let take = (n as usize).min(buf.len() - i);
-                i += take;
-                c = if take as u64 == n {
-                    Chunk::DataCr
-                } else {
-                    Chunk::Data(n - take as u64)
-                };
-                continue;
-            }
-            Chunk::DataCr => match b {
-                b'\r' => Chunk::DataLf,
-                b'\n' => Chunk::Size {
-                    digits: 0,
-                    size: 0,
-                    ext: false,
-                },
-                _ => return None,
-            },
-            Chunk::DataLf => {
-                if b != b'\n' {
-                    return None;
-                }
-                Chunk::Size {
-                    digits: 0,
-                    size: 0,
-                    ext: false,
-                }
-            }
-            Chunk::Trailer { on_line } => match b {
-                b'\r' => Chunk::TrailerLf { on_line },
-                b'\n' if on_line == 0 => return Some((i + 1, Framing::Head)),
-                b'\n' => Chunk::Trailer { on_line: 0 },
-                _ if on_line as usize > MAX_HEAD => return None,
-                _ => Chunk::Trailer {
-                    on_line: on_line + 1,
-                },
-            },
-            Chunk::TrailerLf { on_line } => {
-                if b != b'\n' {
-                    return None;
-                }
-                if on_line == 0 {
-                    return Some((i + 1, Framing::Head));
-                }
-                Chunk::Trailer { on_line: 0 }
-            }
-        };
-        i += 1;
-    }
-    Some((i, Framing::Chunked(c)))
+/// What a connection's service tells its [`GuardedIo`].
+struct Turn {
+    /// Requests handed to the service whose replies hyper has not finished.
+    going: usize,
+    /// Bytes came from the client since the last reply was finished.
+    heard: bool,
+    /// Every reply is finished and flushed: what hyper writes now is its own.
+    flushed: bool,
+    /// When the last reply was finished (or the connection handed to hyper).
+    since: Instant,
 }
 
-fn after_size(size: u64) -> Chunk {
-    if size == 0 {
-        Chunk::Trailer { on_line: 0 }
-    } else {
-        Chunk::Data(size)
+/// A request being answered, until hyper drops its reply's body.
+struct Answering(Arc<Mutex<Turn>>);
+
+impl Answering {
+    fn begin(turn: &Arc<Mutex<Turn>>) -> Answering {
+        let mut t = turn.lock().unwrap_or_else(|p| p.into_inner());
+        t.going += 1;
+        t.flushed = false;
+        Answering(turn.clone())
     }
 }
 
-/// Reads `data` as a request head and, past it, a chunked body, checking that what is
-/// passed on is within `data` (the fuzz check).
-pub(super) fn check_wire(data: &[u8]) {
-    let Ok(Some((len, _))) = check_head(data) else {
-        return;
-    };
-    assert!(
-        len <= data.len(),
-        "a head of {len} bytes in {} bytes",
-        data.len()
-    );
-    let start = Chunk::Size {
-        digits: 0,
-        size: 0,
-        ext: false,
-    };
-    if let Some((n, _)) = follow_chunks(start, &data[len..]) {
-        assert!(n <= data.len() - len);
-    }
-}
-
-/// Counts the open connections, in all and by peer; one is given back when its
-/// [`GuardedIo`] drops.
-#[derive(Clone, Default)]
-pub struct OpenCount(Arc<Mutex<Open>>);
-
-#[derive(Default)]
-struct Open {
-    all: usize,
-    /// Peers with connections open, and how many.
-    by_peer: HashMap<PeerKey, usize>,
-    /// Connections being turned away ([`OpenCount::turn_away`]).
-    turning: usize,
-}
-
-/// Why a connection was turned away.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Full {
-    /// This many are open in all.
-    All(usize),
-    /// This many of this peer's are open.
-    Peer(PeerKey, usize),
-}
-
-impl OpenCount {
-    /// Takes one if fewer than `max` are open and, for a peer (None: the server's own
-    /// user), fewer than `per_peer` of its own.
-    pub fn take(
-        &self,
-        peer: Option<PeerKey>,
-        max: usize,
-        per_peer: usize,
-    ) -> Result<OpenSlot, Full> {
-        let mut o = self.0.locked();
-        if o.all >= max {
-            return Err(Full::All(max));
-        }
-        if let Some(k) = peer {
-            let mine = o.by_peer.entry(k).or_default();
-            if *mine >= per_peer {
-                return Err(Full::Peer(k, per_peer));
-            }
-            *mine += 1;
-        }
-        o.all += 1;
-        Ok(OpenSlot {
-            open: self.0.clone(),
-            peer,
-        })
-    }
-}
-
-impl OpenCount {
-    /// Turns a connection away (a 503, `turn_away`) unless `max` are being turned away
-    /// already: then it is closed at once, so that a flood of connections beyond the
-    /// caps holds no more descriptors than the caps allow.
-    pub fn turn_away(&self, io: Stream, full: Full, max: usize) {
-        {
-            let mut o = self.0.locked();
-            if o.turning >= max {
-                return;
-            }
-            o.turning += 1;
-        }
-        struct Turning(Arc<Mutex<Open>>);
-        impl Drop for Turning {
-            fn drop(&mut self) {
-                self.0.locked().turning -= 1;
-            }
-        }
-        let turning = Turning(self.0.clone());
-        tokio::spawn(async move {
-            turn_away(io, full).await;
-            drop(turning);
-        });
-    }
-}
-
-/// One open connection, counted until dropped.
-pub struct OpenSlot {
-    open: Arc<Mutex<Open>>,
-    peer: Option<PeerKey>,
-}
-
-impl Drop for OpenSlot {
+impl Drop for Answering {
     fn drop(&mut self) {
-        let mut o = self.open.locked();
-        o.all -= 1;
-        if let Some(k) = self.peer {
-            if let Some(n) = o.by_peer.get_mut(&k) {
-                *n -= 1;
-                if *n == 0 {
-                    o.by_peer.remove(&k);
-                }
-            }
+        let mut t = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        t.going -= 1;
+        if t.going == 0 {
+            t.heard = false;
+            t.since = Instant::now();
         }
     }
 }
@@ -610,231 +285,40 @@ pub struct GuardedIo {
     io: Stream,
     _slot: OpenSlot,
     t: Timeouts,
-    /// Read from the client, not handed on yet.
-    buf: Vec<u8>,
-    /// How many bytes at the front of `buf` may be handed on.
-    pass: usize,
-    framing: Framing,
-    /// The client ended its side (or a broken body ended the stream for hyper).
-    eof: bool,
-    /// A refused head's answer, written before the connection closes.
-    refusal: Option<Vec<u8>>,
-    /// Requests handed on whole whose replies are not written yet.
-    answering: u32,
-    /// Bytes of a reply were written since the last flush.
-    wrote: bool,
-    /// A read that waits for a reply to be written (a refusal behind a request, or a
-    /// read with no clock running while the reply is due).
-    reader: Option<Waker>,
-    /// When the current wait for the client began (idle, head or body).
-    waiting_since: Instant,
-    read_timer: Pin<Box<Sleep>>,
+    turn: Arc<Mutex<Turn>>,
+    idle_timer: Pin<Box<Sleep>>,
     write_timer: Pin<Box<Sleep>>,
     /// When the current write started waiting for the client.
     write_blocked: Option<Instant>,
+    /// The JSON refusal written in place of hyper's own, and how much of it is out;
+    /// what hyper writes after it is dropped (hyper closes the connection).
+    replacing: Option<(Vec<u8>, usize)>,
 }
 
 impl GuardedIo {
-    pub fn new(io: Stream, slot: OpenSlot, t: Timeouts) -> GuardedIo {
+    fn new(io: Stream, slot: OpenSlot, t: Timeouts) -> GuardedIo {
         let now = Instant::now();
         GuardedIo {
             io,
             _slot: slot,
             t,
-            buf: Vec::new(),
-            pass: 0,
-            framing: Framing::Head,
-            eof: false,
-            refusal: None,
-            answering: 0,
-            wrote: false,
-            reader: None,
-            waiting_since: now,
-            read_timer: Box::pin(tokio::time::sleep_until(now + t.idle)),
+            turn: Arc::new(Mutex::new(Turn {
+                going: 0,
+                heard: false,
+                flushed: true,
+                since: now,
+            })),
+            idle_timer: Box::pin(tokio::time::sleep_until(now + t.idle)),
             write_timer: Box::pin(tokio::time::sleep_until(now + t.stall)),
             write_blocked: None,
+            replacing: None,
         }
     }
 
-    /// What the framing makes of the buffered bytes past those already passed.
-    fn step(&mut self) -> Step {
-        let rest = &self.buf[self.pass..];
-        if rest.is_empty() && self.framing == Framing::Head {
-            return Step::More;
-        }
-        match self.framing {
-            Framing::Head => match check_head(rest) {
-                Ok(None) => Step::More,
-                Ok(Some((len, framing))) => {
-                    self.framing = framing;
-                    self.waiting_since = Instant::now();
-                    if framing == Framing::Head {
-                        self.answering += 1;
-                    }
-                    Step::Pass(len)
-                }
-                Err(r) => Step::Refuse(r),
-            },
-            Framing::Body(n) => {
-                if rest.is_empty() {
-                    return Step::More;
-                }
-                let take = (n as usize).min(rest.len());
-                self.framing = if take as u64 == n {
-                    self.answering += 1;
-                    Framing::Head
-                } else {
-                    Framing::Body(n - take as u64)
-                };
-                Step::Pass(take)
-            }
-            Framing::Chunked(c) => {
-                if rest.is_empty() {
-                    return Step::More;
-                }
-                match follow_chunks(c, rest) {
-                    Some((n, f)) => {
-                        self.framing = f;
-                        if f == Framing::Head {
-                            self.answering += 1;
-                        }
-                        Step::Pass(n)
-                    }
-                    None => Step::Broken(rest.len()),
-                }
-            }
-        }
+    fn turn(&self) -> std::sync::MutexGuard<'_, Turn> {
+        self.turn.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// When the read in progress gives up on the client, if it does.
-    fn read_deadline(&self) -> Option<Instant> {
-        if self.answering > 0 {
-            return None;
-        }
-        let limit = match self.framing {
-            Framing::Head if self.buf.len() == self.pass => self.t.idle,
-            Framing::Head => self.t.head,
-            _ => self.t.stall,
-        };
-        Some(self.waiting_since + limit)
-    }
-
-    /// Hands on up to `out`'s room of the passable bytes.
-    fn hand_on(&mut self, out: &mut ReadBuf<'_>) -> bool {
-        if self.pass == 0 {
-            return false;
-        }
-        let n = self.pass.min(out.remaining());
-        out.put_slice(&self.buf[..n]);
-        self.buf.drain(..n);
-        self.pass -= n;
-        true
-    }
-
-    fn refuse(&mut self, r: Refusal) {
-        tracing::debug!(status = r.status, "refused a request head: {}", r.message);
-        self.refusal = Some(r.to_http());
-        self.buf.clear();
-        self.pass = 0;
-    }
-}
-
-impl AsyncRead for GuardedIo {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        out: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let me = self.get_mut();
-        loop {
-            if me.hand_on(out) {
-                return Poll::Ready(Ok(()));
-            }
-            if me.refusal.is_some() {
-                // Behind a request being answered, the refusal waits for that answer.
-                if me.answering > 0 {
-                    me.reader = Some(cx.waker().clone());
-                    return Poll::Pending;
-                }
-                return Poll::Ready(Ok(()));
-            }
-            if me.eof {
-                return Poll::Ready(Ok(()));
-            }
-            match me.step() {
-                Step::Pass(n) => {
-                    me.pass = n;
-                    continue;
-                }
-                Step::Refuse(r) => {
-                    me.refuse(r);
-                    continue;
-                }
-                Step::Broken(n) => {
-                    me.pass = n;
-                    me.eof = true;
-                    continue;
-                }
-                Step::More => {}
-            }
-            // Read more from the client.
-            let mut chunk = [0u8; 16 << 10];
-            let mut rb = ReadBuf::new(&mut chunk);
-            match Pin::new(&mut me.io).poll_read(cx, &mut rb) {
-                Poll::Ready(Ok(())) if rb.filled().is_empty() => {
-                    me.eof = true;
-                    // A head cut short never reached hyper: nothing to answer.
-                    if me.framing == Framing::Head {
-                        me.buf.truncate(me.pass);
-                    }
-                }
-                Poll::Ready(Ok(())) => {
-                    let started = me.framing == Framing::Head && me.buf.len() == me.pass;
-                    me.buf.extend_from_slice(rb.filled());
-                    // A body that moves, or the first byte of a head, restarts the clock.
-                    if started || me.framing != Framing::Head {
-                        me.waiting_since = Instant::now();
-                    }
-                }
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => {
-                    let Some(deadline) = me.read_deadline() else {
-                        // No clock runs while a reply is due: once it is out, this
-                        // read is woken to start the idle one.
-                        me.reader = Some(cx.waker().clone());
-                        return Poll::Pending;
-                    };
-                    me.read_timer.as_mut().reset(deadline);
-                    if me.read_timer.as_mut().poll(cx).is_pending() {
-                        return Poll::Pending;
-                    }
-                    // Timed out.
-                    let (partial, body) = (me.buf.len() > me.pass, me.framing != Framing::Head);
-                    if body {
-                        // Part of the request reached hyper: its reader tells.
-                        return Poll::Ready(Err(io::Error::new(
-                            io::ErrorKind::TimedOut,
-                            "the request body stalled",
-                        )));
-                    }
-                    if partial {
-                        me.refuse(Refusal::new(
-                            408,
-                            "request_timeout",
-                            format!("the request head did not arrive within {:?}", me.t.head),
-                        ));
-                        continue;
-                    }
-                    // Idle: close quietly.
-                    me.eof = true;
-                    return Poll::Ready(Ok(()));
-                }
-            }
-        }
-    }
-}
-
-impl GuardedIo {
     /// Fails a write the client has not taken for the stall timeout.
     fn write_waits(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
         let since = *self.write_blocked.get_or_insert_with(Instant::now);
@@ -848,10 +332,92 @@ impl GuardedIo {
         }
     }
 
-    fn wrote(&mut self, n: usize) {
-        self.write_blocked = None;
-        if n > 0 {
-            self.wrote = true;
+    /// Writes the JSON refusal in place of hyper's reply `b` (its first bytes) if `b`
+    /// is hyper's own: a reply while no request is being answered. None: `b` is ours.
+    fn poll_replace(&mut self, cx: &mut Context<'_>, b: &[u8]) -> Option<Poll<io::Result<usize>>> {
+        if self.replacing.is_none() {
+            let status = b
+                .strip_prefix(b"HTTP/1.1 ")
+                .and_then(|s| std::str::from_utf8(s.get(..3)?).ok())
+                .and_then(|s| s.parse::<u16>().ok())
+                .filter(|s| (400..500).contains(s))?;
+            let t = self.turn();
+            if t.going > 0 || !t.flushed {
+                return None;
+            }
+            drop(t);
+            tracing::debug!(status, "hyper refused a request head");
+            self.replacing = Some((Refusal::of_hyper(status).to_http(), 0));
+        }
+        loop {
+            let (r, at) = self.replacing.as_ref().expect("set above");
+            if *at == r.len() {
+                self.write_blocked = None;
+                return Some(Poll::Ready(Ok(b.len())));
+            }
+            match Pin::new(&mut self.io).poll_write(cx, &r[*at..]) {
+                Poll::Ready(Ok(0)) => {
+                    return Some(Poll::Ready(Err(io::ErrorKind::WriteZero.into())))
+                }
+                Poll::Ready(Ok(n)) => self.replacing.as_mut().expect("set").1 += n,
+                Poll::Ready(Err(e)) => return Some(Poll::Ready(Err(e))),
+                Poll::Pending => return Some(self.write_waits(cx).map(Err)),
+            }
+        }
+    }
+
+    /// Answers a client whose head did not arrive within the head timeout with 408 (if
+    /// part of one had come), then closes the connection without cutting the answer
+    /// short: what the client still sends is read and dropped for a second at most.
+    async fn close(&mut self, timed_out: bool) {
+        if timed_out && self.turn().heard && self.replacing.is_none() {
+            let r = Refusal::new(
+                408,
+                "request_timeout",
+                format!("the request head did not arrive within {:?}", self.t.head),
+            );
+            let _ = tokio::time::timeout(self.t.stall, self.io.write_all(&r.to_http())).await;
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            let _ = self.io.shutdown().await;
+            let mut buf = [0u8; 4096];
+            while let Ok(1..) = self.io.read(&mut buf).await {}
+        })
+        .await;
+    }
+}
+
+impl AsyncRead for GuardedIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let me = self.get_mut();
+        let before = buf.filled().len();
+        match Pin::new(&mut me.io).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before {
+                    me.turn().heard = true;
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => {
+                let idle_since = {
+                    let t = me.turn();
+                    (t.going == 0 && !t.heard).then_some(t.since)
+                };
+                // A head under way is hyper's to time; a request going, the server's.
+                if let Some(since) = idle_since {
+                    me.idle_timer.as_mut().reset(since + me.t.idle);
+                    if me.idle_timer.as_mut().poll(cx).is_ready() {
+                        // Idle: the end of the stream, which hyper takes quietly.
+                        return Poll::Ready(Ok(()));
+                    }
+                }
+                Poll::Pending
+            }
         }
     }
 }
@@ -859,9 +425,12 @@ impl GuardedIo {
 impl AsyncWrite for GuardedIo {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
         let me = self.get_mut();
+        if let Some(r) = me.poll_replace(cx, b) {
+            return r;
+        }
         match Pin::new(&mut me.io).poll_write(cx, b) {
             Poll::Ready(Ok(n)) => {
-                me.wrote(n);
+                me.write_blocked = None;
                 Poll::Ready(Ok(n))
             }
             Poll::Pending => me.write_waits(cx).map(Err),
@@ -875,9 +444,13 @@ impl AsyncWrite for GuardedIo {
         b: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let me = self.get_mut();
+        let first = b.iter().find(|s| !s.is_empty()).map_or(&[][..], |s| &s[..]);
+        if let Some(r) = me.poll_replace(cx, first) {
+            return r;
+        }
         match Pin::new(&mut me.io).poll_write_vectored(cx, b) {
             Poll::Ready(Ok(n)) => {
-                me.wrote(n);
+                me.write_blocked = None;
                 Poll::Ready(Ok(n))
             }
             Poll::Pending => me.write_waits(cx).map(Err),
@@ -894,14 +467,10 @@ impl AsyncWrite for GuardedIo {
         match Pin::new(&mut me.io).poll_flush(cx) {
             Poll::Ready(Ok(())) => {
                 me.write_blocked = None;
-                if me.wrote {
-                    // The reply is out: the client's turn again.
-                    me.wrote = false;
-                    me.answering = me.answering.saturating_sub(1);
-                    me.waiting_since = Instant::now();
-                    if let Some(w) = me.reader.take() {
-                        w.wake();
-                    }
+                let mut t = me.turn();
+                if t.going == 0 {
+                    // The last reply's bytes are out.
+                    t.flushed = true;
                 }
                 Poll::Ready(Ok(()))
             }
@@ -911,182 +480,182 @@ impl AsyncWrite for GuardedIo {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let me = self.get_mut();
-        while let Some(r) = me.refusal.as_mut() {
-            match Pin::new(&mut me.io).poll_write(cx, r) {
-                Poll::Ready(Ok(n)) if n > 0 && n < r.len() => {
-                    r.drain(..n);
-                }
-                Poll::Ready(Ok(_)) | Poll::Ready(Err(_)) => me.refusal = None,
-                Poll::Pending => {
-                    if let Poll::Ready(e) = me.write_waits(cx) {
-                        me.refusal = None;
-                        return Poll::Ready(Err(e));
-                    }
-                    return Poll::Pending;
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+/// The server's listening socket.
+pub enum Socket {
+    Unix(tokio::net::UnixListener),
+    Tcp(tokio::net::TcpListener),
+}
+
+impl Socket {
+    /// The next connection, and who made it (handlers take it as [`Peer`]).
+    async fn accept(&self) -> (Stream, Peer) {
+        loop {
+            let got = match self {
+                Socket::Unix(l) => l
+                    .accept()
+                    .await
+                    .map(|(s, _)| (Peer::of_unix(&s), Stream::Unix(s))),
+                Socket::Tcp(l) => l.accept().await.map(|(s, _)| {
+                    let _ = s.set_nodelay(true);
+                    (Peer::tcp(), Stream::Tcp(s))
+                }),
+            };
+            match got {
+                Ok((peer, s)) => return (s, peer),
+                Err(e) => {
+                    // Out of descriptors, or a connection reset before it was taken:
+                    // wait a little rather than spin, and go on.
+                    tracing::warn!("accepting a connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             }
         }
-        Pin::new(&mut me.io).poll_shutdown(cx)
     }
 }
 
-impl Drop for GuardedIo {
-    fn drop(&mut self) {
-        // Closed without a shutdown: the refusal goes out if the socket takes it now.
-        if let Some(r) = self.refusal.take() {
-            let _ = self.io.try_write(&r);
-        }
-    }
+/// How many connections, and how long they wait.
+#[derive(Debug, Clone, Copy)]
+pub struct Caps {
+    pub max: usize,
+    /// At most this many of one peer ([`PeerKey`]).
+    pub per_peer: usize,
+    pub timeouts: Timeouts,
 }
 
-/// Answers a connection beyond a cap with a 503 and closes it. The answer follows the
-/// client's request head (a client such as curl takes an answer that comes before it
-/// has sent its request as a failure to connect), waiting at most a second for it, and
-/// at most a second more for the client to take the answer.
-async fn turn_away(io: Stream, full: Full) {
-    let message = match full {
-        Full::All(max) => {
-            format!("the server has {max} connections open (casfs serve --max-connections)")
+/// Serves `app` on `socket` until `shutdown` completes, then lets the connections
+/// finish the requests they are answering.
+pub async fn run(socket: Socket, app: Router, caps: Caps, shutdown: impl Future<Output = ()>) {
+    let open = OpenCount::default();
+    // Each connection holds a receiver: told to finish when the server stops, and
+    // waited for until the last is dropped.
+    let (stop, stopping) = tokio::sync::watch::channel(());
+    let mut shutdown = pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            got = socket.accept() => got,
+        };
+        match open.take(stream.peer_key(), caps.max, caps.per_peer) {
+            Ok(slot) => {
+                let io = GuardedIo::new(stream, slot, caps.timeouts);
+                tokio::spawn(connection(io, peer, app.clone(), stopping.clone()));
+            }
+            Err(full) => open.turn_away(stream, full, caps.max),
         }
-        Full::Peer(k, max) => format!(
-            "{k} has {max} connections open to the server (casfs serve \
-             --max-connections-per-peer); close one"
-        ),
+    }
+    drop(socket);
+    drop(stopping);
+    let _ = stop.send(());
+    stop.closed().await;
+}
+
+/// Serves one connection with hyper.
+async fn connection(
+    mut io: GuardedIo,
+    peer: Peer,
+    app: Router,
+    mut stop: tokio::sync::watch::Receiver<()>,
+) {
+    let t = io.t;
+    // A new connection is given the idle timeout for its first byte; hyper's header
+    // timer starts with it.
+    if !matches!(
+        tokio::time::timeout(t.idle, io.io.first_byte()).await,
+        Ok(Ok(()))
+    ) {
+        return;
+    }
+    io.turn().since = Instant::now();
+    let turn = io.turn.clone();
+    let service = tower::ServiceBuilder::new()
+        .layer(RequestBodyTimeoutLayer::new(t.stall))
+        .service(tower::service_fn(
+            move |mut req: Request<TimeoutBody<Incoming>>| {
+                let answering = Answering::begin(&turn);
+                req.extensions_mut().insert(ConnectInfo(peer.clone()));
+                let app = app.clone();
+                async move {
+                    let reply = match target_too_long(&req) {
+                        Some(e) => e.into_response(),
+                        None => app.oneshot(req).await?,
+                    };
+                    // The request is being answered until hyper drops the reply's body.
+                    Ok::<Response, Infallible>(reply.map(|b| {
+                        axum::body::Body::new(b.map_err(move |e| {
+                            let _answering = &answering;
+                            e
+                        }))
+                    }))
+                }
+            },
+        ));
+    let mut h1 = hyper::server::conn::http1::Builder::new();
+    h1.timer(TokioTimer::new())
+        .header_read_timeout(t.head)
+        .max_headers(MAX_HEADERS)
+        .max_header_size(MAX_HEAD);
+    let result = {
+        let conn = h1.serve_connection(TokioIo::new(&mut io), TowerToHyperService::new(service));
+        let mut conn = pin!(conn);
+        let mut stopping = false;
+        loop {
+            tokio::select! {
+                r = conn.as_mut() => break r,
+                _ = stop.changed(), if !stopping => {
+                    stopping = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+        }
     };
-    let r = Refusal::new(503, "too_many_connections", message);
-    let mut io = io;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let _ = tokio::time::timeout(Duration::from_secs(1), async {
-        let (mut seen, mut buf) = (Vec::new(), [0u8; 4096]);
-        while let Ok(n @ 1..) = io.read(&mut buf).await {
-            seen.extend_from_slice(&buf[..n]);
-            if seen.windows(4).any(|w| w == b"\r\n\r\n") || seen.len() > MAX_HEAD {
-                break;
-            }
-        }
+    if let Err(e) = result {
+        tracing::debug!("serving a connection: {e}");
+        io.close(e.is_timeout()).await;
+    }
+}
+
+/// 414 for a request target over [`MAX_URI`] bytes (hyper's own bound is 64 KiB).
+fn target_too_long<B>(req: &Request<B>) -> Option<ApiError> {
+    let u = req.uri();
+    let len = u.path_and_query().map_or(0, |p| p.as_str().len())
+        + u.authority().map_or(0, |a| a.as_str().len());
+    (len > MAX_URI).then(|| {
+        ApiError::new(
+            StatusCode::URI_TOO_LONG,
+            "uri_too_long",
+            format!("the request target is over {} KiB", MAX_URI >> 10),
+        )
     })
-    .await;
-    let _ = tokio::time::timeout(Duration::from_secs(1), async {
-        let _ = io.write_all(&r.to_http()).await;
-        let _ = io.shutdown().await;
-        // What else the client sends (a body) is read and dropped until it closes, so
-        // that closing never cuts the answer short.
-        let mut buf = [0u8; 4096];
-        while let Ok(1..) = io.read(&mut buf).await {}
-    })
-    .await;
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn framing(head: &str) -> Result<Option<(usize, Framing)>, Refusal> {
-        check_head(head.as_bytes())
-    }
-
     #[test]
-    fn heads_are_checked_as_hyper_reads_them() {
-        let ok = "GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n";
-        assert_eq!(framing(ok).unwrap(), Some((ok.len(), Framing::Head)));
-        assert_eq!(framing("GET /v1/health HTTP/1.1\r\nHo").unwrap(), None);
-        let body = "POST /x HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello";
-        assert_eq!(
-            framing(body).unwrap(),
-            Some((body.len() - 5, Framing::Body(5)))
-        );
-        for (head, status) in [
-            ("GARBAGE\r\n\r\n", 400),
-            (
-                "GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
-                400,
-            ),
-            ("GET / HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 400),
-            ("GET / HTTP/1.1\r\nContent-Length: 1, 2\r\n\r\n", 400),
-            (
-                "GET / HTTP/1.1\r\nContent-Length: 99999999999999999999999\r\n\r\n",
-                400,
-            ),
-            ("GET / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", 400),
-            (
-                "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
-                400,
-            ),
-            ("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n", 400),
-            ("CONNECT a:1 HTTP/1.1\r\n\r\n", 405),
+    fn hyper_s_refusals_become_the_api_s_errors() {
+        for (status, kind) in [
+            (400, "invalid"),
+            (431, "headers_too_large"),
+            (414, "uri_too_long"),
         ] {
-            let r = framing(head).expect_err(head);
-            assert_eq!(r.status, status, "{head}: {r:?}");
+            let r = Refusal::of_hyper(status);
+            assert_eq!((r.status, r.kind), (status, kind));
+            let wire = String::from_utf8(r.to_http()).unwrap();
+            assert!(wire.starts_with(&format!("HTTP/1.1 {status} ")), "{wire}");
+            let (_, body) = wire.split_once("\r\n\r\n").unwrap();
+            let v: serde_json::Value = serde_json::from_str(body).unwrap();
+            assert_eq!(v["error"]["kind"], kind);
         }
-        let mut ff = b"GET /\xff HTTP/1.1\r\n\r\n".to_vec();
-        assert_eq!(check_head(&ff).unwrap_err().status, 400);
-        ff = format!("GET /{} HTTP/1.1\r\n\r\n", "a".repeat(MAX_URI)).into_bytes();
-        assert_eq!(check_head(&ff).unwrap_err().status, 414);
-        let many: String = (0..MAX_HEADERS + 1)
-            .map(|i| format!("X-{i}: y\r\n"))
-            .collect();
-        let r = framing(&format!("GET / HTTP/1.1\r\n{many}\r\n")).unwrap_err();
-        assert_eq!(r.status, 431);
-        let big = format!("GET / HTTP/1.1\r\nX: {}", "y".repeat(MAX_HEAD));
-        assert_eq!(framing(&big).unwrap_err().status, 431);
-        // Equal lengths twice, as hyper takes them.
-        let twice = "POST / HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n";
-        assert_eq!(
-            framing(twice).unwrap(),
-            Some((twice.len(), Framing::Body(2)))
-        );
-    }
-
-    #[test]
-    fn one_peer_holds_at_most_its_share_of_connections() {
-        let open = OpenCount::default();
-        let (a, b) = (Some(PeerKey::Uid(1000)), Some(PeerKey::Uid(1001)));
-        let a1 = open.take(a, 5, 2).unwrap();
-        let _a2 = open.take(a, 5, 2).unwrap();
-        assert_eq!(
-            open.take(a, 5, 2).err(),
-            Some(Full::Peer(PeerKey::Uid(1000), 2))
-        );
-        let _b1 = open.take(b, 5, 2).unwrap();
-        // The server's own user: the total only.
-        let _own = open.take(None, 5, 2).unwrap();
-        let _own2 = open.take(None, 5, 2).unwrap();
-        assert_eq!(open.take(b, 5, 2).err(), Some(Full::All(5)));
-        drop(a1);
-        let _a3 = open.take(a, 5, 2).unwrap();
-        assert_eq!(open.take(None, 5, 2).err(), Some(Full::All(5)));
-    }
-
-    #[test]
-    fn a_chunked_body_ends_where_its_last_chunk_and_trailers_do() {
-        let start = Chunk::Size {
-            digits: 0,
-            size: 0,
-            ext: false,
-        };
-        let body = b"5\r\nhello\r\nA;ext=1\r\n0123456789\r\n0\r\nX-T: 1\r\n\r\nGET";
-        let (n, f) = follow_chunks(start, body).unwrap();
-        assert_eq!(f, Framing::Head);
-        assert_eq!(&body[n..], b"GET");
-        // Fed a byte at a time, the same.
-        let mut c = start;
-        let mut used = 0;
-        for (i, b) in body.iter().enumerate() {
-            let (k, f) = follow_chunks(c, std::slice::from_ref(b)).unwrap();
-            used += k;
-            match f {
-                Framing::Chunked(next) => c = next,
-                Framing::Head => {
-                    assert_eq!(i + 1, n);
-                    break;
-                }
-                Framing::Body(_) => unreachable!(),
-            }
-        }
-        assert_eq!(used, n);
-        assert!(follow_chunks(start, b"zz\r\n").is_none());
-        assert!(follow_chunks(start, b"5\r\nhelloX").is_none());
-        assert!(follow_chunks(start, b"11111111111111111\r\n").is_none());
+        let long = Request::get(format!("/{}", "a".repeat(MAX_URI)))
+            .body(())
+            .unwrap();
+        assert!(target_too_long(&long).is_some());
+        let fine = Request::get("/v1/health?x=1").body(()).unwrap();
+        assert!(target_too_long(&fine).is_none());
     }
 }

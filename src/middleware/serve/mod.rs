@@ -29,6 +29,7 @@ use crate::mount::control::NamespaceInfo;
 mod api;
 mod body;
 mod budget;
+mod caps;
 mod conn;
 mod files;
 mod identity;
@@ -46,12 +47,6 @@ pub use conn::Timeouts;
 pub use identity::{tenant_of_uid, Caller, Identities, Principal, MIN_TOKEN_LEN};
 pub use json_bounds::{JsonLimits, MAX_DEPTH as MAX_JSON_DEPTH};
 pub use peer::{group_id, Peer, SocketAccess};
-
-/// The fuzz check of the request framing (`casfs::fuzzing::http_head`).
-#[doc(hidden)]
-pub fn check_wire(data: &[u8]) {
-    conn::check_wire(data)
-}
 
 /// Every route the server answers, as `METHOD path`; `docs/openapi.json` has the same.
 pub const ROUTES: &[&str] = &[
@@ -1032,72 +1027,14 @@ pub enum Listen {
     Tcp(std::net::SocketAddr),
 }
 
-enum Socket {
-    Unix(tokio::net::UnixListener),
-    Tcp(tokio::net::TcpListener),
-}
-
-/// The server's listener: every connection counted against the cap and guarded
-/// ([`conn::GuardedIo`]: heads checked, timeouts) before hyper reads it.
-struct Guarded {
-    socket: Socket,
-    open: conn::OpenCount,
-    max: usize,
-    /// At most this many of one peer ([`conn::PeerKey`]).
-    per_peer: usize,
-    timeouts: Timeouts,
-}
-
-impl axum::serve::Listener for Guarded {
-    type Io = conn::GuardedIo;
-    /// Who connected (handlers take it as [`Peer`]).
-    type Addr = Peer;
-
-    async fn accept(&mut self) -> (conn::GuardedIo, Peer) {
-        loop {
-            let got = match &self.socket {
-                Socket::Unix(l) => l
-                    .accept()
-                    .await
-                    .map(|(s, _)| (Peer::of_unix(&s), conn::Stream::Unix(s))),
-                Socket::Tcp(l) => l.accept().await.map(|(s, _)| {
-                    let _ = s.set_nodelay(true);
-                    (Peer::tcp(), conn::Stream::Tcp(s))
-                }),
-            };
-            let (peer, stream) = match got {
-                Ok(s) => s,
-                Err(e) => {
-                    // Out of descriptors, or a connection reset before it was taken:
-                    // wait a little rather than spin, and go on.
-                    tracing::warn!("accepting a connection: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let key = stream.peer_key();
-            match self.open.take(key, self.max, self.per_peer) {
-                Ok(slot) => return (conn::GuardedIo::new(stream, slot, self.timeouts), peer),
-                Err(full) => self.open.turn_away(stream, full, self.max),
-            }
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Peer> {
-        Ok(Peer::default())
-    }
-}
-
 /// Serves until `shutdown` completes.
 pub async fn serve(
     server: Arc<Server>,
     listen: Listen,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    // Handlers learn who connected (`Peer`).
-    let app = server
-        .router()
-        .into_make_service_with_connect_info::<Peer>();
+    // Handlers learn who connected (`Peer`): `conn` puts it in each request.
+    let app = server.router();
     // The reaper: abandoned runs and idle sandboxes, checked every second at most.
     let l = server.limits();
     let tick = (l.run_idle.min(l.sandbox_idle) / 4)
@@ -1111,9 +1048,7 @@ pub async fn serve(
         }
     });
     let _stop_reaper = AbortOnDrop(reaper);
-    let guarded = |socket| Guarded {
-        socket,
-        open: conn::OpenCount::default(),
+    let caps = conn::Caps {
         max: l.max_connections.max(1),
         per_peer: l.max_connections_per_peer.max(1),
         timeouts: l.timeouts,
@@ -1123,11 +1058,9 @@ pub async fn serve(
             let sock = access.bind(&path)?;
             sock.set_nonblocking(true)?;
             let sock = tokio::net::UnixListener::from_std(sock)?;
-            let r = axum::serve(guarded(Socket::Unix(sock)), app)
-                .with_graceful_shutdown(shutdown)
-                .await;
+            conn::run(conn::Socket::Unix(sock), app, caps, shutdown).await;
             let _ = std::fs::remove_file(&path);
-            r
+            Ok(())
         }
         Listen::Tcp(addr) => {
             if !addr.ip().is_loopback() || !server.identities.tokens() {
@@ -1137,9 +1070,8 @@ pub async fn serve(
                 ));
             }
             let sock = tokio::net::TcpListener::bind(addr).await?;
-            axum::serve(guarded(Socket::Tcp(sock)), app)
-                .with_graceful_shutdown(shutdown)
-                .await
+            conn::run(conn::Socket::Tcp(sock), app, caps, shutdown).await;
+            Ok(())
         }
     }
 }

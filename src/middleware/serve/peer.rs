@@ -12,10 +12,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use axum::extract::connect_info::{ConnectInfo, Connected};
+use axum::extract::connect_info::ConnectInfo;
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
-use axum::serve::IncomingStream;
 
 use crate::fs::Owner;
 
@@ -202,12 +201,6 @@ fn peer_groups(s: &tokio::net::UnixStream) -> std::io::Result<Vec<u32>> {
             continue;
         }
         return Err(e);
-    }
-}
-
-impl Connected<IncomingStream<'_, super::Guarded>> for Peer {
-    fn connect_info(stream: IncomingStream<'_, super::Guarded>) -> Peer {
-        stream.remote_addr().clone()
     }
 }
 
