@@ -563,10 +563,11 @@ async fn connection(
     let t = io.t;
     // A new connection is given the idle timeout for its first byte; hyper's header
     // timer starts with it.
-    if !matches!(
-        tokio::time::timeout(t.idle, io.io.first_byte()).await,
-        Ok(Ok(()))
-    ) {
+    let first = tokio::select! {
+        r = tokio::time::timeout(t.idle, io.io.first_byte()) => matches!(r, Ok(Ok(()))),
+        _ = stop.changed() => false,
+    };
+    if !first {
         return;
     }
     io.turn().since = Instant::now();
