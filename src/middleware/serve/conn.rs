@@ -659,4 +659,74 @@ mod tests {
         let fine = Request::get("/v1/health?x=1").body(()).unwrap();
         assert!(target_too_long(&fine).is_none());
     }
+
+    /// Serves one end of a socket pair as `run` serves a connection; the other end, and
+    /// how many requests reached a handler.
+    fn served(t: Timeouts) -> (tokio::net::UnixStream, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let (ours, theirs) = tokio::net::UnixStream::pair().unwrap();
+        let slot = OpenCount::default().take(None, 1, 1).unwrap();
+        let ran = Arc::new(AtomicUsize::new(0));
+        let seen = ran.clone();
+        let app = Router::new().route(
+            "/ok",
+            axum::routing::get(move || async move {
+                seen.fetch_add(1, Ordering::SeqCst);
+                "fine"
+            }),
+        );
+        let (stop, stopping) = tokio::sync::watch::channel(());
+        let io = GuardedIo::new(Stream::Unix(ours), slot, t);
+        tokio::spawn(async move {
+            connection(io, Peer::default(), app, stopping).await;
+            drop(stop);
+        });
+        (theirs, ran)
+    }
+
+    #[tokio::test]
+    async fn a_head_hyper_refuses_gets_the_json_error_and_reaches_no_handler() {
+        let (mut c, ran) = served(Timeouts::default());
+        c.write_all(
+            b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n\
+              GET /ok HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n\
+              GET /ok HTTP/1.1\r\nHost: x\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).await.unwrap();
+        let (first, refusal) = out.split_once("fine").expect(&out);
+        assert!(first.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
+        assert!(
+            refusal.starts_with("HTTP/1.1 400 Bad Request\r\ncontent-type: application/json"),
+            "{out}"
+        );
+        let (_, body) = refusal.split_once("\r\n\r\n").unwrap();
+        let v: serde_json::Value = serde_json::from_str(body).expect(body);
+        assert_eq!(v["error"]["kind"], "invalid");
+        // Only the first request ran: the connection closed at the refused head.
+        assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_head_cut_short_is_408_and_an_idle_connection_just_closes() {
+        let t = Timeouts {
+            idle: Duration::from_millis(300),
+            head: Duration::from_millis(200),
+            stall: Duration::from_secs(5),
+        };
+        let (mut c, _) = served(t);
+        c.write_all(b"GET /ok HTTP/1.1\r\nHo").await.unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).await.unwrap();
+        assert!(out.starts_with("HTTP/1.1 408 Request Timeout\r\n"), "{out}");
+        assert!(out.contains(r#""kind":"request_timeout""#), "{out}");
+        let (mut c, ran) = served(t);
+        let start = Instant::now();
+        let mut out = Vec::new();
+        c.read_to_end(&mut out).await.unwrap();
+        assert!(out.is_empty() && start.elapsed() >= t.idle, "{out:?}");
+        assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
 }
