@@ -6,6 +6,7 @@
 //! `too_many_connections` after its request head and closed (`turn_away`); hyper never
 //! sees it.
 
+use crate::sys::Locked;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
@@ -84,7 +85,7 @@ impl OpenCount {
         max: usize,
         per_peer: usize,
     ) -> Result<OpenSlot, Full> {
-        let mut o = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut o = self.0.locked();
         if o.all >= max {
             return Err(Full::All(max));
         }
@@ -109,7 +110,7 @@ impl OpenCount {
     /// caps holds no more descriptors than the caps allow.
     pub fn turn_away(&self, io: Stream, full: Full, max: usize) {
         {
-            let mut o = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            let mut o = self.0.locked();
             if o.turning >= max {
                 return;
             }
@@ -118,7 +119,7 @@ impl OpenCount {
         struct Turning(Arc<Mutex<Open>>);
         impl Drop for Turning {
             fn drop(&mut self) {
-                self.0.lock().unwrap_or_else(|p| p.into_inner()).turning -= 1;
+                self.0.locked().turning -= 1;
             }
         }
         let turning = Turning(self.0.clone());
@@ -137,7 +138,7 @@ pub struct OpenSlot {
 
 impl Drop for OpenSlot {
     fn drop(&mut self) {
-        let mut o = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let mut o = self.open.locked();
         o.all -= 1;
         if let Some(k) = self.peer {
             if let Some(n) = o.by_peer.get_mut(&k) {

@@ -46,6 +46,7 @@
 //! Nothing here parses a request head any more, so the fuzz targets
 //! (`casfs::fuzzing`) have none for HTTP: the hand parser they fuzzed is gone.
 
+use crate::sys::Locked;
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
@@ -262,7 +263,7 @@ struct Answering(Arc<Mutex<Turn>>);
 
 impl Answering {
     fn begin(turn: &Arc<Mutex<Turn>>) -> Answering {
-        let mut t = turn.lock().unwrap_or_else(|p| p.into_inner());
+        let mut t = turn.locked();
         t.going += 1;
         t.flushed = false;
         Answering(turn.clone())
@@ -271,7 +272,7 @@ impl Answering {
 
 impl Drop for Answering {
     fn drop(&mut self) {
-        let mut t = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut t = self.0.locked();
         t.going -= 1;
         if t.going == 0 {
             t.heard = false;
@@ -316,7 +317,7 @@ impl GuardedIo {
     }
 
     fn turn(&self) -> std::sync::MutexGuard<'_, Turn> {
-        self.turn.lock().unwrap_or_else(|p| p.into_inner())
+        self.turn.locked()
     }
 
     /// Fails a write the client has not taken for the stall timeout.
