@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use super::{PACKED_AT_PUT, PACK_SLACK};
+use super::upload::{PACKED_AT_PUT, PACK_SLACK};
 use crate::cas::hash::Hash;
 use crate::cas::pack::PackWriter;
 
