@@ -14,12 +14,18 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::live::{Entry, KeyGuard, KeyLocks, Live};
-use super::{MiddlewareError, MiddlewareResult, RunContext, Secrets};
+use crate::middleware::live::{Entry, KeyGuard, KeyLocks, Live};
+
+mod casfs;
+mod dir;
+
 use crate::cas::TreeId;
 use crate::checkpoint::{CheckpointId, Store, ThreadId};
 use crate::fs::{Owner, WorkspaceOptions};
+use crate::middleware::{MiddlewareError, MiddlewareResult, RunContext, Secrets};
 use crate::mount::{discard_mount_state, MountMode, MountedThread};
+pub use casfs::CasfsProvider;
+pub use dir::DirProvider;
 
 /// How [`SandboxProvider::ensure`] got the sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -311,6 +317,16 @@ fn make_gate(gate: &Path, owner: Owner) -> std::io::Result<PathBuf> {
     Ok(ws)
 }
 
+/// What every provider keeps of its sandboxes, and the one place their lifetime is
+/// decided: the live ones (capped in all and per tenant), a lock per key (held while a
+/// key's sandbox is made, resumed or destroyed) and the isolation of their processes.
+#[derive(Default)]
+pub struct Kept {
+    pub(crate) live: Live,
+    pub(crate) keys: KeyLocks,
+    pub(crate) jails: Arc<crate::middleware::isolate::Jails>,
+}
+
 pub trait SandboxProvider: Send + Sync {
     /// The sandbox key of a run (default: [`sandbox_key`] of its tenant and thread).
     fn key(&self, ctx: &RunContext) -> String {
@@ -339,31 +355,44 @@ pub trait SandboxProvider: Send + Sync {
     /// sandbox was destroyed (of two callers at once, one is told `true`).
     fn destroy_unheld(&self, key: &str, secrets: &Secrets) -> MiddlewareResult<bool>;
 
+    /// What this provider keeps of its sandboxes ([`Kept`]): the methods below answer
+    /// from it. None: it keeps nothing itself (they answer that nothing is live).
+    fn kept(&self) -> Option<&Kept> {
+        None
+    }
+
     /// Notes that sandbox `key` was used now (a client asked about it): the least
     /// recently used idle sandbox is the first made room for at the cap.
-    fn touch(&self, _key: &str) {}
+    fn touch(&self, key: &str) {
+        if let Some(k) = self.kept() {
+            k.live.touch(key);
+        }
+    }
 
     /// The isolation of its sandboxes' processes (`middleware::isolate`): ended before
     /// a sandbox's workspace goes.
-    fn jails(&self) -> Option<&Arc<super::isolate::Jails>> {
-        None
+    fn jails(&self) -> Option<&Arc<crate::middleware::isolate::Jails>> {
+        self.kept().map(|k| &k.jails)
     }
 
     /// The live sandboxes this provider holds, as handles that look at them without
     /// holding them ([`SandboxHandle::look`]).
     fn live(&self) -> Vec<SandboxHandle> {
-        Vec::new()
+        self.kept().map(|k| k.live.handles()).unwrap_or_default()
     }
 
     /// Live sandbox `key`, held while the handle returned lives (a capture of it).
-    fn get(&self, _key: &str) -> Option<SandboxHandle> {
-        None
+    fn get(&self, key: &str) -> Option<SandboxHandle> {
+        self.kept()?.live.get(key)
     }
 
     /// Live sandbox `key`, looked at without holding it (a client's file operation in
     /// it: a DELETE meanwhile is not refused for it).
     fn look(&self, key: &str) -> Option<SandboxHandle> {
-        self.live().into_iter().find(|h| h.key == key)
+        match self.kept() {
+            Some(k) => k.live.look(key),
+            None => self.live().into_iter().find(|h| h.key == key),
+        }
     }
 
     /// Cleans what sandboxes of an earlier process left behind (a server killed
@@ -406,116 +435,6 @@ fn purge(secrets: &Secrets) -> bool {
     !secrets.is_empty()
 }
 
-/// Mounts workspaces of one store under `dir/<key>`.
-pub struct CasfsProvider {
-    store: Arc<Store>,
-    dir: PathBuf,
-    opts: WorkspaceOptions,
-    mode: MountMode,
-    live: Live,
-    /// Held while a key's sandbox is made, resumed or destroyed.
-    keys: KeyLocks,
-    /// Sandboxes destroyed while busy (files open in them): discarded before their key
-    /// is used again.
-    doomed: Mutex<HashMap<String, Arc<MountedThread>>>,
-    jails: Arc<super::isolate::Jails>,
-}
-
-impl CasfsProvider {
-    pub fn new(store: Arc<Store>, dir: &Path, opts: WorkspaceOptions) -> CasfsProvider {
-        // Mountpoints are named from the canonical directory: a mountpoint's key in the
-        // store must not depend on how the directory was spelled.
-        let _ = std::fs::create_dir_all(dir);
-        let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-        CasfsProvider {
-            store,
-            dir,
-            opts,
-            mode: MountMode::Fuse,
-            live: Live::default(),
-            keys: KeyLocks::default(),
-            doomed: Mutex::new(HashMap::new()),
-            jails: Arc::default(),
-        }
-    }
-
-    /// Mounts sandboxes with backend `mode` (default FUSE). With overlay, file events
-    /// come from inotify on the sandbox (as for a plain directory), and the mount
-    /// outlives a killed server (the next server detaches and discards it).
-    pub fn with_mode(mut self, mode: MountMode) -> CasfsProvider {
-        self.mode = mode;
-        self
-    }
-
-    /// At most `n` live sandboxes (0: no limit): making one more first destroys the
-    /// least recently used idle one; with none idle, a new sandbox is refused
-    /// ([`MiddlewareError::AtCapacity`]).
-    pub fn with_max_sandboxes(self, n: usize) -> CasfsProvider {
-        self.live.set_max(n);
-        self
-    }
-
-    /// At most `n` live sandboxes of one tenant (0: no limit): making one more first
-    /// destroys that tenant's least recently used idle one; with none idle, refused.
-    /// Administrators' sandboxes are held only to the cap of all.
-    pub fn with_max_sandboxes_per_tenant(self, n: usize) -> CasfsProvider {
-        self.live.set_max_per_tenant(n);
-        self
-    }
-
-    fn doomed_map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<MountedThread>>> {
-        self.doomed.locked()
-    }
-
-    /// The mountpoint of sandbox `key`, behind its gate.
-    pub fn mountpoint(&self, key: &str) -> PathBuf {
-        self.dir.join(key).join(WORKSPACE_DIR)
-    }
-
-    /// Unmounts and discards `m` (its key's lock held by the caller); a busy mount is
-    /// kept on the doomed list, discarded before the key is used again.
-    fn discard(&self, key: &str, m: Arc<MountedThread>, secrets: &Secrets) -> MiddlewareResult<()> {
-        // Its processes first: their namespace holds the workspace's mount.
-        self.jails.end(key);
-        match m.discard(purge(secrets)) {
-            Ok(_) => {
-                self.doomed_map().remove(key);
-                // The empty mountpoint and its gate go too (a later sandbox of the key
-                // makes them).
-                let _ = std::fs::remove_dir(self.mountpoint(key));
-                let _ = std::fs::remove_dir(self.dir.join(key));
-                Ok(())
-            }
-            Err(e) => {
-                self.doomed_map().insert(key.to_string(), m);
-                Err(MiddlewareError::SandboxBusy {
-                    key: key.to_string(),
-                    detail: format!(
-                        "destroyed, but unmounting it failed ({e}); processes still use it: \
-                         it is discarded when they have let go"
-                    ),
-                })
-            }
-        }
-    }
-
-    /// Discards the sandboxes `victims` (taken out of the live map with their keys
-    /// locked).
-    fn discard_all(
-        &self,
-        victims: Vec<(KeyGuard<'_>, SandboxHandle)>,
-        secrets: &Secrets,
-    ) -> MiddlewareResult<usize> {
-        let n = victims.len();
-        for (g, h) in victims {
-            if let Some(m) = h.mount() {
-                self.discard(g.key(), m.clone(), secrets)?;
-            }
-        }
-        Ok(n)
-    }
-}
-
 /// Checks a sandbox key a provider made: it names one directory under the provider's.
 fn check_key(key: &str) -> MiddlewareResult<()> {
     let ok = !key.is_empty()
@@ -533,396 +452,6 @@ fn check_key(key: &str) -> MiddlewareResult<()> {
                      with '.' (it names a directory)"
                 .into(),
         })
-    }
-}
-
-/// Detaches whatever FUSE mount (live or dead) sits at `path`.
-fn detach_mount(path: &Path) {
-    let _ = crate::fs::detach(path);
-}
-
-impl SandboxProvider for CasfsProvider {
-    fn ensure(
-        &self,
-        ctx: &RunContext,
-        secrets: &Secrets,
-    ) -> MiddlewareResult<(SandboxHandle, EnsureOutcome)> {
-        let key = self.key(ctx);
-        check_key(&key)?;
-        let _k = self.keys.lock(&key);
-        let (stale, victims) = {
-            let mut live = self.live.lock();
-            let mut stale = None;
-            if let Some(e) = live.get_mut(&key) {
-                let m = e
-                    .handle
-                    .mount()
-                    .expect("casfs sandboxes are mounts")
-                    .clone();
-                if !m.is_finished() && m.tag().thread == ctx.thread {
-                    e.used = std::time::Instant::now();
-                    return Ok((e.handle.clone(), EnsureOutcome::Resumed));
-                }
-                // Unmounted behind our back, or another thread's: not this run's.
-                live.remove(&key);
-                stale = Some(m);
-            }
-            let tenant = ctx.thread.tenant();
-            (stale, self.live.make_room(&mut live, &self.keys, tenant)?)
-        };
-        self.discard_all(victims, secrets)?;
-        let doomed = stale.or_else(|| self.doomed_map().get(&key).cloned());
-        if let Some(m) = doomed {
-            self.discard(&key, m, secrets)?;
-        }
-        // An earlier sandbox's processes of the key are not this one's.
-        self.jails.end(&key);
-        let sandbox_err = |detail: String| MiddlewareError::Sandbox {
-            key: key.clone(),
-            detail,
-        };
-        // The workspace is the run's owner's, when it names one.
-        let opts = WorkspaceOptions {
-            owner: ctx.owner.unwrap_or(self.opts.owner),
-            ..self.opts.clone()
-        };
-        let mp = self.mountpoint(&key);
-        if crate::fs::is_dead_mount(&mp) {
-            detach_mount(&mp);
-        }
-        make_gate(&self.dir.join(&key), opts.owner).map_err(|e| sandbox_err(e.to_string()))?;
-        if crate::fs::is_fuse_mount(&mp) {
-            return Err(sandbox_err(format!(
-                "{} is already a mount this provider does not own",
-                mp.display()
-            )));
-        }
-        // A created sandbox starts at the head: uncaptured work an earlier sandbox of
-        // this key left (a process that died before destroying it) is not the thread's.
-        discard_mount_state(&self.store, &mp, purge(secrets)).map_err(|e| {
-            sandbox_err(format!("discarding earlier work in {}: {e}", mp.display()))
-        })?;
-        let mount = MountedThread::mount_mode(
-            self.store.clone(),
-            &mp,
-            ctx.thread.clone(),
-            None,
-            &opts,
-            self.mode,
-        )
-        .map_err(|e| sandbox_err(format!("mounting {}: {e}", mp.display())))?;
-        let h = SandboxHandle::new(
-            key.clone(),
-            mp,
-            ctx.thread.clone(),
-            opts.owner,
-            SandboxWorkspace::Mount(Arc::new(mount)),
-        );
-        self.live.lock().insert(
-            key,
-            Entry {
-                handle: h.clone(),
-                used: std::time::Instant::now(),
-            },
-        );
-        Ok((h, EnsureOutcome::Created))
-    }
-
-    fn live(&self) -> Vec<SandboxHandle> {
-        self.live.handles()
-    }
-
-    fn get(&self, key: &str) -> Option<SandboxHandle> {
-        self.live.get(key)
-    }
-
-    fn look(&self, key: &str) -> Option<SandboxHandle> {
-        self.live.look(key)
-    }
-
-    fn reap_idle(
-        &self,
-        idle: Duration,
-        secrets: &Secrets,
-        spare: &dyn Fn(&str) -> bool,
-    ) -> MiddlewareResult<usize> {
-        let victims = {
-            let mut live = self.live.lock();
-            self.live.idle(&mut live, &self.keys, idle, spare)
-        };
-        self.discard_all(victims, secrets)
-    }
-
-    fn touch(&self, key: &str) {
-        self.live.touch(key);
-    }
-
-    fn jails(&self) -> Option<&Arc<super::isolate::Jails>> {
-        Some(&self.jails)
-    }
-
-    fn destroy_unheld(&self, key: &str, secrets: &Secrets) -> MiddlewareResult<bool> {
-        let _k = self.keys.lock(key);
-        let taken = self.live.take_unheld(key)?;
-        match taken.as_ref().and_then(|h| h.mount()) {
-            Some(m) => {
-                self.discard(key, m.clone(), secrets)?;
-                Ok(true)
-            }
-            None => {
-                // One destroyed while busy earlier: discarded now if it can be.
-                if let Some(m) = self.doomed_map().get(key).cloned() {
-                    self.discard(key, m, secrets)?;
-                }
-                Ok(false)
-            }
-        }
-    }
-
-    fn destroy(&self, key: &str, secrets: &Secrets) -> MiddlewareResult<()> {
-        let _k = self.keys.lock(key);
-        let taken = self.live.lock().remove(key).map(|e| e.handle);
-        let m = match taken.as_ref().and_then(|h| h.mount()) {
-            Some(m) => m.clone(),
-            None => match self.doomed_map().get(key).cloned() {
-                Some(m) => m,
-                None => return Ok(()),
-            },
-        };
-        // Whoever else holds the mount (an event dispatcher, a listing) sees it gone.
-        self.discard(key, m, secrets)
-    }
-
-    fn recover(&self, secrets: &Secrets) -> MiddlewareResult<usize> {
-        let entries = match std::fs::read_dir(&self.dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-            Err(e) => {
-                return Err(MiddlewareError::Sandbox {
-                    key: String::new(),
-                    detail: format!("listing {}: {e}", self.dir.display()),
-                })
-            }
-        };
-        let live = self.live.keys();
-        let mut cleaned = 0;
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if live.contains(&name) || check_key(&name).is_err() {
-                continue;
-            }
-            // Behind its gate; an earlier casfs mounted right at `<dir>/<key>`.
-            let gate = self.dir.join(&name);
-            for mp in [gate.join(WORKSPACE_DIR), gate.clone()] {
-                if crate::fs::is_dead_mount(&mp) || crate::fs::is_fuse_mount(&mp) {
-                    detach_mount(&mp);
-                }
-                discard_mount_state(&self.store, &mp, purge(secrets)).map_err(|err| {
-                    MiddlewareError::Sandbox {
-                        key: name.clone(),
-                        detail: format!("discarding what {} held: {err}", mp.display()),
-                    }
-                })?;
-                let _ = std::fs::remove_dir(&mp);
-            }
-            cleaned += 1;
-        }
-        Ok(cleaned)
-    }
-}
-
-/// Plain-directory sandboxes under `dir/<key>`, for hosts without FUSE. A checkpoint
-/// walks the directory (every file is read: the policy and secret scrubbing see each),
-/// and file events come from inotify.
-pub struct DirProvider {
-    store: Arc<Store>,
-    dir: PathBuf,
-    live: Live,
-    keys: KeyLocks,
-    jails: Arc<super::isolate::Jails>,
-}
-
-impl DirProvider {
-    pub fn new(store: Arc<Store>, dir: &Path) -> DirProvider {
-        DirProvider {
-            store,
-            dir: dir.to_path_buf(),
-            live: Live::default(),
-            keys: KeyLocks::default(),
-            jails: Arc::default(),
-        }
-    }
-
-    /// As [`CasfsProvider::with_max_sandboxes`].
-    pub fn with_max_sandboxes(self, n: usize) -> DirProvider {
-        self.live.set_max(n);
-        self
-    }
-
-    /// As [`CasfsProvider::with_max_sandboxes_per_tenant`].
-    pub fn with_max_sandboxes_per_tenant(self, n: usize) -> DirProvider {
-        self.live.set_max_per_tenant(n);
-        self
-    }
-
-    /// The workspace of sandbox `key`, behind its gate.
-    pub fn path(&self, key: &str) -> PathBuf {
-        self.dir.join(key).join(WORKSPACE_DIR)
-    }
-}
-
-fn remove_tree(key: &str, path: &Path) -> MiddlewareResult<()> {
-    use crate::sys::dirfd;
-    use std::os::unix::ffi::OsStrExt;
-    let err = |e: std::io::Error| MiddlewareError::Sandbox {
-        key: key.to_string(),
-        detail: format!("removing {}: {e}", path.display()),
-    };
-    // The provider's own directory is opened by path; the sandbox in it is removed
-    // through handles, no link in it followed.
-    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
-        return Err(err(std::io::Error::from(std::io::ErrorKind::InvalidInput)));
-    };
-    let dir = match dirfd::open_dir_path(parent) {
-        Ok(d) => d,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(err(e)),
-    };
-    let name = std::ffi::CString::new(name.as_bytes())
-        .map_err(|_| err(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
-    dirfd::remove_entry(std::os::fd::AsFd::as_fd(&dir), &name).map_err(err)
-}
-
-impl SandboxProvider for DirProvider {
-    fn ensure(
-        &self,
-        ctx: &RunContext,
-        _secrets: &Secrets,
-    ) -> MiddlewareResult<(SandboxHandle, EnsureOutcome)> {
-        let key = self.key(ctx);
-        check_key(&key)?;
-        let mut live = self.live.lock();
-        if let Some(e) = live.get_mut(&key) {
-            e.used = std::time::Instant::now();
-            return Ok((e.handle.clone(), EnsureOutcome::Resumed));
-        }
-        for (g, _) in self
-            .live
-            .make_room(&mut live, &self.keys, ctx.thread.tenant())?
-        {
-            self.jails.end(g.key());
-            remove_tree(g.key(), &self.dir.join(g.key()))?;
-        }
-        let root = self.path(&key);
-        // What an earlier sandbox of the key left is not the thread's state, nor are
-        // its processes.
-        self.jails.end(&key);
-        remove_tree(&key, &root)?;
-        let err = |e: std::io::Error| MiddlewareError::Sandbox {
-            key: key.clone(),
-            detail: format!("{}: {e}", root.display()),
-        };
-        std::fs::create_dir_all(&self.dir).map_err(err)?;
-        let owner = ctx.owner.unwrap_or_default();
-        make_gate(&self.dir.join(&key), owner).map_err(err)?;
-        let root = std::fs::canonicalize(&root).map_err(err)?;
-        if owner.is_other() {
-            owner.chown(&root).map_err(err)?;
-        }
-        let h = SandboxHandle::new(
-            key.clone(),
-            root,
-            ctx.thread.clone(),
-            owner,
-            SandboxWorkspace::Dir(Arc::new(DirWorkspace {
-                store: self.store.clone(),
-                base: Mutex::new(None),
-                owner,
-            })),
-        );
-        live.insert(
-            key,
-            Entry {
-                handle: h.clone(),
-                used: std::time::Instant::now(),
-            },
-        );
-        Ok((h, EnsureOutcome::Created))
-    }
-
-    fn live(&self) -> Vec<SandboxHandle> {
-        self.live.handles()
-    }
-
-    fn get(&self, key: &str) -> Option<SandboxHandle> {
-        self.live.get(key)
-    }
-
-    fn look(&self, key: &str) -> Option<SandboxHandle> {
-        self.live.look(key)
-    }
-
-    fn reap_idle(
-        &self,
-        idle: Duration,
-        _secrets: &Secrets,
-        spare: &dyn Fn(&str) -> bool,
-    ) -> MiddlewareResult<usize> {
-        // Removed under the lock: an ensure of the key meanwhile makes a new directory
-        // only after this one is gone.
-        let mut live = self.live.lock();
-        let idle = self.live.idle(&mut live, &self.keys, idle, spare);
-        for (g, _) in &idle {
-            self.jails.end(g.key());
-            remove_tree(g.key(), &self.dir.join(g.key()))?;
-        }
-        Ok(idle.len())
-    }
-
-    fn touch(&self, key: &str) {
-        self.live.touch(key);
-    }
-
-    fn jails(&self) -> Option<&Arc<super::isolate::Jails>> {
-        Some(&self.jails)
-    }
-
-    fn destroy_unheld(&self, key: &str, _secrets: &Secrets) -> MiddlewareResult<bool> {
-        let mut live = self.live.lock();
-        match super::live::take_unheld_from(&mut live, key)? {
-            Some(_) => {
-                self.jails.end(key);
-                remove_tree(key, &self.dir.join(key))?;
-                Ok(true)
-            }
-            None => Ok(false),
-        }
-    }
-
-    fn destroy(&self, key: &str, _secrets: &Secrets) -> MiddlewareResult<()> {
-        let mut live = self.live.lock();
-        if live.remove(key).is_none() {
-            return Ok(());
-        }
-        self.jails.end(key);
-        remove_tree(key, &self.dir.join(key))
-    }
-
-    fn recover(&self, _secrets: &Secrets) -> MiddlewareResult<usize> {
-        let Ok(entries) = std::fs::read_dir(&self.dir) else {
-            return Ok(0);
-        };
-        let live = self.live.keys();
-        let mut cleaned = 0;
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if live.contains(&name) || check_key(&name).is_err() {
-                continue;
-            }
-            remove_tree(&name, &e.path())?;
-            cleaned += 1;
-        }
-        Ok(cleaned)
     }
 }
 
