@@ -12,7 +12,9 @@ use std::path::Path;
 /// inside a workspace.
 const MODULES: &[&str] = &[
     "src/checkpoint/sync/capture.rs",
-    "src/checkpoint/sync/restore.rs",
+    "src/checkpoint/sync/restore/mod.rs",
+    "src/checkpoint/sync/restore/preflight.rs",
+    "src/checkpoint/sync/restore/uncaptured.rs",
     "src/checkpoint/sync/dircache.rs",
     "src/sys/xattr.rs",
     "src/checkpoint/sync/watch.rs",
@@ -175,24 +177,24 @@ const ALLOWED: &[(&str, &str, &str)] = &[
          handles",
     ),
     (
-        "src/checkpoint/sync/restore.rs",
+        "src/checkpoint/sync/restore/mod.rs",
         "use std::fs::{self, File};",
         "imports: `fs` for the destination's own path (below), `File` the type descriptors \
          are read and written as",
     ),
     (
-        "src/checkpoint/sync/restore.rs",
+        "src/checkpoint/sync/restore/mod.rs",
         "fs::create_dir_all(dest)",
         "the destination the caller names, made if missing: everything below it through \
          handles of directories the restore opened or made",
     ),
     (
-        "src/checkpoint/sync/restore.rs",
+        "src/checkpoint/sync/restore/mod.rs",
         "let dest = fs::canonicalize(dest)",
         "the same destination, resolved once to key its directory cache",
     ),
     (
-        "src/checkpoint/sync/restore.rs",
+        "src/checkpoint/sync/restore/uncaptured.rs",
         "let dir = match fs::canonicalize(dir)",
         "uncaptured_changes: the directory the caller names; below it through handles",
     ),
@@ -379,7 +381,7 @@ const ALLOWED: &[(&str, &str, &str)] = &[
         "the provider's own sandboxes directory",
     ),
     (
-        "src/checkpoint/sync/restore.rs",
+        "src/checkpoint/sync/restore/mod.rs",
         "entry.chown(uid, gid).map_err(io)?;",
         "the entry just opened and checked to be the one restored, changed through its \
          descriptor",
