@@ -24,6 +24,7 @@ const MODULES: &[&str] = &[
     "src/sys/dirfd/root.rs",
     "src/mount/overlay/upper.rs",
     "src/mount/overlay/watch.rs",
+    "src/mount/overlay/writers.rs",
     "src/middleware/events.rs",
     "src/middleware/dir_watch.rs",
     "src/middleware/secrets.rs",
@@ -286,12 +287,12 @@ const ALLOWED: &[(&str, &str, &str)] = &[
          be procfs",
     ),
     (
-        "src/mount/overlay/watch.rs",
+        "src/mount/overlay/writers.rs",
         "std::io::Read::read_to_end(&mut std::fs::File::from(f), &mut buf).ok()?;",
         "open_writers: a file of /proc/<pid> opened relative to its directory's descriptor",
     ),
     (
-        "src/mount/overlay/watch.rs",
+        "src/mount/overlay/writers.rs",
         "let mut maps_file = std::fs::File::from(maps_fd);",
         "/proc/<pid>/maps, opened relative to its directory's descriptor",
     ),

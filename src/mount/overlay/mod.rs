@@ -21,6 +21,7 @@ mod kernel;
 mod retire;
 mod upper;
 mod watch;
+mod writers;
 
 pub(super) use kernel::cstr;
 use kernel::*;
