@@ -13,7 +13,10 @@
 //! canonical path), so mounting the same mountpoint again after a crash picks the
 //! uncaptured work back up.
 
+mod checkpoint;
+
 use crate::sys::Locked;
+use checkpoint::*;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -481,7 +484,9 @@ impl MountedThread {
     /// Whether the mount is gone (unmounted here or by someone else).
     pub fn is_finished(&self) -> bool {
         match &self.backend {
-            Backend::Fuse { mounted, .. } => lock(mounted).as_ref().is_none_or(|m| m.is_finished()),
+            Backend::Fuse { mounted, .. } => {
+                mounted.locked().as_ref().is_none_or(|m| m.is_finished())
+            }
             Backend::Overlay(o) => o.is_finished(),
         }
     }
@@ -504,7 +509,7 @@ impl MountedThread {
     /// error and stays mounted; unmounting again later may succeed.
     pub fn unmount(&self) -> std::io::Result<()> {
         match &self.backend {
-            Backend::Fuse { mounted, .. } => unmount_session(&mut lock(mounted)),
+            Backend::Fuse { mounted, .. } => unmount_session(&mut mounted.locked()),
             Backend::Overlay(o) => o.unmount(),
         }
     }
@@ -525,7 +530,7 @@ impl MountedThread {
     pub fn discard(&self, purge: bool) -> CheckpointResult<bool> {
         match &self.backend {
             Backend::Fuse { mounted, .. } => {
-                let mut s = lock(mounted);
+                let mut s = mounted.locked();
                 unmount_session(&mut s).map_err(|e| CheckpointError::io(&self.mountpoint, e))?;
                 discard_mount_state(&self.store, &self.mountpoint, purge)
             }
@@ -535,127 +540,6 @@ impl MountedThread {
                 discard_mount_state(&self.store, &self.mountpoint, purge)
             }
         }
-    }
-
-    /// Checkpoints the dirty set: under the thread's writer lease, appends a checkpoint
-    /// whose parent must be the head this workspace expects.
-    pub fn checkpoint(&self, reason: &str) -> CheckpointResult<MountCheckpoint> {
-        let _busy = overlay::Busy::new();
-        let tag = self.tag();
-        let cps = self.store.checkpoints();
-        let lease = cps.acquire_writer(&tag.thread, &holder_name("casfs-mount"), self.lease_ttl)?;
-        let keeper = LeaseKeeper::start(self.store.checkpoints_shared(), lease);
-        let template = NewCheckpoint::new(tag.thread.clone(), empty_root(), reason);
-        let result = self.publish(template, None, &|_| keeper.held());
-        if let Err(e) = keeper.close() {
-            tracing::warn!("releasing the writer lease after a checkpoint: {e}");
-        }
-        result
-    }
-
-    /// Checkpoints the dirty set for a run that holds the thread's writer lease (kept
-    /// by the caller): `template` gives everything but the root (conversation,
-    /// artifacts, run, workspace hash), `filter` what of the changes goes in.
-    /// `before_append` runs after the snapshot and right before the append: it may
-    /// complete the record (what the filter saw) and gives the current lease, or refuses
-    /// (a lost or closed lease), and then nothing is published. The head must still be
-    /// the one this workspace was restored at or last checkpointed.
-    pub fn checkpoint_with(
-        &self,
-        template: NewCheckpoint,
-        filter: Option<&dyn SnapshotFilter>,
-        before_append: &dyn Fn(&mut NewCheckpoint) -> CheckpointResult<WriterLease>,
-    ) -> CheckpointResult<MountCheckpoint> {
-        self.publish(template, filter, before_append)
-    }
-
-    fn publish(
-        &self,
-        template: NewCheckpoint,
-        filter: Option<&dyn SnapshotFilter>,
-        before_append: &dyn Fn(&mut NewCheckpoint) -> CheckpointResult<WriterLease>,
-    ) -> CheckpointResult<MountCheckpoint> {
-        let start = Instant::now();
-        // Replaced generations are not torn down meanwhile.
-        let _busy = overlay::Busy::new();
-        // Objects the snapshot puts are named by nothing until the append.
-        let _session = crate::cas::write_session(self.store.objects());
-        let mut template = template;
-        let reads = match &self.backend {
-            Backend::Fuse { workspace, .. } => workspace.take_reads(),
-            Backend::Overlay(o) => o.take_reads(),
-        };
-        // Only another host fetches ahead (from a remote object store): a local store
-        // would pay a list of up to 8192 files on every checkpoint for nothing.
-        if self.store.remote().is_some() && !reads.is_empty() && template.read_first.is_none() {
-            let list: Vec<(String, u64)> =
-                reads.iter().map(|f| (f.id.0.to_hex(), f.size)).collect();
-            let bytes = serde_json::to_vec(&list).expect("a list serializes");
-            let mut stats = crate::cas::StoreStats::default();
-            let c = crate::cas::file::store_bytes(self.store.objects(), &bytes, &mut stats)?;
-            template.read_first = Some(c.into());
-        }
-        let tag = self.tag();
-        if template.thread_id != tag.thread {
-            return Err(CheckpointError::Invalid(format!(
-                "checkpoint for thread {} from a mount of thread {}",
-                template.thread_id, tag.thread
-            )));
-        }
-        let cps = self.store.checkpoints();
-        let mut t_snap = std::time::Duration::ZERO;
-        // Snapshot, append under the lease, then make the snapshot the base: a refused
-        // append drops the snapshot and leaves the workspace as it was.
-        let snap = match &self.backend {
-            Backend::Fuse { workspace, .. } => {
-                Pending::Fuse(workspace.begin_snapshot(filter).map_err(ws_err)?)
-            }
-            Backend::Overlay(o) => {
-                let (root, stats, capture) = o.snapshot(filter)?;
-                t_snap = start.elapsed();
-                // Nothing may name an object before it is durable here and, with fleet
-                // objects, in the bucket (the FUSE snapshot syncs on its own).
-                self.store.objects().sync()?;
-                Pending::Overlay(o, root, stats, capture)
-            }
-        };
-        let mut new = template;
-        new.root = snap.root();
-        let stats = snap.stats();
-        new.stats.files_hashed = stats.files_hashed;
-        new.stats.bytes_hashed = stats.bytes_hashed;
-        new.stats.new_objects = stats.new_objects;
-        new.stats.new_bytes = stats.new_bytes;
-        new.stats.reused_objects = stats.reused_objects;
-        new.stats.unsupported = stats.skipped;
-        new.stats.changed = Some(stats.changed_paths.len() as u64);
-        new.stats.removed = Some(stats.removed_paths.len() as u64);
-        new.stats.duration_ms = start.elapsed().as_millis() as u64;
-        let t_synced = start.elapsed();
-        let lease = before_append(&mut new)?;
-        let cp = cps.append(new, tag.expected_head, &lease)?;
-        let t_appended = start.elapsed();
-        let next = MountTag {
-            thread: tag.thread.clone(),
-            base: Some(cp.id),
-            expected_head: Some(cp.id),
-        };
-        let stats = snap.finish(next)?;
-        tracing::debug!(
-            "checkpoint {} of {}: snapshot at {t_snap:?}, durable at {t_synced:?}, \
-             appended at {t_appended:?}, done in {:?}",
-            cp.id,
-            tag.thread,
-            start.elapsed()
-        );
-        Ok(MountCheckpoint {
-            checkpoint: cp.id,
-            thread: tag.thread,
-            parent: cp.body.parent_id,
-            changed_files: (stats.changed_paths.len() + stats.removed_paths.len()) as u64,
-            stats,
-            duration_us: start.elapsed().as_micros() as u64,
-        })
     }
 
     /// Makes the workspace show checkpoint `id` (of any thread): the next checkpoint
@@ -729,100 +613,6 @@ impl MountedThread {
         };
         (self.tag(), st)
     }
-}
-
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.locked()
-}
-
-/// A snapshot taken and not yet recorded as the mount's base.
-enum Pending<'a> {
-    Fuse(crate::fs::Snapshot<'a>),
-    Overlay(&'a OverlayMount, TreeId, SnapshotStats, overlay::Capture),
-}
-
-impl Pending<'_> {
-    fn root(&self) -> TreeId {
-        match self {
-            Pending::Fuse(s) => s.root(),
-            Pending::Overlay(_, root, _, _) => *root,
-        }
-    }
-
-    fn stats(&self) -> SnapshotStats {
-        match self {
-            Pending::Fuse(s) => s.stats().clone(),
-            Pending::Overlay(_, _, stats, _) => stats.clone(),
-        }
-    }
-
-    fn finish(self, tag: MountTag) -> CheckpointResult<SnapshotStats> {
-        match self {
-            Pending::Fuse(s) => s.finish(tag.to_tag()).map_err(ws_err),
-            Pending::Overlay(o, _, stats, capture) => {
-                o.finish(tag, capture)?;
-                Ok(stats)
-            }
-        }
-    }
-}
-
-/// A daemon killed between appending a checkpoint and recording it leaves the mount on
-/// a head the thread has moved past. If the head's parent is the expected head and its
-/// root is what the mount holds (`content`, computed only then), that checkpoint is
-/// this work: the tag to adopt it with.
-fn landed_checkpoint(
-    store: &Store,
-    found: &MountTag,
-    head: Option<CheckpointId>,
-    content: impl FnOnce() -> CheckpointResult<TreeId>,
-) -> CheckpointResult<Option<MountTag>> {
-    let Some(head) = head else { return Ok(None) };
-    if found.expected_head == Some(head) {
-        return Ok(None);
-    }
-    let cp = store.checkpoints().get(&head)?;
-    if cp.body.parent_id != found.expected_head || content()? != cp.body.root {
-        return Ok(None);
-    }
-    tracing::info!(
-        "checkpoint {} of thread {} holds this mount's uncaptured work (its daemon \
-         stopped before recording it): adopting it as the base",
-        head.short(),
-        found.thread
-    );
-    Ok(Some(MountTag {
-        thread: found.thread.clone(),
-        base: Some(head),
-        expected_head: Some(head),
-    }))
-}
-
-/// A daemon killed between appending a checkpoint and recording it in the dirty set
-/// leaves the dirty set as it was, on a base the thread has moved past. If the head's
-/// parent is the expected head and the uncaptured work snapshots to exactly the head's
-/// root, that checkpoint is this work: the workspace adopts it as its base (nothing
-/// changes in its content). Otherwise the work stays as it is (a checkpoint of it then
-/// meets the moved head and says so).
-fn adopt_landed_checkpoint(
-    store: &Store,
-    ws: &Workspace,
-    found: Option<&MountTag>,
-    head: Option<CheckpointId>,
-) -> CheckpointResult<()> {
-    let Some(found) = found else { return Ok(()) };
-    let mut root = None;
-    // What the uncaptured work would store, without making it the base.
-    let content = || {
-        let r = ws.begin_snapshot(None).map_err(ws_err)?.root();
-        root = Some(r);
-        Ok(r)
-    };
-    if let Some(tag) = landed_checkpoint(store, found, head, content)? {
-        let root = root.expect("the content was computed");
-        ws.swap_root(root, tag.to_tag(), true).map_err(ws_err)?;
-    }
-    Ok(())
 }
 
 /// With a remote object store, fetches in the background the files the run that made
