@@ -37,6 +37,7 @@ const MODULES: &[&str] = &[
     "src/middleware/serve/files.rs",
     "src/middleware/serve/processes.rs",
     "src/middleware/isolate/mod.rs",
+    "src/middleware/isolate/process.rs",
     "src/middleware/isolate/engine.rs",
     "src/middleware/isolate/limits.rs",
     "src/middleware/isolate/init.rs",

@@ -12,6 +12,7 @@ mod engine;
 pub mod init;
 mod limits;
 pub mod ports;
+mod process;
 pub mod proxy;
 mod seccomp;
 mod spare;
@@ -25,7 +26,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -34,6 +35,7 @@ use tokio::sync::{oneshot, Notify};
 
 pub use engine::{bwrap, Network};
 pub use limits::Limits;
+pub use process::{Output, Process, Stream};
 pub use spare::run as spare_main;
 pub use warm::{keep_ahead, Busy, DEFAULT_AHEAD};
 
@@ -97,183 +99,6 @@ fn data_fd(name: &str, bytes: &[u8]) -> io::Result<OwnedFd> {
     io::Write::write_all(&mut f, bytes)?;
     io::Seek::seek(&mut f, io::SeekFrom::Start(0))?;
     Ok(OwnedFd::from(f))
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.locked()
-}
-
-/// Which stream a chunk of output came on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Stream {
-    Stdout,
-    Stderr,
-}
-
-/// What a process has done so far.
-#[derive(Default)]
-struct State {
-    pid: Option<i32>,
-    /// Output chunks from number `first` on.
-    chunks: VecDeque<(Stream, Vec<u8>)>,
-    first: u64,
-    bytes: usize,
-    dropped_bytes: u64,
-    /// Streams still open (stdout, stderr).
-    open: u8,
-    exit: Option<i32>,
-    error: Option<String>,
-}
-
-/// One process of a sandbox.
-pub struct Process {
-    pub id: u64,
-    state: Mutex<State>,
-    /// The bytes its sandbox's processes keep, together.
-    kept: Arc<AtomicUsize>,
-    changed: Notify,
-    stdin: tokio::sync::Mutex<Option<pipe::Sender>>,
-    started: Mutex<Option<oneshot::Sender<io::Result<i32>>>>,
-}
-
-/// Output from a cursor on, and where the process stands.
-#[derive(Debug, serde::Serialize)]
-pub struct Output {
-    pub chunks: Vec<(Stream, Vec<u8>)>,
-    /// The cursor after these chunks.
-    pub next: u64,
-    /// Bytes dropped before the first chunk still kept (the process wrote more than
-    /// [`MAX_OUTPUT`] that nobody read meanwhile).
-    pub dropped_bytes: u64,
-    pub pid: Option<i32>,
-    /// The exit code, once the process has ended and its output is all in.
-    pub exit_code: Option<i32>,
-    pub error: Option<String>,
-}
-
-impl Process {
-    fn new(id: u64, kept: Arc<AtomicUsize>) -> Arc<Process> {
-        Arc::new(Process {
-            id,
-            kept,
-            state: Mutex::new(State {
-                open: 2,
-                ..State::default()
-            }),
-            changed: Notify::new(),
-            stdin: tokio::sync::Mutex::new(None),
-            started: Mutex::new(None),
-        })
-    }
-
-    fn push(&self, stream: Stream, data: Vec<u8>) {
-        let mut s = lock(&self.state);
-        s.bytes += data.len();
-        self.kept.fetch_add(data.len(), Ordering::Relaxed);
-        s.chunks.push_back((stream, data));
-        while (s.bytes > MAX_OUTPUT || self.kept.load(Ordering::Relaxed) > MAX_SANDBOX_OUTPUT)
-            && s.chunks.len() > 1
-        {
-            let (_, old) = s.chunks.pop_front().expect("a chunk");
-            s.bytes -= old.len();
-            self.kept.fetch_sub(old.len(), Ordering::Relaxed);
-            s.dropped_bytes += old.len() as u64;
-            s.first += 1;
-        }
-        drop(s);
-        self.changed.notify_waiters();
-    }
-
-    fn update(&self, f: impl FnOnce(&mut State)) {
-        f(&mut lock(&self.state));
-        self.changed.notify_waiters();
-    }
-
-    fn done(s: &State) -> bool {
-        s.exit.is_some() && s.open == 0
-    }
-
-    /// Output from `cursor` on; when there is none yet and the process runs, waits up
-    /// to `wait` for some.
-    pub async fn output(&self, cursor: u64, wait: Duration) -> Output {
-        let deadline = tokio::time::Instant::now() + wait;
-        loop {
-            let notified = self.changed.notified();
-            {
-                let s = lock(&self.state);
-                let end = s.first + s.chunks.len() as u64;
-                if cursor < end || Self::done(&s) || tokio::time::Instant::now() >= deadline {
-                    let from = cursor.max(s.first);
-                    let skip = (from - s.first) as usize;
-                    return Output {
-                        chunks: s.chunks.iter().skip(skip).cloned().collect(),
-                        next: end.max(cursor),
-                        dropped_bytes: s.dropped_bytes,
-                        pid: s.pid,
-                        exit_code: Self::done(&s).then_some(s.exit).flatten(),
-                        error: s.error.clone(),
-                    };
-                }
-            }
-            let _ = tokio::time::timeout_at(deadline, notified).await;
-        }
-    }
-
-    /// Waits until the process has ended and its output is all in; its exit code.
-    pub async fn wait(&self) -> i32 {
-        loop {
-            let notified = self.changed.notified();
-            {
-                let s = lock(&self.state);
-                if Self::done(&s) {
-                    return s.exit.unwrap_or(-1);
-                }
-            }
-            notified.await;
-        }
-    }
-
-    /// Its exit code, once it has ended (its output may still be coming in).
-    pub fn exit_code(&self) -> Option<i32> {
-        lock(&self.state).exit
-    }
-
-    /// Everything it wrote (as kept) on each stream.
-    pub fn collected(&self) -> (Vec<u8>, Vec<u8>) {
-        let s = lock(&self.state);
-        let (mut out, mut err) = (Vec::new(), Vec::new());
-        for (stream, d) in &s.chunks {
-            match stream {
-                Stream::Stdout => out.extend_from_slice(d),
-                Stream::Stderr => err.extend_from_slice(d),
-            }
-        }
-        (out, err)
-    }
-
-    /// Writes `data` to its stdin, then closes it when `end`.
-    pub async fn write_stdin(&self, data: &[u8], end: bool) -> io::Result<()> {
-        let mut stdin = self.stdin.lock().await;
-        let Some(w) = stdin.as_mut() else {
-            return Err(io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                "the process's stdin is closed",
-            ));
-        };
-        w.write_all(data).await?;
-        if end {
-            *stdin = None;
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let bytes = lock(&self.state).bytes;
-        self.kept.fetch_sub(bytes, Ordering::Relaxed);
-    }
 }
 
 /// One sandbox's isolation: its bubblewrap, its init's socket, its control group and
@@ -401,7 +226,7 @@ impl Jail {
         if opts.network == Network::None && !opts.allow.is_empty() {
             let netns = netns.as_fd().try_clone_to_owned()?;
             match proxy::start(netns, opts.allow.clone().into(), key.to_string()) {
-                Ok(h) => *lock(&jail.proxy) = Some(h),
+                Ok(h) => *jail.proxy.locked() = Some(h),
                 // Without its proxy a sandbox reaches nothing: it goes on, closed.
                 Err(e) => tracing::warn!("sandbox {key}: no proxy, no network: {e}"),
             }
@@ -446,10 +271,12 @@ impl Jail {
                 ),
             ));
         }
-        let netns = lock(&self.netns)
+        let netns = self
+            .netns
+            .locked()
             .clone()
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "the sandbox has ended"))?;
-        let mut open = lock(&self.ports);
+        let mut open = self.ports.locked();
         if let Some(c) = open.get(&port) {
             return Ok((c.addr, c.token.clone()));
         }
@@ -484,7 +311,7 @@ impl Jail {
     /// Whether the sandbox's processes have a proxy to the allow-list (at
     /// `127.0.0.1:`[`proxy::PORT`]).
     pub fn proxied(&self) -> bool {
-        lock(&self.proxy).is_some()
+        self.proxy.locked().is_some()
     }
 
     /// Follows the init's events until its socket closes (or it says something
@@ -505,7 +332,7 @@ impl Jail {
     }
 
     fn process(&self, id: u64) -> Option<Arc<Process>> {
-        lock(&self.procs).get(&id).cloned()
+        self.procs.locked().get(&id).cloned()
     }
 
     fn on_event(&self, ev: Event) {
@@ -514,14 +341,14 @@ impl Jail {
             Event::Started { id, pid } => {
                 if let Some(p) = self.process(id) {
                     p.update(|s| s.pid = Some(pid));
-                    if let Some(tx) = lock(&p.started).take() {
+                    if let Some(tx) = p.started.locked().take() {
                         let _ = tx.send(Ok(pid));
                     }
                 }
             }
             Event::Failed { id, error } => {
                 if let Some(p) = self.process(id) {
-                    if let Some(tx) = lock(&p.started).take() {
+                    if let Some(tx) = p.started.locked().take() {
                         let _ =
                             tx.send(Err(io::Error::new(io::ErrorKind::NotFound, error.clone())));
                     }
@@ -540,7 +367,7 @@ impl Jail {
     }
 
     fn why_ended(&self) -> String {
-        let err = String::from_utf8_lossy(&lock(&self.engine_err))
+        let err = String::from_utf8_lossy(&self.engine_err.locked())
             .trim()
             .to_string();
         if err.is_empty() {
@@ -565,7 +392,7 @@ impl Jail {
     /// than stall the server.
     fn request(&self, req: &Request, fds: &[std::os::fd::BorrowedFd<'_>]) -> io::Result<()> {
         let sent = {
-            let _g = lock(&self.send);
+            let _g = self.send.locked();
             wire::send_now(self.control.as_fd(), req, fds)
         };
         match sent {
@@ -599,19 +426,19 @@ impl Jail {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let p = Process::new(id, self.kept.clone());
         let (tx, rx) = oneshot::channel();
-        *lock(&p.started) = Some(tx);
+        *p.started.locked() = Some(tx);
         let flags = rustix::pipe::PipeFlags::CLOEXEC;
         let (in_r, in_w) = rustix::pipe::pipe_with(flags)?;
         let (out_r, out_w) = rustix::pipe::pipe_with(flags)?;
         let (err_r, err_w) = rustix::pipe::pipe_with(flags)?;
         {
-            let mut procs = lock(&self.procs);
+            let mut procs = self.procs.locked();
             // The oldest finished processes are forgotten past MAX_PROCESSES: their
             // output goes with them.
             if procs.len() >= MAX_PROCESSES {
                 let mut done: Vec<u64> = procs
                     .iter()
-                    .filter(|(_, p)| Process::done(&lock(&p.state)))
+                    .filter(|(_, p)| Process::done(&p.state.locked()))
                     .map(|(id, _)| *id)
                     .collect();
                 done.sort_unstable();
@@ -637,7 +464,7 @@ impl Jail {
         );
         drop((in_r, out_w, err_w));
         if let Err(e) = sent {
-            lock(&self.procs).remove(&id);
+            self.procs.locked().remove(&id);
             return Err(e);
         }
         if stdin {
@@ -662,7 +489,7 @@ impl Jail {
         match tokio::time::timeout(START_WAIT, rx).await {
             Ok(Ok(Ok(_))) => Ok(p),
             Ok(Ok(Err(e))) => {
-                lock(&self.procs).remove(&id);
+                self.procs.locked().remove(&id);
                 Err(e)
             }
             Ok(Err(_)) => Err(io::Error::other(self.why_ended())),
@@ -685,7 +512,7 @@ impl Jail {
 
     /// Forgets process `id` and its output (an exec whose answer was made).
     pub fn forget(&self, id: u64) {
-        lock(&self.procs).remove(&id);
+        self.procs.locked().remove(&id);
     }
 
     /// `signal` to process `id`'s group.
@@ -698,19 +525,19 @@ impl Jail {
     pub fn end(&self) {
         self.ended.store(true, Ordering::SeqCst);
         let _ = rustix::net::shutdown(&self.control, rustix::net::Shutdown::Both);
-        if let Some(p) = lock(&self.proxy).take() {
+        if let Some(p) = self.proxy.locked().take() {
             p.abort();
         }
-        lock(&self.ports).clear();
-        lock(&self.netns).take();
-        let Some((mut child, group)) = lock(&self.engine).take() else {
+        self.ports.locked().clear();
+        self.netns.locked().take();
+        let Some((mut child, group)) = self.engine.locked().take() else {
             return;
         };
         warm::stop_engine(&mut child, group.as_ref());
         drop(group);
         let why = self.why_ended();
-        for p in lock(&self.procs).values() {
-            if let Some(tx) = lock(&p.started).take() {
+        for p in self.procs.locked().values() {
+            if let Some(tx) = p.started.locked().take() {
                 let _ = tx.send(Err(io::Error::other(why.clone())));
             }
             p.update(|s| {
@@ -748,13 +575,17 @@ impl Jails {
         instance: usize,
         start: impl FnOnce() -> io::Result<Arc<Jail>>,
     ) -> io::Result<Arc<Jail>> {
-        let cell = lock(&self.starting)
+        let cell = self
+            .starting
+            .locked()
             .entry(key.to_string())
             .or_default()
             .clone();
         let started = {
-            let _one = lock(&cell);
-            let live = lock(&self.map)
+            let _one = cell.locked();
+            let live = self
+                .map
+                .locked()
                 .get(key)
                 .filter(|j| !j.ended() && j.instance() == instance)
                 .cloned();
@@ -763,13 +594,13 @@ impl Jails {
                 // A sandbox destroyed meanwhile is the caller's to find out (its
                 // instance is gone): it ends this one then.
                 None => start().map(|j| {
-                    let old = lock(&self.map).insert(key.to_string(), j.clone());
+                    let old = self.map.locked().insert(key.to_string(), j.clone());
                     (j, old)
                 }),
             }
         };
         {
-            let mut starting = lock(&self.starting);
+            let mut starting = self.starting.locked();
             if Arc::strong_count(&cell) == 2 {
                 starting.remove(key);
             }
@@ -783,12 +614,12 @@ impl Jails {
 
     /// Sandbox `key`'s isolation, if it has one.
     pub fn get(&self, key: &str) -> Option<Arc<Jail>> {
-        lock(&self.map).get(key).cloned()
+        self.map.locked().get(key).cloned()
     }
 
     /// Ends sandbox `key`'s isolation and every process in it.
     pub fn end(&self, key: &str) {
-        let j = lock(&self.map).remove(key);
+        let j = self.map.locked().remove(key);
         if let Some(j) = j {
             j.end();
         }
@@ -798,7 +629,7 @@ impl Jails {
     /// while its isolation was being started).
     pub fn end_instance(&self, key: &str, instance: usize) {
         let j = {
-            let mut map = lock(&self.map);
+            let mut map = self.map.locked();
             match map.get(key) {
                 Some(j) if j.instance() == instance => map.remove(key),
                 _ => None,
@@ -811,7 +642,7 @@ impl Jails {
 
     /// How many sandboxes have isolation running.
     pub fn len(&self) -> usize {
-        lock(&self.map).len()
+        self.map.locked().len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -821,7 +652,7 @@ impl Jails {
 
 impl Drop for Jails {
     fn drop(&mut self) {
-        for (_, j) in lock(&self.map).drain() {
+        for (_, j) in self.map.locked().drain() {
             j.end();
         }
     }

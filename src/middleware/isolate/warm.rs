@@ -32,7 +32,8 @@ use std::time::{Duration, Instant};
 use super::engine::{self, Network, Stage};
 use super::limits::{Group, Limits};
 use super::wire::{self, Event};
-use super::{lock, spare::Spare, START_WAIT};
+use super::{spare::Spare, START_WAIT};
+use crate::sys::Locked;
 
 /// What a booted sandbox can serve: every argument of its bubblewrap, and its limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,7 +96,7 @@ impl Booted {
                                 if n == 0 {
                                     break;
                                 }
-                                let mut k = lock(&keep);
+                                let mut k = keep.locked();
                                 k.extend_from_slice(&buf[..n]);
                                 let over = k.len().saturating_sub(4096);
                                 k.drain(..over);
@@ -171,7 +172,7 @@ impl Booted {
 
     /// What bubblewrap said, as why the sandbox failed to start.
     fn why(&self) -> String {
-        let err = String::from_utf8_lossy(&lock(&self.engine_err))
+        let err = String::from_utf8_lossy(&self.engine_err.locked())
             .trim()
             .to_string();
         if err.is_empty() {
@@ -249,11 +250,11 @@ fn drop_aside<T: Send + 'static>(name: &str, what: T) {
     struct Dropped;
     impl Drop for Dropped {
         fn drop(&mut self) {
-            *lock(&ASIDE) -= 1;
+            *ASIDE.locked() -= 1;
             DROPPED.notify_all();
         }
     }
-    *lock(&ASIDE) += 1;
+    *ASIDE.locked() += 1;
     let dropped = Dropped;
     let spawned = std::thread::Builder::new()
         .name(name.into())
@@ -361,7 +362,7 @@ static FILL: Condvar = Condvar::new();
 /// [`KEPT`], once `pending` is false of it (a boot ended), or after [`START_WAIT`].
 fn wait(pending: impl FnMut(&mut Kept) -> bool) -> std::sync::MutexGuard<'static, Kept> {
     BOOTED
-        .wait_timeout_while(lock(&KEPT), START_WAIT, pending)
+        .wait_timeout_while(KEPT.locked(), START_WAIT, pending)
         .unwrap_or_else(|p| p.into_inner())
         .0
 }
@@ -414,7 +415,7 @@ pub(super) fn replenish(
     shape: Shape,
     boot: impl Fn() -> io::Result<Booted> + Send + Sync + 'static,
 ) {
-    let mut k = lock(&KEPT);
+    let mut k = KEPT.locked();
     if k.stopped {
         return;
     }
@@ -438,7 +439,7 @@ fn fill() {
         // Something to boot: fewer of the wanted shape kept (fresh and alive) than
         // wanted; else a wait, until told or until the oldest kept is too old.
         let (shape, boot) = {
-            let mut k = lock(&KEPT);
+            let mut k = KEPT.locked();
             if k.stopped {
                 k.filling = false;
                 return;
@@ -486,7 +487,7 @@ fn fill() {
             std::thread::sleep(QUIET.saturating_sub(q).max(Duration::from_millis(1)));
         }
         {
-            let mut k = lock(&KEPT);
+            let mut k = KEPT.locked();
             if k.stopped || !k.want.as_ref().is_some_and(|w| w.0 == shape) {
                 continue;
             }
@@ -497,7 +498,7 @@ fn fill() {
             .unwrap_or_else(|_| Err(io::Error::other("the boot panicked")));
         let mut gone = Vec::new();
         let failed = {
-            let mut k = lock(&KEPT);
+            let mut k = KEPT.locked();
             k.making = None;
             match booted {
                 Ok(b) if !k.stopped => {
@@ -535,7 +536,7 @@ fn fill() {
 /// The server stops: those kept are ended, none is booted again, and what is being
 /// dropped aside is waited for.
 pub(super) fn end() {
-    lock(&KEPT).stopped = true;
+    KEPT.locked().stopped = true;
     FILL.notify_all();
     let mut k = wait(|k| k.making.is_some());
     let kept: Vec<Booted> = std::mem::take(&mut k.ready)
@@ -545,7 +546,7 @@ pub(super) fn end() {
     k.want = None;
     drop(k);
     drop(kept);
-    let _ = DROPPED.wait_timeout_while(lock(&ASIDE), START_WAIT, |n| *n > 0);
+    let _ = DROPPED.wait_timeout_while(ASIDE.locked(), START_WAIT, |n| *n > 0);
 }
 
 #[cfg(test)]
