@@ -45,6 +45,7 @@ mod fuse;
 mod node;
 mod nodes;
 mod ops;
+mod setattr;
 mod snapshot;
 mod table;
 mod upper;
@@ -57,6 +58,7 @@ pub use upper::upper_rel;
 use events::*;
 use node::*;
 use nodes::Nodes;
+use setattr::SetAttr;
 use table::*;
 
 /// How long the kernel may trust attributes and entries. Every change passes through
