@@ -19,6 +19,16 @@ pub(crate) struct Entry {
     pub used: Instant,
 }
 
+impl Entry {
+    /// A sandbox made now.
+    pub fn new(handle: SandboxHandle) -> Entry {
+        Entry {
+            handle,
+            used: Instant::now(),
+        }
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct Live {
     map: Mutex<HashMap<String, Entry>>,

@@ -195,13 +195,7 @@ impl SandboxProvider for CasfsProvider {
             opts.owner,
             SandboxWorkspace::Mount(Arc::new(mount)),
         );
-        self.kept.live.lock().insert(
-            key,
-            Entry {
-                handle: h.clone(),
-                used: std::time::Instant::now(),
-            },
-        );
+        self.kept.live.lock().insert(key, Entry::new(h.clone()));
         Ok((h, EnsureOutcome::Created))
     }
 

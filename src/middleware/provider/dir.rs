@@ -109,13 +109,7 @@ impl SandboxProvider for DirProvider {
                 owner,
             })),
         );
-        live.insert(
-            key,
-            Entry {
-                handle: h.clone(),
-                used: std::time::Instant::now(),
-            },
-        );
+        live.insert(key, Entry::new(h.clone()));
         Ok((h, EnsureOutcome::Created))
     }
 
