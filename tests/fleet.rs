@@ -995,13 +995,14 @@ fn pg(b: &Backends) -> postgres::Client {
     c
 }
 
-/// Retention and the consistency check on PostgreSQL + S3: `prune` on one host removes
-/// records every host then stops its log at; `fsck` on a host with an empty cache
+/// Retention and the consistency check on PostgreSQL + S3: `prune` is refused by name,
+/// the backend's removal of records keeps heads and leaves tombstones every host's log
+/// stops at; `fsck` on a host with an empty cache
 /// verifies every live object from S3, tells a pruned parent from a lost one, finds a
 /// lease beyond its fencing token (and `--repair` raises the token), a head naming a
 /// missing checkpoint and a damaged pack, and says what a `gc` of the packs would do.
 #[test]
-fn prune_and_fsck_work_on_a_fleet_store() {
+fn fsck_and_the_removal_of_records_work_on_a_fleet_store() {
     use casfs::checkpoint::maintenance::{fsck, prune, Retention};
     let t = tempfile::tempdir().unwrap();
     let b = fleet();
@@ -1027,20 +1028,22 @@ fn prune_and_fsck_work_on_a_fleet_store() {
     let packs = r.remote.as_ref().expect("a dry run of the packs' gc").packs;
     assert!(packs >= 1, "{r:?}");
 
-    // Retention on host A: the newest two are kept; host B's log stops at them.
+    // Retention is refused on fleet checkpoints (other hosts' mounts' bases are not
+    // recorded yet), by name; the backend's removal itself (what retention will use)
+    // keeps heads and leaves tombstones every host's log stops at.
     let keep_two = Retention {
         keep_last: Some(2),
         ..Retention::default()
     };
-    let dry = prune(&host_a, &keep_two, true).unwrap();
-    assert_eq!((dry.pruned, dry.kept), (2, 2), "{dry:?}");
+    let refused = prune(&host_a, &keep_two, true).unwrap_err().to_string();
+    assert!(refused.contains("prune on fleet checkpoints"), "{refused}");
     assert_eq!(host_b.checkpoints().log(&th, 10).unwrap().len(), 4);
-    let p = prune(&host_a, &keep_two, false).unwrap();
-    let mut pruned = p.pruned_ids.clone();
-    pruned.sort();
-    let mut oldest = vec![ids[0], ids[1]];
-    oldest.sort();
-    assert_eq!(pruned, oldest, "{p:?}");
+    let doomed: Vec<_> = [ids[0], ids[1], ids[3]]
+        .iter()
+        .map(|id| (*id, th.clone()))
+        .collect();
+    // The head (ids[3]) is kept whatever the caller asked.
+    assert_eq!(host_a.checkpoints().remove_records(&doomed).unwrap(), 2);
     let log: Vec<_> = host_b
         .checkpoints()
         .log(&th, 10)

@@ -548,14 +548,19 @@ impl CheckpointStore for PgCheckpointStore {
                     .ok_or_else(|| format!("{} bytes, not an id", id.len()));
                 out.heads.push((r.get(0), head));
             }
-            // Locked: a lease taken meanwhile waits, so what is read is one state.
-            let tokens: BTreeMap<String, u64> =
-                q(t, "SELECT thread, token FROM casfs_fencing FOR UPDATE")?
-                    .into_iter()
-                    .map(|r| (r.get(0), r.get::<_, i64>(1) as u64))
-                    .collect();
-            let leases = q(t, "SELECT thread, token FROM casfs_leases")?
-                .into_iter()
+            // Each lease with its thread's fencing token, in one statement: one snapshot,
+            // so a lease taken meanwhile is seen with its token or not at all.
+            let rows = q(
+                t,
+                "SELECT l.thread, l.token, coalesce(f.token, 0)
+                 FROM casfs_leases l LEFT JOIN casfs_fencing f USING (thread)",
+            )?;
+            let tokens: BTreeMap<String, u64> = rows
+                .iter()
+                .map(|r| (r.get(0), r.get::<_, i64>(2) as u64))
+                .collect();
+            let leases = rows
+                .iter()
                 .map(|r| (r.get(0), Ok(r.get::<_, i64>(1) as u64)))
                 .collect();
             let fixes = check_leases(&tokens, leases, repair, &mut out);

@@ -30,8 +30,8 @@ pub struct FsckReport {
     pub threads: usize,
     pub mounts: usize,
     pub objects_verified: u64,
-    /// Objects in this host's RocksDB nothing live needs (with fleet objects: in its
-    /// cache of them).
+    /// Objects in the store's RocksDB nothing live needs (with fleet objects, whose
+    /// local cache also holds what is queued for upload: not looked for).
     pub unreachable_objects: u64,
     pub unreachable_bytes: u64,
     /// With fleet objects: what a collection of the remote's packs would do now (a
@@ -89,9 +89,14 @@ pub fn fsck(store: &Store, repair: bool, live: &HashSet<[u8; 8]>) -> CheckpointR
         match head {
             Err(e) => rep.errors.push(format!("head of thread {name:?}: {e}")),
             Ok(id) => match present.get(id) {
-                None if !records.iter().any(|(i, _)| i == id) => rep.errors.push(format!(
-                    "head of thread {name:?}: checkpoint {id} is missing"
-                )),
+                // Looked up again: with fleet checkpoints another host may have appended
+                // since the records were read.
+                None if !records.iter().any(|(i, _)| i == id) && cps.get(id).is_err() => {
+                    rep.errors.push(format!(
+                        "head of thread {name:?}: checkpoint {id} is missing"
+                    ))
+                }
+                None if !records.iter().any(|(i, _)| i == id) => {}
                 // A record that does not decode: reported above.
                 None => {}
                 Some(t) if t.as_str() != name => rep.errors.push(format!(
@@ -149,7 +154,10 @@ pub fn fsck(store: &Store, repair: bool, live: &HashSet<[u8; 8]>) -> CheckpointR
     check_images(store, repair, &mut rep);
 
     // Unreachable objects: counted; swept by a repair when nothing live was unreadable.
-    let dry = !(repair && w.problems.is_empty());
+    // With fleet objects the local store is a cache that also holds what is queued for
+    // upload (named by nothing yet): it is not swept, nor counted.
+    let fleet_objects = store.remote().is_some();
+    let dry = !(repair && w.problems.is_empty()) || fleet_objects;
     let marked = w.marker.into_marked();
     if let Some(remote) = store.remote() {
         let o = RemoteGcOptions {
@@ -170,7 +178,11 @@ pub fn fsck(store: &Store, repair: bool, live: &HashSet<[u8; 8]>) -> CheckpointR
                 .push(format!("dropped {stale} stale directory cache entr(y/ies)"));
         }
     }
-    let sweep = store.local_objects().sweep(&marked, &collecting, dry)?;
+    let sweep = if fleet_objects {
+        crate::cas::SweepReport::default()
+    } else {
+        store.local_objects().sweep(&marked, &collecting, dry)?
+    };
     rep.unreachable_objects = sweep.objects_freed;
     rep.unreachable_bytes = sweep.bytes_freed;
     if !dry && sweep.objects_freed > 0 {

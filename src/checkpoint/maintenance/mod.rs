@@ -80,6 +80,17 @@ pub fn prune(store: &Store, r: &Retention, dry_run: bool) -> CheckpointResult<Pr
             "prune needs --keep-last and/or --keep-within (heads are always kept)".into(),
         ));
     }
+    if store.backends().checkpoints.is_some() {
+        // A mount on another host may be based on any checkpoint (a restore of an old
+        // one), and nothing records which: retention here could remove the record its
+        // lazily read files need, and the next gc their objects.
+        return Err(CheckpointError::Invalid(
+            "prune on fleet checkpoints (PostgreSQL) is refused: the checkpoints other \
+             hosts' mounts are based on are not recorded in the fleet yet, so retention \
+             could remove what they still read; gc and fsck work"
+                .into(),
+        ));
+    }
     let _fence = fence(store)?;
     let cps = store.checkpoints();
     let now = millis(SystemTime::now());

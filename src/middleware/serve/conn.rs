@@ -22,9 +22,9 @@
 //! [`GuardedIo`] sits between the socket and hyper and parses nothing. The connection's
 //! service tells it whether a request is being answered (from the service's call until
 //! hyper drops the reply's body), and so it:
-//! - closes a connection with no request going that has sent nothing for
-//!   [`Timeouts::idle`] (a new connection is given that long for its first byte before
-//!   hyper starts on it);
+//! - closes a connection with no request going, its last reply flushed, that has sent
+//!   nothing for [`Timeouts::idle`] since (a new connection is given that long for its
+//!   first byte before hyper starts on it);
 //! - fails a write of a reply the client has not taken for [`Timeouts::stall`];
 //! - takes a reply hyper writes while no request is being answered, every earlier
 //!   reply flushed, for hyper's own refusal of a head (hyper writes one only then, with
@@ -254,7 +254,8 @@ struct Turn {
     heard: bool,
     /// Every reply is finished and flushed: what hyper writes now is its own.
     flushed: bool,
-    /// When the last reply was finished (or the connection handed to hyper).
+    /// When the last reply was finished and flushed (or the connection handed to
+    /// hyper).
     since: Instant,
 }
 
@@ -405,9 +406,11 @@ impl AsyncRead for GuardedIo {
             }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => {
+                // Idle only once the last reply is out: hyper drops a reply's body when
+                // its last bytes are buffered, and reads on while it sends them.
                 let idle_since = {
                     let t = me.turn();
-                    (t.going == 0 && !t.heard).then_some(t.since)
+                    (t.going == 0 && t.flushed && !t.heard).then_some(t.since)
                 };
                 // A head under way is hyper's to time; a request going, the server's.
                 if let Some(since) = idle_since {
@@ -469,9 +472,11 @@ impl AsyncWrite for GuardedIo {
             Poll::Ready(Ok(())) => {
                 me.write_blocked = None;
                 let mut t = me.turn();
-                if t.going == 0 {
-                    // The last reply's bytes are out.
+                if t.going == 0 && !t.flushed {
+                    // The last reply's bytes are out: the connection idles from now.
                     t.flushed = true;
+                    t.heard = false;
+                    t.since = Instant::now();
                 }
                 Poll::Ready(Ok(()))
             }
@@ -661,6 +666,9 @@ mod tests {
         assert!(target_too_long(&fine).is_none());
     }
 
+    /// The body `/big` answers with: far more than a socket buffer holds.
+    const BIG: usize = 16 << 20;
+
     /// Serves one end of a socket pair as `run` serves a connection; the other end, and
     /// how many requests reached a handler.
     fn served(t: Timeouts) -> (tokio::net::UnixStream, Arc<std::sync::atomic::AtomicUsize>) {
@@ -669,13 +677,15 @@ mod tests {
         let slot = OpenCount::default().take(None, 1, 1).unwrap();
         let ran = Arc::new(AtomicUsize::new(0));
         let seen = ran.clone();
-        let app = Router::new().route(
-            "/ok",
-            axum::routing::get(move || async move {
-                seen.fetch_add(1, Ordering::SeqCst);
-                "fine"
-            }),
-        );
+        let app = Router::new()
+            .route(
+                "/ok",
+                axum::routing::get(move || async move {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    "fine"
+                }),
+            )
+            .route("/big", axum::routing::get(|| async { vec![b'x'; BIG] }));
         let (stop, stopping) = tokio::sync::watch::channel(());
         let io = GuardedIo::new(Stream::Unix(ours), slot, t);
         tokio::spawn(async move {
@@ -729,5 +739,27 @@ mod tests {
         c.read_to_end(&mut out).await.unwrap();
         assert!(out.is_empty() && start.elapsed() >= t.idle, "{out:?}");
         assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
+
+    /// A reply the client takes slowly is not cut short by the idle timeout: the
+    /// connection idles only once the reply's last bytes are out (hyper drops a body
+    /// once it is buffered, and reads on while it sends it).
+    #[tokio::test]
+    async fn a_reply_read_slowly_is_sent_whole() {
+        let t = Timeouts {
+            idle: Duration::from_millis(200),
+            head: Duration::from_millis(200),
+            stall: Duration::from_secs(10),
+        };
+        let (mut c, _) = served(t);
+        c.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let mut out = Vec::new();
+        c.read_to_end(&mut out).await.unwrap();
+        let at = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        assert!(out.starts_with(b"HTTP/1.1 200 OK\r\n"));
+        assert_eq!(out.len() - at, BIG, "the whole body");
     }
 }
