@@ -83,21 +83,19 @@ pub fn fsck(store: &Store, repair: bool, live: &HashSet<[u8; 8]>) -> CheckpointR
     }
     rep.checkpoints = present.len();
     // Heads, leases and fencing tokens, as the checkpoint store keeps them.
+    let stored: HashSet<CheckpointId> = records.iter().map(|(id, _)| *id).collect();
     let book = cps.bookkeeping(repair)?;
     rep.threads = book.heads.len();
     for (name, head) in &book.heads {
         match head {
             Err(e) => rep.errors.push(format!("head of thread {name:?}: {e}")),
             Ok(id) => match present.get(id) {
-                // Looked up again: with fleet checkpoints another host may have appended
-                // since the records were read.
-                None if !records.iter().any(|(i, _)| i == id) && cps.get(id).is_err() => {
-                    rep.errors.push(format!(
-                        "head of thread {name:?}: checkpoint {id} is missing"
-                    ))
-                }
-                None if !records.iter().any(|(i, _)| i == id) => {}
-                // A record that does not decode: reported above.
+                // Not among the records read: looked up again, since with fleet
+                // checkpoints another host may have appended meanwhile.
+                None if !stored.contains(id) && cps.get(id).is_err() => rep.errors.push(format!(
+                    "head of thread {name:?}: checkpoint {id} is missing"
+                )),
+                // A record that does not decode (reported above), or one appended since.
                 None => {}
                 Some(t) if t.as_str() != name => rep.errors.push(format!(
                     "head of thread {name:?}: checkpoint {id} belongs to thread {:?}",
