@@ -995,9 +995,9 @@ fn pg(b: &Backends) -> postgres::Client {
     c
 }
 
-/// Retention and the consistency check on PostgreSQL + S3: `prune` is refused by name,
-/// the backend's removal of records keeps heads and leaves tombstones every host's log
-/// stops at; `fsck` on a host with an empty cache
+/// Retention and the consistency check on PostgreSQL + S3: `prune` keeps heads, the
+/// newest and what another host's mount pins (the removal itself keeps a head or a
+/// pinned record), and leaves tombstones every host's log stops at; `fsck` on a host with an empty cache
 /// verifies every live object from S3, tells a pruned parent from a lost one, finds a
 /// lease beyond its fencing token (and `--repair` raises the token), a head naming a
 /// missing checkpoint and a damaged pack, and says what a `gc` of the packs would do.
@@ -1028,22 +1028,32 @@ fn fsck_and_the_removal_of_records_work_on_a_fleet_store() {
     let packs = r.remote.as_ref().expect("a dry run of the packs' gc").packs;
     assert!(packs >= 1, "{r:?}");
 
-    // Retention is refused on fleet checkpoints (other hosts' mounts' bases are not
-    // recorded yet), by name; the backend's removal itself (what retention will use)
-    // keeps heads and leaves tombstones every host's log stops at.
+    // Retention: the head and the newest two stay, and a checkpoint some host's mount
+    // pins; the removal itself keeps a head or a pinned record whatever the caller
+    // asked, and leaves tombstones every host's log stops at.
     let keep_two = Retention {
         keep_last: Some(2),
         ..Retention::default()
     };
-    let refused = prune(&host_a, &keep_two, true).unwrap_err().to_string();
-    assert!(refused.contains("prune on fleet checkpoints"), "{refused}");
-    assert_eq!(host_b.checkpoints().log(&th, 10).unwrap().len(), 4);
-    let doomed: Vec<_> = [ids[0], ids[1], ids[3]]
+    let cps_b = host_b.checkpoints();
+    cps_b.pin("host-b/mount", &[ids[0]], false).unwrap();
+    let r = prune(&host_a, &keep_two, false).unwrap();
+    assert_eq!(r.pruned_ids, vec![ids[1]], "{r:?}");
+    let doomed: Vec<_> = [ids[0], ids[3]]
         .iter()
         .map(|id| (*id, th.clone()))
         .collect();
-    // The head (ids[3]) is kept whatever the caller asked.
-    assert_eq!(host_a.checkpoints().remove_records(&doomed).unwrap(), 2);
+    assert_eq!(host_a.checkpoints().remove_records(&doomed).unwrap(), 0);
+    cps_b.unpin("host-b/mount").unwrap();
+    assert_eq!(host_a.checkpoints().remove_records(&doomed).unwrap(), 1);
+    // A pin after the removal does not bring the record back: the read says it is gone.
+    cps_b.pin("host-b/late", &[ids[0]], true).unwrap();
+    assert!(matches!(
+        cps_b.get(&ids[0]),
+        Err(CheckpointError::NotFound(_))
+    ));
+    assert!(cps_b.is_pruned(&ids[0]).unwrap());
+    cps_b.unpin("host-b/late").unwrap();
     let log: Vec<_> = host_b
         .checkpoints()
         .log(&th, 10)

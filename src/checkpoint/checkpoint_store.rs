@@ -87,8 +87,29 @@ pub trait CheckpointStore: Send + Sync {
     /// Removes checkpoint records (retention), leaving a tombstone for each so
     /// [`CheckpointStore::is_pruned`] tells them from lost ones. A record that is a
     /// thread's head when the removal runs is kept whatever the caller decided. Returns
-    /// how many were removed.
+    /// how many were removed. A record some mount pins is kept too.
     fn remove_records(&self, doomed: &[(CheckpointId, ThreadId)]) -> CheckpointResult<usize>;
+
+    /// Records that the mount `holder` (a name unique in the fleet: store and mount)
+    /// reads from `ids`, added to what it recorded before or replacing it (`replace`).
+    /// Retention keeps every checkpoint some mount pins, and a record pinned before
+    /// [`CheckpointStore::remove_records`] runs is not removed: a mount pins a
+    /// checkpoint before it reads it, and a read after its pin is answered (the
+    /// record) or refused (retention removed it first). The default is for stores
+    /// whose mounts all live on this host, where each mount's dirty set says it.
+    fn pin(&self, _holder: &str, _ids: &[CheckpointId], _replace: bool) -> CheckpointResult<()> {
+        Ok(())
+    }
+
+    /// Drops every pin of `holder` (its mount was discarded).
+    fn unpin(&self, _holder: &str) -> CheckpointResult<()> {
+        Ok(())
+    }
+
+    /// Every pin: holder and checkpoint.
+    fn pins(&self) -> CheckpointResult<Vec<(String, CheckpointId)>> {
+        Ok(Vec::new())
+    }
 
     /// Reads the store's own bookkeeping for `fsck`: every head as stored, and every
     /// lease against its thread's fencing token (`check_leases`). With `repair`, a

@@ -181,7 +181,8 @@ pub fn holder_name(program: &str) -> String {
     format!("{program}@{host}:{}:{tag}", std::process::id())
 }
 
-fn this_host() -> String {
+/// This host's name (empty if it cannot be read).
+pub(crate) fn this_host() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_default()

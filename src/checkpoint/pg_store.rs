@@ -6,7 +6,8 @@
 //! id), `casfs_leases` (thread -> holder, token, acquired_at, expires_at, ttl_ms,
 //! owner_digest: the hash of the lease's owner secret),
 //! `casfs_fencing` (thread -> last token handed out), `casfs_pruned` (checkpoints
-//! retention removed: id, thread, when), `casfs_portable` (the portable
+//! retention removed: id, thread, when), `casfs_pins` (holder, id: the checkpoints
+//! each host's mounts read from, which retention keeps), `casfs_portable` (the portable
 //! checkpoint stores' keys and values, `middleware::portable`), `casfs_meta` (schema
 //! version).
 //! casfs creates them on first use (under an advisory lock, so hosts starting together
@@ -17,6 +18,11 @@
 //! serialized across hosts. Lease expiry is measured by the database's clock (`now()`),
 //! which every host shares: a host whose clock is off cannot keep a lease alive, nor
 //! cut another's short.
+//!
+//! Pins and retention meet under one advisory lock: a pin takes it shared, a removal
+//! exclusively, and the removal's delete (a statement that starts once the lock is
+//! held) sees every pin committed before. A mount reads a checkpoint only after its
+//! pin committed, so it reads a record retention keeps or finds it gone.
 //!
 //! The password comes from `PGPASSWORD` (or a `.pgpass` file), never from the URL.
 
@@ -38,7 +44,12 @@ use crate::cas::Hash;
 /// Version 2 added `casfs_leases.owner_digest`: a casfs that checks no owner secret
 /// (version 1) must not share the tables with one that does. Version 3 added
 /// `casfs_pruned`: a casfs without it would take a pruned parent for a lost one.
-const SCHEMA_VERSION: i32 = 3;
+/// Version 4 added `casfs_pins`: a casfs that writes none must not share the tables
+/// with one whose retention trusts them.
+const SCHEMA_VERSION: i32 = 4;
+
+/// The advisory lock pins (shared) and the removal of records (exclusive) take.
+const PIN_LOCK: i64 = 727236;
 
 pub struct PgCheckpointStore {
     client: Mutex<Client>,
@@ -114,11 +125,14 @@ impl PgCheckpointStore {
              CREATE TABLE IF NOT EXISTS casfs_pruned (
                  id bytea PRIMARY KEY, thread text NOT NULL,
                  pruned_at timestamptz NOT NULL DEFAULT now());
+             CREATE TABLE IF NOT EXISTS casfs_pins (
+                 holder text NOT NULL, id bytea NOT NULL,
+                 pinned_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (holder, id));
              ALTER TABLE casfs_leases ADD COLUMN IF NOT EXISTS owner_digest text NOT NULL DEFAULT '';
              INSERT INTO casfs_meta VALUES ('schema_version', '{SCHEMA_VERSION}')
                  ON CONFLICT (key) DO NOTHING;
              UPDATE casfs_meta SET value = '{SCHEMA_VERSION}'
-                 WHERE key = 'schema_version' AND value IN ('1', '2');
+                 WHERE key = 'schema_version' AND value IN ('1', '2', '3');
              SELECT pg_advisory_unlock(727235);"
         );
         client
@@ -516,15 +530,20 @@ impl CheckpointStore for PgCheckpointStore {
     fn remove_records(&self, doomed: &[(CheckpointId, ThreadId)]) -> CheckpointResult<usize> {
         crate::crashpoint("prune.before");
         self.tx(|t| {
+            t.execute("SELECT pg_advisory_xact_lock($1)", &[&PIN_LOCK])
+                .map_err(|e| self.db_err(e))?;
             let mut n = 0;
             for (id, _) in doomed {
                 // A head is kept: the check and the delete are one statement, and no
-                // record that is not a head now can become one.
+                // record that is not a head now can become one. A pinned one is kept:
+                // no pin can commit while the lock is held.
                 n += t
                     .execute(
                         "WITH gone AS (
                              DELETE FROM casfs_checkpoints
-                             WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM casfs_heads WHERE id = $1)
+                             WHERE id = $1
+                               AND NOT EXISTS (SELECT 1 FROM casfs_heads WHERE id = $1)
+                               AND NOT EXISTS (SELECT 1 FROM casfs_pins WHERE id = $1)
                              RETURNING id, thread)
                          INSERT INTO casfs_pruned (id, thread) SELECT id, thread FROM gone
                          ON CONFLICT (id) DO NOTHING",
@@ -533,6 +552,55 @@ impl CheckpointStore for PgCheckpointStore {
                     .map_err(|e| self.db_err(e))? as usize;
             }
             Ok(n)
+        })
+    }
+
+    fn pin(&self, holder: &str, ids: &[CheckpointId], replace: bool) -> CheckpointResult<()> {
+        self.tx(|t| {
+            t.execute("SELECT pg_advisory_xact_lock_shared($1)", &[&PIN_LOCK])
+                .map_err(|e| self.db_err(e))?;
+            if replace {
+                t.execute("DELETE FROM casfs_pins WHERE holder = $1", &[&holder])
+                    .map_err(|e| self.db_err(e))?;
+            }
+            for id in ids {
+                t.execute(
+                    "INSERT INTO casfs_pins (holder, id) VALUES ($1, $2)
+                     ON CONFLICT (holder, id) DO UPDATE SET pinned_at = now()",
+                    &[&holder, &id.0.as_bytes().as_slice()],
+                )
+                .map_err(|e| self.db_err(e))?;
+            }
+            Ok(())
+        })
+    }
+
+    fn unpin(&self, holder: &str) -> CheckpointResult<()> {
+        self.tx(|t| {
+            t.execute("DELETE FROM casfs_pins WHERE holder = $1", &[&holder])
+                .map_err(|e| self.db_err(e))?;
+            Ok(())
+        })
+    }
+
+    fn pins(&self) -> CheckpointResult<Vec<(String, CheckpointId)>> {
+        self.tx(|t| {
+            let rows = t
+                .query("SELECT holder, id FROM casfs_pins ORDER BY holder, id", &[])
+                .map_err(|e| self.db_err(e))?;
+            rows.iter()
+                .map(|r| {
+                    let holder: String = r.get(0);
+                    let id: Vec<u8> = r.get(1);
+                    let id = Hash::from_slice(&id).map(CheckpointId).ok_or_else(|| {
+                        CheckpointError::Invalid(format!(
+                            "checkpoint store {}: a pin of {holder:?} is not a checkpoint id",
+                            self.name
+                        ))
+                    })?;
+                    Ok((holder, id))
+                })
+                .collect()
         })
     }
 

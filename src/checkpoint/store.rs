@@ -1,5 +1,6 @@
 //! A store directory: `<store>/casfs.json` (format marker), `<store>/lock` (held by the
-//! process that has the store open), `<store>/db` (RocksDB with every column family) and
+//! process that has the store open), `<store>/id` (the store's random name: a fleet
+//! tells its mounts apart by it), `<store>/db` (RocksDB with every column family) and
 //! `<store>/mounts/<key>/` (the files of each writable mount: upper files, its control
 //! socket and pid file).
 
@@ -11,14 +12,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::checkpoint_store::CheckpointStore;
-use super::ids::{CheckpointError, CheckpointResult};
+use super::ids::{CheckpointError, CheckpointId, CheckpointResult};
 use super::portable_kv::{PortableKv, RocksPortable};
+use super::record::MountTag;
 use super::rocks_store::RocksCheckpointStore;
 use super::rocks_store::COLUMN_FAMILIES;
 use crate::cas::{Database, Hash, ObjectStore, RocksObjectStore, TreeId};
 use crate::fs::{mount_key, Owner};
 
 const MARKER: &str = "casfs.json";
+const ID_FILE: &str = "id";
 
 /// The column family of the directory cache (`sync::dircache`).
 pub const DIRCACHE_CF: &str = "dircache";
@@ -82,6 +85,9 @@ pub struct Store {
     /// by it, so every request shares it.
     portable_kv: Arc<dyn PortableKv>,
     backends: Backends,
+    /// The store's name in a fleet (`<store>/id`), made when it is first opened for
+    /// writing; `None` for a read-only open of a store that has none yet.
+    id: Option<String>,
     /// `None` for a read-only open, which takes no lock.
     _lock: Option<File>,
 }
@@ -152,6 +158,7 @@ impl Store {
         let backends = read_backends(&marker)?.overridden_by(over);
         let lock = lock_store(root, lock_timeout)?;
         keep_private(root)?;
+        store_id(root, true)?;
         let mut cfs: Vec<&str> = COLUMN_FAMILIES.to_vec();
         cfs.push(DIRCACHE_CF);
         cfs.push(crate::fs::MOUNTS_CF);
@@ -193,6 +200,7 @@ impl Store {
                 ),
             };
         Ok(Store {
+            id: store_id(root, false)?,
             portable_kv: kv,
             root: root.to_path_buf(),
             local,
@@ -228,6 +236,30 @@ impl Store {
         let tmp = root.join(format!("{MARKER}.tmp"));
         std::fs::write(&tmp, format!("{v:#}\n")).map_err(|e| CheckpointError::io(&tmp, e))?;
         std::fs::rename(&tmp, &marker).map_err(|e| CheckpointError::io(&marker, e))
+    }
+
+    /// The name under which the mount with dirty-set key `key` pins checkpoints in the
+    /// checkpoint store: this host's name, the store's and the mount's.
+    pub fn pin_holder(&self, key: &[u8; 8]) -> String {
+        format!(
+            "{}/{}/{}",
+            super::lease::this_host(),
+            self.id.as_deref().unwrap_or("-"),
+            key_hex(key)
+        )
+    }
+
+    /// Pins what a mount reads from ([`CheckpointStore::pin`]): the base and expected
+    /// head of `tag`, added to its pins or replacing them. A mount pins a checkpoint
+    /// before it reads the record, so retention on another host keeps it.
+    pub fn pin_mount(&self, key: &[u8; 8], tag: &MountTag, replace: bool) -> CheckpointResult<()> {
+        let ids: Vec<CheckpointId> = tag.base.into_iter().chain(tag.expected_head).collect();
+        self.checkpoints.pin(&self.pin_holder(key), &ids, replace)
+    }
+
+    /// Drops a discarded mount's pins.
+    pub fn unpin_mount(&self, key: &[u8; 8]) -> CheckpointResult<()> {
+        self.checkpoints.unpin(&self.pin_holder(key))
     }
 
     /// The backends in use.
@@ -375,6 +407,36 @@ pub fn unsupported_image_name(tree: &TreeId) -> String {
 /// temporary file), from its name; `None` for a name casfs did not make.
 pub fn image_tree(name: &str) -> Option<TreeId> {
     name.split('.').next().and_then(Hash::from_hex).map(TreeId)
+}
+
+/// The store's random name (`<store>/id`, 16 hex digits), written once when `create`
+/// (the store's lock is held then, so no two processes write it).
+fn store_id(root: &Path, create: bool) -> CheckpointResult<Option<String>> {
+    let path = root.join(ID_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(s) => {
+            let id = s.trim();
+            if id.len() == 16 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
+                Ok(Some(id.to_string()))
+            } else {
+                Err(CheckpointError::path(
+                    &path,
+                    "is not a store id (16 hex digits)",
+                ))
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
+            let mut b = [0u8; 8];
+            getrandom::fill(&mut b).expect("the system's random source");
+            let id = key_hex(&b);
+            let tmp = root.join(format!("{ID_FILE}.tmp"));
+            std::fs::write(&tmp, format!("{id}\n")).map_err(|e| CheckpointError::io(&tmp, e))?;
+            std::fs::rename(&tmp, &path).map_err(|e| CheckpointError::io(&path, e))?;
+            Ok(Some(id))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(CheckpointError::io(&path, e)),
+    }
 }
 
 /// Where a mount's files live in the store.

@@ -167,6 +167,7 @@ pub fn discard_mount_state(
     if !had {
         return Ok(false);
     }
+    store.unpin_mount(&mount_key(mountpoint))?;
     let mut b = dirty.batch();
     dirty.clear_all(&mut b);
     dirty.commit(b)?;
@@ -215,7 +216,13 @@ impl MountedThread {
             }
             None => false,
         };
-        let mounted = Self::mount_backend(store, mountpoint, thread, at, opts, mode);
+        let mounted = Self::mount_backend(store.clone(), mountpoint, thread, at, opts, mode)
+            .and_then(|m| {
+                // What the mount settled on (picked-up work keeps its base) is all it
+                // pins from now on.
+                store.pin_mount(&mount_key(mountpoint), &m.tag(), true)?;
+                Ok(m)
+            });
         if mounted.is_err() && made {
             // A disk made for a mount that failed goes with it (it holds nothing).
             if let Err(e) = super::disk::remove(&dir).and_then(|()| std::fs::remove_dir_all(&dir)) {
@@ -256,7 +263,7 @@ impl MountedThread {
         opts: &WorkspaceOptions,
     ) -> CheckpointResult<MountedThread> {
         let session = crate::cas::write_session(store.objects());
-        let (head, root, tag) = start_point(&store, &thread, at)?;
+        let (head, root, tag) = start_point(&store, mountpoint, &thread, at)?;
         let base = tag.base;
         let dir = mount_dir(store.root(), mountpoint);
         let ws = Workspace::open(
@@ -353,7 +360,7 @@ impl MountedThread {
                 mountpoint.display()
             )));
         }
-        let (head, root, tag) = start_point(&store, &thread, at)?;
+        let (head, root, tag) = start_point(&store, mountpoint, &thread, at)?;
         let base = tag.base;
         let view = crate::fs::ViewOptions {
             chunk_cache_bytes: opts.chunk_cache_bytes,
@@ -556,7 +563,22 @@ impl MountedThread {
         // Retention and collection wait until the mount's base is the checkpoint.
         let _session = crate::cas::write_session(self.store.objects());
         let cps = self.store.checkpoints();
-        let cp = cps.get(&id)?;
+        // Pinned before it is read, so retention elsewhere in a fleet keeps it (or
+        // removed it first, and the read says so).
+        let key = mount_key(&self.mountpoint);
+        let pin = MountTag {
+            base: Some(id),
+            ..self.tag()
+        };
+        self.store.pin_mount(&key, &pin, false)?;
+        let cp = match cps.get(&id) {
+            Err(CheckpointError::NotFound(_)) if cps.is_pruned(&id)? => {
+                return Err(CheckpointError::Invalid(format!(
+                    "checkpoint {id} was removed by retention (prune); restore a kept one"
+                )))
+            }
+            r => r?,
+        };
         let thread = thread.unwrap_or_else(|| self.tag().thread);
         let tag = match cps.head(&thread)? {
             Some(head) => MountTag {
@@ -592,6 +614,7 @@ impl MountedThread {
                 .map_err(ws_err)?,
             Backend::Overlay(o) => o.swap(cp.body.root, tag.clone(), force)?,
         }
+        self.store.pin_mount(&key, &tag, true)?;
         start_prefetch(&self.store, id);
         Ok((tag, start.elapsed().as_micros() as u64))
     }
@@ -669,22 +692,25 @@ fn start_prefetch(store: &Arc<Store>, id: CheckpointId) {
         });
 }
 
-/// Where a mount of `thread` starts: the thread's head, the tree of `at` (or the
-/// head; empty without either), and the tag of that start.
+/// Where a mount of `thread` at `mountpoint` starts: the thread's head, the tree of
+/// `at` (or the head; empty without either), and the tag of that start, pinned (added
+/// to the mount's pins) before its record is read.
 fn start_point(
     store: &Store,
+    mountpoint: &Path,
     thread: &ThreadId,
     at: Option<CheckpointId>,
 ) -> CheckpointResult<(Option<CheckpointId>, TreeId, MountTag)> {
     let cps = store.checkpoints();
     let head = cps.head(thread)?;
     let base = at.or(head);
-    let root = overlay::tree_of(store, base)?;
     let tag = MountTag {
         thread: thread.clone(),
         base,
         expected_head: head,
     };
+    store.pin_mount(&mount_key(mountpoint), &tag, false)?;
+    let root = overlay::tree_of(store, base)?;
     Ok((head, root, tag))
 }
 

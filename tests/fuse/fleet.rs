@@ -392,3 +392,101 @@ fn pg_conninfo(url: &str) -> String {
         u.path().trim_start_matches('/')
     )
 }
+
+/// Retention on one host of a fleet keeps the checkpoint a mount on another host is
+/// based on (the mount pinned it in PostgreSQL before reading it), so a `gc` after it
+/// leaves that mount's lazily read files in the bucket; a restore of a checkpoint
+/// retention removed is refused by name; once the mount is discarded, its checkpoint
+/// goes at the next prune.
+#[test]
+fn retention_keeps_what_a_mount_on_another_host_reads() {
+    use casfs::checkpoint::maintenance::{gc_with, prune, Retention};
+    let b = fleet("p");
+    let t = tempfile::tempdir().unwrap();
+    let th = ThreadId::new("kept").unwrap();
+    let a = host(&t.path().join("host-a"), &b);
+    let src = t.path().join("src");
+    fs::create_dir(&src).unwrap();
+    let mut ids = Vec::new();
+    for v in 0..4u64 {
+        for i in 0..30u64 {
+            fs::write(
+                src.join(format!("f{i}")),
+                pattern(3000 + i as usize, v * 100 + i),
+            )
+            .unwrap();
+        }
+        import(&a, &src, &th);
+        ids.push(a.checkpoints().head(&th).unwrap().unwrap());
+    }
+
+    // Host B mounts the oldest checkpoint and reads nothing yet.
+    let hb = host(&t.path().join("host-b"), &b);
+    let mp = t.path().join("mnt-b");
+    fs::create_dir(&mp).unwrap();
+    let _g = MountGuard::new(&mp);
+    let mp = fs::canonicalize(&mp).unwrap();
+    let opts = WorkspaceOptions::default();
+    let mb = MountedThread::mount_mode(
+        hb.clone(),
+        &mp,
+        th.clone(),
+        Some(ids[0]),
+        &opts,
+        crate::mount_mode(),
+    )
+    .unwrap();
+    let pins = a.checkpoints().pins().unwrap();
+    assert!(
+        pins.iter().any(|(_, id)| *id == ids[0]),
+        "the mount pinned its base: {pins:?}"
+    );
+
+    // Host A keeps the newest: the head stays, the mount's base stays, the rest goes,
+    // and a collection of the bucket's packs after it (twice, no grace: marked, then
+    // deleted) removes their objects.
+    let keep_one = Retention {
+        keep_last: Some(1),
+        ..Retention::default()
+    };
+    let r = prune(&a, &keep_one, false).unwrap();
+    let mut gone = r.pruned_ids.clone();
+    gone.sort();
+    let mut want = vec![ids[1], ids[2]];
+    want.sort();
+    assert_eq!(gone, want, "{r:?}");
+    let o = casfs::cas::remote_store::RemoteGcOptions {
+        grace: Duration::ZERO,
+        max_unused: 0.1,
+        dry_run: false,
+    };
+    gc_with(&a, &o).unwrap();
+    let second = gc_with(&a, &o).unwrap().remote.unwrap();
+    assert!(
+        second.packs_deleted + second.objects_copied as usize > 0,
+        "the removed checkpoints' objects were collected: {second:?}"
+    );
+
+    // Every file of the mount still reads, byte-exact, fetched from the bucket now.
+    for i in 0..30u64 {
+        assert_eq!(
+            fs::read(mp.join(format!("f{i}"))).unwrap(),
+            pattern(3000 + i as usize, i),
+            "f{i}"
+        );
+    }
+    // A checkpoint retention removed: a restore says so, and the mount stays as it was.
+    let e = mb.restore(ids[1], None, false).unwrap_err().to_string();
+    assert!(
+        e.contains(&ids[1].to_string()) && e.contains("removed by retention"),
+        "{e}"
+    );
+    assert_eq!(fs::read(mp.join("f3")).unwrap(), pattern(3003, 3));
+
+    // Discarded, the mount pins nothing, and its base goes at the next prune.
+    assert!(mb.discard(false).unwrap());
+    assert!(a.checkpoints().pins().unwrap().is_empty());
+    let r = prune(&a, &keep_one, false).unwrap();
+    assert_eq!(r.pruned_ids, vec![ids[0]], "{r:?}");
+    assert_eq!(a.checkpoints().log(&th, 10).unwrap().len(), 1);
+}

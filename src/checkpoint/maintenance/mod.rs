@@ -57,9 +57,16 @@ fn fence(store: &Store) -> CheckpointResult<Collecting<'_>> {
     Ok(store.local_objects().fence_ref().collect()?)
 }
 
-/// The checkpoints every mount's dirty set is based on or will append on.
+/// The checkpoints every mount is based on or will append on: this host's, from their
+/// dirty sets, and every host's, from the pins of the checkpoint store (PostgreSQL's in
+/// a fleet; the removal of records honours those again, atomically).
 fn mount_checkpoints(store: &Store) -> CheckpointResult<HashSet<CheckpointId>> {
-    let mut out = HashSet::new();
+    let mut out: HashSet<CheckpointId> = store
+        .checkpoints()
+        .pins()?
+        .into_iter()
+        .map(|(_, id)| id)
+        .collect();
     for key in mount_keys(store.database())? {
         let d = DirtyStore::new(store.database().clone(), key);
         if let Ok(Some(meta)) = d.meta() {
@@ -73,22 +80,14 @@ fn mount_checkpoints(store: &Store) -> CheckpointResult<HashSet<CheckpointId>> {
 }
 
 /// Removes the checkpoint records `r` does not keep. Heads, and checkpoints a mount is
-/// based on, are always kept. Their objects stay until a `gc`.
+/// based on (on any host of a fleet: see [`CheckpointStore::pin`]), are always kept.
+/// Their objects stay until a `gc`.
+///
+/// [`CheckpointStore::pin`]: crate::checkpoint::CheckpointStore::pin
 pub fn prune(store: &Store, r: &Retention, dry_run: bool) -> CheckpointResult<PruneReport> {
     if r.keep_last.is_none() && r.keep_within.is_none() {
         return Err(CheckpointError::Invalid(
             "prune needs --keep-last and/or --keep-within (heads are always kept)".into(),
-        ));
-    }
-    if store.backends().checkpoints.is_some() {
-        // A mount on another host may be based on any checkpoint (a restore of an old
-        // one), and nothing records which: retention here could remove the record its
-        // lazily read files need, and the next gc their objects.
-        return Err(CheckpointError::Invalid(
-            "prune on fleet checkpoints (PostgreSQL) is refused: the checkpoints other \
-             hosts' mounts are based on are not recorded in the fleet yet, so retention \
-             could remove what they still read; gc and fsck work"
-                .into(),
         ));
     }
     let _fence = fence(store)?;

@@ -108,7 +108,20 @@ impl MountedThread {
             base: Some(cp.id),
             expected_head: Some(cp.id),
         };
-        let stats = snap.finish(next)?;
+        let stats = snap.finish(next.clone())?;
+        // The new base is the head (this writer holds the thread's lease): pinned now,
+        // before another writer can move the head past it. The checkpoint is published
+        // whatever this says: a failure is logged, and the next restore or mount pins.
+        if let Err(e) = self
+            .store
+            .pin_mount(&crate::fs::mount_key(&self.mountpoint), &next, true)
+        {
+            tracing::warn!(
+                "pinning checkpoint {} for {}: {e}",
+                cp.id,
+                self.mountpoint.display()
+            );
+        }
         tracing::debug!(
             "checkpoint {} of {}: snapshot at {t_snap:?}, durable at {t_synced:?}, \
              appended at {t_appended:?}, done in {:?}",
