@@ -287,6 +287,111 @@ fn the_code_map_names_every_module() {
     );
 }
 
+/// The `.rs` files under `dir`, with their lines that are code (comment lines dropped).
+fn code_lines_under(dir: &Path) -> Vec<(PathBuf, Vec<String>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                let lines = fs::read_to_string(&p)
+                    .unwrap()
+                    .lines()
+                    .filter(|l| !l.trim_start().starts_with("//"))
+                    .map(str::to_string)
+                    .collect();
+                out.push((p, lines));
+            }
+        }
+    }
+    out
+}
+
+/// Whether `line` names module `m` (`crate::m`, then `::`, `;`, `,`, `}` or a space).
+fn uses(line: &str, m: &str) -> bool {
+    let pat = format!("crate::{m}");
+    line.match_indices(&pat).any(|(i, _)| {
+        !line[i + pat.len()..]
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_alphanumeric() || c == '_')
+    })
+}
+
+#[test]
+fn every_folder_says_what_it_may_not_use_and_keeps_to_it() {
+    let map = fs::read_to_string(root().join("docs/architecture.md")).unwrap();
+    let src = root().join("src");
+    let mut rules: Vec<(String, Vec<String>)> = Vec::new();
+    for line in map.lines() {
+        let Some(rest) = line.strip_prefix("- `") else {
+            continue;
+        };
+        let Some((folder, rest)) = rest.split_once("/`: ") else {
+            continue;
+        };
+        let Some((_, banned)) = rest.split_once("may not use: ") else {
+            continue;
+        };
+        let names = banned
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect();
+        rules.push((folder.to_string(), names));
+    }
+    let mut problems = Vec::new();
+    let mut stack = vec![src.clone()];
+    let mut folders = 0;
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                folders += 1;
+                let rel = p.strip_prefix(&src).unwrap().display().to_string();
+                if !rules.iter().any(|(f, _)| *f == rel) {
+                    problems.push(format!("no line for `{rel}/`"));
+                }
+                stack.push(p);
+            }
+        }
+    }
+    assert!(folders > 15, "{folders} folders");
+    for (folder, banned) in &rules {
+        let dir = src.join(folder);
+        if !dir.is_dir() {
+            problems.push(format!("`{folder}/` is not a folder of src/"));
+            continue;
+        }
+        let top = folder.split('/').next().unwrap();
+        if banned.is_empty() {
+            // Nothing below may use this folder's module instead.
+            for (file, lines) in code_lines_under(&src) {
+                if !file.starts_with(&dir) && lines.iter().any(|l| uses(l, top)) {
+                    problems.push(format!("{} uses `{top}`", file.display()));
+                }
+            }
+            continue;
+        }
+        for (file, lines) in code_lines_under(&dir) {
+            for m in banned {
+                if let Some(l) = lines.iter().find(|l| uses(l, m)) {
+                    problems.push(format!(
+                        "{} uses `{m}`, which `{folder}/` may not: {}",
+                        file.display(),
+                        l.trim()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
 #[test]
 fn a_table_shows_the_newest_run_of_its_own_settings() {
     let t = tempfile::tempdir().unwrap();
