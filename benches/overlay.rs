@@ -261,56 +261,6 @@ fn round_trip_us(path: &Path, cpu: Option<usize>) -> f64 {
     }
 }
 
-/// A node project (eslint, webpack and jest: about 10k files in node_modules) with its
-/// lock file and a warm npm cache beside it, so that `npm ci --offline` installs it with
-/// no network; None (and the step skipped) without npm or the registry.
-fn npm_project(root: &Path) -> Option<PathBuf> {
-    if !have("npm") {
-        eprintln!("npm: not installed, npm ci skipped");
-        return None;
-    }
-    let d = root.join("npm");
-    fs::create_dir_all(&d).unwrap();
-    fs::write(
-        d.join("package.json"),
-        r#"{"name":"bench","version":"1.0.0","private":true,
-"dependencies":{"eslint":"8.57.0","webpack":"5.94.0","jest":"29.7.0"}}"#,
-    )
-    .unwrap();
-    let out = Command::new("sh")
-        .arg("-c")
-        // The install caches what it fetched; `npm ci` looks packages up in the forms it
-        // asks for itself (the lock file here names no download addresses), which one
-        // `npm ci --prefer-offline` caches; the timed runs are then `--offline`.
-        .arg(
-            "npm install --no-audit --no-fund --ignore-scripts --loglevel=error > /dev/null && \
-             npm ci --prefer-offline --no-audit --no-fund --ignore-scripts --loglevel=error \
-             > /dev/null",
-        )
-        .current_dir(&d)
-        .env("npm_config_cache", d.join("cache"))
-        .output()
-        .unwrap();
-    if !out.status.success() {
-        eprintln!(
-            "npm install failed, npm ci skipped: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        return None;
-    }
-    let count = Command::new("sh")
-        .arg("-c")
-        .arg(format!("find {} | wc -l", q(&d.join("node_modules"))))
-        .output()
-        .unwrap();
-    eprintln!(
-        "npm project: {} entries in node_modules",
-        String::from_utf8_lossy(&count.stdout).trim()
-    );
-    fs::remove_dir_all(d.join("node_modules")).unwrap();
-    Some(d)
-}
-
 /// Notes one round of `op` by `casfs`: the daemon's time under `op`, the command's
 /// under `op (command)`.
 fn note(
@@ -385,26 +335,16 @@ fn main() {
     )
     .unwrap();
     // The inputs (tar files, the repository cloned, the C project, npm's cache) on a
-    // tmpfs of their own: reading them costs every backend the same and nothing of
-    // them is written back to the filesystem measured.
-    let inputs = Tmpfs::new(6);
-    let tars = inputs.dir.join("tars");
-    fs::create_dir_all(&tars).unwrap();
-    let small = small_tar(&tars);
-    let real = tars.join("real.tar");
-    sh(&format!("tar -C {} -cf {} .", q(&base), q(&real)), &[]);
-    let bare = inputs.dir.join("repo.git");
-    sh(
-        &format!(
-            "git clone -q --bare --no-hardlinks {} {}",
-            q(&repo),
-            q(&bare)
-        ),
-        &[],
-    );
-    let cproj = inputs.dir.join("cproj");
-    c_project(&cproj, 120);
-    let npm = npm_project(&inputs.dir);
+    // tmpfs of their own.
+    let inputs = Inputs::new(6, &base, &repo);
+    let Inputs {
+        small,
+        real,
+        bare,
+        cproj,
+        ..
+    } = &inputs;
+    let npm = npm_project(&inputs.tmpfs.dir);
 
     let mut backends = vec![
         "native",
@@ -509,7 +449,7 @@ fn main() {
                 b.timed(
                     "untar small",
                     be,
-                    &format!("tar -xf {} -C {}", q(&small), q(&w.join("small"))),
+                    &format!("tar -xf {} -C {}", q(small), q(&w.join("small"))),
                     &[],
                 );
                 b.timed(
@@ -522,7 +462,7 @@ fn main() {
                 b.timed(
                     "untar real",
                     be,
-                    &format!("tar -xf {} -C {}", q(&real), q(&w.join("real"))),
+                    &format!("tar -xf {} -C {}", q(real), q(&w.join("real"))),
                     &[],
                 );
                 b.timed(
@@ -530,7 +470,7 @@ fn main() {
                     be,
                     &format!(
                         "git -c gc.auto=0 clone -q --no-hardlinks {} {}",
-                        q(&bare),
+                        q(bare),
                         q(&w.join("clone"))
                     ),
                     GIT_ENV,
@@ -544,7 +484,7 @@ fn main() {
                     ),
                     GIT_ENV,
                 );
-                sh(&format!("cp -a {} {}", q(&cproj), q(&w.join("cproj"))), &[]);
+                sh(&format!("cp -a {} {}", q(cproj), q(&w.join("cproj"))), &[]);
                 b.timed(
                     "build (make -j2, 121 files)",
                     be,
@@ -612,7 +552,7 @@ fn main() {
             b.timed(
                 "untar small (plain shell tar, fresh directory)",
                 "native",
-                &format!("tar -xf {} -C {}", q(&small), q(&d)),
+                &format!("tar -xf {} -C {}", q(small), q(&d)),
                 &[],
             );
             let _ = fs::remove_dir_all(&d);

@@ -282,25 +282,16 @@ fn main() {
         }
     }
     sh(&format!("chown -R {name}: {}", q(&base)), &[]);
-    let inputs = Tmpfs::new(4);
-    let tars = inputs.dir.join("tars");
-    fs::create_dir_all(&tars).unwrap();
-    let small = small_tar(&tars);
-    let real = tars.join("real.tar");
-    sh(&format!("tar -C {} -cf {} .", q(&base), q(&real)), &[]);
-    let bare = inputs.dir.join("repo.git");
-    sh(
-        &format!(
-            "git clone -q --bare --no-hardlinks {} {}",
-            q(&repo),
-            q(&bare)
-        ),
-        &[],
-    );
-    let cproj = inputs.dir.join("cproj");
-    c_project(&cproj, 120);
+    let inputs = Inputs::new(4, &base, &repo);
+    let Inputs {
+        small,
+        real,
+        bare,
+        cproj,
+        ..
+    } = &inputs;
     // The user's own (git refuses a repository of another owner).
-    sh(&format!("chown -R {name}: {}", q(&inputs.dir)), &[]);
+    sh(&format!("chown -R {name}: {}", q(&inputs.tmpfs.dir)), &[]);
     user.in_namespace(false, &["true"]);
 
     let fuse = if casfs::fs::fuse_uring_enabled() {
@@ -351,15 +342,15 @@ fn main() {
             b.timed("rm -rf (base tree)", be, &w, "rm -rf ./*", &[]);
             let st = format!(
                 "mkdir small && tar --no-same-owner -xf {} -C small",
-                q(&small)
+                q(small)
             );
             b.timed("untar small", be, &w, &st, &[]);
             b.timed("rm -rf (new files)", be, &w, "rm -rf small", &[]);
-            let rt = format!("mkdir real && tar --no-same-owner -xf {} -C real", q(&real));
+            let rt = format!("mkdir real && tar --no-same-owner -xf {} -C real", q(real));
             b.timed("untar real", be, &w, &rt, &[]);
             let clone = format!(
                 "git -c gc.auto=0 clone -q --no-hardlinks {} clone",
-                q(&bare)
+                q(bare)
             );
             b.timed("git clone", be, &w, &clone, &git);
             b.timed(
@@ -369,7 +360,7 @@ fn main() {
                 "git -C clone -c gc.auto=0 status --porcelain",
                 &git,
             );
-            let build = format!("cp -a {} cproj && make -s -j2 -C cproj", q(&cproj));
+            let build = format!("cp -a {} cproj && make -s -j2 -C cproj", q(cproj));
             b.timed("build (copy + make -j2, 121 files)", be, &w, &build, &[]);
             b.end(be, &w);
         }

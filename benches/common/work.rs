@@ -1,11 +1,11 @@
 //! Inputs the overlay benches share: the page cache dropped, a tmpfs for the inputs, the
-//! small tar, the C project and trees of small files.
+//! small tar, the C project, the npm project and trees of small files.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::{q, sh};
+use super::{have, q, sh};
 
 pub fn drop_caches() {
     let _ = sh("sync; echo 3 > /proc/sys/vm/drop_caches", &[]);
@@ -70,6 +70,46 @@ impl Tmpfs {
 impl Drop for Tmpfs {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+    }
+}
+
+/// The inputs of the workload steps, on a tmpfs of their own (reading them costs every
+/// backend the same, and nothing of them is written back to the filesystem measured):
+/// the small tar, a tar of the base tree, a bare clone of `repo` and the C project.
+pub struct Inputs {
+    pub tmpfs: Tmpfs,
+    pub small: PathBuf,
+    pub real: PathBuf,
+    pub bare: PathBuf,
+    pub cproj: PathBuf,
+}
+
+impl Inputs {
+    pub fn new(gib: u64, base: &Path, repo: &Path) -> Inputs {
+        let tmpfs = Tmpfs::new(gib);
+        let tars = tmpfs.dir.join("tars");
+        fs::create_dir_all(&tars).unwrap();
+        let small = small_tar(&tars);
+        let real = tars.join("real.tar");
+        sh(&format!("tar -C {} -cf {} .", q(base), q(&real)), &[]);
+        let bare = tmpfs.dir.join("repo.git");
+        sh(
+            &format!(
+                "git clone -q --bare --no-hardlinks {} {}",
+                q(repo),
+                q(&bare)
+            ),
+            &[],
+        );
+        let cproj = tmpfs.dir.join("cproj");
+        c_project(&cproj, 120);
+        Inputs {
+            tmpfs,
+            small,
+            real,
+            bare,
+            cproj,
+        }
     }
 }
 
@@ -138,4 +178,54 @@ pub fn make_files(dir: &Path, n: usize) {
         )
         .unwrap();
     }
+}
+
+/// A node project (eslint, webpack and jest: about 10k files in node_modules) with its
+/// lock file and a warm npm cache beside it, so that `npm ci --offline` installs it with
+/// no network; None (and the step skipped) without npm or the registry.
+pub fn npm_project(root: &Path) -> Option<PathBuf> {
+    if !have("npm") {
+        eprintln!("npm: not installed, npm ci skipped");
+        return None;
+    }
+    let d = root.join("npm");
+    fs::create_dir_all(&d).unwrap();
+    fs::write(
+        d.join("package.json"),
+        r#"{"name":"bench","version":"1.0.0","private":true,
+"dependencies":{"eslint":"8.57.0","webpack":"5.94.0","jest":"29.7.0"}}"#,
+    )
+    .unwrap();
+    let out = Command::new("sh")
+        .arg("-c")
+        // The install caches what it fetched; `npm ci` looks packages up in the forms it
+        // asks for itself (the lock file here names no download addresses), which one
+        // `npm ci --prefer-offline` caches; the timed runs are then `--offline`.
+        .arg(
+            "npm install --no-audit --no-fund --ignore-scripts --loglevel=error > /dev/null && \
+             npm ci --prefer-offline --no-audit --no-fund --ignore-scripts --loglevel=error \
+             > /dev/null",
+        )
+        .current_dir(&d)
+        .env("npm_config_cache", d.join("cache"))
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        eprintln!(
+            "npm install failed, npm ci skipped: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return None;
+    }
+    let count = Command::new("sh")
+        .arg("-c")
+        .arg(format!("find {} | wc -l", q(&d.join("node_modules"))))
+        .output()
+        .unwrap();
+    eprintln!(
+        "npm project: {} entries in node_modules",
+        String::from_utf8_lossy(&count.stdout).trim()
+    );
+    fs::remove_dir_all(d.join("node_modules")).unwrap();
+    Some(d)
 }
