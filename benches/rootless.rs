@@ -348,10 +348,7 @@ fn main() {
             b.timed("rm -rf (new files)", be, &w, "rm -rf small", &[]);
             let rt = format!("mkdir real && tar --no-same-owner -xf {} -C real", q(real));
             b.timed("untar real", be, &w, &rt, &[]);
-            let clone = format!(
-                "git -c gc.auto=0 clone -q --no-hardlinks {} clone",
-                q(bare)
-            );
+            let clone = format!("git -c gc.auto=0 clone -q --no-hardlinks {} clone", q(bare));
             b.timed("git clone", be, &w, &clone, &git);
             b.timed(
                 "git status (first)",
