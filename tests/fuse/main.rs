@@ -9,6 +9,7 @@ mod soak_driver;
 
 mod bench;
 mod changes;
+mod conformance;
 mod counters;
 mod events;
 mod files;
@@ -17,6 +18,7 @@ mod forget;
 mod hostile;
 mod isolation;
 mod isolation_ahead;
+mod isolation_net;
 mod lifecycle;
 mod limits;
 mod middleware;
