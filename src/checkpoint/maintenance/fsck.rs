@@ -53,7 +53,13 @@ pub struct FsckReport {
 pub fn fsck(store: &Store, repair: bool, live: &HashSet<[u8; 8]>) -> CheckpointResult<FsckReport> {
     let start = Instant::now();
     let mut rep = FsckReport::default();
-    let collecting = fence(store)?;
+    // The fence holds this host's captures off while the local store is marked and
+    // swept. With fleet objects nothing local is swept (the cache also holds what is
+    // queued for upload), so captures go on while the objects are read from S3.
+    let collecting = match store.remote() {
+        Some(_) => None,
+        None => Some(fence(store)?),
+    };
     let cps = store.checkpoints();
     let db = store.database();
 
@@ -176,10 +182,9 @@ pub fn fsck(store: &Store, repair: bool, live: &HashSet<[u8; 8]>) -> CheckpointR
                 .push(format!("dropped {stale} stale directory cache entr(y/ies)"));
         }
     }
-    let sweep = if fleet_objects {
-        crate::cas::SweepReport::default()
-    } else {
-        store.local_objects().sweep(&marked, &collecting, dry)?
+    let sweep = match &collecting {
+        Some(fence) => store.local_objects().sweep(&marked, fence, dry)?,
+        None => crate::cas::SweepReport::default(),
     };
     rep.unreachable_objects = sweep.objects_freed;
     rep.unreachable_bytes = sweep.bytes_freed;

@@ -202,6 +202,9 @@ fn stale_dircache(
 
 fn walk(store: &Store, verify: bool) -> CheckpointResult<Walk<'_>> {
     let mut marker = Marker::new(store.objects(), verify);
+    if store.remote().is_some() {
+        marker = marker.fetching_ahead();
+    }
     let mut problems = Vec::new();
     let mut checkpoints = 0;
     let take = |m: &mut Marker, into: &mut Vec<Problem>| into.append(&mut m.problems);
