@@ -332,6 +332,25 @@ pub fn gc(store: &Store, dry_run: bool) -> CheckpointResult<GcReport> {
 /// at a time across every host.
 pub const GC_THREAD: &str = "casfs-gc";
 
+/// A collection's first step: the fence taken (and when), and every live object
+/// marked; a live object that cannot be read stops it, the error ending with `then`.
+fn fence_and_mark<'a>(
+    store: &'a Store,
+    then: &str,
+) -> CheckpointResult<(Collecting<'a>, Instant, Walk<'a>)> {
+    let collecting = fence(store)?;
+    let fenced = Instant::now();
+    let w = walk(store, false)?;
+    crate::crashpoint("gc.marked");
+    if let Some(p) = w.problems.first() {
+        return Err(CheckpointError::Invalid(format!(
+            "gc stopped before sweeping: {} live object(s) cannot be read, first: {p}; {then}",
+            w.problems.len()
+        )));
+    }
+    Ok((collecting, fenced, w))
+}
+
 /// [`gc`], with how packs of fleet objects are collected (`o.dry_run` is the run's).
 /// With fleet objects the remote's packs are collected ([`RemoteObjectStore::collect`])
 /// from the live set of every checkpoint record (PostgreSQL's with fleet checkpoints)
@@ -345,17 +364,7 @@ pub fn gc_with(store: &Store, o: &RemoteGcOptions) -> CheckpointResult<GcReport>
     let start = Instant::now();
     let db_dir = store.root().join("db");
     let before = dir_bytes(&db_dir);
-    let collecting = fence(store)?;
-    let fenced = Instant::now();
-    let w = walk(store, false)?;
-    crate::crashpoint("gc.marked");
-    if let Some(p) = w.problems.first() {
-        return Err(CheckpointError::Invalid(format!(
-            "gc stopped before sweeping: {} live object(s) cannot be read, first: {p}; \
-             run `casfs fsck`",
-            w.problems.len()
-        )));
-    }
+    let (collecting, fenced, w) = fence_and_mark(store, "run `casfs fsck`")?;
     let reachable = w.marker.marked().len() as u64;
     let marked = w.marker.into_marked();
     let (dircache_dirs, dircache_dropped, _) = stale_dircache(store, &marked, !dry_run)?;
@@ -395,17 +404,7 @@ fn gc_remote(
         Duration::from_secs(600),
     )?;
     let out = (|| {
-        let collecting = fence(store)?;
-        let fenced = Instant::now();
-        let w = walk(store, false)?;
-        crate::crashpoint("gc.marked");
-        if let Some(p) = w.problems.first() {
-            return Err(CheckpointError::Invalid(format!(
-                "gc stopped before sweeping: {} live object(s) cannot be read, first: {p}; \
-                 nothing was deleted",
-                w.problems.len()
-            )));
-        }
+        let (collecting, fenced, w) = fence_and_mark(store, "nothing was deleted")?;
         let (checkpoints, mounts) = (w.checkpoints, w.mounts);
         let marked = w.marker.into_marked();
         let rep = remote.collect(&marked, o)?;
