@@ -556,7 +556,7 @@ impl Workspace {
     }
 
     /// The kernel forgot these lookups (inode, count): the clean nodes it no longer
-    /// knows are unloaded ([`Tx::unload`]), so memory follows what is in use.
+    /// knows are unloaded (`Tx::unload`), so memory follows what is in use.
     pub(super) fn forget(&self, forgotten: impl IntoIterator<Item = (u64, u64)>) {
         let mut tx = self.tx();
         let mut queue = Vec::new();
