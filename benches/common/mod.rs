@@ -12,9 +12,16 @@ use std::time::{Duration, Instant};
 #[path = "../../src/alloc.rs"]
 mod alloc;
 
-// The workload (sizes, source-like trees) is the one `casfs bench` generates.
+// Sizes (`10k`, `1m`) read as `casfs bench` reads them.
+#[path = "../../src/cli/units.rs"]
+mod units;
+pub use units::*;
+
+// The workload (source-like trees) is the one `casfs bench` generates; not every bench
+// makes trees (the rootless one does not).
 #[path = "../../src/cli/bench/workload.rs"]
 mod workload;
+#[allow(unused_imports)]
 pub use workload::*;
 
 // Every bench writes its rows as a result file (`--out FILE`): docs/results/README.md.

@@ -17,8 +17,8 @@ use casfs::checkpoint::{
     RestoreOptions, RestoreProgress, Store, ThreadId,
 };
 
+use super::args::{resolve, thread_or_at, Cli, Command};
 use super::output::{bytes, json, millis, time_ms, with_spinner};
-use super::{resolve, thread_or_at, Cli, Command};
 
 pub fn run(cli: &Cli) -> anyhow::Result<()> {
     match &cli.command {

@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::Context;
 use clap::CommandFactory;
 
-use super::Cli;
+use super::args::Cli;
 
 pub fn completions(shell: clap_complete::Shell) -> anyhow::Result<()> {
     let mut cmd = Cli::command();

@@ -13,8 +13,8 @@ use casfs::checkpoint::{OpenMode, Store};
 use casfs::mount::control::{request, MountStatus, Request};
 use serde_json::Value;
 
+use super::args::Cli;
 use super::output::{bytes, json, millis, with_spinner};
-use super::Cli;
 
 /// The control socket of a mount daemon serving this store, if one answers.
 fn daemon_socket(cli: &Cli) -> Option<PathBuf> {

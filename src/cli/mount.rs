@@ -17,8 +17,8 @@ use casfs::mount::daemon::{self, DAEMON_WAIT};
 use casfs::mount::namespace::{self, Holder};
 use casfs::mount::{MountCheckpoint, MountMode};
 
+use super::args::{resolve, thread_or_at, Cli};
 use super::output::bytes;
-use super::{resolve, thread_or_at, Cli};
 
 #[allow(clippy::too_many_arguments)]
 pub fn mount(

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
 
-use super::{Cli, Command};
+use super::args::{Cli, Command};
 use casfs::checkpoint::OpenMode;
 use casfs::fs::WorkspaceOptions;
 use casfs::middleware::serve::{

@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 
 use casfs::checkpoint::sync::watch;
 
-use super::Cli;
+use super::args::Cli;
 
 /// How long a new watcher may take to watch every directory before it answers.
 const START_WAIT: Duration = Duration::from_secs(300);

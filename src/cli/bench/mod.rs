@@ -54,8 +54,8 @@ pub const PEERS: &[&str] = &[
 ];
 
 /// `casfs bench`: runs (or compares), prints the table or JSON, writes the files asked.
-pub fn main(cli: &crate::cli::Cli) -> anyhow::Result<()> {
-    let crate::cli::Command::Bench {
+pub fn main(cli: &crate::cli::args::Cli) -> anyhow::Result<()> {
+    let crate::cli::args::Command::Bench {
         sizes,
         depth,
         files_per_dir,

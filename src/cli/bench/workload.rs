@@ -1,22 +1,10 @@
-//! Workloads for benchmarks: parsing sizes (`10k`, `1m`) and generating source-like
-//! trees. Shared by `casfs bench` and the bench binaries (included by path): std only.
+//! Workloads for benchmarks: generating source-like trees. Shared by `casfs bench`
+//! and the bench binaries (included by path): std only.
 
 #![allow(dead_code)]
 
 use std::fs;
 use std::path::{Path, PathBuf};
-
-pub fn parse_size(s: &str) -> Option<usize> {
-    let s = s.trim().to_ascii_lowercase();
-    let (n, mul) = match s.strip_suffix('k') {
-        Some(n) => (n, 1_000),
-        None => match s.strip_suffix('m') {
-            Some(n) => (n, 1_000_000),
-            None => (s.as_str(), 1),
-        },
-    };
-    n.parse::<usize>().ok().map(|n| n * mul)
-}
 
 pub struct Rng(pub u64);
 impl Rng {

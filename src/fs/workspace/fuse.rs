@@ -1,7 +1,30 @@
 //! The `fuser::Filesystem` of a workspace: each request goes to the inode table and
-//! back as a reply; and mounting a workspace.
+//! back as a reply.
 
-use super::*;
+use std::ffi::OsStr;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::SystemTime;
+
+use fuser::{
+    AccessFlags, Errno, FileHandle, FileType, Filesystem, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+
+use super::events::FsEventKind;
+use super::node::{check_name, eio, fstat, io_errno, kind_of_mode, now_ns, Body, Src};
+use super::ops::WorkspaceFs;
+use super::setattr::SetAttr;
+use super::shared::{LINK_MAX, TTL};
+use crate::cas::tree::{MAX_NAME_LEN, MAX_SYMLINK_LEN, MAX_XATTR_NAME_LEN, MAX_XATTR_VALUE_LEN};
+use crate::cas::TreeId;
+use crate::fs::dirty::Kind;
+use crate::fs::reply::{reply_getxattr, reply_listxattr};
 use crate::sys::{Locked, ReadWriteLocked};
 
 pub(super) fn reply_empty(r: Result<(), Errno>, reply: ReplyEmpty) {
@@ -250,75 +273,13 @@ impl Filesystem for WorkspaceFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let r = (|| {
-            let (p, np) = (parent.0, newparent.0);
-            let (n1, n2) = (name.as_bytes(), newname.as_bytes());
-            check_name(n2)?;
-            if flags.contains(RenameFlags::RENAME_WHITEOUT) {
-                return Err(Errno::EINVAL);
-            }
-            let exchange = flags.contains(RenameFlags::RENAME_EXCHANGE);
-            let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
-            if exchange && noreplace {
-                return Err(Errno::EINVAL);
-            }
-            let mut tx = self.ws().tx();
-            if tx.node(np)?.kind != Kind::Dir {
-                return Err(Errno::ENOTDIR);
-            }
-            let src = tx.lookup(p, n1)?.ok_or(Errno::ENOENT)?;
-            let dst = tx.lookup(np, n2)?;
-            let src_dir = tx.node(src)?.kind == Kind::Dir;
-            // A directory cannot move below itself.
-            if tx.is_within(np, src)? {
-                return Err(Errno::EINVAL);
-            }
-            if exchange {
-                let dst = dst.ok_or(Errno::ENOENT)?;
-                if dst == src {
-                    return Ok(());
-                }
-                if tx.node(dst)?.kind == Kind::Dir && tx.is_within(p, dst)? {
-                    return Err(Errno::EINVAL);
-                }
-                let dst_dir = tx.node(dst)?.kind == Kind::Dir;
-                tx.rename_event(p, n1, np, n2, src_dir);
-                tx.rename_event(np, n2, p, n1, dst_dir);
-                tx.detach(p, n1)?;
-                tx.detach(np, n2)?;
-                tx.attach(np, n2, src)?;
-                tx.attach(p, n1, dst)?;
-                let t = now_ns();
-                tx.changed(src, t)?;
-                tx.changed(dst, t)?;
-                return tx.commit();
-            }
-            if let Some(d) = dst {
-                if noreplace {
-                    return Err(Errno::EEXIST);
-                }
-                if d == src {
-                    return Ok(());
-                }
-                let dst_dir = tx.node(d)?.kind == Kind::Dir;
-                if src_dir && !dst_dir {
-                    return Err(Errno::ENOTDIR);
-                }
-                if !src_dir && dst_dir {
-                    return Err(Errno::EISDIR);
-                }
-                if dst_dir && !tx.children(d)?.is_empty() {
-                    return Err(Errno::ENOTEMPTY);
-                }
-                tx.detach(np, n2)?;
-                tx.drop_link(d)?;
-            }
-            tx.rename_event(p, n1, np, n2, src_dir);
-            tx.detach(p, n1)?;
-            tx.attach(np, n2, src)?;
-            tx.changed(src, now_ns())?;
-            tx.commit()
-        })();
+        let r = self.rename_entry(
+            parent.0,
+            name.as_bytes(),
+            newparent.0,
+            newname.as_bytes(),
+            flags,
+        );
         reply_empty(r, reply);
     }
 

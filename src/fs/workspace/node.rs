@@ -10,11 +10,19 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{BackingId, Errno, FileType};
 
-use super::{FILE_CAPS, MAX_CHANGED_CHUNKS, ROOT};
 use crate::cas::file::{ChunkList, CHUNK_SIZE};
 use crate::cas::tree::MAX_NAME_LEN;
 use crate::cas::{CasError, EntryContent, FileRef, TreeEntry, TreeId};
 use crate::fs::dirty::{Kind, NodeRecord};
+
+/// The root directory's inode number.
+pub(super) const ROOT: u64 = 1;
+
+/// The extended attribute holding a file's capabilities: a write removes it.
+pub(super) const FILE_CAPS: &[u8] = b"security.capability";
+
+/// More changed chunks than this are not listed: the snapshot reads the file whole.
+pub(super) const MAX_CHANGED_CHUNKS: u64 = 1 << 16;
 
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Meta {

@@ -1,7 +1,24 @@
-//! The steps behind FUSE requests that take more than one: making nodes, opening files
-//! (copy-up, passthrough backings, handles), listing directories.
+//! The steps behind FUSE requests that take more than one: making nodes, renaming
+//! entries, opening files (copy-up, passthrough backings, handles), listing directories.
 
-use super::*;
+use std::collections::BTreeSet;
+use std::ffi::OsStr;
+use std::fs::File;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use fuser::{
+    BackingId, Errno, FileAttr, FileType, FopenFlags, Generation, RenameFlags, ReplyEntry, Request,
+};
+
+use super::events::FsEventKind;
+use super::node::{
+    check_name, file_type, io_errno, now_ns, Body, Children, Handle, Name, Src, Upper,
+};
+use super::shared::{Workspace, MATERIALIZE_MIN, PASSTHROUGH_WRITE_ROOM, TRACK_WRITES_MIN, TTL};
+use crate::cas::ObjectId;
+use crate::fs::dirty::Kind;
 use crate::sys::{Locked, ReadWriteLocked};
 
 /// The FUSE face of a [`Workspace`].
@@ -340,5 +357,81 @@ impl WorkspaceFs {
                 Ok(u)
             }
         }
+    }
+
+    /// Renames entry `n1` of `p` to `n2` of `np` (`flags`: exchange, no-replace).
+    pub(super) fn rename_entry(
+        &self,
+        p: u64,
+        n1: &[u8],
+        np: u64,
+        n2: &[u8],
+        flags: RenameFlags,
+    ) -> Result<(), Errno> {
+        check_name(n2)?;
+        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+            return Err(Errno::EINVAL);
+        }
+        let exchange = flags.contains(RenameFlags::RENAME_EXCHANGE);
+        let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
+        if exchange && noreplace {
+            return Err(Errno::EINVAL);
+        }
+        let mut tx = self.ws().tx();
+        if tx.node(np)?.kind != Kind::Dir {
+            return Err(Errno::ENOTDIR);
+        }
+        let src = tx.lookup(p, n1)?.ok_or(Errno::ENOENT)?;
+        let dst = tx.lookup(np, n2)?;
+        let src_dir = tx.node(src)?.kind == Kind::Dir;
+        // A directory cannot move below itself.
+        if tx.is_within(np, src)? {
+            return Err(Errno::EINVAL);
+        }
+        if exchange {
+            let dst = dst.ok_or(Errno::ENOENT)?;
+            if dst == src {
+                return Ok(());
+            }
+            if tx.node(dst)?.kind == Kind::Dir && tx.is_within(p, dst)? {
+                return Err(Errno::EINVAL);
+            }
+            let dst_dir = tx.node(dst)?.kind == Kind::Dir;
+            tx.rename_event(p, n1, np, n2, src_dir);
+            tx.rename_event(np, n2, p, n1, dst_dir);
+            tx.detach(p, n1)?;
+            tx.detach(np, n2)?;
+            tx.attach(np, n2, src)?;
+            tx.attach(p, n1, dst)?;
+            let t = now_ns();
+            tx.changed(src, t)?;
+            tx.changed(dst, t)?;
+            return tx.commit();
+        }
+        if let Some(d) = dst {
+            if noreplace {
+                return Err(Errno::EEXIST);
+            }
+            if d == src {
+                return Ok(());
+            }
+            let dst_dir = tx.node(d)?.kind == Kind::Dir;
+            if src_dir && !dst_dir {
+                return Err(Errno::ENOTDIR);
+            }
+            if !src_dir && dst_dir {
+                return Err(Errno::EISDIR);
+            }
+            if dst_dir && !tx.children(d)?.is_empty() {
+                return Err(Errno::ENOTEMPTY);
+            }
+            tx.detach(np, n2)?;
+            tx.drop_link(d)?;
+        }
+        tx.rename_event(p, n1, np, n2, src_dir);
+        tx.detach(p, n1)?;
+        tx.attach(np, n2, src)?;
+        tx.changed(src, now_ns())?;
+        tx.commit()
     }
 }

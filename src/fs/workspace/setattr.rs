@@ -2,7 +2,13 @@
 //! inode table, with the set-id bits and capabilities a change of owner or content
 //! clears.
 
-use super::*;
+use fuser::{Errno, FileAttr, Request, TimeOrNow};
+
+use super::events::FsEventKind;
+use super::node::{fstat, io_errno, now_ns, set_file_times, time_ns, Body};
+use super::ops::WorkspaceFs;
+use super::table::sgid_goes;
+use crate::fs::dirty::Kind;
 use crate::sys::ReadWriteLocked;
 
 /// What a `setattr` asks to change.

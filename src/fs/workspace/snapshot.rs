@@ -1,7 +1,25 @@
 //! The base of a workspace and how it moves: a snapshot (begin, publish, finish: the
 //! dirty set becomes the new base) and a root swap (restore).
 
-use super::*;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::ffi::OsStr;
+use std::fs::File;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
+
+use fuser::INodeNo;
+
+use super::node::{fstat, Body, Name, ROOT};
+use super::shared::{Workspace, WorkspaceError};
+use super::state::Copies;
+use super::table::Tx;
+use crate::cas::file::{
+    load_chunk_list, store_bytes, store_changed_chunks, store_reader_over, CHUNK_SIZE,
+};
+use crate::cas::{
+    load_tree, store_tree, EntryContent, FileRef, StoreStats, Tree, TreeEntry, TreeId,
+};
+use crate::fs::dirty::{Kind, MountMeta, Tag};
 use crate::sys::ReadWriteLocked;
 
 /// Counts of what a snapshot did.

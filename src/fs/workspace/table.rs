@@ -1,84 +1,21 @@
 //! The locked inode table ([`Tx`]: the table's lock plus the dirty-set writes and
 //! events of one change, applied together by `commit`): lookups, directory loading,
-//! links, the dirty set, set-id rules.
+//! links, the dirty set, set-id rules, the paths of changes announced to subscribers.
 
-use super::*;
+use std::collections::BTreeSet;
+use std::sync::MutexGuard;
 
-pub(super) struct State {
-    /// Boxed, each with its number: a bucket is one pointer, not a whole node (192
-    /// bytes), and the table's spare capacity (up to half its buckets after a growth)
-    /// costs little.
-    pub(super) nodes: Nodes,
-    pub(super) next_ino: u64,
-    pub(super) base: TreeId,
-    pub(super) tag: Tag,
-    pub(super) dirty: BTreeSet<u64>,
-    /// Nodes with an open handle (a root swap keeps exactly these, detached).
-    pub(super) open: HashSet<u64>,
-    /// Directories whose children were unloaded (the kernel had forgotten them): their
-    /// tree and the children's inode numbers in name order, given back to the same
-    /// names when the directory is loaded again, so that an unchanged file keeps its
-    /// inode number (git's index compares them). Emptied by a root swap: numbers the
-    /// kernel may still hold for the old tree are never handed out again.
-    pub(super) unloaded: HashMap<u64, (TreeId, Numbers)>,
-    pub(super) events: Events,
-    pub(super) copies: Copies,
-}
+use fuser::{Errno, FileAttr, Request};
 
-/// The inode numbers an unloaded directory's children had, in name order.
-pub(super) enum Numbers {
-    /// `count` numbers from `first` on: children loaded together from one tree get
-    /// consecutive numbers, so this is the common case, and it holds nothing on the heap
-    /// (small allocations made while a table is unloaded would pin the pages of the
-    /// freed nodes around them).
-    Run {
-        first: u64,
-        count: usize,
-    },
-    List(Vec<u64>),
-}
-
-impl Numbers {
-    fn of(inos: Vec<u64>) -> Numbers {
-        let first = inos.first().copied().unwrap_or(0);
-        if inos.iter().zip(first..).all(|(&i, n)| i == n) {
-            Numbers::Run {
-                first,
-                count: inos.len(),
-            }
-        } else {
-            Numbers::List(inos)
-        }
-    }
-
-    fn len(&self) -> usize {
-        match self {
-            Numbers::Run { count, .. } => *count,
-            Numbers::List(v) => v.len(),
-        }
-    }
-
-    fn get(&self, k: usize) -> u64 {
-        match self {
-            Numbers::Run { first, .. } => first + k as u64,
-            Numbers::List(v) => v[k],
-        }
-    }
-}
-
-/// Local copies of clean files (made for passthrough reads, or left by a checkpoint
-/// of a written file) that no handle has open: kept for the next open, evicted oldest
-/// first beyond the workspace's limit (reads then come from the store again).
-#[derive(Default)]
-pub(super) struct Copies {
-    /// (inode, generation), oldest first; entries whose generation is not the one in
-    /// `sizes` are stale.
-    pub(super) order: std::collections::VecDeque<(u64, u64)>,
-    /// inode -> (size, generation)
-    pub(super) sizes: HashMap<u64, (u64, u64)>,
-    pub(super) bytes: u64,
-    pub(super) generation: u64,
-}
+use super::events::{FsEvent, FsEventKind};
+use super::node::{
+    eio, node_from_entry, now_ns, record_of, Body, Children, Links, Meta, Name, Node, FILE_CAPS,
+    ROOT,
+};
+use super::shared::Workspace;
+use super::state::{Numbers, State};
+use crate::cas::{load_tree, ObjectId, TreeId};
+use crate::fs::dirty::{Kind, Override};
 
 /// A locked state with what it needs to persist changes.
 pub(super) struct Tx<'a> {
@@ -572,4 +509,51 @@ pub(super) fn in_group(req: &Request, gid: u32) -> bool {
         .lines()
         .find_map(|l| l.strip_prefix("Groups:"))
         .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
+}
+
+impl<'a> Tx<'a> {
+    /// Whether anyone listens for changes (paths are worked out only then).
+    pub(super) fn watched(&self) -> bool {
+        !self.st.events.subscribers.is_empty()
+    }
+
+    /// The path of entry `name` of directory `dir`.
+    pub(super) fn entry_path(&self, dir: u64, name: &[u8]) -> String {
+        let d = self.path_of(dir);
+        let n = String::from_utf8_lossy(name);
+        if d.is_empty() {
+            n.into_owned()
+        } else {
+            format!("{d}/{n}")
+        }
+    }
+
+    /// Announces that entry `n1` of `p` becomes entry `n2` of `np`.
+    pub(super) fn rename_event(&mut self, p: u64, n1: &[u8], np: u64, n2: &[u8], is_dir: bool) {
+        if self.watched() {
+            let (from, to) = (self.entry_path(p, n1), self.entry_path(np, n2));
+            self.events
+                .push((FsEventKind::Rename, from, Some(to), is_dir));
+        }
+    }
+
+    /// Announces a change to entry `name` of `dir` when the transaction commits.
+    pub(super) fn event(&mut self, kind: FsEventKind, dir: u64, name: &[u8], is_dir: bool) {
+        if self.watched() {
+            let path = self.entry_path(dir, name);
+            self.events.push((kind, path, None, is_dir));
+        }
+    }
+}
+
+impl Workspace {
+    /// The table locked for one change.
+    pub(super) fn tx(&self) -> Tx<'_> {
+        Tx {
+            ws: self,
+            st: self.lock(),
+            batch: crate::cas::Batch::default(),
+            events: Vec::new(),
+        }
+    }
 }

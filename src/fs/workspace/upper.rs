@@ -2,7 +2,22 @@
 //! they live under the mount's directory, how a clean file is copied up, how clean
 //! content is read from the object store.
 
-use super::*;
+use std::collections::BTreeSet;
+use std::ffi::CString;
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use fuser::Errno;
+
+use super::node::{eio, fstat, io_errno, now_ns, set_file_times, Body, Upper};
+use super::shared::Workspace;
+use super::table::Tx;
+use crate::cas::file::{load_chunk_list, read_chunk};
+use crate::cas::{ChunkId, FileRef};
 
 impl<'a> Tx<'a> {
     /// Drops a node that no directory links any more, unless it is open.
