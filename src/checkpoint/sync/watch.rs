@@ -35,6 +35,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cas::Hash;
 use crate::sys::dirfd;
+use crate::sys::line_socket::{ask_line, Timeouts};
 
 /// What a capture recorded of the watcher's state when it asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -155,17 +156,13 @@ pub fn ask(store: &Path, root: &Path, since: Option<Token>) -> Option<Answer> {
     if !socket.exists() {
         return None;
     }
-    let r = (|| -> std::io::Result<Answer> {
-        let s = UnixStream::connect(&socket)?;
-        s.set_read_timeout(Some(Duration::from_secs(30)))?;
-        s.set_write_timeout(Some(Duration::from_secs(5)))?;
-        let mut line = serde_json::to_vec(&Question { since })?;
-        line.push(b'\n');
-        (&s).write_all(&line)?;
-        let mut answer = String::new();
-        BufReader::new(&s).read_line(&mut answer)?;
-        Ok(serde_json::from_str(&answer)?)
-    })();
+    let timeouts = Timeouts {
+        read: Some(Duration::from_secs(30)),
+        write: Some(Duration::from_secs(5)),
+    };
+    let r = ask_line(&socket, &Question { since }, timeouts)
+        .map_err(|e| e.to_string())
+        .and_then(|line| serde_json::from_str(&line).map_err(|e| e.to_string()));
     match r {
         Ok(a) => Some(a),
         Err(e) => {
