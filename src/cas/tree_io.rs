@@ -205,15 +205,16 @@ pub fn join_path(dir: &str, name: &[u8]) -> String {
     }
 }
 
+/// Trees made for tests (here and in `checkpoint::diff`).
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::cas::hash::{FileId, Hash};
     use crate::cas::kv::Database;
     use crate::cas::rocks_store::RocksObjectStore;
     use std::sync::Arc;
 
-    fn file(name: &str, content: &str, mtime_ns: i64) -> TreeEntry {
+    pub(crate) fn file(name: &str, content: &str, mtime_ns: i64) -> TreeEntry {
         TreeEntry {
             name: name.as_bytes().to_vec(),
             content: EntryContent::File(FileId(Hash::of(content.as_bytes()))),
@@ -224,7 +225,11 @@ mod tests {
         }
     }
 
-    fn dir(store: &dyn ObjectStore, name: &str, mut entries: Vec<TreeEntry>) -> TreeEntry {
+    pub(crate) fn dir(
+        store: &dyn ObjectStore,
+        name: &str,
+        mut entries: Vec<TreeEntry>,
+    ) -> TreeEntry {
         entries.sort_by(|a, b| a.name.cmp(&b.name));
         let tree = Tree::from_sorted_entries(entries).unwrap();
         dir_entry(name, store_tree(store, &tree).unwrap().0)
@@ -241,7 +246,7 @@ mod tests {
         }
     }
 
-    fn root(store: &dyn ObjectStore, entries: Vec<TreeEntry>) -> TreeId {
+    pub(crate) fn root(store: &dyn ObjectStore, entries: Vec<TreeEntry>) -> TreeId {
         match dir(store, "root", entries).content {
             EntryContent::Dir(id) => id,
             _ => unreachable!(),

@@ -137,36 +137,9 @@ fn what_changed(x: &TreeEntry, y: &TreeEntry) -> Vec<&'static str> {
 mod tests {
     use super::*;
     use crate::cas::kv::Database;
-    use crate::cas::{store_tree, FileId, Hash, RocksObjectStore, Tree};
+    use crate::cas::tree_io::tests::{dir, file, root};
+    use crate::cas::RocksObjectStore;
     use std::sync::Arc;
-
-    fn file(name: &str, content: &str, mode: u32) -> TreeEntry {
-        TreeEntry {
-            name: name.as_bytes().to_vec(),
-            content: EntryContent::File(FileId(Hash::of(content.as_bytes()))),
-            mode,
-            mtime_ns: 1,
-            size: content.len() as u64,
-            xattrs: Vec::new(),
-        }
-    }
-
-    fn tree(store: &dyn ObjectStore, entries: Vec<TreeEntry>) -> TreeId {
-        store_tree(store, &Tree::from_entries(entries).unwrap())
-            .unwrap()
-            .0
-    }
-
-    fn dir(store: &dyn ObjectStore, name: &str, entries: Vec<TreeEntry>) -> TreeEntry {
-        TreeEntry {
-            name: name.as_bytes().to_vec(),
-            content: EntryContent::Dir(tree(store, entries)),
-            mode: 0o755,
-            mtime_ns: 0,
-            size: 0,
-            xattrs: Vec::new(),
-        }
-    }
 
     /// Every kind of change, a directory turned into a file and back included: the
     /// one removed whole before the other is added whole.
@@ -174,24 +147,27 @@ mod tests {
     fn diffs_list_every_change_in_path_order() {
         let t = tempfile::tempdir().unwrap();
         let s = RocksObjectStore::new(Arc::new(Database::open(&t.path().join("db"), &[]).unwrap()));
-        let a = tree(
+        let a = root(
             &s,
             vec![
-                dir(&s, "d", vec![file("x", "x", 0o644), file("y", "y", 0o644)]),
-                file("f", "f", 0o644),
-                dir(&s, "h", vec![file("z", "z", 0o644)]),
-                file("m", "m", 0o644),
-                dir(&s, "same", vec![file("k", "k", 0o644)]),
+                dir(&s, "d", vec![file("x", "x", 1), file("y", "y", 1)]),
+                file("f", "f", 1),
+                dir(&s, "h", vec![file("z", "z", 1)]),
+                file("m", "m", 1),
+                dir(&s, "same", vec![file("k", "k", 1)]),
             ],
         );
-        let b = tree(
+        let b = root(
             &s,
             vec![
-                dir(&s, "d", vec![file("w", "w", 0o644), file("x", "x2", 0o644)]),
-                dir(&s, "f", vec![file("q", "q", 0o644)]),
-                file("h", "h", 0o644),
-                file("m", "m", 0o755),
-                dir(&s, "same", vec![file("k", "k", 0o644)]),
+                dir(&s, "d", vec![file("w", "w", 1), file("x", "x2", 1)]),
+                dir(&s, "f", vec![file("q", "q", 1)]),
+                file("h", "h", 1),
+                TreeEntry {
+                    mode: 0o755,
+                    ..file("m", "m", 1)
+                },
+                dir(&s, "same", vec![file("k", "k", 1)]),
             ],
         );
         let got: Vec<(ChangeKind, String, Vec<&str>)> = diff_trees(&s, a, b)
