@@ -30,6 +30,6 @@ pub use rocks_store::RocksObjectStore;
 pub use store::{write_session, ObjectStore, PutOutcome, Staged, StagedReader, SweepReport};
 pub use tree::{EntryContent, Paired, Tree, TreeEntry, TreeFacts, MAX_TREE_DEPTH};
 pub use tree_io::{
-    file_at, join_path, load_tree, paths_between, store_tree, store_tree_over, walk_pairs,
+    file_at, join_path, load_tree, paths_between, store_tree, store_tree_over, walk_pairs, Below,
     PairVisitor,
 };

@@ -68,18 +68,20 @@ pub fn store_tree_over(
     Ok((id, p))
 }
 
+/// Where a [`walk_pairs`] goes below a pair: the trees to walk, old and new (`None` for
+/// either: nothing on that side), or `None` to walk no deeper.
+pub type Below = Option<(Option<TreeId>, Option<TreeId>)>;
+
 /// What a [`walk_pairs`] does at each name of the two trees it walks.
 pub trait PairVisitor<E> {
     /// The entries named alike in the directory at `dir` (`None`: the tree has no such
-    /// name). The answer: the trees to walk below it, old and new (`None` for either:
-    /// nothing on that side), or none to walk no deeper.
-    #[allow(clippy::type_complexity)]
+    /// name), and where to go below them.
     fn pair(
         &mut self,
         dir: &str,
         old: Option<&TreeEntry>,
         new: Option<&TreeEntry>,
-    ) -> Result<Option<(Option<TreeId>, Option<TreeId>)>, E>;
+    ) -> Result<Below, E>;
 
     /// After the walk below a pair `pair` asked to walk into (`path`: the pair's).
     fn left(
@@ -152,7 +154,7 @@ pub fn paths_between(
             dir: &str,
             o: Option<&TreeEntry>,
             n: Option<&TreeEntry>,
-        ) -> CasResult<Option<(Option<TreeId>, Option<TreeId>)>> {
+        ) -> CasResult<Below> {
             let Some(n) = n else {
                 let o = o.expect("one side at least");
                 self.removed.push(join_path(dir, &o.name));

@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use super::ids::{CheckpointError, CheckpointResult};
 use crate::cas::{
-    join_path, walk_pairs, EntryContent, ObjectStore, PairVisitor, TreeEntry, TreeId,
+    join_path, walk_pairs, Below, EntryContent, ObjectStore, PairVisitor, TreeEntry, TreeId,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -49,7 +49,7 @@ impl PairVisitor<CheckpointError> for Diff {
         dir: &str,
         x: Option<&TreeEntry>,
         y: Option<&TreeEntry>,
-    ) -> CheckpointResult<Option<(Option<TreeId>, Option<TreeId>)>> {
+    ) -> CheckpointResult<Below> {
         let path = || join_path(dir, &x.or(y).expect("one side at least").name);
         let below = match (x, y) {
             // Removed, added: itself and everything in it.
