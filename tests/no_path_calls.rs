@@ -231,12 +231,6 @@ const ALLOWED: &[(&str, &str, &str)] = &[
     ),
     (
         "src/checkpoint/sync/watch.rs",
-        "libc::inotify_add_watch(self.fd.as_raw_fd(), c.as_ptr(), mask)",
-        "/proc/self/fd/<fd> of a directory opened beneath the root: the magic link leads \
-         to that very directory",
-    ),
-    (
-        "src/checkpoint/sync/watch.rs",
         "std::fs::create_dir_all(dir)?;",
         "the store's own directory of watcher sockets",
     ),
@@ -297,13 +291,6 @@ const ALLOWED: &[(&str, &str, &str)] = &[
         "src/mount/overlay/writers.rs",
         "let mut maps_file = std::fs::File::from(maps_fd);",
         "/proc/<pid>/maps, opened relative to its directory's descriptor",
-    ),
-    (
-        "src/middleware/dir_watch.rs",
-        "if let Err(e) = w.watch(root, RecursiveMode::Recursive) {",
-        "notify's recursive watch of a sandbox's root (links not followed: \
-         with_follow_symlinks(false)); it reads no content: what events lead to is read \
-         through handles (diffs, listings, is_dir_beneath)",
     ),
     (
         "src/middleware/provider/casfs.rs",

@@ -29,4 +29,7 @@ pub use kv::{set_default_block_cache, Batch, Column, Database};
 pub use rocks_store::RocksObjectStore;
 pub use store::{write_session, ObjectStore, PutOutcome, Staged, StagedReader, SweepReport};
 pub use tree::{EntryContent, Paired, Tree, TreeEntry, TreeFacts, MAX_TREE_DEPTH};
-pub use tree_io::{file_at, join_path, load_tree, paths_between, store_tree, store_tree_over};
+pub use tree_io::{
+    file_at, join_path, load_tree, paths_between, store_tree, store_tree_over, walk_pairs, Below,
+    PairVisitor,
+};

@@ -1,12 +1,12 @@
 //! Trees in an object store: loaded and decoded, stored with the facts noted of them
-//! ([`TreeFacts`]), a file read by its path, and the paths that differ from one tree to
-//! another.
+//! ([`TreeFacts`]), a file read by its path, and the one walk of two trees side by side
+//! ([`walk_pairs`]) that finds what differs from one to the other.
 
 use super::error::{CasError, CasResult};
 use super::file::{self, FileRef};
 use super::hash::{ObjectId, TreeId};
 use super::store::{ObjectStore, PutOutcome};
-use super::tree::{EntryContent, Paired, Tree, TreeFacts};
+use super::tree::{EntryContent, Paired, Tree, TreeEntry, TreeFacts};
 
 /// Reads and decodes a tree object.
 pub fn load_tree(store: &dyn ObjectStore, id: &TreeId) -> CasResult<Tree> {
@@ -68,6 +68,67 @@ pub fn store_tree_over(
     Ok((id, p))
 }
 
+/// Where a [`walk_pairs`] goes below a pair: the trees to walk, old and new (`None` for
+/// either: nothing on that side), or `None` to walk no deeper.
+pub type Below = Option<(Option<TreeId>, Option<TreeId>)>;
+
+/// What a [`walk_pairs`] does at each name of the two trees it walks.
+pub trait PairVisitor<E> {
+    /// The entries named alike in the directory at `dir` (`None`: the tree has no such
+    /// name), and where to go below them.
+    fn pair(
+        &mut self,
+        dir: &str,
+        old: Option<&TreeEntry>,
+        new: Option<&TreeEntry>,
+    ) -> Result<Below, E>;
+
+    /// After the walk below a pair `pair` asked to walk into (`path`: the pair's).
+    fn left(
+        &mut self,
+        _path: &str,
+        _old: Option<&TreeEntry>,
+        _new: Option<&TreeEntry>,
+    ) -> Result<(), E> {
+        Ok(())
+    }
+}
+
+/// Walks tree `a` and tree `b` (`None`: an empty tree) side by side below `dir`, in
+/// name order, handing every pair of same-named entries to `v`. Identical trees are
+/// not entered, so the cost follows what changed.
+pub fn walk_pairs<E: From<CasError>>(
+    store: &dyn ObjectStore,
+    a: Option<TreeId>,
+    b: Option<TreeId>,
+    dir: &str,
+    v: &mut dyn PairVisitor<E>,
+) -> Result<(), E> {
+    if a == b {
+        return Ok(());
+    }
+    let load = |t: Option<TreeId>| -> CasResult<Tree> {
+        t.map(|t| load_tree(store, &t))
+            .transpose()
+            .map(Option::unwrap_or_default)
+    };
+    let (ta, tb) = (load(a)?, load(b)?);
+    for pair in ta.zip_by_name(&tb) {
+        let (o, n) = match pair {
+            Paired::Here(o) => (Some(o), None),
+            Paired::There(n) => (None, Some(n)),
+            Paired::Both(o, n) => (Some(o), Some(n)),
+        };
+        if let Some((below_a, below_b)) = v.pair(dir, o, n)? {
+            let name = &o.or(n).expect("one side at least").name;
+            let path = join_path(dir, name);
+            walk_pairs(store, below_a, below_b, &path, v)?;
+            v.left(&path, o, n)?;
+        }
+    }
+    Ok(())
+}
+
 /// The paths that differ from tree `a` to tree `b`, as a checkpoint reports them:
 /// files (and other non-directories) added or modified into `changed`, entries gone
 /// into `removed` (a removed directory once), and in `dirs` the directories whose tree
@@ -82,47 +143,58 @@ pub fn paths_between(
     removed: &mut Vec<String>,
     dirs: &mut u64,
 ) -> CasResult<()> {
+    struct Paths<'a> {
+        changed: &'a mut Vec<String>,
+        removed: &'a mut Vec<String>,
+        dirs: &'a mut u64,
+    }
+    impl PairVisitor<CasError> for Paths<'_> {
+        fn pair(
+            &mut self,
+            dir: &str,
+            o: Option<&TreeEntry>,
+            n: Option<&TreeEntry>,
+        ) -> CasResult<Below> {
+            let Some(n) = n else {
+                let o = o.expect("one side at least");
+                self.removed.push(join_path(dir, &o.name));
+                return Ok(None);
+            };
+            let path = || join_path(dir, &n.name);
+            match (o.and_then(|o| o.tree_id()), n.tree_id()) {
+                (old_tree, Some(t)) => {
+                    if old_tree == Some(t) {
+                        return Ok(None);
+                    }
+                    if o.is_some() && old_tree.is_none() {
+                        self.removed.push(path());
+                    }
+                    *self.dirs += 1;
+                    return Ok(Some((old_tree, Some(t))));
+                }
+                (Some(_), None) => {
+                    self.removed.push(path());
+                    self.changed.push(path());
+                }
+                (None, None) => {
+                    if o != Some(n) {
+                        self.changed.push(path());
+                    }
+                }
+            }
+            Ok(None)
+        }
+    }
     if a == Some(b) {
         return Ok(());
     }
     *dirs += 1;
-    let ta = a
-        .map(|a| load_tree(objects, &a))
-        .transpose()?
-        .unwrap_or_default();
-    let tb = load_tree(objects, &b)?;
-    for pair in ta.zip_by_name(&tb) {
-        let (o, n) = match pair {
-            Paired::Here(o) => {
-                removed.push(join_path(prefix, &o.name));
-                continue;
-            }
-            Paired::There(n) => (None, n),
-            Paired::Both(o, n) => (Some(o), n),
-        };
-        let path = || join_path(prefix, &n.name);
-        match (o.and_then(|o| o.tree_id()), n.tree_id()) {
-            (old_tree, Some(t)) => {
-                if old_tree == Some(t) {
-                    continue;
-                }
-                if o.is_some() && old_tree.is_none() {
-                    removed.push(path());
-                }
-                paths_between(objects, old_tree, t, &path(), changed, removed, dirs)?;
-            }
-            (Some(_), None) => {
-                removed.push(path());
-                changed.push(path());
-            }
-            (None, None) => {
-                if o != Some(n) {
-                    changed.push(path());
-                }
-            }
-        }
-    }
-    Ok(())
+    let mut v = Paths {
+        changed,
+        removed,
+        dirs,
+    };
+    walk_pairs(objects, a, Some(b), prefix, &mut v)
 }
 
 /// `dir/name` (just `name` at the top), the name read as UTF-8 lossily.
@@ -135,16 +207,16 @@ pub fn join_path(dir: &str, name: &[u8]) -> String {
     }
 }
 
+/// Trees made for tests (here and in `checkpoint::diff`).
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::cas::hash::{FileId, Hash};
     use crate::cas::kv::Database;
     use crate::cas::rocks_store::RocksObjectStore;
-    use crate::cas::tree::TreeEntry;
     use std::sync::Arc;
 
-    fn file(name: &str, content: &str, mtime_ns: i64) -> TreeEntry {
+    pub(crate) fn file(name: &str, content: &str, mtime_ns: i64) -> TreeEntry {
         TreeEntry {
             name: name.as_bytes().to_vec(),
             content: EntryContent::File(FileId(Hash::of(content.as_bytes()))),
@@ -155,7 +227,11 @@ mod tests {
         }
     }
 
-    fn dir(store: &dyn ObjectStore, name: &str, mut entries: Vec<TreeEntry>) -> TreeEntry {
+    pub(crate) fn dir(
+        store: &dyn ObjectStore,
+        name: &str,
+        mut entries: Vec<TreeEntry>,
+    ) -> TreeEntry {
         entries.sort_by(|a, b| a.name.cmp(&b.name));
         let tree = Tree::from_sorted_entries(entries).unwrap();
         dir_entry(name, store_tree(store, &tree).unwrap().0)
@@ -172,7 +248,7 @@ mod tests {
         }
     }
 
-    fn root(store: &dyn ObjectStore, entries: Vec<TreeEntry>) -> TreeId {
+    pub(crate) fn root(store: &dyn ObjectStore, entries: Vec<TreeEntry>) -> TreeId {
         match dir(store, "root", entries).content {
             EntryContent::Dir(id) => id,
             _ => unreachable!(),

@@ -1,28 +1,44 @@
 //! File events of plain-directory and overlay sandboxes from inotify, through one
-//! `notify` watcher (one inotify instance) for the whole process. The kernel allows a
-//! user 128 instances by default (`fs.inotify.max_user_instances`): an instance per
-//! sandbox refused the 129th live sandbox ("Too many open files"), which `casfs serve`
-//! reaches with its default limits. Events are routed to each watch by its root.
+//! instance (`sys::inotify`) for the whole process. The kernel allows a user 128
+//! instances by default (`fs.inotify.max_user_instances`): an instance per sandbox
+//! refused the 129th live sandbox ("Too many open files"), which `casfs serve` reaches
+//! with its default limits. Every directory below a watched root is watched (links not
+//! followed), a directory made or moved in as soon as its event is read; events are
+//! routed to each watch by its root.
 //!
 //! A file closed after writing is a modify, a rename seen from both sides is a rename,
 //! one moved in from outside is a create. (inotify watches a new subdirectory only once
-//! it sees it created: what is written into it before that is reported only by the
-//! drain.) One instance has one queue, in order: a drain's marker file, once reported,
-//! follows every change made before it in its sandbox.
+//! it sees it created: what is written into it before that is announced by looking into
+//! it, see [`announce_contents`].) One instance has one queue, in order, and inotify
+//! queues an event before the call that caused it returns: a drain's marker file, once
+//! reported, follows every change made before it in its sandbox.
 
 use crate::sys::Locked;
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Mutex, OnceLock};
-
-use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind, RemoveKind, RenameMode};
-use notify::{EventKind, RecursiveMode, Watcher as _};
+use std::sync::{Mutex, OnceLock};
 
 use crate::fs::{FsEvent, FsEventKind};
+use crate::sys::dirfd;
+use crate::sys::inotify::{self, Event, EventMask, Instance, WatchDescriptor, WatchMask};
 
 /// Names of the files a drain makes (and removes) to know that inotify has handed
 /// over everything before them; never numbered, never reported.
 pub(super) const MARKER_PREFIX: &str = ".casfs-drain-";
+
+/// What is watched on every directory: what makes an event below.
+fn mask() -> WatchMask {
+    WatchMask::CREATE
+        | WatchMask::DELETE
+        | WatchMask::CLOSE_WRITE
+        | WatchMask::MOVED_FROM
+        | WatchMask::MOVED_TO
+        | WatchMask::ONLYDIR
+}
 
 /// One watch: events under `root`, numbered from 1, sent to `tx`.
 struct Route {
@@ -30,48 +46,72 @@ struct Route {
     root: PathBuf,
     tx: Sender<FsEvent>,
     seq: u64,
-    /// The tracker of a rename whose source side came, waiting for its other side.
-    pending_from: Option<usize>,
+    /// The cookie of a rename whose source side came, waiting for its other side.
+    pending_from: Option<u32>,
 }
 
-#[derive(Default)]
-struct Routes {
+/// An inotify event as the routes take it.
+enum Kind {
+    Create {
+        dir: bool,
+    },
+    CloseWrite,
+    Remove {
+        dir: bool,
+    },
+    /// The source side of a rename (its cookie).
+    From(u32),
+    /// The target side of a rename (its cookie).
+    To(u32),
+    /// Both sides of a rename: from the first path to the second.
+    Both,
+}
+
+struct State {
+    inotify: Instance,
     next_id: u64,
-    list: Vec<Route>,
+    routes: Vec<Route>,
+    /// Each watch's directory, and each watched directory's watch.
+    paths: HashMap<WatchDescriptor, PathBuf>,
+    watches: HashMap<PathBuf, WatchDescriptor>,
+    /// The source side of the last rename read (its cookie and path).
+    rename_from: Option<(u32, PathBuf)>,
 }
 
-struct Shared {
-    /// Held while a root is watched or unwatched, so that two watches of one root
-    /// (a run's and the next run's) agree on whether the kernel's watch goes.
-    watcher: Mutex<notify::RecommendedWatcher>,
-    /// Taken alone (the watcher's thread takes it for every event): never held while
-    /// calling the watcher, which waits for that thread.
-    routes: Arc<Mutex<Routes>>,
-}
-
-fn shared() -> Result<&'static Shared, String> {
-    static SHARED: OnceLock<Result<Shared, String>> = OnceLock::new();
+fn shared() -> Result<&'static Mutex<State>, String> {
+    static SHARED: OnceLock<Result<Mutex<State>, String>> = OnceLock::new();
     SHARED
         .get_or_init(|| {
-            let routes = Arc::new(Mutex::new(Routes::default()));
-            let r = routes.clone();
-            // Links in a sandbox are not followed into (its agent makes them).
-            let watcher = notify::RecommendedWatcher::new(
-                move |res: notify::Result<notify::Event>| {
-                    if let Ok(ev) = res {
-                        route(&r, &ev);
-                    }
-                },
-                notify::Config::default().with_follow_symlinks(false),
-            )
-            .map_err(|e| format!("starting inotify: {e}"))?;
-            Ok(Shared {
-                watcher: Mutex::new(watcher),
-                routes,
-            })
+            let inotify = Instance::new().map_err(|e| format!("starting inotify: {e}"))?;
+            let fd = inotify.as_raw_fd();
+            std::thread::Builder::new()
+                .name("casfs-dir-watch".into())
+                .spawn(move || read_forever(fd))
+                .map_err(|e| format!("starting inotify's reader: {e}"))?;
+            Ok(Mutex::new(State {
+                inotify,
+                next_id: 0,
+                routes: Vec::new(),
+                paths: HashMap::new(),
+                watches: HashMap::new(),
+                rename_from: None,
+            }))
         })
         .as_ref()
         .map_err(Clone::clone)
+}
+
+/// The reader: waits for events and routes them as they come.
+fn read_forever(fd: std::os::fd::RawFd) {
+    loop {
+        if !inotify::wait(fd, -1) {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            continue;
+        }
+        if let Ok(s) = shared() {
+            s.locked().drain();
+        }
+    }
 }
 
 /// Starts the process's inotify instances now rather than at the first watch (a server
@@ -82,7 +122,7 @@ pub fn start_inotify() -> Result<(), String> {
     shared().map(|_| ())
 }
 
-/// A directory watched for a run: its route goes (and the kernel's watch, unless
+/// A directory watched for a run: its route goes (and the kernel's watches, unless
 /// another watch of the same root remains) when dropped.
 pub(crate) struct DirWatch {
     id: u64,
@@ -91,27 +131,22 @@ pub(crate) struct DirWatch {
 
 /// Watches `root` recursively; its changes are sent to `tx`.
 pub(crate) fn watch_dir(root: &Path, tx: Sender<FsEvent>) -> Result<DirWatch, String> {
-    let s = shared()?;
-    let mut w = s.watcher.locked();
-    let id = {
-        let mut r = s.routes.locked();
-        r.next_id += 1;
-        let id = r.next_id;
-        r.list.push(Route {
-            id,
-            root: root.to_path_buf(),
-            tx,
-            seq: 0,
-            pending_from: None,
-        });
-        id
-    };
+    let mut st = shared()?.locked();
+    st.next_id += 1;
+    let id = st.next_id;
+    st.routes.push(Route {
+        id,
+        root: root.to_path_buf(),
+        tx,
+        seq: 0,
+        pending_from: None,
+    });
     // Watched again even if another watch has the same root: a sandbox mounted anew
     // since (a new overlay over the same path) is another directory to the kernel, and
     // the old watch stays on the old one. The same directory watched twice is one
     // watch (inotify gives back the descriptor it has).
-    if let Err(e) = w.watch(root, RecursiveMode::Recursive) {
-        s.routes.locked().list.retain(|x| x.id != id);
+    if let Err(e) = st.watch_tree(root, b"") {
+        st.routes.retain(|x| x.id != id);
         return Err(format!("watching {}: {e}", root.display()));
     }
     Ok(DirWatch {
@@ -123,31 +158,190 @@ pub(crate) fn watch_dir(root: &Path, tx: Sender<FsEvent>) -> Result<DirWatch, St
 impl Drop for DirWatch {
     fn drop(&mut self) {
         let Ok(s) = shared() else { return };
-        let mut w = s.watcher.locked();
-        let last = {
-            let mut r = s.routes.locked();
-            r.list.retain(|x| x.id != self.id);
-            !r.list.iter().any(|x| x.root == self.root)
-        };
-        if last {
+        let mut st = s.locked();
+        st.routes.retain(|x| x.id != self.id);
+        if !st.routes.iter().any(|x| x.root == self.root) {
             // Gone already when the sandbox was unmounted or removed.
-            let _ = w.unwatch(&self.root);
+            st.unwatch_tree(&self.root);
         }
     }
 }
 
-/// Hands one inotify event to every watch whose root holds its path.
-fn route(routes: &Mutex<Routes>, ev: &notify::Event) {
-    let Some(first) = ev.paths.first() else {
-        return;
-    };
-    let mut r = routes.locked();
-    for rt in r.list.iter_mut().filter(|rt| first.starts_with(&rt.root)) {
-        translate(rt, ev);
+impl State {
+    /// Watches directory `top` below the watched root `root` (`b""`: the root itself)
+    /// and every directory below it, each opened beneath the root's handle (no link
+    /// followed, never out of the root) and watched through its descriptor. Only `top`
+    /// itself, and running out of watches, are errors: what is gone meanwhile is passed
+    /// over.
+    fn watch_tree(&mut self, root: &Path, top: &[u8]) -> std::io::Result<()> {
+        let handle = dirfd::open_dir_path(root)?;
+        let mut stack: Vec<Vec<u8>> = vec![top.to_vec()];
+        while let Some(rel) = stack.pop() {
+            let dir = match dirfd::open_dir_beneath(handle.as_fd(), &rel) {
+                Ok(d) => d,
+                Err(e) if rel == top => return Err(e),
+                Err(_) => continue,
+            };
+            let wd = match self.inotify.watch_dir(dir.as_fd(), mask()) {
+                Ok(wd) => wd,
+                Err(e) if rel == top || e.raw_os_error() == Some(libc::ENOSPC) => return Err(e),
+                Err(_) => continue,
+            };
+            let path = match rel.is_empty() {
+                true => root.to_path_buf(),
+                false => root.join(OsStr::from_bytes(&rel)),
+            };
+            self.paths.insert(wd.clone(), path.clone());
+            self.watches.insert(path, wd);
+            let Ok(listed) = dirfd::list_dir_typed(dir.as_fd()) else {
+                continue;
+            };
+            for (name, is_dir) in listed {
+                if dirfd::listed_dir(dir.as_fd(), &name, is_dir) {
+                    let mut child = rel.clone();
+                    if !child.is_empty() {
+                        child.push(b'/');
+                    }
+                    child.extend_from_slice(&name);
+                    stack.push(child);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops watching `top` and every directory below it.
+    fn unwatch_tree(&mut self, top: &Path) {
+        let gone: Vec<WatchDescriptor> = self
+            .paths
+            .iter()
+            .filter(|(_, p)| p.starts_with(top))
+            .map(|(wd, _)| wd.clone())
+            .collect();
+        for wd in gone {
+            if let Some(p) = self.paths.remove(&wd) {
+                if self.watches.get(&p) == Some(&wd) {
+                    self.watches.remove(&p);
+                }
+            }
+            self.inotify.unwatch(wd);
+        }
+    }
+
+    /// Reads every queued event and routes it.
+    fn drain(&mut self) {
+        let mut buf = vec![0u8; inotify::READ_BUFFER];
+        loop {
+            let events = match self.inotify.read(&mut buf) {
+                Ok(Some(evs)) => evs,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::warn!("reading sandboxes' inotify events: {e}");
+                    return;
+                }
+            };
+            for e in events {
+                self.event(e);
+            }
+        }
+    }
+
+    fn event(&mut self, e: Event<'_>) {
+        let (wd, mask, cookie, name) = match e {
+            Event::Overflow => {
+                tracing::warn!("sandboxes' inotify event queue overflowed: file events lost");
+                return;
+            }
+            Event::Watched {
+                wd,
+                mask,
+                cookie,
+                name,
+            } => (wd, mask, cookie, name),
+        };
+        if mask.contains(EventMask::IGNORED) {
+            if let Some(p) = self.paths.remove(&wd) {
+                if self.watches.get(&p) == Some(&wd) {
+                    self.watches.remove(&p);
+                }
+            }
+            return;
+        }
+        let Some(dir) = self.paths.get(&wd) else {
+            return;
+        };
+        let path = match name {
+            Some(n) => dir.join(OsStr::from_bytes(n)),
+            None => dir.clone(),
+        };
+        let is_dir = mask.contains(EventMask::ISDIR);
+        if mask.contains(EventMask::MOVED_FROM) {
+            self.forget(&path);
+            self.rename_from = Some((cookie, path.clone()));
+            self.route(Kind::From(cookie), &path, None);
+        } else if mask.contains(EventMask::MOVED_TO) {
+            if is_dir {
+                self.watch_new(&path);
+            }
+            self.route(Kind::To(cookie), &path, None);
+            if let Some((_, from)) = self.rename_from.take_if(|(c, _)| *c == cookie) {
+                self.route(Kind::Both, &from, Some(&path));
+            }
+        }
+        if mask.contains(EventMask::CREATE) {
+            // Watched before it is announced: what is made in it from now on is an event.
+            if is_dir {
+                self.watch_new(&path);
+            }
+            self.route(Kind::Create { dir: is_dir }, &path, None);
+        }
+        if mask.contains(EventMask::DELETE) {
+            self.route(Kind::Remove { dir: is_dir }, &path, None);
+            self.forget(&path);
+        }
+        if mask.contains(EventMask::CLOSE_WRITE) {
+            self.route(Kind::CloseWrite, &path, None);
+        }
+    }
+
+    /// Watches a directory made or moved in (and what it holds already), opened beneath
+    /// the root of a watch that holds it.
+    fn watch_new(&mut self, path: &Path) {
+        let Some(root) = self
+            .routes
+            .iter()
+            .find(|rt| path.starts_with(&rt.root))
+            .map(|rt| rt.root.clone())
+        else {
+            return;
+        };
+        let Ok(rel) = path.strip_prefix(&root) else {
+            return;
+        };
+        let rel = rel.as_os_str().as_bytes().to_vec();
+        let _ = self.watch_tree(&root, &rel);
+    }
+
+    /// A watched directory moved away or removed: its watches and those below go.
+    fn forget(&mut self, path: &Path) {
+        if self.watches.contains_key(path) {
+            self.unwatch_tree(path);
+        }
+    }
+
+    /// Hands one event to every watch whose root holds its (first) path.
+    fn route(&mut self, kind: Kind, first: &Path, second: Option<&Path>) {
+        for rt in self
+            .routes
+            .iter_mut()
+            .filter(|rt| first.starts_with(&rt.root))
+        {
+            translate(rt, &kind, first, second);
+        }
     }
 }
 
-fn translate(rt: &mut Route, ev: &notify::Event) {
+fn translate(rt: &mut Route, kind: &Kind, first: &Path, second: Option<&Path>) {
     let rel = |p: &Path| -> Option<String> {
         let r = p
             .strip_prefix(&rt.root)
@@ -156,19 +350,17 @@ fn translate(rt: &mut Route, ev: &notify::Event) {
             .into_owned();
         (!r.is_empty()).then_some(r)
     };
-    let first = ev.paths.first().and_then(|p| rel(p));
-    let (kind, path, to, is_dir) = match ev.kind {
-        EventKind::Create(k) => (FsEventKind::Create, first, None, k == CreateKind::Folder),
-        EventKind::Access(AccessKind::Close(AccessMode::Write)) => {
-            (FsEventKind::Modify, first, None, false)
-        }
-        EventKind::Remove(k) => (FsEventKind::Delete, first, None, k == RemoveKind::Folder),
-        EventKind::Modify(ModifyKind::Name(RenameMode::From)) => {
-            rt.pending_from = ev.tracker();
+    let first = rel(first);
+    let (kind, path, to, is_dir) = match *kind {
+        Kind::Create { dir } => (FsEventKind::Create, first, None, dir),
+        Kind::CloseWrite => (FsEventKind::Modify, first, None, false),
+        Kind::Remove { dir } => (FsEventKind::Delete, first, None, dir),
+        Kind::From(cookie) => {
+            rt.pending_from = Some(cookie);
             return;
         }
-        EventKind::Modify(ModifyKind::Name(RenameMode::To)) => {
-            if ev.tracker().is_some() && rt.pending_from == ev.tracker() {
+        Kind::To(cookie) => {
+            if rt.pending_from == Some(cookie) {
                 return; // the Both event follows
             }
             let is_dir = first
@@ -176,13 +368,12 @@ fn translate(rt: &mut Route, ev: &notify::Event) {
                 .is_some_and(|p| is_dir_beneath(&rt.root, p));
             (FsEventKind::Create, first, None, is_dir)
         }
-        EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => {
+        Kind::Both => {
             rt.pending_from = None;
-            let to = ev.paths.get(1).and_then(|p| rel(p));
+            let to = second.and_then(rel);
             let is_dir = to.as_deref().is_some_and(|p| is_dir_beneath(&rt.root, p));
             (FsEventKind::Rename, first, to, is_dir)
         }
-        _ => return,
     };
     let Some(path) = path else {
         return;

@@ -159,19 +159,17 @@ struct ErrReply {
 
 /// Sends one request to the control socket at `socket` and reads the answer as `T`.
 pub fn request<T: DeserializeOwned>(socket: &Path, req: &Request) -> Result<T, ControlError> {
-    let io = |source| ControlError::Io {
-        socket: socket.to_path_buf(),
-        source,
-    };
-    let mut s = UnixStream::connect(socket).map_err(|source| ControlError::Unreachable {
-        socket: socket.to_path_buf(),
-        source,
+    use crate::sys::line_socket::{ask_line, AskError, Timeouts};
+    let reply = ask_line(socket, req, Timeouts::default()).map_err(|e| match e {
+        AskError::Connect(source) => ControlError::Unreachable {
+            socket: socket.to_path_buf(),
+            source,
+        },
+        AskError::Io(source) => ControlError::Io {
+            socket: socket.to_path_buf(),
+            source,
+        },
     })?;
-    let mut line = serde_json::to_vec(req).expect("a request serializes");
-    line.push(b'\n');
-    s.write_all(&line).map_err(io)?;
-    let mut reply = String::new();
-    BufReader::new(s).read_line(&mut reply).map_err(io)?;
     let bad = |detail: String| ControlError::BadReply {
         socket: socket.to_path_buf(),
         reply: reply.trim().to_string(),

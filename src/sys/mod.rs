@@ -2,6 +2,8 @@
 //! library beyond their plain calls. Nothing here imports another casfs module.
 
 pub mod dirfd;
+pub mod inotify;
+pub mod line_socket;
 pub mod sync;
 pub mod xattr;
 

@@ -35,6 +35,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::cas::Hash;
 use crate::sys::dirfd;
+use crate::sys::inotify::{Event, EventMask, Instance, WatchDescriptor, WatchMask, READ_BUFFER};
+use crate::sys::line_socket::{ask_line, Timeouts};
 
 /// What a capture recorded of the watcher's state when it asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -155,17 +157,13 @@ pub fn ask(store: &Path, root: &Path, since: Option<Token>) -> Option<Answer> {
     if !socket.exists() {
         return None;
     }
-    let r = (|| -> std::io::Result<Answer> {
-        let s = UnixStream::connect(&socket)?;
-        s.set_read_timeout(Some(Duration::from_secs(30)))?;
-        s.set_write_timeout(Some(Duration::from_secs(5)))?;
-        let mut line = serde_json::to_vec(&Question { since })?;
-        line.push(b'\n');
-        (&s).write_all(&line)?;
-        let mut answer = String::new();
-        BufReader::new(&s).read_line(&mut answer)?;
-        Ok(serde_json::from_str(&answer)?)
-    })();
+    let timeouts = Timeouts {
+        read: Some(Duration::from_secs(30)),
+        write: Some(Duration::from_secs(5)),
+    };
+    let r = ask_line(&socket, &Question { since }, timeouts)
+        .map_err(|e| e.to_string())
+        .and_then(|line| serde_json::from_str(&line).map_err(|e| e.to_string()));
     match r {
         Ok(a) => Some(a),
         Err(e) => {
@@ -178,16 +176,18 @@ pub fn ask(store: &Path, root: &Path, since: Option<Token>) -> Option<Answer> {
     }
 }
 
-const MASK: u32 = libc::IN_MODIFY
-    | libc::IN_ATTRIB
-    | libc::IN_CREATE
-    | libc::IN_DELETE
-    | libc::IN_DELETE_SELF
-    | libc::IN_MOVE_SELF
-    | libc::IN_MOVED_FROM
-    | libc::IN_MOVED_TO
-    | libc::IN_ONLYDIR
-    | libc::IN_DONT_FOLLOW;
+/// What is watched on every directory.
+fn mask() -> WatchMask {
+    WatchMask::MODIFY
+        | WatchMask::ATTRIB
+        | WatchMask::CREATE
+        | WatchMask::DELETE
+        | WatchMask::DELETE_SELF
+        | WatchMask::MOVE_SELF
+        | WatchMask::MOVED_FROM
+        | WatchMask::MOVED_TO
+        | WatchMask::ONLYDIR
+}
 
 /// Filesystems whose changes can happen elsewhere, unseen by inotify.
 const REMOTE_FS: &[i64] = &[
@@ -222,11 +222,11 @@ fn parent(p: &[u8]) -> Option<&[u8]> {
 /// The inotify state of one watched tree.
 pub struct Watcher {
     root: PathBuf,
-    fd: OwnedFd,
+    inotify: Instance,
     instance: u64,
     /// The stamp of events read now; a token names the last stamp it covers.
     seq: u64,
-    wds: HashMap<i32, Vec<u8>>,
+    wds: HashMap<WatchDescriptor, Vec<u8>>,
     /// Directory -> stamp of its last change.
     dirs: HashMap<Vec<u8>, u64>,
     /// Directory that appeared -> stamp.
@@ -262,13 +262,7 @@ impl Watcher {
                 sfs.f_type
             )));
         }
-        // SAFETY: plain syscall; the fd is owned below.
-        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: a fresh fd we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let inotify = Instance::new()?;
         let instance = {
             let t = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -279,7 +273,7 @@ impl Watcher {
         };
         let mut w = Watcher {
             root,
-            fd,
+            inotify,
             instance,
             seq: 1,
             wds: HashMap::new(),
@@ -289,7 +283,7 @@ impl Watcher {
             lost_why: String::new(),
             hard_links: None,
             root_gone: false,
-            buf: vec![0u8; 64 << 10],
+            buf: vec![0u8; READ_BUFFER],
         };
         w.add_tree(b"");
         Ok(w)
@@ -344,26 +338,21 @@ impl Watcher {
                     continue;
                 }
             };
-            // The descriptor's magic link is followed to the directory opened.
-            let Ok(c) = CString::new(format!("/proc/self/fd/{}", dir.as_raw_fd())) else {
-                continue;
-            };
-            let mask = MASK & !libc::IN_DONT_FOLLOW;
-            // SAFETY: valid fd and NUL-terminated path.
-            let wd = unsafe { libc::inotify_add_watch(self.fd.as_raw_fd(), c.as_ptr(), mask) };
-            if wd < 0 {
-                let e = std::io::Error::last_os_error();
-                match e.raw_os_error() {
-                    Some(libc::ENOENT) | Some(libc::ENOTDIR) => {}
-                    Some(libc::ENOSPC) => self.lose(format!(
-                        "cannot watch {}: out of inotify watches \
+            let wd = match self.inotify.watch_dir(dir.as_fd(), mask()) {
+                Ok(wd) => wd,
+                Err(e) => {
+                    match e.raw_os_error() {
+                        Some(libc::ENOENT) | Some(libc::ENOTDIR) => {}
+                        Some(libc::ENOSPC) => self.lose(format!(
+                            "cannot watch {}: out of inotify watches \
                          (raise fs.inotify.max_user_watches)",
-                        abs.display()
-                    )),
-                    _ => self.lose(format!("cannot watch {}: {e}", abs.display())),
+                            abs.display()
+                        )),
+                        _ => self.lose(format!("cannot watch {}: {e}", abs.display())),
+                    }
+                    continue;
                 }
-                continue;
-            }
+            };
             self.wds.insert(wd, d.clone());
             let entries = match dirfd::list_dir_typed(dir.as_fd()) {
                 Ok(e) => e,
@@ -415,18 +404,17 @@ impl Watcher {
     /// Stops watching `rel` and everything below it (removed or moved away; a move
     /// within the tree watches it again under its new name).
     fn drop_tree(&mut self, rel: &[u8]) {
-        let gone: Vec<i32> = self
+        let gone: Vec<WatchDescriptor> = self
             .wds
             .iter()
             .filter(|(_, p)| {
                 p.as_slice() == rel || (p.starts_with(rel) && p.get(rel.len()) == Some(&b'/'))
             })
-            .map(|(wd, _)| *wd)
+            .map(|(wd, _)| wd.clone())
             .collect();
         for wd in gone {
             self.wds.remove(&wd);
-            // SAFETY: plain syscall; EINVAL for a watch the kernel already dropped.
-            unsafe { libc::inotify_rm_watch(self.fd.as_raw_fd(), wd) };
+            self.inotify.unwatch(wd);
         }
     }
 
@@ -434,45 +422,48 @@ impl Watcher {
         self.dirs.insert(dir.to_vec(), self.seq);
     }
 
-    fn event(&mut self, wd: i32, mask: u32, name: &[u8]) {
-        if mask & libc::IN_Q_OVERFLOW != 0 {
-            self.lose("the inotify event queue overflowed".into());
-            return;
-        }
+    fn event(&mut self, e: Event<'_>) {
+        let (wd, mask, name) = match e {
+            Event::Overflow => {
+                self.lose("the inotify event queue overflowed".into());
+                return;
+            }
+            Event::Watched { wd, mask, name, .. } => (wd, mask, name),
+        };
         let Some(dir) = self.wds.get(&wd).cloned() else {
             return;
         };
-        if mask & libc::IN_IGNORED != 0 {
+        if mask.contains(EventMask::IGNORED) {
             self.wds.remove(&wd);
             if dir.is_empty() {
                 self.root_gone = true;
             }
             return;
         }
-        if name.is_empty() {
+        let Some(name) = name else {
             // The directory itself: its entry in its parent changed too.
             self.mark(&dir);
             if let Some(p) = parent(&dir) {
                 let p = p.to_vec();
                 self.mark(&p);
-            } else if mask & (libc::IN_DELETE_SELF | libc::IN_MOVE_SELF) != 0 {
+            } else if mask.intersects(EventMask::DELETE_SELF | EventMask::MOVE_SELF) {
                 self.root_gone = true;
             }
             return;
-        }
+        };
         self.mark(&dir);
         let child = join(&dir, name);
-        if mask & libc::IN_ISDIR != 0 {
-            if mask & (libc::IN_MOVED_FROM | libc::IN_DELETE) != 0 {
+        if mask.contains(EventMask::ISDIR) {
+            if mask.intersects(EventMask::MOVED_FROM | EventMask::DELETE) {
                 self.drop_tree(&child);
             }
-            if mask & (libc::IN_CREATE | libc::IN_MOVED_TO) != 0 {
+            if mask.intersects(EventMask::CREATE | EventMask::MOVED_TO) {
                 // Marked before its watches exist: whatever happens in it before then
                 // is found by walking it whole.
                 self.new.insert(child.clone(), self.seq);
                 self.add_tree(&child);
             }
-        } else if mask & (libc::IN_CREATE | libc::IN_MOVED_TO) != 0 {
+        } else if mask.intersects(EventMask::CREATE | EventMask::MOVED_TO) {
             if let Some(m) = self.lstat(&dir, name) {
                 self.note_links(&child, &m);
             }
@@ -489,38 +480,12 @@ impl Watcher {
     }
 
     fn drain_with(&mut self, buf: &mut [u8]) -> std::io::Result<()> {
-        loop {
-            // SAFETY: reading into a buffer we own, of its length.
-            let n = unsafe {
-                libc::read(
-                    self.fd.as_raw_fd(),
-                    buf.as_mut_ptr() as *mut libc::c_void,
-                    buf.len(),
-                )
-            };
-            if n < 0 {
-                let e = std::io::Error::last_os_error();
-                match e.raw_os_error() {
-                    Some(libc::EAGAIN) => return Ok(()),
-                    Some(libc::EINTR) => continue,
-                    _ => return Err(e),
-                }
-            }
-            let n = n as usize;
-            let head = std::mem::size_of::<libc::inotify_event>();
-            let mut pos = 0;
-            while pos + head <= n {
-                // SAFETY: the kernel wrote a whole event at `pos` (read returns whole
-                // events); read_unaligned copes with the byte buffer's alignment.
-                let ev: libc::inotify_event =
-                    unsafe { std::ptr::read_unaligned(buf[pos..].as_ptr() as *const _) };
-                let len = ev.len as usize;
-                let raw = &buf[pos + head..(pos + head + len).min(n)];
-                let name = &raw[..raw.iter().position(|c| *c == 0).unwrap_or(raw.len())];
-                self.event(ev.wd, ev.mask, name);
-                pos += head + len;
+        while let Some(events) = self.inotify.read(buf)? {
+            for e in events {
+                self.event(e);
             }
         }
+        Ok(())
     }
 
     /// Reads every queued event and answers a capture that last asked at `since`.
@@ -615,7 +580,7 @@ pub fn serve(store: &Path, root: &Path, ready: impl FnOnce(&Watcher)) -> std::io
     loop {
         let mut fds = [
             libc::pollfd {
-                fd: w.fd.as_raw_fd(),
+                fd: w.inotify.as_raw_fd(),
                 events: libc::POLLIN,
                 revents: 0,
             },

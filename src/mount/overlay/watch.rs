@@ -29,17 +29,14 @@
 
 use crate::sys::Locked;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::ffi::OsString;
 use std::os::fd::{AsFd, AsRawFd};
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, OnceLock};
-
-use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
 
 use super::upper::{rel_join, split_rel, Rel, Visit};
 use super::writers::open_writers;
 use crate::sys::dirfd;
+use crate::sys::inotify::{self, Event, EventMask, Instance, WatchDescriptor, WatchMask};
 
 /// What is watched on every directory of an upper.
 fn mask() -> WatchMask {
@@ -49,7 +46,6 @@ fn mask() -> WatchMask {
         | WatchMask::CLOSE_WRITE
         | WatchMask::MOVED_FROM
         | WatchMask::MOVED_TO
-        | WatchMask::DONT_FOLLOW
         | WatchMask::ONLYDIR
         | WatchMask::EXCL_UNLINK
 }
@@ -59,7 +55,7 @@ struct Watcher {
 }
 
 struct State {
-    inotify: Inotify,
+    inotify: Instance,
     /// Counts events: a directory's mark says which event it came from.
     seq: u64,
     next_id: u64,
@@ -120,7 +116,7 @@ fn watcher() -> Option<&'static Watcher> {
     static WATCHER: OnceLock<Option<Watcher>> = OnceLock::new();
     WATCHER
         .get_or_init(|| {
-            let inotify = match Inotify::init() {
+            let inotify = match Instance::new() {
                 Ok(i) => i,
                 Err(e) => {
                     tracing::warn!("inotify: {e}; overlay checkpoints walk the whole upper");
@@ -159,14 +155,8 @@ pub fn start() -> bool {
 /// queue (`fs.inotify.max_queued_events`) does not overflow during a bulk workload.
 fn read_forever(fd: std::os::fd::RawFd) {
     loop {
-        let mut p = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd; the descriptor lives as long as the process.
-        let r = unsafe { libc::poll(&mut p, 1, -1) };
-        if r < 0 {
+        // The descriptor lives as long as the process.
+        if !inotify::wait(fd, -1) {
             std::thread::sleep(std::time::Duration::from_millis(10));
             continue;
         }
@@ -235,16 +225,7 @@ impl State {
     /// which needs only the changes made before it began.
     fn drain(&mut self) {
         let mut buf = [0u8; 16 * 1024];
-        let queued = {
-            let mut n: libc::c_int = 0;
-            // SAFETY: FIONREAD writes the bytes ready to be read into `n`.
-            let r = unsafe { libc::ioctl(self.inotify.as_raw_fd(), libc::FIONREAD, &mut n) };
-            if r == 0 {
-                usize::try_from(n).unwrap_or(0)
-            } else {
-                usize::MAX
-            }
-        };
+        let queued = self.inotify.queued().unwrap_or(usize::MAX);
         // A read takes as many whole events as fit in the buffer: all but the room of
         // one event (16 bytes and a name of at most 256) is filled while more wait.
         let mut reads = if queued == usize::MAX {
@@ -257,21 +238,17 @@ impl State {
                 return;
             }
             reads -= 1;
-            let events: Vec<(WatchDescriptor, EventMask, Option<OsString>)> =
-                match self.inotify.read_events(&mut buf) {
-                    Ok(evs) => evs
-                        .map(|e| (e.wd, e.mask, e.name.map(|n| n.to_os_string())))
-                        .collect(),
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(e) => {
-                        tracing::warn!("reading inotify events: {e}");
-                        self.lose_all();
-                        return;
-                    }
-                };
-            for (wd, mask, name) in events {
-                self.apply(wd, mask, name.as_deref().map(|n| n.as_bytes()));
+            let events = match self.inotify.read(&mut buf) {
+                Ok(Some(evs)) => evs,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::warn!("reading inotify events: {e}");
+                    self.lose_all();
+                    return;
+                }
+            };
+            for e in events {
+                self.apply(e);
             }
         }
     }
@@ -296,10 +273,11 @@ impl State {
         }
     }
 
-    fn apply(&mut self, wd: WatchDescriptor, mask: EventMask, name: Option<&[u8]>) {
-        if mask.contains(EventMask::Q_OVERFLOW) {
-            return self.lose_all();
-        }
+    fn apply(&mut self, e: Event<'_>) {
+        let (wd, mask, name) = match e {
+            Event::Overflow => return self.lose_all(),
+            Event::Watched { wd, mask, name, .. } => (wd, mask, name),
+        };
         let Some((id, dir)) = self.wds.get(&wd).cloned() else {
             return;
         };
@@ -369,7 +347,6 @@ impl State {
         let Ok(top) = dirfd::open_dir_path(&root) else {
             return;
         };
-        let mut watches = self.inotify.watches();
         let mut stack = vec![rel.to_vec()];
         while let Some(d) = stack.pop() {
             // Named shortly in warnings: a member's names may be long, and many.
@@ -405,11 +382,9 @@ impl State {
                     return;
                 }
             };
-            // The descriptor's magic link leads to the directory opened (followed: that
-            // is the point, so no DONT_FOLLOW here).
-            let by_fd = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
-            // Watched before it is listed: an entry made after the listing is an event.
-            let wd = match watches.add(&by_fd, mask().difference(WatchMask::DONT_FOLLOW)) {
+            // Watched through its descriptor (its magic link followed to the directory
+            // opened), before it is listed: an entry made after the listing is an event.
+            let wd = match self.inotify.watch_dir(dir.as_fd(), mask()) {
                 Ok(wd) => wd,
                 Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
                     continue
@@ -566,9 +541,8 @@ impl Drop for UpperWatch {
         let Some(u) = st.uppers.remove(&self.id) else {
             return;
         };
-        let mut watches = st.inotify.watches();
         for wd in u.paths.into_values() {
-            let _ = watches.remove(wd);
+            st.inotify.unwatch(wd);
         }
         // Its descriptors, those of directories moved out of it (no path) included.
         st.wds.retain(|_, (id, _)| *id != self.id);
