@@ -32,6 +32,7 @@ const MODULES: &[&str] = &[
     "src/middleware/publish.rs",
     "src/middleware/policy.rs",
     "src/middleware/provider/mod.rs",
+    "src/middleware/provider/handle.rs",
     "src/middleware/provider/casfs.rs",
     "src/middleware/provider/dir.rs",
     "src/middleware/serve/files.rs",

@@ -136,7 +136,7 @@ impl SandboxProvider for DirProvider {
 
     fn destroy_unheld(&self, key: &str, _secrets: &Secrets) -> MiddlewareResult<bool> {
         let mut live = self.kept.live.lock();
-        match crate::middleware::live::take_unheld_from(&mut live, key)? {
+        match super::live::take_unheld_from(&mut live, key)? {
             Some(_) => {
                 self.kept.jails.end(key);
                 remove_tree(key, &self.dir.join(key))?;

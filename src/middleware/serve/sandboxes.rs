@@ -23,7 +23,7 @@ use super::api::{blocking, ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
 use super::{Caller, EventRing, Server};
 use crate::checkpoint::ThreadId;
 use crate::middleware::events::Watcher;
-use crate::middleware::live::{KeyGuard, KeyLocks};
+use crate::middleware::provider::live::{KeyGuard, KeyLocks};
 use crate::middleware::{EnsureOutcome, FileEvents, RunContext, SandboxHandle, WeakSandboxHandle};
 use crate::mount::control::NamespaceInfo;
 
