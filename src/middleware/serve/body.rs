@@ -16,8 +16,8 @@ use axum::middleware::Next;
 use axum::response::Response;
 use futures::StreamExt;
 
-use super::api::ApiError;
 use super::budget::{Charge, Refused, Share};
+use super::error::ApiError;
 use super::json_bounds::{JsonBounds, TooMuch};
 use super::{Peer, ServeLimits, Server};
 

@@ -22,7 +22,8 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::api::{blocking, ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
+use super::api::{blocking, ApiJson, ApiPath, ApiQuery};
+use super::error::{ApiError, ApiResult};
 use super::{Caller, Server};
 use crate::middleware::SandboxHandle;
 use crate::sys::dirfd::root::Root;

@@ -24,7 +24,7 @@ use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::StatusCode;
 
-use super::api::ApiError;
+use super::error::ApiError;
 use super::{Peer, Server};
 use crate::checkpoint::{check_tenant_name, Checkpoint, ThreadId};
 use crate::fs::Owner;
@@ -290,7 +290,7 @@ impl Caller {
 
     /// A checkpoint record as the caller sees it: its thread named as they name it.
     pub fn show_checkpoint(&self, cp: &Checkpoint) -> serde_json::Value {
-        let mut v = super::api::to_json(cp);
+        let mut v = super::error::to_json(cp);
         self.show_thread_field(&mut v, "thread_id", &cp.body.thread_id);
         v
     }

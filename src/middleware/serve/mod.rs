@@ -31,6 +31,7 @@ mod body;
 mod budget;
 mod caps;
 mod conn;
+mod error;
 mod files;
 mod identity;
 mod json_bounds;
@@ -39,6 +40,7 @@ mod processes;
 mod runs;
 mod sandboxes;
 mod stores;
+mod stream;
 mod threads;
 mod writers;
 
@@ -47,10 +49,11 @@ use threads::{
     artifacts, checkpoint, health, messages, post_artifact, put_messages, thread_log, threads,
 };
 
-pub use api::ApiError;
-use api::{blocking, to_json, ApiJson, ApiPath, ApiQuery, ApiResult};
+use api::{blocking, ApiJson, ApiPath, ApiQuery};
 pub use body::DATA_ROUTES;
 pub use conn::Timeouts;
+pub use error::ApiError;
+use error::{to_json, ApiResult};
 pub use identity::{tenant_of_uid, Caller, Identities, Principal, MIN_TOKEN_LEN};
 pub use json_bounds::{JsonLimits, MAX_DEPTH as MAX_JSON_DEPTH};
 pub use peer::{group_id, Peer, SocketAccess};

@@ -18,7 +18,8 @@ use base64::Engine;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::api::{blocking, ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
+use super::api::{blocking, ApiJson, ApiPath, ApiQuery};
+use super::error::{ApiError, ApiResult};
 use super::{Caller, Server};
 use crate::middleware::isolate::{Jail, Process, Stream};
 

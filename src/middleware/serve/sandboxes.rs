@@ -19,7 +19,8 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::api::{blocking, ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
+use super::api::{blocking, ApiJson, ApiPath, ApiQuery};
+use super::error::{ApiError, ApiResult};
 use super::{Caller, EventRing, Server};
 use crate::checkpoint::ThreadId;
 use crate::middleware::events::Watcher;

@@ -16,7 +16,8 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::api::{blocking, ApiError, ApiJson, ApiPath, ApiResult};
+use super::api::{blocking, ApiJson, ApiPath};
+use super::error::{ApiError, ApiResult};
 use super::{Caller, Server};
 use crate::middleware::portable::{ForkInput, PortableError, PortableStores, StoreOptions, Writer};
 
