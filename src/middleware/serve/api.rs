@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use axum::extract::connect_info::ConnectInfo;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request, State};
 use axum::http::request::Parts;
@@ -13,7 +14,8 @@ use axum::response::{IntoResponse, Response};
 
 use super::error::ApiError;
 use super::identity::{Caller, TokenHolder};
-use super::Server;
+use super::peer::Peer;
+use super::server::Server;
 use crate::checkpoint::{CheckpointError, CheckpointId, ThreadId};
 
 /// The token layer (when the server has tokens): a request without a valid token is
@@ -98,6 +100,34 @@ api_extractor!(
     Query,
     QueryRejection
 );
+
+/// Who the caller is: on the Unix socket, the peer the kernel names; on TCP, the
+/// token's holder the token layer found.
+impl FromRequestParts<Arc<Server>> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, s: &Arc<Server>) -> Result<Caller, ApiError> {
+        let peer = parts.extensions.get::<ConnectInfo<Peer>>().map(|c| &c.0);
+        match peer {
+            // The Unix socket: the kernel's word.
+            Some(p) if p.is_unix() => s.identities.of_peer(p),
+            // TCP: the token's (the token layer refused a request without one).
+            Some(_) => match parts.extensions.get::<TokenHolder>() {
+                Some(TokenHolder(p)) => Ok(Caller {
+                    principal: p.clone(),
+                    owner: None,
+                }),
+                None => Err(ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "unauthorized",
+                    "a valid bearer token is required",
+                )),
+            },
+            // A router called in-process, with no connection: the server's own user.
+            None => Ok(Caller::admin()),
+        }
+    }
+}
 
 pub(super) async fn no_route(req: Request) -> ApiError {
     ApiError::new(

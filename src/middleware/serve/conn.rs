@@ -70,8 +70,8 @@ use tower_http::timeout::{RequestBodyTimeoutLayer, TimeoutBody};
 
 use super::caps::{OpenCount, OpenSlot};
 use super::error::ApiError;
+use super::peer::Peer;
 use super::stream::{Refusal, Stream, MAX_HEAD, MAX_HEADERS};
-use super::Peer;
 
 /// The longest request target.
 pub const MAX_URI: usize = 8 << 10;

@@ -24,7 +24,8 @@ use serde_json::{json, Value};
 
 use super::api::{blocking, ApiJson, ApiPath, ApiQuery};
 use super::error::{ApiError, ApiResult};
-use super::{Caller, Server};
+use super::identity::Caller;
+use super::server::Server;
 use crate::middleware::SandboxHandle;
 use crate::sys::dirfd::root::Root;
 use crate::sys::dirfd::Meta;

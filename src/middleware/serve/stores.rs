@@ -18,7 +18,8 @@ use serde_json::{json, Value};
 
 use super::api::{blocking, ApiJson, ApiPath};
 use super::error::{ApiError, ApiResult};
-use super::{Caller, Server};
+use super::identity::Caller;
+use super::server::Server;
 use crate::middleware::portable::{ForkInput, PortableError, PortableStores, StoreOptions, Writer};
 
 impl From<PortableError> for ApiError {
