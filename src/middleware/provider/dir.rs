@@ -1,7 +1,19 @@
 //! The directory provider: plain directories for hosts without FUSE, captured by
 //! walking them, with file events from inotify.
 
-use super::*;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::gate::{make_gate, WORKSPACE_DIR};
+use super::handle::{DirWorkspace, EnsureOutcome, SandboxHandle, SandboxWorkspace};
+use super::keys::check_key;
+use super::live::Entry;
+use super::sandbox_provider::{Kept, SandboxProvider};
+use crate::checkpoint::Store;
+use crate::middleware::context::RunContext;
+use crate::middleware::error::{MiddlewareError, MiddlewareResult};
+use crate::middleware::secrets::Secrets;
 
 /// Plain-directory sandboxes under `dir/<key>`, for hosts without FUSE. A checkpoint
 /// walks the directory (every file is read: the policy and secret scrubbing see each),
