@@ -24,8 +24,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::dir_watch::{watch_dir, DirWatch, MARKER_PREFIX};
-use super::provider::WeakSandboxHandle;
-use super::{SandboxHandle, SandboxWorkspace};
+use super::provider::{SandboxHandle, SandboxWorkspace, WeakSandboxHandle};
 use crate::fs::{FsEvent, FsEventKind};
 use crate::sys::dirfd;
 

@@ -5,14 +5,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::events::Watcher;
-use super::persistence::Parts;
+use super::context::RunContext;
+use super::error::{MiddlewareError, MiddlewareResult};
+use super::events::{FileEvents, Watcher};
+use super::persistence::{ArtifactMeta, Parts, Persistence};
 use super::policy::CaptureFilter;
+use super::provider::{check_tenant, EnsureOutcome, SandboxHandle, SandboxProvider};
 use super::publish::{Publish, Publisher, RunOutcome, SnapshotConfig};
-use super::{
-    ArtifactMeta, EnsureOutcome, FileEvents, MiddlewareError, MiddlewareResult, Persistence,
-    RunContext, SandboxHandle, SandboxProvider, Secrets,
-};
+use super::secrets::Secrets;
 use crate::cas::file::read_file;
 use crate::cas::FileRef;
 use crate::checkpoint::{
@@ -83,7 +83,7 @@ impl Middleware {
                     s.lease_ttl
                 )));
             }
-            workspace_hash = Some(super::workspace_hash(&s.workspace));
+            workspace_hash = Some(super::policy::workspace_hash(&s.workspace));
         }
         // Whatever sandboxes of a process that died left behind holds uncaptured work
         // (and maybe secrets): gone before the first run.
@@ -209,7 +209,7 @@ impl Middleware {
     /// none may hold a secret value, and the tenant must make a sandbox key.
     fn check_names(&self, ctx: &RunContext) -> MiddlewareResult<()> {
         if let Some(t) = &ctx.tenant {
-            super::check_tenant(t).map_err(MiddlewareError::Config)?;
+            check_tenant(t).map_err(MiddlewareError::Config)?;
         }
         if ctx.run_id.is_empty() || ctx.run_id.len() > 200 {
             return Err(MiddlewareError::Config(format!(

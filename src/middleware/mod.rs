@@ -20,7 +20,6 @@ mod error;
 mod events;
 pub mod isolate;
 mod lifecycle;
-mod live;
 mod persistence;
 mod policy;
 pub mod portable;

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{MiddlewareError, MiddlewareResult, Secrets};
+use super::error::{MiddlewareError, MiddlewareResult};
+use super::secrets::Secrets;
 use crate::cas::Database;
 use crate::checkpoint::ThreadId;
 

@@ -9,7 +9,8 @@ use std::sync::Mutex;
 use globset::{Glob, GlobSet, GlobSetBuilder};
 use serde::{Deserialize, Serialize};
 
-use super::{MiddlewareError, MiddlewareResult, Secrets};
+use super::error::{MiddlewareError, MiddlewareResult};
+use super::secrets::Secrets;
 use crate::cas::{EntryContent, TreeEntry};
 use crate::checkpoint::SecretFile;
 use crate::fs::{EntryKind, FilterError, SnapshotFilter};

@@ -10,12 +10,11 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::persistence::Parts;
-use super::policy::CaptureFilter;
-use super::{
-    EnsureOutcome, MiddlewareError, MiddlewareResult, Persistence, SandboxHandle, SandboxWorkspace,
-    Secrets, SnapshotPolicy,
-};
+use super::error::{MiddlewareError, MiddlewareResult};
+use super::persistence::{Parts, Persistence};
+use super::policy::{CaptureFilter, SnapshotPolicy};
+use super::provider::{EnsureOutcome, SandboxHandle, SandboxWorkspace};
+use super::secrets::Secrets;
 use crate::cas::file::{read_file, store_bytes, StoreStats};
 use crate::cas::FileRef;
 use crate::checkpoint::diff::diff_trees;

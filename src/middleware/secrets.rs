@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use aho_corasick::{AhoCorasick, MatchKind};
 
-use super::{MiddlewareError, MiddlewareResult};
+use super::error::{MiddlewareError, MiddlewareResult};
 
 /// Placeholders are `{{casfs-secret:NAME}}`.
 pub const PLACEHOLDER_PREFIX: &str = "{{casfs-secret:";

@@ -24,8 +24,9 @@ use std::os::fd::{AsFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::process::Child;
 
-use super::init::CONTROL_FD;
+use super::init::{init_exe, CONTROL_FD};
 use super::limits::Group;
+use super::memfile::data_fd;
 use super::seccomp;
 
 /// A sandbox's network.
@@ -489,61 +490,6 @@ fn high(fd: impl AsFd) -> io::Result<OwnedFd> {
     Ok(rustix::io::fcntl_dupfd_cloexec(fd, HIGH_FD)?)
 }
 
-/// Where the Debian package installs `casfs-sandbox-init` for its `/usr/bin/casfs`.
-const INIT_INSTALLED: &str = "/usr/libexec/casfs/casfs-sandbox-init";
-
-/// The sandbox's init: `casfs-sandbox-init`, a small executable that starts in a
-/// fraction of `casfs`'s time (it links neither RocksDB nor libstdc++), of the same
-/// build as the server: beside its executable (or, for the package's `/usr/bin/casfs`,
-/// in `/usr/libexec/casfs`). Taken only when it is a regular file (no link followed)
-/// of root's or the server's user that no one else may write, so that a server run
-/// from a directory others write into (`/tmp`) never runs their file; else this very
-/// executable (`casfs sandbox-init`). Its directory too must be root's or the
-/// server's user's and written by no one else (the spare process runs it as the
-/// server's user, on the host).
-pub(super) fn init_exe() -> io::Result<std::fs::File> {
-    use std::os::unix::prelude::OpenOptionsExt;
-    let exe = std::fs::read_link("/proc/self/exe").ok();
-    let dir = exe.as_deref().and_then(Path::parent);
-    let init = match dir {
-        Some(d) if d == Path::new("/usr/bin") => Some(PathBuf::from(INIT_INSTALLED)),
-        Some(d) => Some(d.join("casfs-sandbox-init")),
-        None => None,
-    };
-    if let Some(p) = init {
-        let opened = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(&p);
-        if let Ok(f) = opened {
-            let euid = rustix::process::geteuid().as_raw();
-            // The file, and the directory it is in (the spare runs it as the server's
-            // user: no one else may put another file under its name).
-            let dir_ok = p.parent().is_some_and(|d| {
-                rustix::fs::lstat(d).is_ok_and(|st| {
-                    (st.st_uid == 0 || st.st_uid == euid) && st.st_mode & 0o022 == 0
-                })
-            });
-            let ok = dir_ok
-                && rustix::fs::fstat(&f).is_ok_and(|st| {
-                    rustix::fs::FileType::from_raw_mode(st.st_mode)
-                        == rustix::fs::FileType::RegularFile
-                        && (st.st_uid == 0 || st.st_uid == euid)
-                        && st.st_mode & 0o022 == 0
-                });
-            if ok {
-                return Ok(f);
-            }
-            tracing::warn!(
-                "{}: not a regular file of root's or ours that only its owner writes; \
-                 sandboxes start this executable as their init instead",
-                p.display()
-            );
-        }
-    }
-    std::fs::File::open("/proc/self/exe")
-}
-
 /// Starts bubblewrap for `spec`, in `group` when given; its init is [`init_exe`]'s.
 pub(super) fn start(spec: &Spec<'_>, spare: super::spare::Spare) -> io::Result<Started> {
     if spec.uid == 0 {
@@ -611,8 +557,8 @@ pub(super) fn start(spec: &Spec<'_>, spare: super::spare::Spare) -> io::Result<S
     for e in ETC {
         arg(&["--ro-bind-try", e, e]);
     }
-    let pw = give(super::data_fd("passwd", passwd.as_bytes())?, &mut given)?;
-    let gr = give(super::data_fd("group", group_file.as_bytes())?, &mut given)?;
+    let pw = give(data_fd("passwd", passwd.as_bytes())?, &mut given)?;
+    let gr = give(data_fd("group", group_file.as_bytes())?, &mut given)?;
     arg(&["--ro-bind-data", &pw.to_string(), "/etc/passwd"]);
     arg(&["--ro-bind-data", &gr.to_string(), "/etc/group"]);
     arg(&["--proc", "/proc", "--dev", "/dev"]);

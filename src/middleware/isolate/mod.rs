@@ -11,6 +11,7 @@
 mod engine;
 pub mod init;
 mod limits;
+mod memfile;
 pub mod ports;
 mod process;
 pub mod proxy;
@@ -20,22 +21,21 @@ mod warm;
 mod wire;
 
 use crate::sys::Locked;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::unix::pipe;
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::oneshot;
 
 pub use engine::{bwrap, Network};
 pub use limits::Limits;
-pub use process::{Output, Process, Stream};
+pub use process::{Output, Process, Stream, MAX_OUTPUT, MAX_SANDBOX_OUTPUT};
 pub use spare::run as spare_main;
 pub use warm::{keep_ahead, Busy, DEFAULT_AHEAD};
 
@@ -46,7 +46,7 @@ pub fn end_spare() {
 }
 
 use crate::fs::Owner;
-use wire::{Event, Request};
+use wire::{Event, Request, START_WAIT};
 
 /// How a server isolates its sandboxes.
 #[derive(Debug, Clone)]
@@ -80,26 +80,9 @@ impl Default for Options {
 /// The most processes a sandbox keeps (running, or ended with their output kept).
 pub const MAX_PROCESSES: usize = 256;
 
-/// The most output a process keeps; older output is dropped (and counted) first.
-pub const MAX_OUTPUT: usize = 8 << 20;
-
-/// The most output all processes of one sandbox keep together: a process that writes
-/// more drops its own oldest output first.
-pub const MAX_SANDBOX_OUTPUT: usize = 64 << 20;
-
 /// Process ids, unique across every sandbox of the server (a sandbox started again
 /// never reuses one).
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-
-/// A memory file holding `bytes`, read from its start.
-fn data_fd(name: &str, bytes: &[u8]) -> io::Result<OwnedFd> {
-    use rustix::fs::{memfd_create, MemfdFlags};
-    let fd = memfd_create(name, MemfdFlags::CLOEXEC)?;
-    let mut f = std::fs::File::from(fd);
-    io::Write::write_all(&mut f, bytes)?;
-    io::Seek::seek(&mut f, io::SeekFrom::Start(0))?;
-    Ok(OwnedFd::from(f))
-}
 
 /// One sandbox's isolation: its bubblewrap, its init's socket, its control group and
 /// its processes.
@@ -130,9 +113,6 @@ pub struct Jail {
     /// Its pid namespace's inode: its processes are there, and cannot leave.
     pub pid_ns: u64,
 }
-
-/// How long the init may take to say it is ready, or that it started a process.
-const START_WAIT: Duration = Duration::from_secs(10);
 
 /// A control group with `limits` for a sandbox (a root server's; none else, or where
 /// none can be made).

@@ -1,7 +1,23 @@
 //! A process started in a sandbox: its output as it comes (kept up to a bound), its
 //! exit, and its whole tree killed when it is dropped.
 
-use super::*;
+use crate::sys::Locked;
+use std::collections::VecDeque;
+use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::unix::pipe;
+use tokio::sync::{oneshot, Notify};
+
+/// The most output a process keeps; older output is dropped (and counted) first.
+pub const MAX_OUTPUT: usize = 8 << 20;
+
+/// The most output all processes of one sandbox keep together: a process that writes
+/// more drops its own oldest output first.
+pub const MAX_SANDBOX_OUTPUT: usize = 64 << 20;
 
 /// Which stream a chunk of output came on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

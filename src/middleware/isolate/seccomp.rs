@@ -172,7 +172,7 @@ pub fn to_fd(program: &BpfProgram) -> io::Result<OwnedFd> {
         bytes.push(f.jf);
         bytes.extend_from_slice(&f.k.to_ne_bytes());
     }
-    super::data_fd("casfs-seccomp", &bytes)
+    super::memfile::data_fd("casfs-seccomp", &bytes)
 }
 
 #[cfg(test)]

@@ -76,7 +76,7 @@ impl Spare {
         // again while a sandbox starts then does not load what the server links,
         // which on a machine of few cores takes from that start. Run through its
         // descriptor, the file checked when it was opened.
-        let exe = super::engine::init_exe()?;
+        let exe = super::init::init_exe()?;
         let mut child = Command::new(format!("/proc/self/fd/{}", exe.as_raw_fd()))
             .arg("sandbox-spawn")
             .env_clear()

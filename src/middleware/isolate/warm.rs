@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 
 use super::engine::{self, Network, Stage};
 use super::limits::{Group, Limits};
-use super::wire::{self, Event};
-use super::{spare::Spare, START_WAIT};
+use super::spare::Spare;
+use super::wire::{self, Event, START_WAIT};
 use crate::sys::Locked;
 
 /// What a booted sandbox can serve: every argument of its bubblewrap, and its limits.

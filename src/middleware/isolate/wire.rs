@@ -6,12 +6,16 @@
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{BorrowedFd, OwnedFd};
+use std::time::Duration;
 
 use rustix::net::{
     recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags,
 };
 use serde::{Deserialize, Serialize};
+
+/// How long the init may take to say it is ready, or that it started a process.
+pub(super) const START_WAIT: Duration = Duration::from_secs(10);
 
 /// The largest message either side sends (a spawn's command, directory and environment).
 pub const MAX_MESSAGE: usize = 256 << 10;

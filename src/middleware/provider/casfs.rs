@@ -1,7 +1,23 @@
 //! The casfs provider: one writable workspace mounted per sandbox key, in this
 //! process, on the backend the provider was made with.
 
-use super::*;
+use crate::sys::Locked;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::gate::{make_gate, WORKSPACE_DIR};
+use super::handle::{EnsureOutcome, SandboxHandle, SandboxWorkspace};
+use super::keys::check_key;
+use super::live::{Entry, KeyGuard};
+use super::sandbox_provider::{purge, Kept, SandboxProvider};
+use crate::checkpoint::Store;
+use crate::fs::WorkspaceOptions;
+use crate::middleware::context::RunContext;
+use crate::middleware::error::{MiddlewareError, MiddlewareResult};
+use crate::middleware::secrets::Secrets;
+use crate::mount::{discard_mount_state, MountMode, MountedThread};
 
 /// Mounts workspaces of one store under `dir/<key>`.
 pub struct CasfsProvider {

@@ -1,7 +1,19 @@
 //! The directory provider: plain directories for hosts without FUSE, captured by
 //! walking them, with file events from inotify.
 
-use super::*;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::gate::{make_gate, WORKSPACE_DIR};
+use super::handle::{DirWorkspace, EnsureOutcome, SandboxHandle, SandboxWorkspace};
+use super::keys::check_key;
+use super::live::Entry;
+use super::sandbox_provider::{Kept, SandboxProvider};
+use crate::checkpoint::Store;
+use crate::middleware::context::RunContext;
+use crate::middleware::error::{MiddlewareError, MiddlewareResult};
+use crate::middleware::secrets::Secrets;
 
 /// Plain-directory sandboxes under `dir/<key>`, for hosts without FUSE. A checkpoint
 /// walks the directory (every file is read: the policy and secret scrubbing see each),
@@ -136,7 +148,7 @@ impl SandboxProvider for DirProvider {
 
     fn destroy_unheld(&self, key: &str, _secrets: &Secrets) -> MiddlewareResult<bool> {
         let mut live = self.kept.live.lock();
-        match crate::middleware::live::take_unheld_from(&mut live, key)? {
+        match super::live::take_unheld_from(&mut live, key)? {
             Some(_) => {
                 self.kept.jails.end(key);
                 remove_tree(key, &self.dir.join(key))?;

@@ -1,22 +1,22 @@
 //! What every route of `casfs serve` shares: the bearer-token check, extractors whose
-//! rejections are JSON errors, the error answer and its kinds, and running blocking
-//! store work off the async workers.
+//! rejections are JSON errors (the answer itself is `super::error`'s), and running
+//! blocking store work off the async workers.
 
 use std::sync::Arc;
 
+use axum::extract::connect_info::ConnectInfo;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request, State};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
-use serde_json::{json, Value};
 
+use super::error::ApiError;
 use super::identity::{Caller, TokenHolder};
-use super::Server;
+use super::peer::Peer;
+use super::server::Server;
 use crate::checkpoint::{CheckpointError, CheckpointId, ThreadId};
-use crate::middleware::MiddlewareError;
 
 /// The token layer (when the server has tokens): a request without a valid token is
 /// refused; one with a token is marked with whose it is ([`TokenHolder`]), which names
@@ -101,6 +101,34 @@ api_extractor!(
     QueryRejection
 );
 
+/// Who the caller is: on the Unix socket, the peer the kernel names; on TCP, the
+/// token's holder the token layer found.
+impl FromRequestParts<Arc<Server>> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, s: &Arc<Server>) -> Result<Caller, ApiError> {
+        let peer = parts.extensions.get::<ConnectInfo<Peer>>().map(|c| &c.0);
+        match peer {
+            // The Unix socket: the kernel's word.
+            Some(p) if p.is_unix() => s.identities.of_peer(p),
+            // TCP: the token's (the token layer refused a request without one).
+            Some(_) => match parts.extensions.get::<TokenHolder>() {
+                Some(TokenHolder(p)) => Ok(Caller {
+                    principal: p.clone(),
+                    owner: None,
+                }),
+                None => Err(ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "unauthorized",
+                    "a valid bearer token is required",
+                )),
+            },
+            // A router called in-process, with no connection: the server's own user.
+            None => Ok(Caller::admin()),
+        }
+    }
+}
+
 pub(super) async fn no_route(req: Request) -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
@@ -116,95 +144,6 @@ pub(super) async fn no_method(req: Request) -> ApiError {
         format!("{} is not served on {}", req.method(), req.uri().path()),
     )
 }
-
-/// An error answer: `{"error": {"kind": ..., "message": ...}}`.
-#[derive(Debug)]
-pub struct ApiError {
-    status: StatusCode,
-    kind: &'static str,
-    message: String,
-}
-
-impl ApiError {
-    pub(super) fn new(
-        status: StatusCode,
-        kind: &'static str,
-        message: impl Into<String>,
-    ) -> ApiError {
-        ApiError {
-            status,
-            kind,
-            message: message.into(),
-        }
-    }
-
-    pub(super) fn bad(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, "invalid", message)
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (
-            self.status,
-            Json(json!({"error": {"kind": self.kind, "message": self.message}})),
-        )
-            .into_response()
-    }
-}
-
-impl From<MiddlewareError> for ApiError {
-    fn from(e: MiddlewareError) -> ApiError {
-        use MiddlewareError as M;
-        let (status, kind) = match &e {
-            M::Config(_) => (StatusCode::BAD_REQUEST, "invalid"),
-            M::Checkpoint(c) => return checkpoint_error(c, e.to_string()),
-            M::HeadMissing { .. } => (StatusCode::CONFLICT, "head_missing"),
-            M::WorkspaceMismatch { .. } => (StatusCode::CONFLICT, "workspace_mismatch"),
-            M::Sandbox { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "sandbox"),
-            M::SandboxBusy { .. } => (StatusCode::CONFLICT, "sandbox_busy"),
-            M::SandboxBehind { .. } => (StatusCode::CONFLICT, "head_mismatch"),
-            M::TenantAtCapacity { .. } => (StatusCode::TOO_MANY_REQUESTS, "too_many_sandboxes"),
-            M::AtCapacity { what, .. } => (
-                StatusCode::TOO_MANY_REQUESTS,
-                if *what == "runs" {
-                    "too_many_runs"
-                } else {
-                    "too_many_sandboxes"
-                },
-            ),
-            M::Policy(_) => (StatusCode::UNPROCESSABLE_ENTITY, "policy"),
-            M::Persistence(_) => (StatusCode::INTERNAL_SERVER_ERROR, "persistence"),
-            M::Cancelled(_) => (StatusCode::CONFLICT, "cancelled"),
-        };
-        ApiError::new(status, kind, e.to_string())
-    }
-}
-
-impl From<CheckpointError> for ApiError {
-    fn from(e: CheckpointError) -> ApiError {
-        let m = e.to_string();
-        checkpoint_error(&e, m)
-    }
-}
-
-fn checkpoint_error(e: &CheckpointError, message: String) -> ApiError {
-    use CheckpointError as C;
-    let (status, kind) = match e {
-        C::NotFound(_) | C::EmptyThread(_) => (StatusCode::NOT_FOUND, "not_found"),
-        C::LeaseHeld { .. } => (StatusCode::CONFLICT, "lease_held"),
-        C::LeaseLost { .. } => (StatusCode::CONFLICT, "lease_lost"),
-        C::LeaseExpired { .. } => (StatusCode::CONFLICT, "lease_expired"),
-        C::HeadMismatch { .. } => (StatusCode::CONFLICT, "head_mismatch"),
-        C::ThreadExists(_) => (StatusCode::CONFLICT, "thread_exists"),
-        C::Invalid(_) | C::Ambiguous { .. } => (StatusCode::BAD_REQUEST, "invalid"),
-        C::Refused(_) => (StatusCode::UNPROCESSABLE_ENTITY, "policy"),
-        _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
-    };
-    ApiError::new(status, kind, message)
-}
-
-pub(super) type ApiResult = Result<Json<Value>, ApiError>;
 
 /// Runs blocking store and mount work off the async workers.
 pub(super) async fn blocking<T: Send + 'static>(
@@ -314,8 +253,4 @@ pub(super) fn no_secret(s: &Server, what: &str, value: &str) -> Result<(), ApiEr
         ))),
         None => Ok(()),
     }
-}
-
-pub(super) fn to_json<T: serde::Serialize>(v: &T) -> Value {
-    serde_json::to_value(v).expect("API values serialize")
 }

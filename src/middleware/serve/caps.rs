@@ -12,7 +12,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::conn::{Refusal, Stream, MAX_HEAD};
+use super::stream::{Refusal, Stream, MAX_HEAD};
 
 /// Whose a connection is, for the cap of one peer's connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -22,8 +22,10 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::api::{blocking, ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
-use super::{Caller, Server};
+use super::api::{blocking, ApiJson, ApiPath, ApiQuery};
+use super::error::{ApiError, ApiResult};
+use super::identity::Caller;
+use super::server::Server;
 use crate::middleware::SandboxHandle;
 use crate::sys::dirfd::root::Root;
 use crate::sys::dirfd::Meta;

@@ -17,15 +17,10 @@
 //! "not found", as one that does not exist. Administrators name every thread as
 //! stored (`alice/main`) and may maintain the store; a tenant may not.
 
-use std::sync::Arc;
-
-use axum::extract::connect_info::ConnectInfo;
-use axum::extract::FromRequestParts;
-use axum::http::request::Parts;
 use axum::http::StatusCode;
 
-use super::api::ApiError;
-use super::{Peer, Server};
+use super::error::ApiError;
+use super::peer::Peer;
 use crate::checkpoint::{check_tenant_name, Checkpoint, ThreadId};
 use crate::fs::Owner;
 
@@ -134,7 +129,7 @@ impl Identities {
     }
 
     /// The caller on the Unix socket whose peer is `peer`.
-    fn of_peer(&self, peer: &Peer) -> Result<Caller, ApiError> {
+    pub(super) fn of_peer(&self, peer: &Peer) -> Result<Caller, ApiError> {
         let Some(uid) = peer.uid() else {
             return Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
@@ -203,32 +198,6 @@ fn user_name(uid: u32) -> std::io::Result<Option<String>> {
 #[derive(Debug, Clone)]
 pub(super) struct TokenHolder(pub Principal);
 
-impl FromRequestParts<Arc<Server>> for Caller {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, s: &Arc<Server>) -> Result<Caller, ApiError> {
-        let peer = parts.extensions.get::<ConnectInfo<Peer>>().map(|c| &c.0);
-        match peer {
-            // The Unix socket: the kernel's word.
-            Some(p) if p.is_unix() => s.identities.of_peer(p),
-            // TCP: the token's (the token layer refused a request without one).
-            Some(_) => match parts.extensions.get::<TokenHolder>() {
-                Some(TokenHolder(p)) => Ok(Caller {
-                    principal: p.clone(),
-                    owner: None,
-                }),
-                None => Err(ApiError::new(
-                    StatusCode::UNAUTHORIZED,
-                    "unauthorized",
-                    "a valid bearer token is required",
-                )),
-            },
-            // A router called in-process, with no connection: the server's own user.
-            None => Ok(Caller::admin()),
-        }
-    }
-}
-
 impl Caller {
     /// The server's own user.
     pub fn admin() -> Caller {
@@ -290,7 +259,7 @@ impl Caller {
 
     /// A checkpoint record as the caller sees it: its thread named as they name it.
     pub fn show_checkpoint(&self, cp: &Checkpoint) -> serde_json::Value {
-        let mut v = super::api::to_json(cp);
+        let mut v = super::error::to_json(cp);
         self.show_thread_field(&mut v, "thread_id", &cp.body.thread_id);
         v
     }

@@ -4,56 +4,56 @@
 //! host in another language can use casfs. `docs/openapi.json` describes every route of
 //! [`ROUTES`]; a test keeps the two equal.
 
-use crate::sys::Locked;
-use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
-use base64::Engine;
-use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{
-    AbortInfo, ArtifactMeta, Chunk, FileEvent, FileEvents, Middleware, MiddlewareConfig,
-    MiddlewareError, Persistence, Run, RunContext, StorePersistence,
-};
 use crate::checkpoint::maintenance::MaintainOp;
-use crate::checkpoint::Store;
 use crate::mount::control::NamespaceInfo;
 
 mod api;
 mod body;
 mod budget;
 mod caps;
+mod client_sandboxes;
 mod conn;
+mod error;
+mod event_ring;
 mod files;
 mod identity;
 mod json_bounds;
 mod peer;
 mod processes;
+mod run_slot;
 mod runs;
 mod sandboxes;
+mod server;
 mod stores;
+mod stream;
 mod threads;
 mod writers;
 
-use runs::{abort, chunk, disconnect, events, finish, run_error, start_run, EventRing, RunSlot};
+use runs::{abort, chunk, disconnect, events, finish, run_error, start_run};
 use threads::{
     artifacts, checkpoint, health, messages, post_artifact, put_messages, thread_log, threads,
 };
 
-pub use api::ApiError;
-use api::{blocking, to_json, ApiJson, ApiPath, ApiQuery, ApiResult};
+use api::{blocking, ApiJson};
 pub use body::DATA_ROUTES;
 pub use conn::Timeouts;
+pub use error::ApiError;
+use error::{to_json, ApiResult};
 pub use identity::{tenant_of_uid, Caller, Identities, Principal, MIN_TOKEN_LEN};
 pub use json_bounds::{JsonLimits, MAX_DEPTH as MAX_JSON_DEPTH};
 pub use peer::{group_id, Peer, SocketAccess};
+pub use server::{
+    ServeLimits, Server, DEFAULT_MAX_BODY, DEFAULT_MAX_DATA_BODY, DEFAULT_MAX_REQUEST_MEMORY,
+};
 
 /// Every route the server answers, as `METHOD path`; `docs/openapi.json` has the same.
 pub const ROUTES: &[&str] = &[
@@ -114,215 +114,7 @@ pub const ROUTES: &[&str] = &[
     "DELETE /v1/stores/{store}/instances/{key}",
 ];
 
-/// The largest request body of a route that carries no data, by default
-/// (`casfs serve --max-body`).
-pub const DEFAULT_MAX_BODY: usize = 256 << 10;
-
-/// The largest request body of a route that carries data ([`DATA_ROUTES`]), by default
-/// (`casfs serve --max-data-body`): an artifact travels base64-encoded, so about three
-/// quarters of it.
-pub const DEFAULT_MAX_DATA_BODY: usize = 32 << 20;
-
-/// The memory for request bodies and the JSON values made of them, held at once by
-/// all requests, by default (`casfs serve --max-request-memory`).
-pub const DEFAULT_MAX_REQUEST_MEMORY: usize = 512 << 20;
-
-/// What one server takes on at most, and how long it waits for a run's client.
-#[derive(Debug, Clone, Copy)]
-pub struct ServeLimits {
-    /// The largest request body of a route that carries no data (413 beyond).
-    pub max_body: usize,
-    /// The largest request body of a route that carries data ([`DATA_ROUTES`]).
-    pub max_data_body: usize,
-    /// Bounds on a request body's JSON, checked before any value is made (400 beyond).
-    pub json: JsonLimits,
-    /// Request bodies and the JSON values made of them, held at once by all requests
-    /// (beyond: the request waits, then 503 `busy`).
-    pub max_request_memory: usize,
-    /// The same, held by one peer (a Unix user other than the server's) beside its
-    /// first request.
-    pub max_request_memory_per_peer: usize,
-    /// How long a request waits for memory before 503 `busy`.
-    pub request_memory_wait: Duration,
-    /// Runs set up and not ended (429 `too_many_runs` beyond).
-    pub max_runs: usize,
-    /// Of them, one tenant's (administrators are held only to `max_runs`).
-    pub max_runs_per_tenant: usize,
-    /// A run nobody asked about (no request for it: chunk, events, any hook) for this
-    /// long is ended as a disconnect: nothing published, the lease released.
-    pub run_idle: Duration,
-    /// A sandbox no run has held for this long is destroyed (its uncaptured work
-    /// discarded; the next run on its thread starts at the head).
-    pub sandbox_idle: Duration,
-    /// File events kept per run for the events route; a client that falls further
-    /// behind is told which were lost.
-    pub max_events: usize,
-    /// Client connections open at once (503 `too_many_connections` beyond).
-    pub max_connections: usize,
-    /// Client connections open at once from one peer (a Unix user other than the
-    /// server's, by `SO_PEERCRED`; a TCP client by its address).
-    pub max_connections_per_peer: usize,
-    /// How long a connection waits on a client that stalls or idles.
-    pub timeouts: Timeouts,
-}
-
-impl Default for ServeLimits {
-    fn default() -> ServeLimits {
-        ServeLimits {
-            max_body: DEFAULT_MAX_BODY,
-            max_data_body: DEFAULT_MAX_DATA_BODY,
-            json: JsonLimits::default(),
-            max_request_memory: DEFAULT_MAX_REQUEST_MEMORY,
-            max_request_memory_per_peer: DEFAULT_MAX_REQUEST_MEMORY / 4,
-            request_memory_wait: Duration::from_secs(5),
-            max_runs: 64,
-            max_runs_per_tenant: 16,
-            run_idle: Duration::from_secs(600),
-            sandbox_idle: Duration::from_secs(3600),
-            max_events: 10_000,
-            max_connections: 256,
-            max_connections_per_peer: 64,
-            timeouts: Timeouts::default(),
-        }
-    }
-}
-
-/// What the server serves.
-pub struct Server {
-    store: Arc<Store>,
-    persistence: Arc<StorePersistence>,
-    mw: Arc<Middleware>,
-    /// Runs by [`Caller::run_key`]: a tenant's run ids are its own.
-    runs: Mutex<HashMap<String, RunSlot>>,
-    /// How callers are told apart (the tokens, the administrators' group).
-    identities: Identities,
-    limits: Mutex<ServeLimits>,
-    /// Sandboxes clients made themselves, with their file events.
-    sandboxes: sandboxes::ApiSandboxes,
-    /// Portable stores may keep their clients' clock (for tests): `--allow-client-clocks`.
-    client_clocks: std::sync::atomic::AtomicBool,
-    /// The memory request bodies hold (`body`).
-    budget: Arc<budget::Budget>,
-    /// How sandboxes' processes are isolated (`processes`).
-    isolation: Mutex<crate::middleware::isolate::Options>,
-}
-
 impl Server {
-    /// A server over `store` whose sandboxes come from `provider`. `config` is the
-    /// middleware's; its snapshot persistence, if any, must be `persistence`'s (the
-    /// server's messages and artifacts routes write through it), and its file events
-    /// are replaced by per-run buffers the events route reads.
-    pub fn new(
-        store: Arc<Store>,
-        persistence: Arc<StorePersistence>,
-        provider: Arc<dyn super::SandboxProvider>,
-        config: MiddlewareConfig,
-        identities: Identities,
-    ) -> Result<Arc<Server>, MiddlewareError> {
-        let mw = Arc::new(Middleware::new(store.clone(), provider, config)?);
-        Ok(Arc::new(Server {
-            store,
-            persistence,
-            mw,
-            runs: Mutex::new(HashMap::new()),
-            identities,
-            limits: Mutex::new(ServeLimits::default()),
-            sandboxes: sandboxes::ApiSandboxes::default(),
-            client_clocks: std::sync::atomic::AtomicBool::new(false),
-            budget: Arc::default(),
-            isolation: Mutex::default(),
-        }))
-    }
-
-    /// Sets the server's limits (the body limit for routers made from now on).
-    pub fn set_limits(&self, l: ServeLimits) {
-        *self.limits.locked() = l;
-    }
-
-    /// Lets clients make portable stores whose leases keep the clients' clock
-    /// (`casfs serve --allow-client-clocks`; for test suites that inject a clock).
-    pub fn set_allow_client_clocks(&self, allow: bool) {
-        self.client_clocks
-            .store(allow, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    fn allow_client_clocks(&self) -> bool {
-        self.client_clocks
-            .load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    pub fn limits(&self) -> ServeLimits {
-        *self.limits.locked()
-    }
-
-    /// Ends runs nobody asked about for the run idle timeout (as a disconnect: nothing
-    /// published, the lease released) and destroys sandboxes no run has held for the
-    /// sandbox idle timeout. `serve` calls it every second at most.
-    pub fn reap(&self) {
-        let l = self.limits();
-        let stale: Vec<(String, Arc<Run>)> = {
-            let mut runs = self.runs.locked();
-            let ids: Vec<String> = runs
-                .iter()
-                .filter_map(|(id, r)| match r {
-                    RunSlot::Live(l2) if l2.seen.locked().elapsed() >= l.run_idle => {
-                        Some(id.clone())
-                    }
-                    _ => None,
-                })
-                .collect();
-            ids.into_iter()
-                .filter_map(|id| match runs.remove(&id) {
-                    Some(RunSlot::Live(l2)) => Some((id, l2.run)),
-                    _ => None,
-                })
-                .collect()
-        };
-        for (id, run) in stale {
-            tracing::info!(run = %id, "no request for the run in {:?}: ended as a disconnect", l.run_idle);
-            if let Err(e) = run.on_disconnect() {
-                tracing::warn!(run = %id, "ending an abandoned run: {e}");
-            }
-        }
-        // Sandboxes clients made are theirs to destroy (or the cap's, when idle): the
-        // server cannot see a client working in one.
-        let spare = |k: &str| self.sandboxes.contains(k);
-        match self.mw.reap_idle_sandboxes(l.sandbox_idle, &spare) {
-            Ok(0) => {}
-            Ok(n) => tracing::info!("destroyed {n} sandbox(es) idle for {:?}", l.sandbox_idle),
-            Err(e) => tracing::warn!("destroying idle sandboxes: {e}"),
-        }
-        self.sandboxes.retain_live(&self.mw.provider().live());
-        give_back_freed_memory();
-    }
-
-    /// Ends the server's runs (as a disconnect: nothing published, leases released) and
-    /// destroys every sandbox: nothing a run left uncaptured outlives the server.
-    pub fn close(&self) -> Result<(), MiddlewareError> {
-        let runs: Vec<RunSlot> = self.runs.locked().drain().map(|(_, r)| r).collect();
-        for r in runs {
-            if let RunSlot::Live(l) = r {
-                if let Err(e) = l.run.on_disconnect() {
-                    tracing::warn!(run = %l.run.context().run_id, "closing the run: {e}");
-                }
-            }
-        }
-        self.sandboxes.clear();
-        self.mw.destroy_all_sandboxes()
-    }
-
-    /// The persistence layer runs write through (the server's store).
-    pub fn persistence(&self) -> Persistence {
-        match &self.mw_config().snapshots {
-            Some(s) => s.persistence.clone(),
-            None => Persistence::on_store(self.persistence.clone()),
-        }
-    }
-
-    fn mw_config(&self) -> &MiddlewareConfig {
-        self.mw.config()
-    }
-
     /// The HTTP routes, with the bearer-token check when a token is set.
     pub fn router(self: &Arc<Self>) -> Router {
         let r = Router::new()
@@ -475,20 +267,6 @@ async fn maintain(
     .await
 }
 
-/// Returns the allocator's free memory to the kernel, every 10 seconds at most. Every
-/// sandbox brings its own serving threads, and glibc gives each thread's arena memory
-/// back only when asked: without this, a server's resident memory kept the high-water
-/// mark of every arena (`cargo bench --bench soak`).
-fn give_back_freed_memory() {
-    static LAST: Mutex<Option<Instant>> = Mutex::new(None);
-    let mut last = LAST.locked();
-    if last.is_some_and(|t| t.elapsed() < Duration::from_secs(10)) {
-        return;
-    }
-    *last = Some(Instant::now());
-    crate::memory::give_back();
-}
-
 /// Aborts a task when dropped (the server's reaper, when serving ends).
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -557,7 +335,14 @@ pub async fn serve(
 
 #[cfg(test)]
 mod tests {
-    use super::ROUTES;
+    use super::{DATA_ROUTES, ROUTES};
+
+    #[test]
+    fn data_routes_are_served_routes() {
+        for r in DATA_ROUTES {
+            assert!(ROUTES.contains(r), "{r} is not a route");
+        }
+    }
     use serde_json::Value;
 
     fn spec() -> Value {

@@ -18,8 +18,10 @@ use base64::Engine;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::api::{blocking, ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
-use super::{Caller, Server};
+use super::api::{blocking, ApiJson, ApiPath, ApiQuery};
+use super::error::{ApiError, ApiResult};
+use super::identity::Caller;
+use super::server::Server;
 use crate::middleware::isolate::{Jail, Process, Stream};
 
 /// What to start.

@@ -1,80 +1,27 @@
 //! Runs over HTTP (`/v1/runs`): a run id reserved atomically, the middleware's hooks
 //! behind start, chunk, finish, abort, error and disconnect, and each run's file events
-//! kept in a numbered ring.
+//! read from its ring (`super::event_ring`).
 
-use super::*;
+use crate::sys::Locked;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
-/// A run id taken: the run is being set up, or going.
-pub(super) enum RunSlot {
-    /// Reserved by a start that has not returned yet (the id is taken atomically).
-    Starting,
-    Live(LiveRun),
-}
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
 
-pub(super) struct LiveRun {
-    pub(super) run: Arc<Run>,
-    pub(super) events: Arc<Mutex<EventRing>>,
-    /// When a request last named the run.
-    pub(super) seen: Mutex<Instant>,
-}
-
-/// The last file events of a run, numbered by the server from 1 without gaps.
-pub(super) struct EventRing {
-    events: VecDeque<FileEvent>,
-    /// The number the next event gets.
-    next: u64,
-    cap: usize,
-}
-
-impl EventRing {
-    pub(super) fn new(cap: usize) -> EventRing {
-        EventRing {
-            events: VecDeque::new(),
-            next: 1,
-            cap: cap.max(1),
-        }
-    }
-
-    pub(super) fn push(&mut self, e: &FileEvent) {
-        let mut e = e.clone();
-        e.event.seq = self.next;
-        self.next += 1;
-        if self.events.len() == self.cap {
-            self.events.pop_front();
-        }
-        self.events.push_back(e);
-    }
-
-    /// The events numbered above `after`, led by a `lost` marker if some of them are
-    /// no longer kept.
-    pub(super) fn after(&self, after: u64) -> Vec<Value> {
-        let oldest = self.events.front().map_or(self.next, |e| e.event.seq);
-        let mut out = Vec::new();
-        // `after` is the client's: any u64 (numbers are never above `next`, so one
-        // beyond every event asks for none and loses none).
-        if after < oldest.saturating_sub(1) {
-            let (from, count) = (after + 1, oldest - after - 1);
-            out.push(json!({
-                "kind": "lost",
-                "seq": from,
-                "count": count,
-                "message": format!(
-                    "events lost from seq {from} to {}: the server keeps the last {} events \
-                     of a run; read them more often",
-                    oldest - 1,
-                    self.cap
-                ),
-            }));
-        }
-        out.extend(
-            self.events
-                .iter()
-                .filter(|e| e.event.seq > after)
-                .map(to_json),
-        );
-        out
-    }
-}
+use super::api::{blocking, ApiJson, ApiPath, ApiQuery};
+use super::error::{ApiError, ApiResult};
+use super::event_ring::EventRing;
+use super::identity::Caller;
+use super::run_slot::{LiveRun, RunSlot};
+use super::server::Server;
+use crate::middleware::context::RunContext;
+use crate::middleware::error::MiddlewareError;
+use crate::middleware::events::FileEvents;
+use crate::middleware::lifecycle::{AbortInfo, Chunk, Run};
 
 impl Server {
     /// The id of a live run whose sandbox is `key`, if there is one.

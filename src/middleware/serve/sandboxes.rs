@@ -9,7 +9,6 @@
 //! or never, need not wait for when it restores.
 
 use crate::sys::Locked;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -19,95 +18,19 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::api::{blocking, ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
-use super::{Caller, EventRing, Server};
+use super::api::{blocking, ApiJson, ApiPath, ApiQuery};
+use super::client_sandboxes::ApiSandbox;
+use super::error::{ApiError, ApiResult};
+use super::event_ring::EventRing;
+use super::identity::Caller;
+use super::server::Server;
 use crate::checkpoint::ThreadId;
 use crate::middleware::events::Watcher;
-use crate::middleware::live::{KeyGuard, KeyLocks};
-use crate::middleware::{EnsureOutcome, FileEvents, RunContext, SandboxHandle, WeakSandboxHandle};
+use crate::middleware::{EnsureOutcome, FileEvents, RunContext, SandboxHandle};
 use crate::mount::control::NamespaceInfo;
 
 /// The longest an events request waits for a first new event.
 const MAX_WAIT: Duration = Duration::from_secs(30);
-
-/// A sandbox made through the API: its thread and its file events.
-pub(super) struct ApiSandbox {
-    thread: ThreadId,
-    events: Arc<Mutex<EventRing>>,
-    /// Woken at every event, and when the sandbox goes, for requests waiting.
-    notify: Arc<tokio::sync::Notify>,
-    /// Set when the sandbox is gone (destroyed, evicted, the server stopping).
-    gone: Arc<AtomicBool>,
-    /// The sandbox watched (weak: watching keeps no sandbox in use).
-    handle: WeakSandboxHandle,
-    /// Where its events go.
-    cfg: FileEvents,
-    /// Its watcher, once started (at creation, or at the first events request).
-    watcher: Arc<Mutex<Option<Watcher>>>,
-    /// Where its processes may go, when it asked for less than the server allows.
-    pub(super) network: Option<Vec<crate::middleware::isolate::proxy::Allowed>>,
-}
-
-impl Drop for ApiSandbox {
-    fn drop(&mut self) {
-        self.gone.store(true, Ordering::SeqCst);
-        self.notify.notify_waiters();
-    }
-}
-
-/// The API's sandboxes, by key.
-#[derive(Default)]
-pub(super) struct ApiSandboxes {
-    map: Mutex<HashMap<String, ApiSandbox>>,
-    /// Held while a sandbox of the key is being made or taken by a run, so that a
-    /// `DELETE` at that moment waits for it rather than finding it held.
-    making: KeyLocks,
-}
-
-impl ApiSandboxes {
-    /// Where sandbox `key`'s processes may go, when it narrowed the server's list.
-    pub(super) fn network(
-        &self,
-        key: &str,
-    ) -> Option<Vec<crate::middleware::isolate::proxy::Allowed>> {
-        self.lock().get(key).and_then(|a| a.network.clone())
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, ApiSandbox>> {
-        self.map.locked()
-    }
-
-    /// Waits until no sandbox of `key` is being made, and keeps others from making one
-    /// until the guard is dropped.
-    pub(super) fn making(&self, key: &str) -> KeyGuard<'_> {
-        self.making.lock(key)
-    }
-
-    /// Forgets sandboxes that are no longer live (reaped, destroyed by a run's end);
-    /// their watchers stop.
-    pub(super) fn retain_live(&self, live: &[SandboxHandle]) {
-        let gone: Vec<ApiSandbox> = {
-            let mut m = self.lock();
-            let keys: Vec<String> = m
-                .keys()
-                .filter(|k| !live.iter().any(|h| &h.key == *k))
-                .cloned()
-                .collect();
-            keys.into_iter().filter_map(|k| m.remove(&k)).collect()
-        };
-        // Watchers are joined outside the lock.
-        drop(gone);
-    }
-
-    pub(super) fn contains(&self, key: &str) -> bool {
-        self.lock().contains_key(key)
-    }
-
-    pub(super) fn clear(&self) {
-        let all: Vec<ApiSandbox> = self.lock().drain().map(|(_, v)| v).collect();
-        drop(all);
-    }
-}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -16,8 +16,10 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::api::{blocking, ApiError, ApiJson, ApiPath, ApiResult};
-use super::{Caller, Server};
+use super::api::{blocking, ApiJson, ApiPath};
+use super::error::{ApiError, ApiResult};
+use super::identity::Caller;
+use super::server::Server;
 use crate::middleware::portable::{ForkInput, PortableError, PortableStores, StoreOptions, Writer};
 
 impl From<PortableError> for ApiError {

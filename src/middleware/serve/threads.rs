@@ -1,7 +1,19 @@
 //! Threads and their records over HTTP: health, the threads a caller sees, a thread's
 //! checkpoints, one checkpoint, and a thread's messages and artifacts.
 
-use super::*;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::Json;
+use base64::Engine;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::api::{blocking, ApiJson, ApiPath, ApiQuery};
+use super::error::{to_json, ApiError, ApiResult};
+use super::identity::Caller;
+use super::server::Server;
+use crate::middleware::persistence::ArtifactMeta;
 
 pub(super) async fn health() -> Json<Value> {
     Json(json!({"ok": true, "version": env!("CARGO_PKG_VERSION")}))

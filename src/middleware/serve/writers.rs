@@ -14,8 +14,10 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::api::{blocking, no_secret, to_json, ApiError, ApiJson, ApiPath, ApiResult};
-use super::{Caller, Server};
+use super::api::{blocking, no_secret, ApiJson, ApiPath};
+use super::error::{to_json, ApiError, ApiResult};
+use super::identity::Caller;
+use super::server::Server;
 use crate::cas::Hash;
 use crate::checkpoint::{CheckpointId, LeaseStatus, OwnerToken, ThreadId, WriterLease};
 use crate::middleware::publish::Publish;

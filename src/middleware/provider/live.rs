@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::{MiddlewareError, MiddlewareResult, SandboxHandle};
+use super::handle::SandboxHandle;
+use crate::middleware::error::{MiddlewareError, MiddlewareResult};
 
 pub(crate) struct Entry {
     pub handle: SandboxHandle,
