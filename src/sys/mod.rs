@@ -2,6 +2,7 @@
 //! library beyond their plain calls. Nothing here imports another casfs module.
 
 pub mod dirfd;
+pub mod loop_dev;
 pub mod sync;
 pub mod xattr;
 
