@@ -3,6 +3,7 @@
 
 pub mod dirfd;
 pub mod loop_dev;
+pub mod proc_maps;
 pub mod sync;
 pub mod xattr;
 
