@@ -4,6 +4,8 @@
 pub mod dirfd;
 pub mod loop_dev;
 pub mod proc_maps;
+pub mod process;
+pub mod signal;
 pub mod sync;
 pub mod xattr;
 
