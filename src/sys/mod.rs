@@ -3,6 +3,7 @@
 
 pub mod dirfd;
 pub mod loop_dev;
+pub mod ns;
 pub mod proc_maps;
 pub mod process;
 pub mod signal;
