@@ -206,9 +206,11 @@ pub fn holder_is_dead(holder: &str) -> bool {
     if pid <= 0 || pid as u32 == std::process::id() || host != this_host() {
         return false;
     }
-    // SAFETY: signal 0 sends nothing; it only asks whether the process exists.
-    let rc = unsafe { libc::kill(pid, 0) };
-    rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+    // Signal 0 sends nothing; it only asks whether the process exists.
+    let Some(pid) = rustix::process::Pid::from_raw(pid) else {
+        return false;
+    };
+    rustix::process::test_kill_process(pid) == Err(rustix::io::Errno::SRCH)
 }
 
 pub fn millis(t: SystemTime) -> u64 {

@@ -6,7 +6,6 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -353,14 +352,10 @@ fn lock_store(root: &Path, timeout: Duration) -> CheckpointResult<File> {
     let start = Instant::now();
     let mut delay = Duration::from_millis(5);
     loop {
-        // SAFETY: flock on a file descriptor we own.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc == 0 {
-            break;
-        }
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
-            return Err(CheckpointError::io(&path, err));
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => break,
+            Err(rustix::io::Errno::WOULDBLOCK) => {}
+            Err(e) => return Err(CheckpointError::io(&path, e.into())),
         }
         if start.elapsed() >= timeout {
             let mut holder = String::new();

@@ -1,7 +1,6 @@
 //! `casfs mount` and `casfs unmount`.
 
 use std::ffi::CString;
-use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::process::Command;
@@ -270,9 +269,8 @@ pub fn checkpoint(cli: &Cli, mountpoint: &Path, reason: &str) -> anyhow::Result<
     if is_fuse_mount(mountpoint) {
         let dir = std::fs::File::open(mountpoint)
             .with_context(|| format!("opening {}", mountpoint.display()))?;
-        // SAFETY: a valid fd.
-        if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
-            return Err(anyhow!(std::io::Error::last_os_error()))
+        if let Err(e) = rustix::fs::syncfs(&dir) {
+            return Err(anyhow!(std::io::Error::from(e)))
                 .with_context(|| format!("syncfs {}", mountpoint.display()));
         }
     }
@@ -483,16 +481,19 @@ pub fn unmount(cli: &Cli, mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
     let pid_file = std::fs::canonicalize(mountpoint)
         .ok()
         .map(|c| daemon::pid_file(&cli.store_root(), &c));
-    let flags = if lazy { libc::MNT_DETACH } else { 0 };
+    let flags = if lazy {
+        rustix::mount::UnmountFlags::DETACH
+    } else {
+        rustix::mount::UnmountFlags::empty()
+    };
     // A descriptor held for an instant is let go: another process's child between its
     // fork and its exec holds copies of every descriptor its parent had open.
     let mut tries = 0;
-    // SAFETY: a NUL-terminated path.
     let unmounted = loop {
-        if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
+        let Err(e) = rustix::mount::unmount(c.as_c_str(), flags) else {
             break Ok(());
-        }
-        let e = std::io::Error::last_os_error();
+        };
+        let e = std::io::Error::from(e);
         tries += 1;
         if e.raw_os_error() != Some(libc::EBUSY) || tries >= 20 {
             break Err(e);

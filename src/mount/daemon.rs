@@ -4,9 +4,10 @@
 //! the store, remove the pid file, so whoever waits for the pid file finds the store
 //! closed.
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+
+use rustix::process::{test_kill_process, Pid};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,7 @@ use super::{MountMode, MountedThread};
 use crate::cas::TreeId;
 use crate::checkpoint::{mount_dir, CheckpointError, CheckpointId, MountTag, Store, ThreadId};
 use crate::fs::{mount_tree, ViewOptions, WorkspaceOptions};
+use crate::sys::signal::Blocked;
 
 /// How long a daemon may take to answer, or to close its store at the end.
 pub const DAEMON_WAIT: Duration = Duration::from_secs(20);
@@ -40,28 +42,13 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError {
 
 /// Blocks SIGINT, SIGTERM and SIGHUP in this thread (and the threads it starts), so
 /// they can be waited for.
-pub fn block_signals() -> libc::sigset_t {
-    // SAFETY: initializing and using a local signal set.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-            libc::sigaddset(&mut set, s);
-        }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    }
+pub fn block_signals() -> Blocked {
+    Blocked::block(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP])
 }
 
 /// Whether one of the blocked `signals` arrived within `ms` milliseconds.
-pub fn wait_signal(signals: &libc::sigset_t, ms: i64) -> bool {
-    let ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: ms * 1_000_000,
-    };
-    // SAFETY: a valid signal set and timeout; the signals are blocked in this thread.
-    let sig = unsafe { libc::sigtimedwait(signals, std::ptr::null_mut(), &ts) };
-    sig > 0
+pub fn wait_signal(signals: &Blocked, ms: u64) -> bool {
+    signals.wait(Some(Duration::from_millis(ms))).is_some()
 }
 
 /// Runs this process's command again with `--foreground` as a detached process (its
@@ -87,13 +74,8 @@ pub fn start_detached(
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(err);
-    // SAFETY: setsid in the child before exec detaches it from our session.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::setsid();
-            Ok(())
-        });
-    }
+    // Its own session: detached from ours.
+    crate::sys::process::detach(&mut cmd, false);
     let mut child = cmd.spawn().map_err(io(format!("starting {what}")))?;
     let start = Instant::now();
     loop {
@@ -141,8 +123,7 @@ fn open_log(log: &Path) -> std::io::Result<std::fs::File> {
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(log)?;
     let m = f.metadata()?;
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
+    let euid = rustix::process::geteuid().as_raw();
     if !m.file_type().is_file() || m.uid() != euid || m.nlink() != 1 {
         return Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
@@ -166,8 +147,10 @@ pub fn wait_daemon_exit(pid_file: &Path) -> bool {
         return true;
     };
     let start = Instant::now();
-    // SAFETY: kill with signal 0 only checks that the process exists.
-    while pid_file.exists() && unsafe { libc::kill(pid, 0) } == 0 {
+    // Signal 0 only checks that the process exists (a pid of 0 or less names a group,
+    // as kill(2) has it: taken to be there).
+    let exists = || Pid::from_raw(pid).is_none_or(|p| test_kill_process(p).is_ok());
+    while pid_file.exists() && exists() {
         if start.elapsed() > DAEMON_WAIT {
             return false;
         }

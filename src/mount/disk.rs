@@ -20,11 +20,12 @@ use std::collections::BTreeSet;
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use super::overlay::cstr;
+use rustix::mount::MountFlags;
 use std::sync::Mutex;
 
 /// The smallest bound: room for ext4's own structures and a journal.
@@ -46,37 +47,6 @@ fn mkfs_path() -> io::Result<&'static str> {
                 "mkfs.ext4 is not installed (e2fsprogs)".to_string(),
             )
         })
-}
-
-// <linux/loop.h>
-const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
-const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
-const LO_FLAGS_AUTOCLEAR: u32 = 4;
-const LO_FLAGS_DIRECT_IO: u32 = 16;
-
-#[repr(C)]
-struct LoopInfo64 {
-    lo_device: u64,
-    lo_inode: u64,
-    lo_rdevice: u64,
-    lo_offset: u64,
-    lo_sizelimit: u64,
-    lo_number: u32,
-    lo_encrypt_type: u32,
-    lo_encrypt_key_size: u32,
-    lo_flags: u32,
-    lo_file_name: [u8; 64],
-    lo_crypt_name: [u8; 64],
-    lo_encrypt_key: [u8; 32],
-    lo_init: [u64; 2],
-}
-
-#[repr(C)]
-struct LoopConfig {
-    fd: u32,
-    block_size: u32,
-    info: LoopInfo64,
-    reserved: [u64; 8],
 }
 
 /// Whether bounded disks can be made in the store at `store_root`: one is made (of
@@ -268,10 +238,8 @@ fn refill(spares: PathBuf, bytes: u64) {
         .name("casfs-disk-spares".into())
         .spawn(move || {
             // Below the work that is waited for; mkfs.ext4 inherits it.
-            // SAFETY: setpriority of this thread only (nice is per thread on Linux).
-            unsafe {
-                libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10);
-            }
+            // Of this thread only (nice is per thread on Linux).
+            let _ = rustix::process::setpriority_process(Some(rustix::thread::gettid()), 10);
             loop {
                 if let Err(e) = make_spares(&dir, bytes) {
                     tracing::warn!("making spare disks in {}: {e}", dir.display());
@@ -349,19 +317,7 @@ fn prepare_root(root: &Path) -> io::Result<()> {
 /// Binds the file system mounted at `from` at `to` (its mount's flags kept).
 fn bind(from: &Path, to: &Path) -> io::Result<()> {
     let (src, target) = (cstr(from)?, cstr(to)?);
-    // SAFETY: NUL-terminated strings that outlive the call.
-    let r = unsafe {
-        libc::mount(
-            src.as_ptr(),
-            target.as_ptr(),
-            std::ptr::null(),
-            libc::MS_BIND,
-            std::ptr::null(),
-        )
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    rustix::mount::mount_bind(src.as_c_str(), target.as_c_str())?;
     Ok(())
 }
 
@@ -527,42 +483,17 @@ fn attach(file: &File) -> io::Result<(File, PathBuf)> {
     let mut last = None;
     // Another process may take the free device first: ask again.
     for _ in 0..16 {
-        // SAFETY: an ioctl without an argument on the loop control device.
-        let n = unsafe { libc::ioctl(ctl.as_raw_fd(), LOOP_CTL_GET_FREE as _) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let n = crate::sys::loop_dev::free(ctl.as_fd())?;
         let path = PathBuf::from(format!("/dev/loop{n}"));
         let dev = OpenOptions::new()
             .read(true)
             .write(true)
             .custom_flags(libc::O_CLOEXEC)
             .open(&path)?;
-        let config = LoopConfig {
-            fd: file.as_raw_fd() as u32,
-            block_size: 0,
-            info: LoopInfo64 {
-                lo_device: 0,
-                lo_inode: 0,
-                lo_rdevice: 0,
-                lo_offset: 0,
-                lo_sizelimit: 0,
-                lo_number: 0,
-                lo_encrypt_type: 0,
-                lo_encrypt_key_size: 0,
-                lo_flags: LO_FLAGS_AUTOCLEAR | LO_FLAGS_DIRECT_IO,
-                lo_file_name: [0; 64],
-                lo_crypt_name: [0; 64],
-                lo_encrypt_key: [0; 32],
-                lo_init: [0; 2],
-            },
-            reserved: [0; 8],
+        let e = match crate::sys::loop_dev::configure(dev.as_fd(), file.as_fd()) {
+            Ok(()) => return Ok((dev, path)),
+            Err(e) => e,
         };
-        // SAFETY: LOOP_CONFIGURE reads a `struct loop_config` that outlives the call.
-        if unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_CONFIGURE as _, &config) } == 0 {
-            return Ok((dev, path));
-        }
-        let e = io::Error::last_os_error();
         if e.raw_os_error() != Some(libc::EBUSY) {
             return Err(e);
         }
@@ -612,18 +543,12 @@ fn mount(dev: &Path, dir: &Path) -> io::Result<()> {
     // elsewhere still holds it) makes it read-only, whatever its superblock says: never
     // a panic of the host.
     let data = CString::new("errors=remount-ro").expect("no NUL");
-    // SAFETY: NUL-terminated strings that outlive the call.
-    let r = unsafe {
-        libc::mount(
-            src.as_ptr(),
-            target.as_ptr(),
-            fstype.as_ptr(),
-            libc::MS_NOSUID | libc::MS_NODEV,
-            data.as_ptr().cast(),
-        )
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    rustix::mount::mount(
+        src.as_c_str(),
+        target.as_c_str(),
+        fstype.as_c_str(),
+        MountFlags::NOSUID | MountFlags::NODEV,
+        data.as_c_str(),
+    )?;
     Ok(())
 }

@@ -21,17 +21,26 @@
 //! the user's own and closed to others: a pid file another user could write would let
 //! them choose the namespace our mounts are made in.
 //!
-//! Depends on nothing of casfs; every function is safe to call from a process with
+//! Depends on nothing of casfs but `sys`; every function is safe to call from a process with
 //! threads except [`enter`], which the kernel allows only to a single-threaded one.
 
 use std::ffi::CString;
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+use rustix::fs::{Access, FlockOperation};
+use rustix::thread::{
+    configure_capability_in_ambient_set, move_into_link_name_space,
+    remove_capability_from_bounding_set, CapabilitySet, CapabilitySets, LinkNameSpaceType,
+};
+
+use crate::sys;
+use crate::sys::signal::Blocked;
 
 /// Why the user's namespace cannot be made, entered or used.
 #[derive(Debug, thiserror::Error)]
@@ -63,8 +72,12 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> NamespaceError 
 
 /// The effective uid of this process.
 pub fn euid() -> u32 {
-    // SAFETY: geteuid cannot fail.
-    unsafe { libc::geteuid() }
+    rustix::process::geteuid().as_raw()
+}
+
+/// The effective gid of this process.
+fn egid() -> u32 {
+    rustix::process::getegid().as_raw()
 }
 
 /// Whether mounts of this process are rootless ones (made in the user's namespace).
@@ -145,24 +158,16 @@ fn ns_id(pid: &str, kind: &str) -> Option<u64> {
 /// namespace (an agent) can make a namespace of its own inside it and name it in the pid
 /// file; that one's parent is casfs's, not ours, and it is never joined from here.
 fn made_here(pid: i32) -> bool {
-    const NS_GET_PARENT: libc::c_ulong = 0xb702;
-    const NS_GET_OWNER_UID: libc::c_ulong = 0xb704;
     let Ok(f) = File::open(format!("/proc/{pid}/ns/user")) else {
         return false;
     };
-    let mut owner: libc::uid_t = u32::MAX;
-    // SAFETY: an nsfs descriptor and a pointer to a uid_t, as the ioctl wants.
-    if unsafe { libc::ioctl(f.as_raw_fd(), NS_GET_OWNER_UID, &mut owner) } != 0 || owner != euid() {
+    if sys::ns::owner_uid(f.as_fd()).ok() != Some(euid()) {
         return false;
     }
-    // SAFETY: an nsfs descriptor; the ioctl returns a new descriptor or -1.
-    let parent = unsafe { libc::ioctl(f.as_raw_fd(), NS_GET_PARENT) };
-    if parent < 0 {
+    let Ok(parent) = sys::ns::parent(f.as_fd()) else {
         return false;
-    }
-    // SAFETY: a descriptor the ioctl just opened, owned from here on.
-    let parent = File::from(unsafe { std::os::fd::OwnedFd::from_raw_fd(parent) });
-    parent.metadata().ok().map(|m| m.ino()) == ns_id("self", "user")
+    };
+    File::from(parent).metadata().ok().map(|m| m.ino()) == ns_id("self", "user")
 }
 
 /// The holder of the user's namespace, as its pid file names it: verified alive and
@@ -302,61 +307,7 @@ fn kernel_too_old() -> Option<String> {
 /// namespace, this user's uid and gid mapped, and a tmpfs mounted in it (where a
 /// namespace is made but given no rights, as under AppArmor's restriction, that fails).
 fn try_unshare() -> std::io::Result<()> {
-    // SAFETY: getegid cannot fail.
-    let (uid, gid) = (euid(), unsafe { libc::getegid() });
-    // Everything the child uses is made before the fork: it may only make system calls.
-    let files = [
-        (c"/proc/self/setgroups", "deny".to_string()),
-        (c"/proc/self/uid_map", format!("{uid} {uid} 1\n")),
-        (c"/proc/self/gid_map", format!("{gid} {gid} 1\n")),
-    ];
-    let (tmpfs, target) = (c"tmpfs", c"/tmp");
-    // SAFETY: the child makes only system calls (unshare, open, write, close, mount,
-    // _exit: async-signal-safe) on memory made before the fork, so forking a process
-    // with threads is sound.
-    unsafe {
-        let pid = libc::fork();
-        if pid < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        if pid == 0 {
-            let fail = || libc::_exit((*libc::__errno_location()).clamp(1, 255));
-            if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
-                fail();
-            }
-            for (path, text) in &files {
-                let fd = libc::open(path.as_ptr(), libc::O_WRONLY);
-                if fd < 0 || libc::write(fd, text.as_ptr().cast(), text.len()) < 0 {
-                    fail();
-                }
-                libc::close(fd);
-            }
-            if libc::mount(
-                tmpfs.as_ptr(),
-                target.as_ptr(),
-                tmpfs.as_ptr(),
-                libc::MS_NOSUID | libc::MS_NODEV,
-                std::ptr::null(),
-            ) != 0
-            {
-                fail();
-            }
-            libc::_exit(0);
-        }
-        let mut status = 0;
-        while libc::waitpid(pid, &mut status, 0) < 0 {
-            if *libc::__errno_location() != libc::EINTR {
-                return Err(std::io::Error::last_os_error());
-            }
-        }
-        if !libc::WIFEXITED(status) {
-            return Err(std::io::Error::other("the probe was killed"));
-        }
-        match libc::WEXITSTATUS(status) {
-            0 => Ok(()),
-            e => Err(std::io::Error::from_raw_os_error(e)),
-        }
-    }
+    sys::ns::probe_user_namespace(euid(), egid())
 }
 
 /// Why the user cannot have rootless overlay mounts here (None: they can): overlayfs
@@ -370,13 +321,11 @@ pub fn rootless_overlay_blocked() -> Option<String> {
     if !overlay {
         return Some("the kernel has no overlayfs (modprobe overlay)".into());
     }
-    let fuse = CString::new("/dev/fuse").expect("no NUL");
-    // SAFETY: a NUL-terminated path.
-    if unsafe { libc::access(fuse.as_ptr(), libc::R_OK | libc::W_OK) } != 0 {
+    if let Err(e) = rustix::fs::access("/dev/fuse", Access::READ_OK | Access::WRITE_OK) {
         return Some(format!(
             "/dev/fuse is not readable and writable by uid {} ({})",
             euid(),
-            std::io::Error::last_os_error()
+            std::io::Error::from(e)
         ));
     }
     if let Err(e) = runtime_dir() {
@@ -402,12 +351,9 @@ pub fn ensure_holder() -> Result<Holder, NamespaceError> {
         "creating {}",
         dir.join("namespace.lock").display()
     )))?;
-    // SAFETY: a valid descriptor; the lock goes with it.
-    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        return Err(io("locking casfs's namespace")(
-            std::io::Error::last_os_error(),
-        ));
-    }
+    // The lock goes with the descriptor.
+    rustix::fs::flock(&lock, FlockOperation::LockExclusive)
+        .map_err(|e| io("locking casfs's namespace")(e.into()))?;
     if let Some(h) = Holder::find() {
         return Ok(h);
     }
@@ -432,16 +378,8 @@ pub fn ensure_holder() -> Result<Holder, NamespaceError> {
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(err);
-    // SAFETY: in the child before exec: setsid (the holder outlives our session), and
-    // every descriptor above stderr closed (close_range is async-signal-safe).
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        cmd.pre_exec(|| {
-            libc::setsid();
-            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-            Ok(())
-        });
-    }
+    // Its own session (the holder outlives ours), and no descriptor above stderr.
+    sys::process::detach(&mut cmd, true);
     let mut child = cmd
         .spawn()
         .map_err(io("starting casfs's namespace holder"))?;
@@ -474,16 +412,14 @@ pub fn ensure_holder() -> Result<Holder, NamespaceError> {
 /// themselves), records itself, and waits until SIGTERM or SIGINT. Must run in a fresh,
 /// single-threaded process.
 pub fn run_holder() -> Result<(), NamespaceError> {
-    let (uid, gid) = (euid(), unsafe { libc::getegid() });
+    let (uid, gid) = (euid(), egid());
     if uid == 0 {
         return Err(NamespaceError::Refused(
             "root mounts need no namespace of their own".into(),
         ));
     }
     single_threaded()?;
-    // SAFETY: no arguments beyond flags.
-    if unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) } != 0 {
-        let e = std::io::Error::last_os_error();
+    if let Err(e) = sys::ns::unshare_user_and_mount() {
         return Err(match userns_blocked() {
             Some(why) => NamespaceError::Forbidden(why),
             None => io("unshare(CLONE_NEWUSER | CLONE_NEWNS)")(e),
@@ -518,19 +454,12 @@ pub fn run_holder() -> Result<(), NamespaceError> {
         "casfs: holding the user and mount namespace of uid {uid} (pid {})",
         me.pid
     );
-    // SAFETY: a local signal set; the signals are blocked in this (only) thread.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-            libc::sigaddset(&mut set, s);
-        }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        loop {
-            let sig = libc::sigwaitinfo(&set, std::ptr::null_mut());
-            if sig == libc::SIGINT || sig == libc::SIGTERM {
-                break;
-            }
+    // Blocked in this (only) thread, then waited for.
+    let signals = Blocked::block(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP]);
+    loop {
+        let sig = signals.wait(None);
+        if sig == Some(libc::SIGINT) || sig == Some(libc::SIGTERM) {
+            break;
         }
     }
     // Only our own record goes: a newer holder's stays.
@@ -567,18 +496,17 @@ pub fn enter(holder: &Holder) -> Result<(), NamespaceError> {
     }
     single_threaded()?;
     let cwd = std::env::current_dir().map_err(io("reading the working directory"))?;
-    for (kind, flag) in [("user", libc::CLONE_NEWUSER), ("mnt", libc::CLONE_NEWNS)] {
+    for (kind, flag) in [
+        ("user", LinkNameSpaceType::User),
+        ("mnt", LinkNameSpaceType::Mount),
+    ] {
         if ns_id("self", kind) == ns_id(&holder.pid.to_string(), kind) {
             continue;
         }
         let path = format!("/proc/{}/ns/{kind}", holder.pid);
         let f = File::open(&path).map_err(io(format!("opening {path}")))?;
-        // SAFETY: a valid namespace descriptor.
-        if unsafe { libc::setns(f.as_raw_fd(), flag) } != 0 {
-            return Err(io(format!("joining {path}"))(
-                std::io::Error::last_os_error(),
-            ));
-        }
+        move_into_link_name_space(f.as_fd(), Some(flag))
+            .map_err(|e| io(format!("joining {path}"))(e.into()))?;
     }
     if !holder.contains_self() {
         return Err(NamespaceError::Refused(format!(
@@ -591,59 +519,23 @@ pub fn enter(holder: &Holder) -> Result<(), NamespaceError> {
     Ok(())
 }
 
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: i32,
+/// This process's capability sets.
+fn capabilities() -> Result<CapabilitySets, NamespaceError> {
+    rustix::thread::capabilities(None).map_err(|e| io("capget")(e.into()))
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
-
-const CAP_VERSION_3: u32 = 0x2008_0522;
-
-/// This process's capability sets (the first 32 capabilities; casfs needs no other).
-fn capabilities() -> Result<[CapData; 2], NamespaceError> {
-    let mut h = CapHeader {
-        version: CAP_VERSION_3,
-        pid: 0,
-    };
-    let mut d = [CapData::default(); 2];
-    // SAFETY: capget with a version-3 header and two data words, as the ABI wants.
-    if unsafe { libc::syscall(libc::SYS_capget, &mut h, d.as_mut_ptr()) } != 0 {
-        return Err(io("capget")(std::io::Error::last_os_error()));
-    }
-    Ok(d)
-}
-
-fn set_cap_data(d: &[CapData; 2]) -> Result<(), NamespaceError> {
-    let h = CapHeader {
-        version: CAP_VERSION_3,
-        pid: 0,
-    };
-    // SAFETY: capset with a version-3 header and two data words, as the ABI wants.
-    if unsafe { libc::syscall(libc::SYS_capset, &h, d.as_ptr()) } != 0 {
-        return Err(io("capset")(std::io::Error::last_os_error()));
-    }
-    Ok(())
+fn set_cap_sets(sets: CapabilitySets) -> Result<(), NamespaceError> {
+    rustix::thread::set_capabilities(None, sets).map_err(|e| io("capset")(e.into()))
 }
 
 /// Sets this process's effective and permitted capabilities to `effective` and
 /// `permitted` (bit masks of the first 32), none inheritable.
 fn set_capabilities(effective: u32, permitted: u32) -> Result<(), NamespaceError> {
-    set_cap_data(&[
-        CapData {
-            effective,
-            permitted,
-            inheritable: 0,
-        },
-        CapData::default(),
-    ])
+    set_cap_sets(CapabilitySets {
+        effective: CapabilitySet::from_bits_retain(effective.into()),
+        permitted: CapabilitySet::from_bits_retain(permitted.into()),
+        inheritable: CapabilitySet::empty(),
+    })
 }
 
 /// Raises [`MOUNTER_CAPS`] (held over the user's namespace once [`enter`] joined it)
@@ -651,25 +543,12 @@ fn set_capabilities(effective: u32, permitted: u32) -> Result<(), NamespaceError
 /// test harness needs whose tests start mount daemons from inside. Never for an agent's
 /// programs: they could move mounts under the daemons.
 pub fn keep_mount_rights() -> Result<(), NamespaceError> {
-    let mut d = capabilities()?;
-    d[0].inheritable |= MOUNTER_CAPS as u32;
-    set_cap_data(&d)?;
+    let mut sets = capabilities()?;
+    sets.inheritable |= CapabilitySet::from_bits_retain(MOUNTER_CAPS);
+    set_cap_sets(sets)?;
     for cap in (0..32).filter(|c| MOUNTER_CAPS & (1 << c) != 0) {
-        // SAFETY: a prctl with integer arguments.
-        let r = unsafe {
-            libc::prctl(
-                libc::PR_CAP_AMBIENT,
-                libc::PR_CAP_AMBIENT_RAISE,
-                cap as libc::c_ulong,
-                0 as libc::c_ulong,
-                0 as libc::c_ulong,
-            )
-        };
-        if r != 0 {
-            return Err(io(format!("raising capability {cap} to the ambient set"))(
-                std::io::Error::last_os_error(),
-            ));
-        }
+        configure_capability_in_ambient_set(CapabilitySet::from_bits_retain(1 << cap), true)
+            .map_err(|e| io(format!("raising capability {cap} to the ambient set"))(e.into()))?;
     }
     Ok(())
 }
@@ -702,16 +581,13 @@ pub fn join_for_mounting() -> Result<Holder, NamespaceError> {
 pub fn drop_privileges() -> Result<(), NamespaceError> {
     let last = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
         .ok()
-        .and_then(|s| s.trim().parse::<libc::c_ulong>().ok())
+        .and_then(|s| s.trim().parse::<u32>().ok())
         .unwrap_or(40);
-    for cap in 0..=last {
-        // SAFETY: a prctl with integer arguments; a capability not in the set is fine.
-        unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0 as libc::c_ulong) };
+    for cap in 0..=last.min(63) {
+        // A capability not in the set is fine.
+        let _ = remove_capability_from_bounding_set(CapabilitySet::from_bits_retain(1 << cap));
     }
-    // SAFETY: a prctl with integer arguments.
-    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0) } != 0 {
-        return Err(io("setting no_new_privs")(std::io::Error::last_os_error()));
-    }
+    rustix::thread::set_no_new_privs(true).map_err(|e| io("setting no_new_privs")(e.into()))?;
     set_capabilities(0, 0)
 }
 
@@ -724,11 +600,8 @@ pub fn exec(argv: &[std::ffi::OsString]) -> NamespaceError {
     let Ok(c) = c else {
         return NamespaceError::Refused("a NUL byte in the command".into());
     };
-    let mut ptrs: Vec<*const libc::c_char> = c.iter().map(|a| a.as_ptr()).collect();
-    ptrs.push(std::ptr::null());
-    // SAFETY: a NUL-terminated array of NUL-terminated strings that outlive the call.
-    unsafe { libc::execvp(ptrs[0], ptrs.as_ptr()) };
-    io(format!("running {}", Path::new(first).display()))(std::io::Error::last_os_error())
+    let e = sys::process::exec(&c);
+    io(format!("running {}", Path::new(first).display()))(e)
 }
 
 #[cfg(test)]

@@ -4,6 +4,11 @@
 pub mod dirfd;
 pub mod inotify;
 pub mod line_socket;
+pub mod loop_dev;
+pub mod ns;
+pub mod proc_maps;
+pub mod process;
+pub mod signal;
 pub mod sync;
 pub mod xattr;
 

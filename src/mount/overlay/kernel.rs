@@ -125,19 +125,13 @@ pub(super) fn mount_overlay(
         cstr(target)?,
         CString::new(opts).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?,
     );
-    // SAFETY: NUL-terminated strings that outlive the call.
-    let r = unsafe {
-        libc::mount(
-            src.as_ptr(),
-            target.as_ptr(),
-            fstype.as_ptr(),
-            libc::MS_NOSUID | libc::MS_NODEV,
-            data.as_ptr().cast(),
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    rustix::mount::mount(
+        src.as_c_str(),
+        target.as_c_str(),
+        fstype.as_c_str(),
+        rustix::mount::MountFlags::NOSUID | rustix::mount::MountFlags::NODEV,
+        data.as_c_str(),
+    )?;
     Ok(())
 }
 

@@ -1,0 +1,43 @@
+//! Signals waited for rather than handled: a set blocked in the calling thread (and
+//! the threads it starts afterwards), then taken one at a time.
+
+use std::time::Duration;
+
+/// A set of signals blocked in the thread that made it.
+#[derive(Clone, Copy)]
+pub struct Blocked {
+    set: libc::sigset_t,
+}
+
+impl Blocked {
+    /// Blocks `signals` (`libc::SIGINT`, ...) in this thread and in the threads it
+    /// starts from now on, so that they can be waited for.
+    pub fn block(signals: &[libc::c_int]) -> Blocked {
+        // SAFETY: a local signal set, initialized before use; pthread_sigmask changes
+        // only this thread's mask.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for s in signals {
+                libc::sigaddset(&mut set, *s);
+            }
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            Blocked { set }
+        }
+    }
+
+    /// The next of the signals to arrive, taken from the pending ones: waited for at
+    /// most `timeout` (for ever if `None`); `None` if none came. Only of use in a
+    /// thread that blocks them (the one that made the set, or one it started after).
+    pub fn wait(&self, timeout: Option<Duration>) -> Option<libc::c_int> {
+        let ts = timeout.map(|t| libc::timespec {
+            tv_sec: t.as_secs() as libc::time_t,
+            tv_nsec: t.subsec_nanos() as libc::c_long,
+        });
+        let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const _);
+        // SAFETY: a valid signal set and, if any, a timeout that outlive the call; no
+        // siginfo is asked for.
+        let sig = unsafe { libc::sigtimedwait(&self.set, std::ptr::null_mut(), ts_ptr) };
+        (sig > 0).then_some(sig)
+    }
+}
