@@ -80,16 +80,30 @@ pub(super) struct Open {
     clock: Option<crate::middleware::portable::Clock>,
 }
 
+/// Runs `f` off the async runtime on the caller's store named `store` (a tenant's
+/// stores are its own: `f` is given the name resolved for the caller), with the
+/// server and the portable stores.
+async fn on_store(
+    s: Arc<Server>,
+    who: Caller,
+    store: String,
+    f: impl FnOnce(&Server, PortableStores, String) -> ApiResult + Send + 'static,
+) -> ApiResult {
+    blocking(move || {
+        let store = who.store(&store);
+        f(&s, PortableStores::of(&s.store), store)
+    })
+    .await
+}
+
 pub(super) async fn open(
     State(s): State<Arc<Server>>,
     who: Caller,
     ApiPath(store): ApiPath<String>,
     ApiJson(b): ApiJson<Open>,
 ) -> ApiResult {
-    blocking(move || {
-        // A tenant's stores are its own.
-        let named = store.clone();
-        let store = who.store(&store);
+    let named = store.clone();
+    on_store(s, who, store, move |s, stores, store| {
         let options =
             if b.lease_duration_ms.is_none() && b.renew_after_ms.is_none() && b.clock.is_none() {
                 None
@@ -102,7 +116,7 @@ pub(super) async fn open(
                 })
             };
         let allow = s.allow_client_clocks();
-        let o = PortableStores::of(&s.store).open(&store, options, allow)?;
+        let o = stores.open(&store, options, allow)?;
         Ok(Json(json!({"store": named, "options": o})))
     })
     .await
@@ -121,11 +135,9 @@ pub(super) async fn acquire(
     ApiPath(store): ApiPath<String>,
     ApiJson(b): ApiJson<Acquire>,
 ) -> ApiResult {
-    blocking(move || {
-        // A tenant's stores are its own.
-        let store = who.store(&store);
+    on_store(s, who, store, move |s, stores, store| {
         s.portable_id("the thread id", &b.thread_id)?;
-        let g = PortableStores::of(&s.store).acquire(&store, &b.thread_id, b.now)?;
+        let g = stores.acquire(&store, &b.thread_id, b.now)?;
         Ok(Json(serde_json::to_value(g).expect("JSON")))
     })
     .await
@@ -144,10 +156,8 @@ pub(super) async fn renew(
     ApiPath(store): ApiPath<String>,
     ApiJson(b): ApiJson<WriterOp>,
 ) -> ApiResult {
-    blocking(move || {
-        // A tenant's stores are its own.
-        let store = who.store(&store);
-        let expires_at = PortableStores::of(&s.store).renew(&store, &b.writer, b.now)?;
+    on_store(s, who, store, move |_, stores, store| {
+        let expires_at = stores.renew(&store, &b.writer, b.now)?;
         Ok(Json(json!({"expires_at": expires_at})))
     })
     .await
@@ -159,13 +169,11 @@ pub(super) async fn release(
     ApiPath(store): ApiPath<String>,
     ApiJson(b): ApiJson<WriterOp>,
 ) -> ApiResult {
-    blocking(move || {
-        // A tenant's stores are its own.
-        let store = who.store(&store);
+    on_store(s, who, store, move |_, stores, store| {
         if b.now.is_some() {
             return Err(ApiError::bad("a release states no `now`"));
         }
-        PortableStores::of(&s.store).release(&store, &b.writer)?;
+        stores.release(&store, &b.writer)?;
         Ok(Json(json!({"ok": true})))
     })
     .await
@@ -176,10 +184,8 @@ pub(super) async fn get(
     who: Caller,
     ApiPath((store, id)): ApiPath<(String, String)>,
 ) -> ApiResult {
-    blocking(move || {
-        // A tenant's stores are its own.
-        let store = who.store(&store);
-        let cp = PortableStores::of(&s.store).get(&store, &id)?;
+    on_store(s, who, store, move |s, stores, store| {
+        let cp = stores.get(&store, &id)?;
         Ok(Json(json!({"checkpoint": cp.map(|c| s.fill(&c))})))
     })
     .await
@@ -190,10 +196,8 @@ pub(super) async fn list(
     who: Caller,
     ApiPath((store, thread)): ApiPath<(String, String)>,
 ) -> ApiResult {
-    blocking(move || {
-        // A tenant's stores are its own.
-        let store = who.store(&store);
-        let l = PortableStores::of(&s.store).list(&store, &thread)?;
+    on_store(s, who, store, move |s, stores, store| {
+        let l = stores.list(&store, &thread)?;
         Ok(Json(Value::Array(l.iter().map(|c| s.fill(c)).collect())))
     })
     .await
@@ -204,10 +208,8 @@ pub(super) async fn head(
     who: Caller,
     ApiPath((store, thread)): ApiPath<(String, String)>,
 ) -> ApiResult {
-    blocking(move || {
-        // A tenant's stores are its own.
-        let store = who.store(&store);
-        let h = PortableStores::of(&s.store).head(&store, &thread)?;
+    on_store(s, who, store, move |_, stores, store| {
+        let h = stores.head(&store, &thread)?;
         Ok(Json(json!({"head": h})))
     })
     .await
@@ -234,9 +236,7 @@ pub(super) async fn append(
     ApiPath(store): ApiPath<String>,
     ApiJson(b): ApiJson<Append>,
 ) -> ApiResult {
-    blocking(move || {
-        // A tenant's stores are its own.
-        let store = who.store(&store);
+    on_store(s, who, store, move |s, stores, store| {
         let expected = b.expected_head_id.ok_or_else(|| {
             ApiError::bad("expected_head_id is required (null for a thread with no head)")
         })?;
@@ -246,13 +246,7 @@ pub(super) async fn append(
             }
         }
         let cp = s.scrub(&b.checkpoint);
-        let head = PortableStores::of(&s.store).append(
-            &store,
-            &cp,
-            expected.as_deref(),
-            &b.writer,
-            b.now,
-        )?;
+        let head = stores.append(&store, &cp, expected.as_deref(), &b.writer, b.now)?;
         Ok(Json(json!({"head_id": head})))
     })
     .await
@@ -273,16 +267,8 @@ pub(super) async fn delete_head(
     ApiPath(store): ApiPath<String>,
     ApiJson(b): ApiJson<DeleteHead>,
 ) -> ApiResult {
-    blocking(move || {
-        // A tenant's stores are its own.
-        let store = who.store(&store);
-        PortableStores::of(&s.store).delete_head(
-            &store,
-            &b.thread_id,
-            &b.checkpoint_id,
-            &b.writer,
-            b.now,
-        )?;
+    on_store(s, who, store, move |_, stores, store| {
+        stores.delete_head(&store, &b.thread_id, &b.checkpoint_id, &b.writer, b.now)?;
         Ok(Json(json!({"ok": true})))
     })
     .await
@@ -293,10 +279,8 @@ pub(super) async fn blob_references(
     who: Caller,
     ApiPath(store): ApiPath<String>,
 ) -> ApiResult {
-    blocking(move || {
-        // A tenant's stores are its own.
-        let store = who.store(&store);
-        let refs = PortableStores::of(&s.store).blob_references(&store)?;
+    on_store(s, who, store, move |_, stores, store| {
+        let refs = stores.blob_references(&store)?;
         Ok(Json(Value::Array(
             refs.into_iter()
                 .map(|(key, references)| json!({"key": key, "references": references}))
@@ -320,9 +304,7 @@ pub(super) async fn fork(
     ApiPath(store): ApiPath<String>,
     ApiJson(b): ApiJson<Fork>,
 ) -> ApiResult {
-    blocking(move || {
-        // A tenant's stores are its own.
-        let store = who.store(&store);
+    on_store(s, who, store, move |s, stores, store| {
         s.portable_id("the destination thread id", &b.fork.destination_thread_id)?;
         s.portable_id(
             "the destination checkpoint id",
@@ -333,7 +315,7 @@ pub(super) async fn fork(
         // placeholder the client wrote.
         let mut fork = b.fork;
         fork.created_at = s.scrub(&fork.created_at);
-        let cp = PortableStores::of(&s.store).fork(&store, &fork, b.now)?;
+        let cp = stores.fork(&store, &fork, b.now)?;
         Ok(Json(json!({"checkpoint": s.fill(&cp)})))
     })
     .await
@@ -344,10 +326,8 @@ pub(super) async fn messages(
     who: Caller,
     ApiPath((store, thread)): ApiPath<(String, String)>,
 ) -> ApiResult {
-    blocking(move || {
-        // A tenant's stores are its own.
-        let store = who.store(&store);
-        let m = PortableStores::of(&s.store).messages(&store, &thread)?;
+    on_store(s, who, store, move |s, stores, store| {
+        let m = stores.messages(&store, &thread)?;
         Ok(Json(json!({"messages": m.map(|m| s.fill(&m))})))
     })
     .await
@@ -359,12 +339,10 @@ pub(super) async fn put_messages(
     ApiPath((store, thread)): ApiPath<(String, String)>,
     ApiJson(messages): ApiJson<Vec<Value>>,
 ) -> ApiResult {
-    blocking(move || {
-        // A tenant's stores are its own.
-        let store = who.store(&store);
+    on_store(s, who, store, move |s, stores, store| {
         s.portable_id("the thread id", &thread)?;
         let m = s.scrub(&Value::Array(messages));
-        PortableStores::of(&s.store).save_messages(&store, &thread, &m)?;
+        stores.save_messages(&store, &thread, &m)?;
         Ok(Json(json!({"ok": true})))
     })
     .await
@@ -375,10 +353,8 @@ pub(super) async fn instance(
     who: Caller,
     ApiPath((store, key)): ApiPath<(String, String)>,
 ) -> ApiResult {
-    blocking(move || {
-        // A tenant's stores are its own.
-        let store = who.store(&store);
-        let r = PortableStores::of(&s.store).instance(&store, &key)?;
+    on_store(s, who, store, move |s, stores, store| {
+        let r = stores.instance(&store, &key)?;
         Ok(Json(json!({"record": r.map(|r| s.fill(&r))})))
     })
     .await
@@ -390,12 +366,10 @@ pub(super) async fn put_instance(
     ApiPath((store, key)): ApiPath<(String, String)>,
     ApiJson(record): ApiJson<Value>,
 ) -> ApiResult {
-    blocking(move || {
-        // A tenant's stores are its own.
-        let store = who.store(&store);
+    on_store(s, who, store, move |s, stores, store| {
         s.portable_id("the instance key", &key)?;
         let r = s.scrub(&record);
-        PortableStores::of(&s.store).put_instance(&store, &key, &r)?;
+        stores.put_instance(&store, &key, &r)?;
         Ok(Json(json!({"ok": true})))
     })
     .await
@@ -406,10 +380,8 @@ pub(super) async fn delete_instance(
     who: Caller,
     ApiPath((store, key)): ApiPath<(String, String)>,
 ) -> ApiResult {
-    blocking(move || {
-        // A tenant's stores are its own.
-        let store = who.store(&store);
-        PortableStores::of(&s.store).delete_instance(&store, &key)?;
+    on_store(s, who, store, move |_, stores, store| {
+        stores.delete_instance(&store, &key)?;
         Ok(Json(json!({"ok": true})))
     })
     .await
