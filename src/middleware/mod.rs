@@ -39,7 +39,7 @@ pub use persistence::{
 };
 pub use policy::{workspace_hash, Oversize, SnapshotPolicy};
 pub use provider::{
-    check_tenant, sandbox_key, CasfsProvider, DirProvider, DirWorkspace, EnsureOutcome,
+    check_tenant, sandbox_key, CasfsProvider, DirProvider, DirWorkspace, EnsureOutcome, Extras,
     SandboxHandle, SandboxProvider, SandboxWorkspace, WeakSandboxHandle,
 };
 pub use publish::{RunOutcome, SnapshotConfig};

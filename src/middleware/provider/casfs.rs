@@ -1,5 +1,11 @@
 //! The casfs provider: one writable workspace mounted per sandbox key, in this
 //! process, on the backend the provider was made with.
+//!
+//! A sandbox's lifetime is its live entry's (`super::live`): every end (destroy,
+//! eviction, reaping) takes the entry out under its key's lock, ends its processes,
+//! unmounts and discards its workspace, then drops the entry and what hangs off it. A
+//! mount that cannot be unmounted yet (files open in it) outlives its sandbox only as
+//! remains on the doomed list: no longer live, discarded before its key is used again.
 
 use crate::sys::Locked;
 use std::collections::HashMap;
@@ -26,8 +32,9 @@ pub struct CasfsProvider {
     opts: WorkspaceOptions,
     mode: MountMode,
     kept: Kept,
-    /// Sandboxes destroyed while busy (files open in them): discarded before their key
-    /// is used again.
+    /// The remains of sandboxes destroyed while busy (files open in them): ended (out of
+    /// the live map, their extras dropped), their mounts discarded before their key is
+    /// used again.
     doomed: Mutex<HashMap<String, Arc<MountedThread>>>,
 }
 
@@ -108,17 +115,18 @@ impl CasfsProvider {
     }
 
     /// Discards the sandboxes `victims` (taken out of the live map with their keys
-    /// locked).
+    /// locked); each entry, with its extras, goes after its workspace.
     fn discard_all(
         &self,
-        victims: Vec<(KeyGuard<'_>, SandboxHandle)>,
+        victims: Vec<(KeyGuard<'_>, Entry)>,
         secrets: &Secrets,
     ) -> MiddlewareResult<usize> {
         let n = victims.len();
-        for (g, h) in victims {
-            if let Some(m) = h.mount() {
+        for (g, e) in victims {
+            if let Some(m) = e.handle.mount() {
                 self.discard(g.key(), m.clone(), secrets)?;
             }
+            drop(e);
         }
         Ok(n)
     }
@@ -138,9 +146,10 @@ impl SandboxProvider for CasfsProvider {
         let key = self.key(ctx);
         check_key(&key)?;
         let _k = self.kept.keys.lock(&key);
-        let (stale, victims) = {
+        let (stale, ended, victims) = {
             let mut live = self.kept.live.lock();
             let mut stale = None;
+            let mut ended = None;
             if let Some(e) = live.get_mut(&key) {
                 let m = e
                     .handle
@@ -152,12 +161,13 @@ impl SandboxProvider for CasfsProvider {
                     return Ok((e.handle.clone(), EnsureOutcome::Resumed));
                 }
                 // Unmounted behind our back, or another thread's: not this run's.
-                live.remove(&key);
+                ended = live.remove(&key);
                 stale = Some(m);
             }
             let tenant = ctx.thread.tenant();
             (
                 stale,
+                ended,
                 self.kept
                     .live
                     .make_room(&mut live, &self.kept.keys, tenant)?,
@@ -168,6 +178,8 @@ impl SandboxProvider for CasfsProvider {
         if let Some(m) = doomed {
             self.discard(&key, m, secrets)?;
         }
+        // The stale sandbox's entry goes after its workspace, outside the map's lock.
+        drop(ended);
         // An earlier sandbox's processes of the key are not this one's.
         self.kept.jails.end(&key);
         let sandbox_err = |detail: String| MiddlewareError::Sandbox {
@@ -235,9 +247,12 @@ impl SandboxProvider for CasfsProvider {
     fn destroy_unheld(&self, key: &str, secrets: &Secrets) -> MiddlewareResult<bool> {
         let _k = self.kept.keys.lock(key);
         let taken = self.kept.live.take_unheld(key)?;
-        match taken.as_ref().and_then(|h| h.mount()) {
+        match taken.as_ref().and_then(|e| e.handle.mount()) {
             Some(m) => {
-                self.discard(key, m.clone(), secrets)?;
+                // The entry and its extras go whether or not the mount could go.
+                let discarded = self.discard(key, m.clone(), secrets);
+                drop(taken);
+                discarded?;
                 Ok(true)
             }
             None => {
@@ -252,8 +267,8 @@ impl SandboxProvider for CasfsProvider {
 
     fn destroy(&self, key: &str, secrets: &Secrets) -> MiddlewareResult<()> {
         let _k = self.kept.keys.lock(key);
-        let taken = self.kept.live.lock().remove(key).map(|e| e.handle);
-        let m = match taken.as_ref().and_then(|h| h.mount()) {
+        let taken = self.kept.live.lock().remove(key);
+        let m = match taken.as_ref().and_then(|e| e.handle.mount()) {
             Some(m) => m.clone(),
             None => match self.doomed_map().get(key).cloned() {
                 Some(m) => m,
@@ -261,7 +276,10 @@ impl SandboxProvider for CasfsProvider {
             },
         };
         // Whoever else holds the mount (an event dispatcher, a listing) sees it gone.
-        self.discard(key, m, secrets)
+        let discarded = self.discard(key, m, secrets);
+        // Then the entry, with what hangs off it.
+        drop(taken);
+        discarded
     }
 
     fn recover(&self, secrets: &Secrets) -> MiddlewareResult<usize> {

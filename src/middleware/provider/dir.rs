@@ -1,5 +1,9 @@
 //! The directory provider: plain directories for hosts without FUSE, captured by
 //! walking them, with file events from inotify.
+//!
+//! As with the casfs provider, a sandbox lives as long as its live entry
+//! (`super::live`): every end ends its processes and removes its directory, then drops
+//! the entry and what hangs off it, after the map's lock is let go.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -81,18 +85,22 @@ impl SandboxProvider for DirProvider {
     ) -> MiddlewareResult<(SandboxHandle, EnsureOutcome)> {
         let key = self.key(ctx);
         check_key(&key)?;
+        // The entries evicted below, dropped after the map's lock (declared before it).
+        let mut ended = Vec::new();
         let mut live = self.kept.live.lock();
         if let Some(e) = live.get_mut(&key) {
             e.used = std::time::Instant::now();
             return Ok((e.handle.clone(), EnsureOutcome::Resumed));
         }
-        for (g, _) in self
+        for (g, e) in self
             .kept
             .live
             .make_room(&mut live, &self.kept.keys, ctx.thread.tenant())?
         {
             self.kept.jails.end(g.key());
-            remove_tree(g.key(), &self.dir.join(g.key()))?;
+            let removed = remove_tree(g.key(), &self.dir.join(g.key()));
+            ended.push(e);
+            removed?;
         }
         let root = self.path(&key);
         // What an earlier sandbox of the key left is not the thread's state, nor are
@@ -137,22 +145,28 @@ impl SandboxProvider for DirProvider {
     ) -> MiddlewareResult<usize> {
         // Removed under the lock: an ensure of the key meanwhile makes a new directory
         // only after this one is gone.
+        let mut ended = Vec::new();
         let mut live = self.kept.live.lock();
         let idle = self.kept.live.idle(&mut live, &self.kept.keys, idle, spare);
-        for (g, _) in &idle {
+        let n = idle.len();
+        for (g, e) in idle {
             self.kept.jails.end(g.key());
-            remove_tree(g.key(), &self.dir.join(g.key()))?;
+            let removed = remove_tree(g.key(), &self.dir.join(g.key()));
+            ended.push(e);
+            removed?;
         }
-        Ok(idle.len())
+        Ok(n)
     }
 
     fn destroy_unheld(&self, key: &str, _secrets: &Secrets) -> MiddlewareResult<bool> {
         let mut live = self.kept.live.lock();
         match super::live::take_unheld_from(&mut live, key)? {
-            Some(_) => {
+            Some(e) => {
                 self.kept.jails.end(key);
-                remove_tree(key, &self.dir.join(key))?;
-                Ok(true)
+                let removed = remove_tree(key, &self.dir.join(key));
+                drop(live);
+                drop(e);
+                removed.map(|()| true)
             }
             None => Ok(false),
         }
@@ -160,11 +174,14 @@ impl SandboxProvider for DirProvider {
 
     fn destroy(&self, key: &str, _secrets: &Secrets) -> MiddlewareResult<()> {
         let mut live = self.kept.live.lock();
-        if live.remove(key).is_none() {
+        let Some(e) = live.remove(key) else {
             return Ok(());
-        }
+        };
         self.kept.jails.end(key);
-        remove_tree(key, &self.dir.join(key))
+        let removed = remove_tree(key, &self.dir.join(key));
+        drop(live);
+        drop(e);
+        removed
     }
 
     fn recover(&self, _secrets: &Secrets) -> MiddlewareResult<usize> {

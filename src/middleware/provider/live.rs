@@ -4,20 +4,38 @@
 //! provider destroys what is evicted. Room is made only among the sandboxes of the
 //! tenant asking for one: one tenant's load never destroys another's work (at the cap
 //! of all, a tenant with nothing idle of its own is refused).
+//!
+//! The live map's [`Entry`] is the one owner of a sandbox's lifetime: made by the
+//! provider's `ensure`, it ends when the provider takes it out of the map (destroy,
+//! a `DELETE`'s `destroy_unheld`, eviction to make room, idle reaping, the server
+//! stopping), and nothing else keeps a sandbox alive or decides that it goes. What
+//! others keep with a sandbox hangs off its entry ([`Extras`]: the API's file events,
+//! their watcher and waiters, its network) and is dropped with it, after the provider
+//! has ended its processes and discarded its workspace, outside the map's lock.
 
 use crate::sys::Locked;
+use std::any::Any;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::handle::SandboxHandle;
 use crate::middleware::error::{MiddlewareError, MiddlewareResult};
 
+/// What a user of the provider keeps with one live sandbox (the server's API: its
+/// events and their watcher): attached to the sandbox's [`Entry`]
+/// ([`Live::attach`]) and dropped when the sandbox ends. Any type: the provider knows
+/// nothing of its users' (`middleware::serve` is above it).
+pub type Extras = Arc<dyn Any + Send + Sync>;
+
+/// A live sandbox: the owner of its lifetime, and of everything kept with it.
 pub(crate) struct Entry {
     pub handle: SandboxHandle,
     /// When a run last took it (or it was made).
     pub used: Instant,
+    /// What a user keeps with it, gone with it.
+    pub extras: Option<Extras>,
 }
 
 impl Entry {
@@ -26,6 +44,7 @@ impl Entry {
         Entry {
             handle,
             used: Instant::now(),
+            extras: None,
         }
     }
 }
@@ -74,17 +93,44 @@ impl Live {
         self.lock().keys().cloned().collect()
     }
 
+    /// The extras of live sandbox `h` (that very sandbox, not another of its key),
+    /// made by `make` if it has none. None: it is no longer live.
+    pub fn attach(&self, h: &SandboxHandle, make: &mut dyn FnMut() -> Extras) -> Option<Extras> {
+        let mut map = self.lock();
+        let e = map
+            .get_mut(&h.key)
+            .filter(|e| e.handle.instance() == h.instance())?;
+        Some(e.extras.get_or_insert_with(make).clone())
+    }
+
+    /// Calls `f` with the extras of live sandbox `key`, if it has any, under the map's
+    /// lock (so that they are never held past the sandbox's end: it drops them).
+    pub fn with_attached(&self, key: &str, f: &mut dyn FnMut(&Extras)) {
+        if let Some(x) = self.lock().get(key).and_then(|e| e.extras.as_ref()) {
+            f(x)
+        }
+    }
+
+    /// The keys of the live sandboxes that have extras.
+    pub fn attached_keys(&self) -> HashSet<String> {
+        self.lock()
+            .iter()
+            .filter(|(_, e)| e.extras.is_some())
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
     /// Makes room in `map` for one more sandbox of `tenant` (None: the
     /// administrators'): removes and returns that tenant's idle sandboxes, least
     /// recently used first, with their key locks taken (one whose key is locked is being
-    /// changed: not idle), for the caller to destroy, until both the cap of all and the
+    /// changed: not idle), for the caller to destroy (and then drop), until both the cap of all and the
     /// tenant's own hold. Refused (429) when the tenant has nothing idle to give up.
     pub fn make_room<'k>(
         &self,
         map: &mut LiveMap,
         keys: &'k KeyLocks,
         tenant: Option<&str>,
-    ) -> MiddlewareResult<Vec<(KeyGuard<'k>, SandboxHandle)>> {
+    ) -> MiddlewareResult<Vec<(KeyGuard<'k>, Entry)>> {
         let max = self.max.load(Ordering::Relaxed);
         let per = match tenant {
             Some(_) => self.max_per_tenant.load(Ordering::Relaxed),
@@ -119,7 +165,7 @@ impl Live {
             };
             if let Some(g) = keys.try_lock(&k) {
                 let e = map.remove(&k).expect("listed above");
-                out.push((g, e.handle));
+                out.push((g, e));
             }
         }
     }
@@ -133,7 +179,7 @@ impl Live {
 
     /// Takes sandbox `key` out of the map unless someone holds it (see
     /// [`take_unheld_from`]).
-    pub fn take_unheld(&self, key: &str) -> MiddlewareResult<Option<SandboxHandle>> {
+    pub fn take_unheld(&self, key: &str) -> MiddlewareResult<Option<Entry>> {
         take_unheld_from(&mut self.lock(), key)
     }
 
@@ -146,7 +192,7 @@ impl Live {
         keys: &'k KeyLocks,
         idle: Duration,
         spare: &dyn Fn(&str) -> bool,
-    ) -> Vec<(KeyGuard<'k>, SandboxHandle)> {
+    ) -> Vec<(KeyGuard<'k>, Entry)> {
         let now = Instant::now();
         for e in map.values_mut() {
             if e.handle.in_use() {
@@ -162,7 +208,7 @@ impl Live {
             .into_iter()
             .filter_map(|k| {
                 let g = keys.try_lock(&k)?;
-                map.remove(&k).map(|e| (g, e.handle))
+                map.remove(&k).map(|e| (g, e))
             })
             .collect()
     }
@@ -170,10 +216,7 @@ impl Live {
 
 /// Takes sandbox `key` out of `map` unless someone besides the provider holds it (a
 /// run, a capture in progress): that is refused, naming the key, and the sandbox stays.
-pub(crate) fn take_unheld_from(
-    map: &mut LiveMap,
-    key: &str,
-) -> MiddlewareResult<Option<SandboxHandle>> {
+pub(crate) fn take_unheld_from(map: &mut LiveMap, key: &str) -> MiddlewareResult<Option<Entry>> {
     match map.get(key) {
         None => Ok(None),
         Some(e) if e.handle.in_use() => Err(MiddlewareError::SandboxBusy {
@@ -182,7 +225,7 @@ pub(crate) fn take_unheld_from(
                      the sandbox is kept"
                 .into(),
         }),
-        Some(_) => Ok(map.remove(key).map(|e| e.handle)),
+        Some(_) => Ok(map.remove(key)),
     }
 }
 

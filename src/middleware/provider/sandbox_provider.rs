@@ -1,19 +1,27 @@
 //! What a provider of sandboxes is ([`SandboxProvider`]), and what every provider keeps
 //! of its sandboxes ([`Kept`]), which the trait's methods answer from.
+//!
+//! The provider owns each sandbox's lifetime, from `ensure` to the end that takes its
+//! live entry out (`super::live`); users keep what they need with a sandbox on its
+//! entry ([`SandboxProvider::attach`]) rather than in maps of their own by key, so that
+//! it goes when the sandbox goes.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::handle::{EnsureOutcome, SandboxHandle};
 use super::keys::sandbox_key;
-use super::live::{KeyLocks, Live};
+use super::live::{Extras, KeyLocks, Live};
 use crate::middleware::context::RunContext;
 use crate::middleware::error::MiddlewareResult;
 use crate::middleware::secrets::Secrets;
 
 /// What every provider keeps of its sandboxes, and the one place their lifetime is
-/// decided: the live ones (capped in all and per tenant), a lock per key (held while a
-/// key's sandbox is made, resumed or destroyed) and the isolation of their processes.
+/// decided: the live ones (capped in all and per tenant), each entry the owner of its
+/// sandbox and of the extras its users attached; a lock per key (held while a key's
+/// sandbox is made, resumed or destroyed); and the isolation of their processes, by
+/// key (`isolate::Jails`, which starts one without holding the live map), ended by
+/// every end of a sandbox before its workspace goes.
 #[derive(Default)]
 pub struct Kept {
     pub(crate) live: Live,
@@ -73,6 +81,30 @@ pub trait SandboxProvider: Send + Sync {
     /// holding them ([`SandboxHandle::look`]).
     fn live(&self) -> Vec<SandboxHandle> {
         self.kept().map(|k| k.live.handles()).unwrap_or_default()
+    }
+
+    /// What a user keeps with live sandbox `h` (that very sandbox, not an earlier or
+    /// later one of its key): the extras attached to it, or, if it has none, those
+    /// `make` makes, attached now. They are dropped when the sandbox ends, however it
+    /// ends. None: it is no longer live, or this provider keeps nothing itself.
+    fn attach(&self, h: &SandboxHandle, make: &mut dyn FnMut() -> Extras) -> Option<Extras> {
+        self.kept()?.live.attach(h, make)
+    }
+
+    /// Calls `f` with the extras attached to live sandbox `key`, if any, under the
+    /// provider's lock: `f` takes what it needs of them, quickly, and holds on to none
+    /// of them, so that they go when the sandbox goes, where it goes.
+    fn with_attached(&self, key: &str, f: &mut dyn FnMut(&Extras)) {
+        if let Some(k) = self.kept() {
+            k.live.with_attached(key, f)
+        }
+    }
+
+    /// The keys of the live sandboxes that have extras attached.
+    fn attached_keys(&self) -> std::collections::HashSet<String> {
+        self.kept()
+            .map(|k| k.live.attached_keys())
+            .unwrap_or_default()
     }
 
     /// Live sandbox `key`, held while the handle returned lives (a capture of it).

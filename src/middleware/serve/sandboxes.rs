@@ -105,14 +105,15 @@ pub(super) async fn create(
             }
         };
         let eager = b.events.unwrap_or(true);
-        s.register(&h, &t, eager)?;
+        let api = s.register(&h, &t, eager)?;
         // A resumed sandbox keeps what it asked for unless this asks again (it takes
         // effect at its next isolation's start).
         if network.is_some() {
-            if let Some(a) = s.sandboxes.lock().get_mut(&h.key) {
-                a.network = network;
+            if let Some(a) = &api {
+                *a.network.locked() = network;
             }
         }
+        let recording = api.is_some_and(|a| a.watcher.locked().is_some());
         Ok(Json(json!({
             "key": h.key,
             "path": h.root,
@@ -123,68 +124,58 @@ pub(super) async fn create(
             "kind": if h.mount().is_some() { "mount" } else { "dir" },
             "mode": h.mount().map(|m| m.mode()),
             "namespace": h.mount().and_then(|m| NamespaceInfo::of_mount(m.mode(), &h.root)),
-            "events": if s.watching(&h.key) { "recording" } else { "from_first_read" },
+            "events": if recording { "recording" } else { "from_first_read" },
         })))
     })
     .await
 }
 
 impl Server {
-    /// Keeps the file events of API sandbox `h`: recorded from now when `eager`, else
-    /// from the first events request (a sandbox already recording goes on).
-    fn register(&self, h: &SandboxHandle, thread: &ThreadId, eager: bool) -> Result<(), ApiError> {
-        let known = {
-            let m = self.sandboxes.lock();
-            // Resumed: its events go on. One of an earlier sandbox of the key (evicted,
-            // reaped) is replaced.
-            m.get(&h.key)
-                .filter(|s| &s.thread == thread && s.handle.is(h))
-                .map(|s| s.watcher.clone())
-        };
-        let watcher = match known {
-            Some(w) => w,
-            None => {
-                let events = Arc::new(Mutex::new(EventRing::new(self.limits().max_events)));
-                let notify = Arc::new(tokio::sync::Notify::new());
-                let (sink, wake) = (events.clone(), notify.clone());
-                let cfg = FileEvents {
-                    on_event: Arc::new(move |e| {
-                        sink.locked().push(e);
-                        wake.notify_waiters();
-                    }),
-                    diff: self
-                        .mw
-                        .config()
-                        .file_events
-                        .as_ref()
-                        .is_some_and(|f| f.diff),
-                };
-                let watcher = Arc::new(Mutex::new(None));
-                let was = self.sandboxes.lock().insert(
-                    h.key.clone(),
-                    ApiSandbox {
-                        thread: thread.clone(),
-                        events,
-                        notify,
-                        gone: Arc::new(AtomicBool::new(false)),
-                        handle: h.downgrade(),
-                        cfg,
-                        watcher: watcher.clone(),
-                        network: None,
-                    },
-                );
-                // The earlier sandbox's watcher is joined outside the lock.
-                drop(was);
-                watcher
+    /// Keeps the file events of API sandbox `h`, on the provider's entry of it:
+    /// recorded from now when `eager`, else from the first events request (a sandbox
+    /// already recording goes on). None: the sandbox went meanwhile (its events are not
+    /// found).
+    fn register(
+        &self,
+        h: &SandboxHandle,
+        thread: &ThreadId,
+        eager: bool,
+    ) -> Result<Option<Arc<ApiSandbox>>, ApiError> {
+        let cap = self.limits().max_events;
+        let diff = self
+            .mw
+            .config()
+            .file_events
+            .as_ref()
+            .is_some_and(|f| f.diff);
+        // Resumed: its events go on. An earlier sandbox of the key (evicted, reaped)
+        // took its own with it. (Made under the provider's lock: nothing slow.)
+        let api = self.sandboxes.attach(h, || {
+            let events = Arc::new(Mutex::new(EventRing::new(cap)));
+            let notify = Arc::new(tokio::sync::Notify::new());
+            let (sink, wake) = (events.clone(), notify.clone());
+            let cfg = FileEvents {
+                on_event: Arc::new(move |e| {
+                    sink.locked().push(e);
+                    wake.notify_waiters();
+                }),
+                diff,
+            };
+            ApiSandbox {
+                thread: thread.clone(),
+                events,
+                notify,
+                gone: Arc::new(AtomicBool::new(false)),
+                handle: h.downgrade(),
+                cfg,
+                watcher: Arc::new(Mutex::new(None)),
+                network: Mutex::new(None),
             }
-        };
-        if eager {
-            let cfg = self.sandboxes.lock().get(&h.key).map(|s| s.cfg.clone());
-            if let Some(cfg) = cfg {
-                start_watcher(&watcher, h, &cfg)?;
-            }
+        });
+        if let (Some(a), true) = (&api, eager) {
+            start_watcher(&a.watcher, h, &a.cfg)?;
         }
-        Ok(())
+        Ok(api)
     }
 
     /// The destinations `asked` names, each within the server's allow-list.
@@ -209,12 +200,6 @@ impl Server {
             out.push(d);
         }
         Ok(out)
-    }
-
-    /// Whether API sandbox `key` records its events now.
-    fn watching(&self, key: &str) -> bool {
-        let w = self.sandboxes.lock().get(key).map(|s| s.watcher.clone());
-        w.is_some_and(|w| w.locked().is_some())
     }
 }
 
@@ -270,9 +255,8 @@ pub(super) async fn destroy(
                     }
                     e => e.into(),
                 })?;
-        // Its watcher stops, and requests waiting for its events are answered.
-        let was = s.sandboxes.lock().remove(&key);
-        drop(was);
+        // With it went what the API kept of it: its watcher stopped, and requests
+        // waiting for its events were answered.
         Ok(Json(json!({"ok": true, "destroyed": destroyed})))
     })
     .await
@@ -310,15 +294,18 @@ pub(super) async fn events(
     ApiPath(key): ApiPath<String>,
     ApiQuery(q): ApiQuery<EventsQuery>,
 ) -> ApiResult {
-    let (events, notify, gone, watch) = {
-        let m = s.sandboxes.lock();
-        let sb = m
-            .get(&key)
-            .filter(|sb| who.owns(&sb.thread))
-            .ok_or_else(|| no_sandbox(&key))?;
-        let watch = (sb.watcher.clone(), sb.handle.clone(), sb.cfg.clone());
-        (sb.events.clone(), sb.notify.clone(), sb.gone.clone(), watch)
-    };
+    // Its parts only (see `ApiSandboxes::with`): its `gone` is set and its waiters
+    // woken when the sandbox ends.
+    let (events, notify, gone, watch) = s
+        .sandboxes
+        .with(&key, |sb| {
+            who.owns(&sb.thread).then(|| {
+                let watch = (sb.watcher.clone(), sb.handle.clone(), sb.cfg.clone());
+                (sb.events.clone(), sb.notify.clone(), sb.gone.clone(), watch)
+            })
+        })
+        .flatten()
+        .ok_or_else(|| no_sandbox(&key))?;
     s.mw.provider().touch(&key);
     // Made with `"events": false`: its events are recorded from this request on.
     if watch.0.locked().is_none() {

@@ -1,7 +1,10 @@
-//! What one `casfs serve` server holds: the store, the middleware, the runs and the
-//! sandboxes clients made, the callers' identities, the request memory and the
-//! isolation of processes ([`Server`]), with its limits ([`ServeLimits`]), and the
-//! reaping of what nobody asked about.
+//! What one `casfs serve` server holds: the store, the middleware, the runs, the
+//! callers' identities, the request memory and the isolation of processes
+//! ([`Server`]), with its limits ([`ServeLimits`]), and the reaping of what nobody
+//! asked about. Sandboxes are the provider's: what the server keeps of one a client
+//! made hangs off the provider's entry of it (`client_sandboxes`) and goes with it; a
+//! run holds its sandbox (a handle) while it is live, and never ends it but through
+//! the provider.
 
 use crate::sys::Locked;
 use std::collections::HashMap;
@@ -103,7 +106,8 @@ pub struct Server {
     /// How callers are told apart (the tokens, the administrators' group).
     pub(super) identities: Identities,
     pub(super) limits: Mutex<ServeLimits>,
-    /// Sandboxes clients made themselves, with their file events.
+    /// The sandboxes clients made themselves: their file events, on the provider's
+    /// entries, and the lock one is made under.
     pub(super) sandboxes: ApiSandboxes,
     /// Portable stores may keep their clients' clock (for tests): `--allow-client-clocks`.
     pub(super) client_clocks: std::sync::atomic::AtomicBool,
@@ -125,6 +129,7 @@ impl Server {
         config: MiddlewareConfig,
         identities: Identities,
     ) -> Result<Arc<Server>, MiddlewareError> {
+        let sandboxes = ApiSandboxes::new(provider.clone());
         let mw = Arc::new(Middleware::new(store.clone(), provider, config)?);
         Ok(Arc::new(Server {
             store,
@@ -133,7 +138,7 @@ impl Server {
             runs: Mutex::new(HashMap::new()),
             identities,
             limits: Mutex::new(ServeLimits::default()),
-            sandboxes: ApiSandboxes::default(),
+            sandboxes,
             client_clocks: std::sync::atomic::AtomicBool::new(false),
             budget: Arc::default(),
             isolation: Mutex::default(),
@@ -191,19 +196,21 @@ impl Server {
             }
         }
         // Sandboxes clients made are theirs to destroy (or the cap's, when idle): the
-        // server cannot see a client working in one.
-        let spare = |k: &str| self.sandboxes.contains(k);
+        // server cannot see a client working in one. (What the API kept of those reaped
+        // or evicted went with them.)
+        let api = self.sandboxes.keys();
+        let spare = |k: &str| api.contains(k);
         match self.mw.reap_idle_sandboxes(l.sandbox_idle, &spare) {
             Ok(0) => {}
             Ok(n) => tracing::info!("destroyed {n} sandbox(es) idle for {:?}", l.sandbox_idle),
             Err(e) => tracing::warn!("destroying idle sandboxes: {e}"),
         }
-        self.sandboxes.retain_live(&self.mw.provider().live());
         give_back_freed_memory();
     }
 
     /// Ends the server's runs (as a disconnect: nothing published, leases released) and
-    /// destroys every sandbox: nothing a run left uncaptured outlives the server.
+    /// destroys every sandbox: nothing a run left uncaptured outlives the server, and
+    /// what the API kept of each goes with it (its waiters are woken).
     pub fn close(&self) -> Result<(), MiddlewareError> {
         let runs: Vec<RunSlot> = self.runs.locked().drain().map(|(_, r)| r).collect();
         for r in runs {
@@ -213,7 +220,6 @@ impl Server {
                 }
             }
         }
-        self.sandboxes.clear();
         self.mw.destroy_all_sandboxes()
     }
 
