@@ -3,8 +3,10 @@
 
 pub mod dirfd;
 pub mod inotify;
+pub mod interfaces;
 pub mod line_socket;
 pub mod loop_dev;
+pub mod mount_attr;
 pub mod ns;
 pub mod peer_cred;
 pub mod proc_maps;
