@@ -65,8 +65,10 @@ fn stop_watcher(root: &Path, socket: &Path, pid_file: &Path) -> anyhow::Result<(
     let Some(pid) = pid else {
         bail!("{} is not watched", root.display());
     };
-    // SAFETY: sending SIGTERM to the pid the watcher recorded.
-    if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
+    // SIGTERM to the pid the watcher recorded (none it could be: gone).
+    let signalled = rustix::process::Pid::from_raw(pid)
+        .is_some_and(|p| rustix::process::kill_process(p, rustix::process::Signal::TERM).is_ok());
+    if !signalled {
         let _ = std::fs::remove_file(pid_file);
         let _ = std::fs::remove_file(socket);
         bail!("{} is not watched (its watcher is gone)", root.display());

@@ -1,7 +1,18 @@
 //! Signals waited for rather than handled: a set blocked in the calling thread (and
-//! the threads it starts afterwards), then taken one at a time.
+//! the threads it starts afterwards), then taken one at a time; and a signal sent to
+//! a process group by number (real-time ones too, which `rustix` leaves to the libc).
 
+use std::io;
 use std::time::Duration;
+
+/// Sends signal number `signal` to every process of the group `pgid` leads.
+pub fn send_to_group(pgid: libc::pid_t, signal: libc::c_int) -> io::Result<()> {
+    // SAFETY: kill(2) on integers; no memory is passed.
+    if unsafe { libc::kill(-pgid, signal) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
 
 /// A set of signals blocked in the thread that made it.
 #[derive(Clone, Copy)]

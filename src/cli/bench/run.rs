@@ -27,8 +27,7 @@ fn have(cmd: &str) -> bool {
 /// not slow the next one down (on this machine a 100k-file restore after another took
 /// several times as long without it).
 fn settle() {
-    // SAFETY: sync has no preconditions.
-    unsafe { libc::sync() };
+    rustix::fs::sync();
 }
 
 /// Runs `cmd` with `sh -c` and returns its wall time; its failure is an error naming it.

@@ -18,7 +18,6 @@
 //!   further user namespace, and only the environment the server gave it.
 
 use crate::sys::Locked;
-use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
@@ -296,10 +295,10 @@ impl Stage {
         use rustix::fs::{openat, unlinkat, AtFlags, Mode, OFlags};
         // The workspace, on the slot it may have: each mount there, top first.
         for entry in ["workspace", "workspace", "init"] {
-            if let Ok(c) = CString::new(format!("{STAGE_ROOT}/{name}/{entry}")) {
-                // SAFETY: a NUL-terminated path.
-                unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH | libc::UMOUNT_NOFOLLOW) };
-            }
+            let _ = rustix::mount::unmount(
+                format!("{STAGE_ROOT}/{name}/{entry}"),
+                rustix::mount::UnmountFlags::DETACH | rustix::mount::UnmountFlags::NOFOLLOW,
+            );
         }
         let flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC;
         if let Ok(dir) = openat(root, name, flags, Mode::empty()) {
@@ -416,45 +415,10 @@ fn private_root() -> io::Result<OwnedFd> {
     Ok(root)
 }
 
-/// Makes the detached mount `tree` and every mount under it `nosuid,nodev`
-/// (`mount_setattr(2)`, which rustix does not wrap).
+/// Makes the detached mount `tree` and every mount under it `nosuid,nodev`.
 fn nosuid_nodev(tree: &OwnedFd) -> rustix::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    #[repr(C)]
-    struct MountAttr {
-        attr_set: u64,
-        attr_clr: u64,
-        propagation: u64,
-        userns_fd: u64,
-    }
-    const MOUNT_ATTR_NOSUID: u64 = 0x2;
-    const MOUNT_ATTR_NODEV: u64 = 0x4;
-    let attr = MountAttr {
-        attr_set: MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: 0,
-    };
-    // SAFETY: mount_setattr on a descriptor this process owns, with an attribute
-    // structure of the size passed, alive for the call.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            (libc::AT_EMPTY_PATH | libc::AT_RECURSIVE) as libc::c_uint,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    if r < 0 {
-        return Err(rustix::io::Errno::from_raw_os_error(
-            std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EINVAL),
-        ));
-    }
-    Ok(())
+    use crate::sys::mount_attr::{set_recursive, NODEV, NOSUID};
+    set_recursive(tree.as_fd(), NOSUID | NODEV)
 }
 
 /// Sets the propagation of exactly the mount whose root `dir` is (through its

@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -33,17 +33,13 @@ struct Running {
 
 /// Runs the init on the control socket at [`CONTROL_FD`] until the server closes it.
 pub fn run() -> io::Result<()> {
-    // SAFETY: the socket bubblewrap passed on at CONTROL_FD is this process's from here
-    // on; nothing else in it names that descriptor.
-    let sock = unsafe { OwnedFd::from_raw_fd(CONTROL_FD) };
+    // The socket bubblewrap passed on at CONTROL_FD is this process's from here on;
+    // whatever else was inherited is not the sandbox's processes' to have (closed).
+    let sock = crate::sys::process::take_inherited(CONTROL_FD)?;
     rustix::io::fcntl_setfd(&sock, rustix::io::FdFlags::CLOEXEC)?;
     // Not dumpable: the sandbox's processes (its uid) cannot open its /proc files (its
     // memory, its descriptors: the control socket).
-    // SAFETY: prctl with integer arguments.
-    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
-    // Whatever else was inherited is not the sandbox's processes' to have.
-    // SAFETY: close_range on descriptors this process owns and no longer uses.
-    unsafe { libc::syscall(libc::SYS_close_range, CONTROL_FD as u32 + 1, u32::MAX, 0) };
+    let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
     // The server makes the sandbox's proxy in its network namespace (`proxy`), and
     // looks among the processes of its pid namespace for files they keep open for
     // writing (`crate::mount::MountedThread::writers_in`).
@@ -116,9 +112,8 @@ fn handle(
             wire::send(sock, &ev, &[])
         }
         Request::Kill { id, signal } => {
-            if let Some(pgid) = groups.get(&id) {
-                // SAFETY: kill(2) of a process group this init started.
-                unsafe { libc::kill(-pgid, signal) };
+            if let Some(&pgid) = groups.get(&id) {
+                let _ = crate::sys::signal::send_to_group(pgid, signal);
             }
             Ok(())
         }

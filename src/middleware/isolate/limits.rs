@@ -141,8 +141,9 @@ impl Group {
             let _ = f.freeze();
         }
         for pid in self.pids() {
-            // SAFETY: kill(2) of a process of this sandbox's group.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
         }
         if let Some(f) = freezer {
             let _ = f.thaw();

@@ -178,36 +178,7 @@ fn inward(ip: IpAddr) -> bool {
 
 /// The addresses of the host's own interfaces (where a connection lands on the host).
 fn host_addresses() -> Vec<IpAddr> {
-    let mut out = Vec::new();
-    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `list`, freed below; each entry is read while it lives.
-    unsafe {
-        if libc::getifaddrs(&mut list) != 0 {
-            return out;
-        }
-        let mut p = list;
-        while !p.is_null() {
-            let a = (*p).ifa_addr;
-            if !a.is_null() {
-                match i32::from((*a).sa_family) {
-                    libc::AF_INET => {
-                        let sin = &*(a as *const libc::sockaddr_in);
-                        out.push(IpAddr::from(
-                            u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
-                        ));
-                    }
-                    libc::AF_INET6 => {
-                        let sin6 = &*(a as *const libc::sockaddr_in6);
-                        out.push(IpAddr::from(sin6.sin6_addr.s6_addr));
-                    }
-                    _ => {}
-                }
-            }
-            p = (*p).ifa_next;
-        }
-        libc::freeifaddrs(list);
-    }
-    out
+    crate::sys::interfaces::addresses().unwrap_or_default()
 }
 
 /// `f` run in network namespace `netns`, by a thread of its own that enters it and

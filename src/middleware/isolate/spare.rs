@@ -17,7 +17,7 @@
 
 use crate::sys::Locked;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,9 +27,6 @@ use serde::{Deserialize, Serialize};
 
 use super::limits::{Group, Limits};
 use super::wire;
-
-/// The descriptor a spare has its socket at when it starts (its standard input).
-const SPARE_FD: RawFd = 0;
 
 /// Where the spare keeps what it receives before it moves each to its number.
 const HIGH_FD: RawFd = 64;
@@ -241,31 +238,19 @@ pub fn end() {
 /// Returns when the server went away first.
 pub fn run() -> io::Result<()> {
     // Nothing the server's process had open, beyond the standard streams, goes on.
-    // SAFETY: marks descriptors this process does not use close-on-exec.
-    if unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 1u32 << 2) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the socket the server put at SPARE_FD is this process's from here on.
-    let first = unsafe { OwnedFd::from_raw_fd(SPARE_FD) };
-    // Out of the way of the numbers it is to give.
-    let sock = rustix::io::fcntl_dupfd_cloexec(&first, HIGH_FD * 2)?;
-    drop(first);
-    // Its standard input is nothing (bubblewrap's, after it).
+    crate::sys::process::cloexec_from(3)?;
+    // The socket the server put at its standard input, out of the way of the numbers it
+    // is to give.
+    let sock = rustix::io::fcntl_dupfd_cloexec(std::io::stdin(), HIGH_FD * 2)?;
+    // Its standard input is nothing (bubblewrap's, after it): the copy there is not
+    // close-on-exec.
     let null = rustix::fs::open(
         "/dev/null",
         rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
         rustix::fs::Mode::empty(),
     )?;
-    if null.as_raw_fd() != SPARE_FD {
-        // SAFETY: dup2 onto the standard input this process just closed.
-        if unsafe { libc::dup2(null.as_raw_fd(), SPARE_FD) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-    } else {
-        // Already there: kept (not close-on-exec).
-        rustix::io::fcntl_setfd(&null, rustix::io::FdFlags::empty())?;
-        std::mem::forget(null);
-    }
+    rustix::stdio::dup2_stdin(&null)?;
+    drop(null);
     let mut buf = Vec::new();
     let Some((launch, fds)) = wire::recv::<Launch>(sock.as_fd(), &mut buf)? else {
         return Ok(());
@@ -283,54 +268,14 @@ pub fn run() -> io::Result<()> {
 
 /// Puts `fds` at their numbers and execs bubblewrap; returns only what failed.
 fn become_bwrap(launch: &Launch, fds: Vec<OwnedFd>) -> io::Error {
-    if fds.len() != launch.targets.len()
-        || launch.targets.iter().any(|&t| !(3..HIGH_FD).contains(&t))
-    {
-        return io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "descriptors and their numbers differ",
-        );
-    }
-    let mut high = Vec::with_capacity(fds.len());
-    for f in &fds {
-        match rustix::io::fcntl_dupfd_cloexec(f, HIGH_FD) {
-            Ok(h) => high.push(h),
-            Err(e) => return e.into(),
-        }
-    }
-    drop(fds);
-    for (f, &to) in high.iter().zip(&launch.targets) {
-        // SAFETY: dup2 onto a number this process gives away; the copy is not CLOEXEC.
-        if unsafe { libc::dup2(f.as_raw_fd(), to) } < 0 {
-            return io::Error::last_os_error();
-        }
-    }
-    drop(high);
-    let first_free = launch.targets.iter().max().map_or(3, |m| m + 1);
-    // SAFETY: marks descriptors this process no longer needs close-on-exec.
-    if unsafe {
-        libc::syscall(
-            libc::SYS_close_range,
-            first_free as u32,
-            u32::MAX,
-            1u32 << 2,
-        )
-    } != 0
-    {
-        return io::Error::last_os_error();
+    if let Err(e) = crate::sys::process::give_for_exec(fds, &launch.targets, HIGH_FD) {
+        return e;
     }
     if let Some((uid, gid)) = launch.user {
         if uid == 0 || gid == 0 {
             return io::Error::new(io::ErrorKind::PermissionDenied, "never root, nor group 0");
         }
-        // SAFETY: plain system calls of a single-threaded process.
-        let switched = unsafe {
-            libc::setgroups(0, std::ptr::null()) == 0
-                && libc::setgid(gid) == 0
-                && libc::setuid(uid) == 0
-        };
-        // And no way back.
-        if !switched || rustix::process::geteuid().is_root() || unsafe { libc::setuid(0) } == 0 {
+        if !crate::sys::process::become_user_for_good(uid, gid) {
             return io::Error::new(
                 io::ErrorKind::PermissionDenied,
                 "could not become the sandbox's user",

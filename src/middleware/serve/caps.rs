@@ -40,8 +40,7 @@ impl Stream {
     pub fn peer_key(&self) -> Option<PeerKey> {
         match self {
             Stream::Unix(s) => match s.peer_cred() {
-                // SAFETY: geteuid cannot fail.
-                Ok(c) if c.uid() == unsafe { libc::geteuid() } => None,
+                Ok(c) if c.uid() == rustix::process::geteuid().as_raw() => None,
                 Ok(c) => Some(PeerKey::Uid(c.uid())),
                 Err(_) => Some(PeerKey::Unknown),
             },

@@ -173,25 +173,7 @@ pub fn tenant_of_uid(uid: u32) -> std::io::Result<String> {
 }
 
 fn user_name(uid: u32) -> std::io::Result<Option<String>> {
-    // SAFETY: a plain C struct, all zeroes a valid value (filled by the call).
-    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
-    let mut buf = vec![0u8; 16 << 10];
-    let mut found: *mut libc::passwd = std::ptr::null_mut();
-    // SAFETY: valid pointers to a passwd record, a buffer of the length given and the
-    // result slot, all alive for the call.
-    let r =
-        unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut found) };
-    // ENOENT and the like say "no such user" on some systems; anything else is an
-    // error of the database.
-    if r != 0 && !matches!(r, libc::ENOENT | libc::ESRCH | libc::EBADF | libc::EPERM) {
-        return Err(std::io::Error::from_raw_os_error(r));
-    }
-    if r != 0 || found.is_null() || pw.pw_name.is_null() {
-        return Ok(None);
-    }
-    // SAFETY: the name the call filled in, NUL-terminated inside `buf`.
-    let name = unsafe { std::ffi::CStr::from_ptr(pw.pw_name) };
-    Ok(name.to_str().ok().map(str::to_string))
+    Ok(crate::sys::users::user_name(uid)?.and_then(|n| n.into_string().ok()))
 }
 
 /// What the token layer found a TCP request's token to be.

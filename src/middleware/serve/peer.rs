@@ -72,33 +72,13 @@ pub fn group_id(name: &str) -> Result<u32, String> {
         return Ok(n);
     }
     let c = std::ffi::CString::new(name).map_err(|_| format!("group {name:?}: a NUL in it"))?;
-    // SAFETY: a plain C struct, all zeroes a valid value (filled by the call).
-    let mut grp: libc::group = unsafe { std::mem::zeroed() };
-    let mut buf = vec![0u8; 16 << 10];
-    let mut found: *mut libc::group = std::ptr::null_mut();
-    // SAFETY: valid pointers to a group record, a buffer of the length given and the
-    // result slot, all alive for the call.
-    let r = unsafe {
-        libc::getgrnam_r(
-            c.as_ptr(),
-            &mut grp,
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            &mut found,
-        )
-    };
-    if r != 0 {
-        return Err(format!(
-            "group {name:?}: {}",
-            std::io::Error::from_raw_os_error(r)
-        ));
-    }
-    if found.is_null() {
-        return Err(format!(
+    match crate::sys::users::group_id(&c) {
+        Ok(Some(gid)) => Ok(gid),
+        Ok(None) => Err(format!(
             "group {name:?}: no such group (create it: groupadd --system {name})"
-        ));
+        )),
+        Err(e) => Err(format!("group {name:?}: {e}")),
     }
-    Ok(grp.gr_gid)
 }
 
 /// The process at the other end of a connection, as the kernel saw it connect (none
@@ -165,8 +145,7 @@ impl Peer {
     /// Whose a sandbox this peer makes is: the peer's, unless it is the server's own
     /// user (or unknown), whose sandboxes are the server's as always.
     pub fn owner(&self) -> Option<Owner> {
-        // SAFETY: geteuid cannot fail.
-        let me = unsafe { libc::geteuid() };
+        let me = rustix::process::geteuid().as_raw();
         self.owner.filter(|o| o.uid != me)
     }
 }
@@ -174,34 +153,8 @@ impl Peer {
 /// The supplementary groups of the process at the other end of `s` when it connected
 /// (`SO_PEERGROUPS`, Linux 4.13 and later).
 fn peer_groups(s: &tokio::net::UnixStream) -> std::io::Result<Vec<u32>> {
-    use std::os::fd::AsRawFd;
-    let mut groups = vec![0u32; 64];
-    loop {
-        let mut len = (groups.len() * std::mem::size_of::<u32>()) as libc::socklen_t;
-        // SAFETY: a valid socket, a buffer of `len` bytes and its length, alive for the
-        // call.
-        let r = unsafe {
-            libc::getsockopt(
-                s.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_PEERGROUPS,
-                groups.as_mut_ptr().cast(),
-                &mut len,
-            )
-        };
-        let n = len as usize / std::mem::size_of::<u32>();
-        if r == 0 {
-            groups.truncate(n);
-            return Ok(groups);
-        }
-        let e = std::io::Error::last_os_error();
-        // Too small a buffer: `len` says how large it must be.
-        if e.raw_os_error() == Some(libc::ERANGE) && n > groups.len() && n <= 1 << 16 {
-            groups.resize(n, 0);
-            continue;
-        }
-        return Err(e);
-    }
+    use std::os::fd::AsFd;
+    crate::sys::peer_cred::groups(s.as_fd())
 }
 
 impl<S: Send + Sync> FromRequestParts<S> for Peer {

@@ -167,8 +167,7 @@ impl Server {
     /// root and runs processes, so that its isolated processes (never root) can write
     /// its workspace. A server of another user keeps its own (it can give none away).
     pub(super) fn workspace_owner(&self, who: &Caller) -> Option<crate::fs::Owner> {
-        // SAFETY: geteuid cannot fail.
-        let root = unsafe { libc::geteuid() } == 0;
+        let root = rustix::process::geteuid().is_root();
         who.owner.or_else(|| {
             (root && self.mw.provider().jails().is_some()).then(|| self.isolation().stand_in)
         })
