@@ -84,8 +84,7 @@ pub fn on_deep_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 /// SIGPIPE (a Unix socket's write has no `MSG_NOSIGNAL`, unlike TCP's `send`).
 /// Programs it starts get SIGPIPE's default back (`std::process::Command` resets it).
 pub fn ignore_broken_pipes() {
-    // SAFETY: setting a signal disposition; no handler runs.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+    sys::signal::ignore(libc::SIGPIPE);
 }
 
 /// A crash-test hook: when the environment variable `CASFS_CRASH_AT` is `NAME` or
@@ -108,8 +107,10 @@ pub fn crashpoint(name: &str) {
     });
     if let Some((point, n)) = at {
         if point == name && HITS.fetch_add(1, Ordering::SeqCst) + 1 == *n {
-            // SAFETY: signalling our own process.
-            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            let _ = rustix::process::kill_process(
+                rustix::process::getpid(),
+                rustix::process::Signal::KILL,
+            );
         }
     }
 }

@@ -9,7 +9,6 @@ mod alloc;
 fn main() {
     // Like other Unix tools, end quietly when the reader of our output goes away
     // (`casfs log | head`) instead of failing on a broken pipe.
-    // SAFETY: setting a signal disposition before any other thread starts.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    casfs::sys::signal::default_action(libc::SIGPIPE);
     std::process::exit(cli::main());
 }

@@ -73,6 +73,8 @@ const BY_PATH: &[&str] = &[
     "libc::lstat(",
     "libc::fstatat(",
     "libc::statfs(",
+    "rustix::fs::statfs(",
+    "rustix::fs::statvfs(",
     "libc::chmod(",
     "libc::fchmodat(",
     "libc::chown(",
@@ -229,7 +231,7 @@ const ALLOWED: &[(&str, &str, &str)] = &[
     ),
     (
         "src/checkpoint/sync/watch.rs",
-        "libc::statfs(c.as_ptr(), &mut sfs)",
+        "let sfs = rustix::fs::statfs(&root)?;",
         "the same root, for its filesystem type",
     ),
     (

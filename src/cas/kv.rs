@@ -53,15 +53,9 @@ struct SpaceGuard {
 }
 
 fn statvfs_bytes(path: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a NUL-terminated path and a statvfs buffer.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
-        return None;
-    }
-    let frsize = s.f_frsize as u64;
-    Some((s.f_blocks as u64 * frsize, s.f_bavail as u64 * frsize))
+    let s = rustix::fs::statvfs(path).ok()?;
+    let frsize = s.f_frsize;
+    Some((s.f_blocks * frsize, s.f_bavail * frsize))
 }
 
 impl SpaceGuard {

@@ -3,8 +3,13 @@
 //! mount, and the process settings a FUSE server runs with.
 
 use std::ffi::CString;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+
+use rustix::fs::{AtFlags, StatxFlags};
+use rustix::io::Errno;
+use rustix::mount::UnmountFlags;
 
 /// A FUSE session served by background threads; unmounted when dropped or by
 /// [`Mounted::unmount`].
@@ -135,57 +140,41 @@ impl Mounted {
 /// device numbers, and a number freed by an unmount is handed out again at once.
 /// `(0, 0)` when the path cannot be looked up.
 pub fn mount_identity(path: &Path) -> (u64, u64) {
-    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
-        return (0, 0);
-    };
-    identity_at(libc::AT_FDCWD, &c, 0)
+    identity_at(rustix::fs::CWD, path, AtFlags::empty())
 }
 
 /// [`mount_identity`] of what the open descriptor `f` (an `O_PATH` one too) refers to.
-pub fn fd_identity(f: &impl std::os::fd::AsRawFd) -> (u64, u64) {
-    identity_at(f.as_raw_fd(), c"", libc::AT_EMPTY_PATH)
+pub fn fd_identity(f: &impl AsFd) -> (u64, u64) {
+    identity_at(f.as_fd(), c"", AtFlags::EMPTY_PATH)
 }
 
-fn identity_at(dirfd: libc::c_int, path: &std::ffi::CStr, flags: libc::c_int) -> (u64, u64) {
+fn identity_at(dir: BorrowedFd<'_>, path: impl rustix::path::Arg, flags: AtFlags) -> (u64, u64) {
     const STATX_MNT_ID_UNIQUE: u32 = 0x4000;
-    // SAFETY: an all-zero statx is a valid value of this plain C struct.
-    let mut buf: libc::statx = unsafe { std::mem::zeroed() };
-    // SAFETY: a NUL-terminated path and a statx buffer that outlive the call.
-    let r = unsafe {
-        libc::statx(
-            dirfd,
-            path.as_ptr(),
-            flags,
-            libc::STATX_BASIC_STATS | libc::STATX_MNT_ID | STATX_MNT_ID_UNIQUE,
-            &mut buf,
-        )
-    };
-    if r != 0 {
-        return (0, 0);
+    let mask = StatxFlags::BASIC_STATS
+        | StatxFlags::MNT_ID
+        | StatxFlags::from_bits_retain(STATX_MNT_ID_UNIQUE);
+    match rustix::fs::statx(dir, path, flags, mask) {
+        Ok(x) => (
+            rustix::fs::makedev(x.stx_dev_major, x.stx_dev_minor),
+            x.stx_mnt_id,
+        ),
+        Err(_) => (0, 0),
     }
-    let dev = libc::makedev(buf.stx_dev_major, buf.stx_dev_minor);
-    (dev, buf.stx_mnt_id)
 }
 
 /// Unmounts whatever is mounted at `path` (not lazily), trying again for a while
 /// (`BUSY_WAIT`) while it is busy; nothing mounted there (EINVAL) is success. A mount
 /// still busy after that is the error, and stays mounted.
 pub fn unmount_retrying(path: &Path) -> std::io::Result<()> {
-    let c = CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let c = cpath(path)?;
     let start = std::time::Instant::now();
     loop {
-        // SAFETY: a NUL-terminated path.
-        if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
-            return Ok(());
-        }
-        let e = std::io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EINVAL) => return Ok(()),
-            Some(libc::EBUSY) if start.elapsed() < BUSY_WAIT => {
+        match rustix::mount::unmount(c.as_c_str(), UnmountFlags::empty()) {
+            Ok(()) | Err(Errno::INVAL) => return Ok(()),
+            Err(Errno::BUSY) if start.elapsed() < BUSY_WAIT => {
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
-            _ => return Err(e),
+            Err(e) => return Err(e.into()),
         }
     }
 }
@@ -209,19 +198,8 @@ pub const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
 /// replaced overlay generation removed, a replaced inode table dropped) yields to the
 /// workspace.
 pub fn low_priority() {
-    // SAFETY: on Linux, PRIO_PROCESS with who 0 is the calling thread.
-    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 19) };
-    const IOPRIO_WHO_PROCESS: libc::c_long = 1;
-    const IOPRIO_CLASS_BE: libc::c_long = 2;
-    // SAFETY: ioprio_set takes plain integers; who 0 is the calling thread.
-    unsafe {
-        libc::syscall(
-            libc::SYS_ioprio_set,
-            IOPRIO_WHO_PROCESS,
-            0 as libc::c_long,
-            (IOPRIO_CLASS_BE << 13) | 7,
-        )
-    };
+    let _ = crate::sys::priority::set_thread_nice(19);
+    let _ = crate::sys::priority::set_thread_io_best_effort(7);
 }
 
 /// Whether the kernel lets this process register passthrough backing files: it wants
@@ -246,7 +224,7 @@ pub fn passthrough_permitted() -> bool {
 
 /// Whether `path` is the root of a FUSE mount (used to wait for a mount to answer).
 pub fn is_fuse_mount(path: &std::path::Path) -> bool {
-    statfs(path).is_ok_and(|st| st.f_type == FUSE_SUPER_MAGIC)
+    statfs(path).is_ok_and(|st| fs_type(&st) == FUSE_SUPER_MAGIC)
 }
 
 /// Whether `path` is the root of an overlayfs mount: an overlay filesystem whose device
@@ -254,8 +232,8 @@ pub fn is_fuse_mount(path: &std::path::Path) -> bool {
 /// container whose root is one, is not).
 pub fn is_overlay_mount(path: &std::path::Path) -> bool {
     use std::os::unix::fs::MetadataExt;
-    const OVERLAYFS_SUPER_MAGIC: libc::c_long = 0x794c_7630;
-    if !statfs(path).is_ok_and(|st| st.f_type as libc::c_long == OVERLAYFS_SUPER_MAGIC) {
+    const OVERLAYFS_SUPER_MAGIC: i64 = 0x794c_7630;
+    if !statfs(path).is_ok_and(|st| fs_type(&st) == OVERLAYFS_SUPER_MAGIC) {
         return false;
     }
     let dev = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.dev()).ok();
@@ -268,14 +246,8 @@ pub fn is_overlay_mount(path: &std::path::Path) -> bool {
 /// Detaches the mount at `path` lazily (`MNT_DETACH`: processes inside keep what they
 /// hold; a dead FUSE daemon never blocks it), not following a symbolic link there.
 pub fn detach(path: &std::path::Path) -> std::io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
-    // SAFETY: a NUL-terminated path.
-    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH | libc::UMOUNT_NOFOLLOW) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    let flags = UnmountFlags::DETACH | UnmountFlags::NOFOLLOW;
+    rustix::mount::unmount(cpath(path)?.as_c_str(), flags).map_err(std::io::Error::from)
 }
 
 /// Whether `path` is a FUSE mount whose daemon is gone ("transport endpoint is not
@@ -285,15 +257,19 @@ pub fn is_dead_mount(path: &std::path::Path) -> bool {
     matches!(statfs(path), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN))
 }
 
-fn statfs(path: &std::path::Path) -> std::io::Result<libc::statfs> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
-    // SAFETY: zeroed statfs is a valid out-parameter; the path is NUL-terminated.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(st)
+fn statfs(path: &std::path::Path) -> std::io::Result<rustix::fs::StatFs> {
+    rustix::fs::statfs(cpath(path)?.as_c_str()).map_err(std::io::Error::from)
+}
+
+/// The filesystem type (`f_type`, a magic number) of a `statfs`, whose width differs
+/// between architectures.
+#[allow(clippy::useless_conversion)]
+fn fs_type(st: &rustix::fs::StatFs) -> i64 {
+    i64::from(st.f_type)
+}
+
+/// `path` for a system call; a NUL in it is `InvalidInput`.
+fn cpath(path: &Path) -> std::io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))
 }

@@ -14,12 +14,9 @@ pub struct Owner {
 impl Owner {
     /// This process's (real) user and group.
     pub fn current() -> Owner {
-        // SAFETY: getuid and getgid cannot fail.
-        unsafe {
-            Owner {
-                uid: libc::getuid(),
-                gid: libc::getgid(),
-            }
+        Owner {
+            uid: rustix::process::getuid().as_raw(),
+            gid: rustix::process::getgid().as_raw(),
         }
     }
 
@@ -29,27 +26,8 @@ impl Owner {
         let not_found =
             || std::io::Error::new(std::io::ErrorKind::NotFound, format!("no user {name:?}"));
         let c = std::ffi::CString::new(name).map_err(|_| not_found())?;
-        let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
-        let mut buf = vec![0u8; 16 << 10];
-        let mut found: *mut libc::passwd = std::ptr::null_mut();
-        // SAFETY: getpwnam_r with a NUL-terminated name and buffers of the lengths given.
-        let r = unsafe {
-            libc::getpwnam_r(
-                c.as_ptr(),
-                &mut pw,
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                &mut found,
-            )
-        };
-        if r != 0 {
-            return Err(std::io::Error::from_raw_os_error(r));
-        }
-        if !found.is_null() {
-            return Ok(Owner {
-                uid: pw.pw_uid,
-                gid: pw.pw_gid,
-            });
+        if let Some((uid, gid)) = crate::sys::users::lookup(&c)? {
+            return Ok(Owner { uid, gid });
         }
         match name.parse::<u32>() {
             Ok(uid) => Ok(Owner { uid, gid: uid }),
@@ -87,22 +65,11 @@ impl Owner {
         let (uid, gid) = (self.uid, self.gid);
         std::thread::scope(|s| {
             s.spawn(move || {
-                // The raw system calls: glibc's setgroups changes every thread's.
-                // SAFETY: one gid from a live array; per-thread credentials only.
-                let r = unsafe { libc::syscall(libc::SYS_setgroups, 1, [gid].as_ptr()) };
-                if r != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // setfsuid/setfsgid answer the previous id; success is seen by asking
-                // again (an id of -1 changes nothing).
-                // SAFETY: per-thread credential changes.
-                unsafe {
-                    libc::setfsgid(gid);
-                    libc::setfsuid(uid);
-                }
-                // SAFETY: queries only.
-                let now = unsafe { (libc::setfsuid(u32::MAX), libc::setfsgid(u32::MAX)) };
-                if now != (uid as i32, gid as i32) {
+                // The raw system call (glibc's setgroups changes every thread's).
+                rustix::thread::set_thread_groups(&[rustix::process::Gid::from_raw(gid)])?;
+                // setfsuid/setfsgid report no failure: success is seen in the ids they
+                // leave.
+                if crate::sys::users::set_thread_fs_ids(uid, gid) != (uid, gid) {
                     return Err(std::io::Error::new(
                         std::io::ErrorKind::PermissionDenied,
                         format!("acting as user {uid}: the file system ids did not change"),
@@ -129,31 +96,19 @@ impl Default for Owner {
 /// it. Without a guest, any ACL it had is removed. `dir` is an open directory (the
 /// caller made it, so no path is followed here).
 pub fn gate_directory(dir: std::os::fd::BorrowedFd<'_>, guest: Option<u32>) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let fd = dir.as_raw_fd();
-    // SAFETY: a valid descriptor; mode bits only.
-    if unsafe { libc::fchmod(fd, 0o700) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    use rustix::io::Errno;
+    rustix::fs::fchmod(dir, rustix::fs::Mode::from_raw_mode(0o700))?;
     let name = c"system.posix_acl_access";
     let Some(uid) = guest else {
-        // SAFETY: a valid descriptor and a NUL-terminated name.
-        if unsafe { libc::fremovexattr(fd, name.as_ptr()) } != 0 {
-            let e = std::io::Error::last_os_error();
-            if !matches!(
-                e.raw_os_error(),
-                Some(libc::ENODATA) | Some(libc::EOPNOTSUPP)
-            ) {
-                return Err(e);
-            }
+        match rustix::fs::fremovexattr(dir, name) {
+            Ok(()) | Err(Errno::NODATA) | Err(Errno::OPNOTSUPP) => {}
+            Err(e) => return Err(e.into()),
         }
         return Ok(());
     };
     let acl = access_acl(uid);
-    // SAFETY: a valid descriptor, a NUL-terminated name and a buffer of the length given.
-    let r = unsafe { libc::fsetxattr(fd, name.as_ptr(), acl.as_ptr().cast(), acl.len(), 0) };
-    if r != 0 {
-        let e = std::io::Error::last_os_error();
+    if let Err(e) = rustix::fs::fsetxattr(dir, name, &acl, rustix::fs::XattrFlags::empty()) {
+        let e = std::io::Error::from(e);
         return Err(std::io::Error::new(
             e.kind(),
             format!(
@@ -195,7 +150,7 @@ mod tests {
     #[test]
     fn work_done_as_another_user_is_theirs_and_held_to_their_rights() {
         use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        if unsafe { libc::geteuid() } != 0 {
+        if !rustix::process::geteuid().is_root() {
             return;
         }
         let t = tempfile::tempdir().unwrap();

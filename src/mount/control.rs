@@ -194,13 +194,15 @@ pub fn serve(mount: &MountedThread, socket: &Path, stop: &dyn Fn() -> bool) -> s
             break;
         }
         // Wait for a connection (or 200 ms, to check for a stop) without spinning.
-        let mut pfd = libc::pollfd {
-            fd: std::os::fd::AsRawFd::as_raw_fd(&listener),
-            events: libc::POLLIN,
-            revents: 0,
+        let mut pfd = [rustix::event::PollFd::new(
+            &listener,
+            rustix::event::PollFlags::IN,
+        )];
+        let tick = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 200_000_000,
         };
-        // SAFETY: one valid pollfd.
-        if unsafe { libc::poll(&mut pfd, 1, 200) } <= 0 {
+        if !matches!(rustix::event::poll(&mut pfd, Some(&tick)), Ok(n) if n > 0) {
             continue;
         }
         match listener.accept() {

@@ -6,7 +6,7 @@
 //! The kernel queues an event before the system call that caused it returns, so a read
 //! of the queue until it is empty ([`Instance::drain`]) sees every change made before.
 
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::path::PathBuf;
 
 pub use inotify::{EventMask, WatchDescriptor, WatchMask};
@@ -114,6 +114,12 @@ impl<'a> Iterator for Events<'a> {
 impl AsRawFd for Instance {
     fn as_raw_fd(&self) -> RawFd {
         self.inner.as_raw_fd()
+    }
+}
+
+impl AsFd for Instance {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.inner.as_fd()
     }
 }
 

@@ -1,6 +1,7 @@
 //! The bottom floor: what every layer uses of the operating system and the standard
 //! library beyond their plain calls. Nothing here imports another casfs module.
 
+pub mod allocators;
 pub mod dirfd;
 pub mod inotify;
 pub mod interfaces;
@@ -9,6 +10,7 @@ pub mod loop_dev;
 pub mod mount_attr;
 pub mod ns;
 pub mod peer_cred;
+pub mod priority;
 pub mod proc_maps;
 pub mod process;
 pub mod signal;

@@ -1,8 +1,11 @@
 //! Signals waited for rather than handled: a set blocked in the calling thread (and
-//! the threads it starts afterwards), then taken one at a time; and a signal sent to
-//! a process group by number (real-time ones too, which `rustix` leaves to the libc).
+//! the threads it starts afterwards), then taken one at a time or polled for through a
+//! descriptor; signals ignored by the whole process (or given their default action
+//! back); and a signal sent to a process
+//! group by number (real-time ones too, which `rustix` leaves to the libc).
 
 use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::time::Duration;
 
 /// Sends signal number `signal` to every process of the group `pgid` leads.
@@ -51,4 +54,35 @@ impl Blocked {
         let sig = unsafe { libc::sigtimedwait(&self.set, std::ptr::null_mut(), ts_ptr) };
         (sig > 0).then_some(sig)
     }
+
+    /// A descriptor that is readable while one of the signals is pending
+    /// (`signalfd`, close-on-exec and non-blocking), to poll for them along with other
+    /// descriptors. Only of use in a thread that blocks them.
+    pub fn fd(&self) -> io::Result<OwnedFd> {
+        // SAFETY: a valid signal set that outlives the call; -1 asks for a new
+        // descriptor.
+        let fd = unsafe { libc::signalfd(-1, &self.set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a descriptor signalfd just opened, owned from here on.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+}
+
+/// Ignores `signal` (`libc::SIGPIPE`, ...) in the whole process: its disposition is
+/// set to `SIG_IGN`, so no handler ever runs. Programs it starts get the default back
+/// where the starter resets it (`std::process::Command` does for SIGPIPE).
+pub fn ignore(signal: libc::c_int) {
+    // SAFETY: setting a disposition to SIG_IGN installs no handler: no code runs when
+    // the signal comes.
+    unsafe { libc::signal(signal, libc::SIG_IGN) };
+}
+
+/// Gives `signal` its default action again in the whole process (`SIG_DFL`): a
+/// command that ends quietly on a broken pipe, as other Unix tools do.
+pub fn default_action(signal: libc::c_int) {
+    // SAFETY: setting a disposition to SIG_DFL installs no handler: no code of this
+    // process runs when the signal comes.
+    unsafe { libc::signal(signal, libc::SIG_DFL) };
 }

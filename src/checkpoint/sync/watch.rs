@@ -25,18 +25,19 @@
 use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
 use std::io::{BufRead, BufReader, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use rustix::event::{PollFd, PollFlags};
 use serde::{Deserialize, Serialize};
 
 use crate::cas::Hash;
 use crate::sys::dirfd;
 use crate::sys::inotify::{Event, EventMask, Instance, WatchDescriptor, WatchMask, READ_BUFFER};
 use crate::sys::line_socket::{ask_line, Timeouts};
+use crate::sys::signal::Blocked;
 
 /// What a capture recorded of the watcher's state when it asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -247,13 +248,7 @@ impl Watcher {
     /// Watches every directory under `root`.
     pub fn new(root: &Path) -> std::io::Result<Watcher> {
         let root = std::fs::canonicalize(root)?;
-        let c = CString::new(root.as_os_str().as_bytes())
-            .map_err(|_| std::io::Error::other("NUL in path"))?;
-        // SAFETY: statfs on a NUL-terminated path into a zeroed struct.
-        let mut sfs: libc::statfs = unsafe { std::mem::zeroed() };
-        if unsafe { libc::statfs(c.as_ptr(), &mut sfs) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+        let sfs = rustix::fs::statfs(&root)?;
         if REMOTE_FS.contains(&(sfs.f_type as i64)) {
             return Err(std::io::Error::other(format!(
                 "{} is on a network or FUSE filesystem (type {:#x}), whose changes inotify \
@@ -560,58 +555,30 @@ pub fn serve(store: &Path, root: &Path, ready: impl FnOnce(&Watcher)) -> std::io
     }
     let _cleanup = Cleanup(socket);
 
-    // SIGINT and SIGTERM arrive through a signalfd polled with the rest.
-    // SAFETY: signal-set manipulation on a local set; blocking them in this thread.
-    let sfd = unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGHUP);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK)
-    };
-    if sfd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a fresh fd we own.
-    let sfd = unsafe { OwnedFd::from_raw_fd(sfd) };
+    // SIGINT and SIGTERM (and SIGHUP) arrive through a signalfd polled with the rest.
+    let signals = Blocked::block(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP]);
+    let sfd = signals.fd()?;
     ready(&w);
     loop {
         let mut fds = [
-            libc::pollfd {
-                fd: w.inotify.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: listener.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: sfd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
+            PollFd::new(&w.inotify, PollFlags::IN),
+            PollFd::new(&listener, PollFlags::IN),
+            PollFd::new(&sfd, PollFlags::IN),
         ];
-        // SAFETY: polling fds we own, with the array's length.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
-        if r < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EINTR) {
-                continue;
-            }
-            return Err(e);
+        match rustix::event::poll(&mut fds, None) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
         }
-        if fds[2].revents != 0 {
+        let [events, conns, signalled] = fds.map(|f| !f.revents().is_empty());
+        if signalled {
             tracing::info!("stopping the watcher of {}", w.root().display());
             return Ok(());
         }
-        if fds[0].revents != 0 {
+        if events {
             w.drain()?;
         }
-        if fds[1].revents != 0 {
+        if conns {
             while let Ok((conn, _)) = listener.accept() {
                 if let Err(e) = reply(&mut w, conn) {
                     tracing::warn!("a capture's question went unanswered: {e}");

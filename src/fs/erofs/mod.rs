@@ -189,7 +189,10 @@ fn unsupported(path: &str, why: &str) -> ImageError {
 
 /// The kernel's `new_encode_dev` of a `dev_t`, if it fits 12-bit major, 20-bit minor.
 fn encode_dev(rdev: u64) -> Option<u32> {
-    let (major, minor) = (libc::major(rdev) as u64, libc::minor(rdev) as u64);
+    let (major, minor) = (
+        u64::from(rustix::fs::major(rdev)),
+        u64::from(rustix::fs::minor(rdev)),
+    );
     if major >= 1 << 12 || minor >= 1 << 20 {
         return None;
     }
@@ -637,20 +640,16 @@ pub fn mount_image(image: &Path, target: &Path) -> std::io::Result<()> {
             .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in a path"))
     };
     let (src, target) = (c(image)?, c(target)?);
-    // SAFETY: NUL-terminated strings that outlive the call.
-    let r = unsafe {
-        libc::mount(
-            src.as_ptr(),
-            target.as_ptr(),
-            c"erofs".as_ptr(),
-            libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV,
-            std::ptr::null(),
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    use rustix::mount::MountFlags;
+    let flags = MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV;
+    rustix::mount::mount(
+        src.as_c_str(),
+        target.as_c_str(),
+        c"erofs",
+        flags,
+        None::<&std::ffi::CStr>,
+    )
+    .map_err(std::io::Error::from)
 }
 
 #[cfg(test)]

@@ -2,7 +2,6 @@
 //! back as a reply.
 
 use std::ffi::OsStr;
-use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -15,6 +14,7 @@ use fuser::{
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
+use rustix::fs::SeekFrom;
 
 use super::events::FsEventKind;
 use super::node::{check_name, eio, fstat, io_errno, kind_of_mode, now_ns, Body, Src};
@@ -560,12 +560,10 @@ impl Filesystem for WorkspaceFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        // SAFETY: zeroed statvfs is a valid out-parameter; the fd is open.
-        let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        if unsafe { libc::fstatvfs(self.ws().upper_fd.as_raw_fd(), &mut s) } != 0 {
-            return reply.error(io_errno(std::io::Error::last_os_error()));
-        }
+        let s = match rustix::fs::fstatvfs(&self.ws().upper_fd) {
+            Ok(s) => s,
+            Err(e) => return reply.error(io_errno(e.into())),
+        };
         reply.statfs(
             s.f_blocks,
             s.f_bfree,
@@ -712,12 +710,9 @@ impl Filesystem for WorkspaceFs {
             .and_then(|()| self.writable_upper(ino.0, fh.0))
             .and_then(|u| {
                 let end = fstat(&u).map_err(io_errno)?.st_size as u64;
-                // SAFETY: a valid fd; the kernel checks the range and mode.
-                let rc =
-                    unsafe { libc::fallocate(u.as_raw_fd(), mode, offset as i64, length as i64) };
-                if rc != 0 {
-                    return Err(io_errno(std::io::Error::last_os_error()));
-                }
+                // The kernel checks the range and the mode.
+                let flags = rustix::fs::FallocateFlags::from_bits_retain(mode as u32);
+                rustix::fs::fallocate(&u, flags, offset, length).map_err(|e| io_errno(e.into()))?;
                 let moves = libc::FALLOC_FL_COLLAPSE_RANGE | libc::FALLOC_FL_INSERT_RANGE;
                 // Collapse and insert move everything after `offset` (up to the old end,
                 // so a collapse notes what it cut); the others change only their range.
@@ -744,12 +739,20 @@ impl Filesystem for WorkspaceFs {
     ) {
         let r = match self.current_src(ino.0, fh.0) {
             Src::Upper(u) => {
-                // SAFETY: a valid fd; lseek on our own descriptor of the upper file.
-                let rc = unsafe { libc::lseek(u.as_raw_fd(), offset, whence) };
-                if rc < 0 {
-                    Err(io_errno(std::io::Error::last_os_error()))
-                } else {
-                    Ok(rc)
+                // Our own descriptor of the upper file; the kernel checks the offset.
+                let pos = match whence {
+                    libc::SEEK_SET => Some(SeekFrom::Start(offset as u64)),
+                    libc::SEEK_CUR => Some(SeekFrom::Current(offset)),
+                    libc::SEEK_END => Some(SeekFrom::End(offset)),
+                    libc::SEEK_DATA => Some(SeekFrom::Data(offset as u64)),
+                    libc::SEEK_HOLE => Some(SeekFrom::Hole(offset as u64)),
+                    _ => None,
+                };
+                match pos {
+                    Some(pos) => rustix::fs::seek(&u, pos)
+                        .map(|o| o as i64)
+                        .map_err(|e| io_errno(e.into())),
+                    None => Err(Errno::EINVAL),
                 }
             }
             Src::Clean(c) => {

@@ -96,13 +96,18 @@ pub fn mount_workspace(
 /// Open files (passthrough backings, upper files of open handles) count against the
 /// descriptor limit: take the hard limit.
 fn raise_fd_limit() {
-    // SAFETY: getrlimit/setrlimit on a local struct.
-    unsafe {
-        let mut l: libc::rlimit = std::mem::zeroed();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 && l.rlim_cur < l.rlim_max {
-            l.rlim_cur = l.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &l);
-        }
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let l = getrlimit(Resource::Nofile);
+    // `None` is no limit (RLIM_INFINITY).
+    let (cur, max) = (l.current.unwrap_or(u64::MAX), l.maximum.unwrap_or(u64::MAX));
+    if cur < max {
+        let _ = setrlimit(
+            Resource::Nofile,
+            Rlimit {
+                current: l.maximum,
+                maximum: l.maximum,
+            },
+        );
     }
 }
 

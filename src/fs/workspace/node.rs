@@ -4,11 +4,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{BackingId, Errno, FileType};
+use rustix::fs::{Timespec, Timestamps};
 
 use crate::cas::file::{ChunkList, CHUNK_SIZE};
 use crate::cas::tree::MAX_NAME_LEN;
@@ -42,14 +42,12 @@ pub(super) struct Meta {
 impl Meta {
     /// Size, times and blocks from the stat of a local copy. A clean node's copy was
     /// made when it was first opened: its change time is not the file's.
-    pub(super) fn absorb(&mut self, st: &libc::stat, dirty: bool) {
+    pub(super) fn absorb(&mut self, st: &Stat, dirty: bool) {
         self.size = st.st_size as u64;
-        self.mtime = st.st_mtime * 1_000_000_000 + st.st_mtime_nsec;
-        self.atime = st.st_atime * 1_000_000_000 + st.st_atime_nsec;
+        self.mtime = mtime_ns(st);
+        self.atime = stat_ns(st.st_atime, st.st_atime_nsec);
         if dirty {
-            self.ctime = self
-                .ctime
-                .max(st.st_ctime * 1_000_000_000 + st.st_ctime_nsec);
+            self.ctime = self.ctime.max(stat_ns(st.st_ctime, st.st_ctime_nsec));
         }
         self.blocks = st.st_blocks as u64;
     }
@@ -324,7 +322,7 @@ impl Node {
     }
 
     /// Takes size, times and blocks from the stat of its local copy.
-    pub(super) fn absorb(&mut self, st: &libc::stat) {
+    pub(super) fn absorb(&mut self, st: &Stat) {
         let dirty = self.dirty;
         self.meta.absorb(st, dirty);
     }
@@ -455,14 +453,22 @@ pub(super) fn kind_of_mode(mode: u32) -> Option<Kind> {
     }
 }
 
-pub(super) fn fstat(f: &File) -> std::io::Result<libc::stat> {
-    // SAFETY: zeroed stat is a valid out-parameter for fstat on an open fd.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::fstat(f.as_raw_fd(), &mut st) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(st)
+/// What `fstat` says of an open file.
+pub(super) type Stat = rustix::fs::Stat;
+
+pub(super) fn fstat(f: &File) -> std::io::Result<Stat> {
+    rustix::fs::fstat(f).map_err(std::io::Error::from)
+}
+
+/// A time of a [`Stat`] (seconds and nanoseconds, of types that differ between
+/// architectures) in nanoseconds.
+fn stat_ns(sec: impl Into<i64>, nsec: impl TryInto<i64>) -> i64 {
+    sec.into() * 1_000_000_000 + nsec.try_into().unwrap_or(0)
+}
+
+/// The modification time of a [`Stat`], in nanoseconds.
+pub(super) fn mtime_ns(st: &Stat) -> i64 {
+    stat_ns(st.st_mtime, st.st_mtime_nsec)
 }
 
 pub(super) fn set_file_times(
@@ -471,21 +477,20 @@ pub(super) fn set_file_times(
     mtime: Option<i64>,
 ) -> std::io::Result<()> {
     let ts = |t: Option<i64>| match t {
-        Some(ns) => libc::timespec {
+        Some(ns) => Timespec {
             tv_sec: ns.div_euclid(1_000_000_000),
-            tv_nsec: ns.rem_euclid(1_000_000_000),
+            tv_nsec: ns.rem_euclid(1_000_000_000) as _,
         },
-        None => libc::timespec {
+        None => Timespec {
             tv_sec: 0,
-            tv_nsec: libc::UTIME_OMIT,
+            tv_nsec: rustix::fs::UTIME_OMIT,
         },
     };
-    let times = [ts(atime), ts(mtime)];
-    // SAFETY: a valid fd and two timespecs.
-    if unsafe { libc::futimens(f.as_raw_fd(), times.as_ptr()) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    let times = Timestamps {
+        last_access: ts(atime),
+        last_modification: ts(mtime),
+    };
+    rustix::fs::futimens(f, &times).map_err(std::io::Error::from)
 }
 
 pub(super) fn check_name(name: &[u8]) -> Result<(), Errno> {

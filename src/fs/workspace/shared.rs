@@ -5,13 +5,14 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::File;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::Duration;
 
 use fuser::{Errno, FileAttr, INodeNo, Notifier, Request};
+use rustix::fs::AtFlags;
 
 use super::events::{Events, FsEvent, FsEventKind};
 use super::node::{
@@ -227,8 +228,7 @@ impl Workspace {
                     let batch: Vec<u64> = std::iter::once(first).chain(reap.try_iter()).collect();
                     for ino in batch {
                         let name = Self::upper_cname(ino);
-                        // SAFETY: a valid directory fd and NUL-terminated name.
-                        unsafe { libc::unlinkat(reaper_fd.as_raw_fd(), name.as_ptr(), 0) };
+                        let _ = rustix::fs::unlinkat(&reaper_fd, &name, AtFlags::empty());
                     }
                     // Let removals pile up: waking this thread for each file of an
                     // `rm -rf` cost more than the unlinks (a quarter of the daemon's time).

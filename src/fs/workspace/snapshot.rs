@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use fuser::INodeNo;
 
-use super::node::{fstat, Body, Name, ROOT};
+use super::node::{fstat, mtime_ns, Body, Name, ROOT};
 use super::shared::{Workspace, WorkspaceError};
 use super::state::Copies;
 use super::table::Tx;
@@ -271,7 +271,7 @@ impl<'a> Tx<'a> {
                             };
                             cx.stats.files_hashed += 1;
                             cx.stats.bytes_hashed += hashed;
-                            let mtime = st.st_mtime * 1_000_000_000 + st.st_mtime_nsec;
+                            let mtime = mtime_ns(&st);
                             (fref, mtime)
                         }
                         (None, Some(c)) => (c, meta.mtime),

@@ -5,15 +5,15 @@
 use std::collections::BTreeSet;
 use std::ffi::CString;
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use fuser::Errno;
+use rustix::fs::{AtFlags, Mode, OFlags};
 
-use super::node::{eio, fstat, io_errno, now_ns, set_file_times, Body, Upper};
+use super::node::{eio, fstat, io_errno, now_ns, set_file_times, Body, Stat, Upper};
 use super::shared::Workspace;
 use super::table::Tx;
 use crate::cas::file::{load_chunk_list, read_chunk};
@@ -191,24 +191,12 @@ impl Workspace {
     /// and empty (mode 0600).
     pub(super) fn open_in_upper(&self, name: &CString, create: bool) -> std::io::Result<File> {
         let flags = if create {
-            libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC
+            OFlags::RDWR | OFlags::CREATE | OFlags::TRUNC | OFlags::CLOEXEC
         } else {
-            libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOFOLLOW
+            OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOFOLLOW
         };
-        // SAFETY: a valid directory fd and NUL-terminated name.
-        let fd = unsafe {
-            libc::openat(
-                self.upper_fd.as_raw_fd(),
-                name.as_ptr(),
-                flags,
-                0o600 as libc::c_uint,
-            )
-        };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: a fresh fd we own.
-        Ok(unsafe { File::from_raw_fd(fd) })
+        let fd = rustix::fs::openat(&self.upper_fd, name, flags, Mode::from_raw_mode(0o600))?;
+        Ok(File::from(fd))
     }
 
     pub(super) fn open_upper(&self, ino: u64) -> std::io::Result<File> {
@@ -232,8 +220,7 @@ impl Workspace {
     /// Removes the upper file of `ino` at once (the node stays and may get another).
     pub(super) fn remove_upper_now(&self, ino: u64) {
         let name = Self::upper_cname(ino);
-        // SAFETY: a valid directory fd and NUL-terminated name.
-        unsafe { libc::unlinkat(self.upper_fd.as_raw_fd(), name.as_ptr(), 0) };
+        let _ = rustix::fs::unlinkat(&self.upper_fd, &name, AtFlags::empty());
     }
 
     /// Writes stored content `c` to a new temporary file in the upper directory (not
@@ -261,17 +248,12 @@ impl Workspace {
 
     pub(super) fn install_upper(&self, tmp: &CString, ino: u64) -> std::io::Result<()> {
         let name = Self::upper_cname(ino);
-        let fd = self.upper_fd.as_raw_fd();
-        // SAFETY: valid directory fd and NUL-terminated names.
-        if unsafe { libc::renameat(fd, tmp.as_ptr(), fd, name.as_ptr()) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(())
+        let dir = &self.upper_fd;
+        rustix::fs::renameat(dir, tmp, dir, &name).map_err(std::io::Error::from)
     }
 
     pub(super) fn discard_tmp(&self, tmp: &CString) {
-        // SAFETY: as in install_upper.
-        unsafe { libc::unlinkat(self.upper_fd.as_raw_fd(), tmp.as_ptr(), 0) };
+        let _ = rustix::fs::unlinkat(&self.upper_fd, tmp, AtFlags::empty());
     }
 
     /// The open upper file of `ino` (opened now if it is closed).
@@ -282,26 +264,13 @@ impl Workspace {
         }
     }
 
-    pub(super) fn upper_stat(&self, ino: u64, u: &Upper) -> std::io::Result<libc::stat> {
+    pub(super) fn upper_stat(&self, ino: u64, u: &Upper) -> std::io::Result<Stat> {
         match u {
             Upper::Open(f) => fstat(f),
             Upper::Closed => {
                 let name = Self::upper_cname(ino);
-                // SAFETY: zeroed stat is a valid out-parameter; fd and name are valid.
-                let mut st: libc::stat = unsafe { std::mem::zeroed() };
-                // SAFETY: as above.
-                let rc = unsafe {
-                    libc::fstatat(
-                        self.upper_fd.as_raw_fd(),
-                        name.as_ptr(),
-                        &mut st,
-                        libc::AT_SYMLINK_NOFOLLOW,
-                    )
-                };
-                if rc != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(st)
+                rustix::fs::statat(&self.upper_fd, &name, AtFlags::SYMLINK_NOFOLLOW)
+                    .map_err(std::io::Error::from)
             }
         }
     }
