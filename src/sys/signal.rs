@@ -1,8 +1,8 @@
 //! Signals waited for rather than handled: a set blocked in the calling thread (and
 //! the threads it starts afterwards), then taken one at a time or polled for through a
 //! descriptor; signals ignored by the whole process (or given their default action
-//! back); and a signal sent to a process
-//! group by number (real-time ones too, which `rustix` leaves to the libc).
+//! back); and a signal sent to a process group by number (real-time ones too, which
+//! `rustix` leaves to the libc).
 
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
