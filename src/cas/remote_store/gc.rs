@@ -25,11 +25,18 @@
 //! an upload reads them at the start of its sync, which is the last step before the
 //! append).
 
-use crate::sys::Locked;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::*;
+use futures::stream::{self, StreamExt, TryStreamExt};
+use object_store::path::Path as RemotePath;
+
+use super::store::{is_not_found, RemoteObjectStore, MAX_GAP, MAX_SPAN, PARALLEL};
+use crate::cas::error::CasResult;
+use crate::cas::hash::Hash;
+use crate::cas::pack::{coalesce, Location, PackEntry, PackIndex, PackWriter};
+use crate::cas::remote_index::{Counters, RemoteRequests};
+use crate::sys::Locked;
 
 /// How a collection decides.
 #[derive(Debug, Clone, Copy)]

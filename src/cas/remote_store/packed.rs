@@ -3,9 +3,16 @@
 
 use std::collections::HashMap;
 
-use super::upload::{PACKED_AT_PUT, PACK_SLACK};
 use crate::cas::hash::Hash;
 use crate::cas::pack::PackWriter;
+
+/// File contents new to the local store are packed as they are put, up to this many
+/// bytes per sync; an upload then sends those packs as they are instead of reading the
+/// objects back (beyond it, they are read back).
+pub(super) const PACKED_AT_PUT: usize = 256 << 20;
+/// A pack ends with the object that takes it to the pack size or past it (a chunk is at
+/// most 1 MiB): room enough that it is never copied to grow.
+pub(super) const PACK_SLACK: usize = 2 << 20;
 
 /// File contents packed as they are put, a pack filling per capture thread: a thread
 /// puts a directory's files (or a run of them) one after the other, so its pack holds

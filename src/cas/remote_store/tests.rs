@@ -4,7 +4,10 @@ use super::upload::tree_order;
 use super::*;
 use crate::cas::file::ChunkList;
 use crate::cas::hash::{ChunkId, FileId, TreeId};
+use crate::cas::rocks_store::RocksObjectStore;
 use crate::cas::tree::{EntryContent, Tree, TreeEntry};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 fn entry(name: &str, content: EntryContent) -> TreeEntry {
     let size = u64::from(matches!(content, EntryContent::File(_)));

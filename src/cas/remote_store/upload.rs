@@ -2,18 +2,25 @@
 //! the trees meets their objects, uploaded as they fill, then one index), and what a
 //! put keeps for it.
 
-use super::*;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use object_store::PutPayload;
+use rayon::prelude::*;
+
+use super::packed::PACK_SLACK;
+use super::store::{RemoteObjectStore, PARALLEL_PACKS};
+use crate::cas::error::CasResult;
+use crate::cas::hash::{Hash, ObjectId};
+use crate::cas::pack::{PackEntry, PackIndex, PackWriter};
+use crate::cas::remote_index::Counters;
+use crate::cas::store::{ObjectStore, PutOutcome};
+use crate::sys::Locked;
 
 /// Objects an upload reads back from the local store at a time, on every core (at most
 /// 64 MiB: a chunk is at most 1 MiB).
 const READ_BATCH: usize = 64;
-/// File contents new to the local store are packed as they are put, up to this many
-/// bytes per sync; an upload then sends those packs as they are instead of reading the
-/// objects back (beyond it, they are read back).
-pub(super) const PACKED_AT_PUT: usize = 256 << 20;
-/// A pack ends with the object that takes it to the pack size or past it (a chunk is at
-/// most 1 MiB): room enough that it is never copied to grow.
-pub(super) const PACK_SLACK: usize = 2 << 20;
 
 /// Packs on their way to the remote store, at most [`PARALLEL_PACKS`] at a time, while
 /// the caller fills the next ones.
