@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::{fence, stale_dircache, walk};
+use super::live::{fence, stale_dircache, walk};
 use crate::cas::remote_store::{RemoteGcOptions, RemoteGcReport};
 use crate::checkpoint::ids::{CheckpointError, CheckpointId, CheckpointResult, ThreadId};
 use crate::checkpoint::store::{key_hex, mount_dir_of_key, Store};

@@ -10,10 +10,13 @@
 //! checkpoint can go.
 
 mod fsck;
+mod live;
 
 pub use fsck::{fsck, FsckReport};
 
-use std::collections::{BTreeMap, HashSet};
+use live::{fence, mount_checkpoints, stale_dircache, walk, Walk};
+
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -21,14 +24,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::cas::fence::Collecting;
 use crate::cas::remote_store::{RemoteGcOptions, RemoteGcReport, RemoteObjectStore};
-use crate::cas::{Hash, Marker, Problem, SweepReport};
+use crate::cas::SweepReport;
 use crate::checkpoint::ids::{CheckpointError, CheckpointId, CheckpointResult, ThreadId};
 use crate::checkpoint::lease::millis;
-use crate::checkpoint::record::MountTag;
-use crate::checkpoint::store::key_hex;
 use crate::checkpoint::store::Store;
-use crate::checkpoint::sync::dircache;
-use crate::fs::dirty::{mount_keys, DirtyStore};
 
 /// Which checkpoints retention keeps (besides every thread's head).
 #[derive(Debug, Clone, Default)]
@@ -49,34 +48,6 @@ pub struct PruneReport {
     pub pruned: usize,
     /// The removed (or, dry, removable) checkpoints.
     pub pruned_ids: Vec<CheckpointId>,
-}
-
-/// Holds the store's collection fence: this host's writers (captures, checkpoints,
-/// restores) wait until it is dropped.
-fn fence(store: &Store) -> CheckpointResult<Collecting<'_>> {
-    Ok(store.local_objects().fence_ref().collect()?)
-}
-
-/// The checkpoints every mount is based on or will append on: this host's, from their
-/// dirty sets, and every host's, from the pins of the checkpoint store (PostgreSQL's in
-/// a fleet; the removal of records honours those again, atomically).
-fn mount_checkpoints(store: &Store) -> CheckpointResult<HashSet<CheckpointId>> {
-    let mut out: HashSet<CheckpointId> = store
-        .checkpoints()
-        .pins()?
-        .into_iter()
-        .map(|(_, id)| id)
-        .collect();
-    for key in mount_keys(store.database())? {
-        let d = DirtyStore::new(store.database().clone(), key);
-        if let Ok(Some(meta)) = d.meta() {
-            if let Some(tag) = MountTag::from_tag(&meta.tag) {
-                out.extend(tag.base);
-                out.extend(tag.expected_head);
-            }
-        }
-    }
-    Ok(out)
 }
 
 /// Removes the checkpoint records `r` does not keep. Heads, and checkpoints a mount is
@@ -151,131 +122,6 @@ pub fn prune(store: &Store, r: &Retention, dry_run: bool) -> CheckpointResult<Pr
         kept: kept + doomed.len() - pruned,
         pruned,
         pruned_ids: doomed.into_iter().map(|(id, _)| id).collect(),
-    })
-}
-
-/// What the walk from every live root found.
-struct Walk<'a> {
-    marker: Marker<'a>,
-    /// Problems under records and mounts: data that is needed and damaged.
-    problems: Vec<Problem>,
-    checkpoints: usize,
-    mounts: usize,
-}
-
-/// The directory cache is not a root: it is derivable, and a cached directory may be
-/// long gone. Entries that name an object nothing live keeps (or the store lacks) are
-/// stale: a capture would reuse what they name. They are dropped before a sweep (under
-/// the fence, so no capture or restore is using the cache meanwhile). Returns (cached
-/// directories, stale ones, an example).
-fn stale_dircache(
-    store: &Store,
-    marked: &HashSet<Hash>,
-    drop_them: bool,
-) -> CheckpointResult<(usize, usize, Option<String>)> {
-    let entries = dircache::all_entries(store)?;
-    let mut stale = Vec::new();
-    let mut example = None;
-    for (key, entry) in &entries {
-        let ok = entry.as_ref().is_some_and(|dc| {
-            marked.contains(&dc.tree_id.0)
-                && dc.tree.entries().iter().all(|e| {
-                    e.file_ref().is_none_or(|f| marked.contains(&f.id.0))
-                        && e.tree_id().is_none_or(|t| marked.contains(&t.0))
-                })
-        });
-        if !ok {
-            if example.is_none() {
-                example = Some(format!(
-                    "{:?}",
-                    String::from_utf8_lossy(key.get(16..).unwrap_or_default())
-                ));
-            }
-            stale.push(key.clone());
-        }
-    }
-    if drop_them && !stale.is_empty() {
-        dircache::remove(store, &stale)?;
-    }
-    Ok((entries.len(), stale.len(), example))
-}
-
-fn walk(store: &Store, verify: bool) -> CheckpointResult<Walk<'_>> {
-    let mut marker = Marker::new(store.objects(), verify);
-    if store.remote().is_some() {
-        marker = marker.fetching_ahead();
-    }
-    let mut problems = Vec::new();
-    let mut checkpoints = 0;
-    let take = |m: &mut Marker, into: &mut Vec<Problem>| into.append(&mut m.problems);
-    for (id, rec) in store.checkpoints().all_records()? {
-        let Ok(cp) = rec else { continue };
-        checkpoints += 1;
-        let at = format!("checkpoint {}:/", id.short());
-        marker.tree(cp.body.root, &at);
-        if let Some(c) = cp.body.conversation {
-            marker.file(c.into(), &format!("checkpoint {} conversation", id.short()));
-        }
-        if let Some(c) = cp.body.read_first {
-            marker.file(
-                c.into(),
-                &format!("checkpoint {} read-first list", id.short()),
-            );
-        }
-        for a in &cp.body.artifacts {
-            marker.file(
-                a.content.into(),
-                &format!("checkpoint {} artifact {:?}", id.short(), a.name),
-            );
-        }
-        take(&mut marker, &mut problems);
-    }
-    let keys = mount_keys(store.database())?;
-    for key in &keys {
-        let d = DirtyStore::new(store.database().clone(), *key);
-        let hex = key_hex(key);
-        match d.meta() {
-            Ok(Some(meta)) => marker.tree(meta.base, &format!("mount {hex} base:/")),
-            Ok(None) => {}
-            Err(e) => problems.push(Problem {
-                object: hex.clone(),
-                what: "mount record",
-                path: format!("mount {hex}"),
-                detail: e.to_string(),
-            }),
-        }
-        match d.nodes() {
-            Ok(nodes) => {
-                for (ino, n) in nodes {
-                    let at = format!("mount {hex} inode {ino}");
-                    if let Some(t) = n.tree {
-                        marker.tree(t, &at);
-                    }
-                    if let Some(f) = n.clean {
-                        marker.file(
-                            crate::cas::FileRef {
-                                id: f,
-                                size: n.size,
-                            },
-                            &at,
-                        );
-                    }
-                }
-            }
-            Err(e) => problems.push(Problem {
-                object: hex.clone(),
-                what: "dirty set",
-                path: format!("mount {hex}"),
-                detail: e.to_string(),
-            }),
-        }
-        take(&mut marker, &mut problems);
-    }
-    Ok(Walk {
-        marker,
-        problems,
-        checkpoints,
-        mounts: keys.len(),
     })
 }
 
