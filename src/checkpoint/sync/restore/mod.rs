@@ -13,9 +13,13 @@
 //! a group of neighbouring entries at a time (`ObjectStore::stage`) into memory and
 //! written from there, while other groups are fetched or written.
 
+mod context;
 mod preflight;
 mod uncaptured;
 
+pub use context::RestoreProgress;
+
+use context::{join_rel, seen_on_disk, Counters, Ctx, Reading};
 use preflight::{preflight, weight_of, Preflight};
 pub use uncaptured::uncaptured_changes;
 
@@ -32,11 +36,8 @@ use serde::Serialize;
 
 use super::dircache::{DirCache, DirCacheSet};
 use super::{cstr, open_dir, remove_at};
-use crate::cas::file::{hash_reader, load_chunk_list, write_file_to};
-use crate::cas::{
-    load_tree, CasError, EntryContent, FileId, ObjectId, ObjectStore, StagedReader, Tree,
-    TreeEntry, TreeId,
-};
+use crate::cas::file::write_file_to;
+use crate::cas::{EntryContent, ObjectId, ObjectStore, StagedReader, Tree, TreeEntry, TreeId};
 use crate::checkpoint::ids::{CheckpointError, CheckpointResult};
 use crate::checkpoint::record::RootMeta;
 use crate::checkpoint::store::Store;
@@ -63,12 +64,6 @@ const STAGED_TOTAL: u64 = 256 << 20;
 fn default_stage_bytes() -> u64 {
     let threads = rayon::current_num_threads().max(1) as u64;
     STAGE_BYTES.min(STAGED_TOTAL / threads).max(1 << 20)
-}
-
-#[derive(Debug, Default)]
-pub struct RestoreProgress {
-    pub files: AtomicU64,
-    pub bytes_written: AtomicU64,
 }
 
 #[derive(Default)]
@@ -102,32 +97,6 @@ pub struct RestoreStats {
     /// Of which: loading the trees and making sure every object is present (fetched,
     /// from a remote object store) before the first write.
     pub preflight_ms: u64,
-}
-
-#[derive(Default)]
-struct Counters {
-    files_written: AtomicU64,
-    files_unchanged: AtomicU64,
-    bytes_written: AtomicU64,
-    dirs: AtomicU64,
-    symlinks: AtomicU64,
-    special: AtomicU64,
-    removed: AtomicU64,
-}
-
-struct Ctx<'a> {
-    trees: HashMap<TreeId, Tree>,
-    /// The chunks of every large file (from a remote store; empty otherwise).
-    chunks: HashMap<FileId, Vec<ObjectId>>,
-    /// The bytes of the files below each tree (from a remote store; empty otherwise).
-    weights: HashMap<TreeId, u64>,
-    stage_bytes: u64,
-    cache: DirCacheSet<'a>,
-    fresh_before_ns: i64,
-    progress: Option<&'a RestoreProgress>,
-    n: Counters,
-    tmp_counter: AtomicU64,
-    owner: Option<(u32, u32)>,
 }
 
 /// Restores the tree `root` into `dest` (created if missing).
@@ -244,122 +213,6 @@ fn set_entry_meta(
     }
     entry.set_mtime(e.mtime_ns).map_err(io)?;
     fstat(entry.fd()).map_err(io)
-}
-
-impl Ctx<'_> {
-    /// A restored entry's fingerprint can be trusted when its mtime is old: a later
-    /// change would set a new mtime and so a new fingerprint.
-    fn trusted(&self, e: &TreeEntry, st: &Meta) -> Option<Fingerprint> {
-        (e.mtime_ns < self.fresh_before_ns).then(|| Fingerprint::of(st))
-    }
-
-    /// Counts a file written (and its bytes, for the progress too).
-    fn wrote(&self, size: u64) {
-        self.n.files_written.fetch_add(1, Ordering::Relaxed);
-        self.n.bytes_written.fetch_add(size, Ordering::Relaxed);
-        if let Some(p) = self.progress {
-            p.bytes_written.fetch_add(size, Ordering::Relaxed);
-        }
-    }
-
-    /// The bytes of content an entry needs: a file's size, a directory's files'.
-    fn weight(&self, e: &TreeEntry) -> u64 {
-        match &e.content {
-            EntryContent::File(_) => e.size,
-            EntryContent::Dir(t) => self.weights.get(t).copied().unwrap_or(0),
-            _ => 0,
-        }
-    }
-
-    /// The objects the restore of `e` (at `path`, `rel` below the destination, in the
-    /// directory `dir` if that exists, which the cache `cached` describes) will read:
-    /// those of every file at or below it but the ones the directory cache shows on
-    /// disk with that content.
-    fn needed(
-        &self,
-        dir: Option<BorrowedFd<'_>>,
-        path: &Path,
-        rel: &[u8],
-        e: &TreeEntry,
-        cached: Option<&DirCache>,
-        out: &mut Vec<ObjectId>,
-    ) -> CheckpointResult<()> {
-        let Some(dir) = dir else {
-            self.objects_of(e, out);
-            return Ok(());
-        };
-        let name = cstr(&e.name, path)?;
-        match &e.content {
-            EntryContent::File(_) => {
-                // As restore_entry decides: the content is there if the cache shows it
-                // and the file is as the cache saw it (no look without a cache entry).
-                let cached = cached.filter(|c| c.find(&e.name).is_some());
-                let st = match cached {
-                    Some(_) => {
-                        lstat_at(dir, &name).map_err(|err| CheckpointError::io(path, err))?
-                    }
-                    None => None,
-                };
-                let there = st
-                    .and_then(|st| seen_on_disk(cached, &e.name, &st))
-                    .is_some_and(|(c, _)| c.content == e.content && c.size == e.size);
-                if !there {
-                    self.objects_of(e, out);
-                }
-            }
-            EntryContent::Dir(t) => {
-                let sub = match lstat_at(dir, &name)
-                    .map_err(|err| CheckpointError::io(path, err))?
-                {
-                    Some(st) if is_dir(&st) => Some(
-                        open_dir_at(dir, &name).map_err(|err| CheckpointError::io(path, err))?,
-                    ),
-                    _ => None,
-                };
-                let cached = match &sub {
-                    Some(_) => self.cache.get(rel)?,
-                    None => None,
-                };
-                for e in self.trees.get(t).map(Tree::entries).unwrap_or_default() {
-                    let fd = sub.as_ref().map(|f| f.as_fd());
-                    let (p, r) = (child(path, &e.name), join_rel(rel, &e.name));
-                    self.needed(fd, &p, &r, e, cached.as_ref(), out)?;
-                }
-            }
-            _ => {}
-        }
-        Ok(())
-    }
-
-    /// Every object the files at or below `e` are made of.
-    fn objects_of(&self, e: &TreeEntry, out: &mut Vec<ObjectId>) {
-        match &e.content {
-            EntryContent::File(id) => match self.chunks.get(id) {
-                Some(chunks) => out.extend_from_slice(chunks),
-                None => out.push(ObjectId(id.0)),
-            },
-            EntryContent::Dir(t) => {
-                for e in self.trees.get(t).map(Tree::entries).unwrap_or_default() {
-                    self.objects_of(e, out);
-                }
-            }
-            _ => {}
-        }
-    }
-
-    fn tmp_name(&self) -> Vec<u8> {
-        let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
-        format!(".casfs-restore-{}-{n}", std::process::id()).into_bytes()
-    }
-}
-
-/// Where a restore reads objects: the store, or what a group staged in front of it.
-#[derive(Clone, Copy)]
-struct Reading<'r> {
-    objects: &'r dyn ObjectStore,
-    /// Whether the contents below here are still to be staged (from a remote store,
-    /// outside any group).
-    stage: bool,
 }
 
 /// Entries of one directory restored together: one on its own (a directory whose files
@@ -506,27 +359,6 @@ fn restore_dir(
         },
     );
     Ok(())
-}
-
-fn join_rel(parent: &[u8], name: &[u8]) -> Vec<u8> {
-    let mut r = parent.to_vec();
-    if !r.is_empty() {
-        r.push(b'/');
-    }
-    r.extend_from_slice(name);
-    r
-}
-
-/// The cached entry named `name` with its fingerprint, if what is on disk (`st`) is
-/// still exactly what the cache saw.
-fn seen_on_disk<'c>(
-    cached: Option<&'c DirCache>,
-    name: &[u8],
-    st: &Meta,
-) -> Option<(&'c TreeEntry, Fingerprint)> {
-    let (_, c, fp) = cached?.find(name)?;
-    let fp = fp.filter(|fp| *fp == Fingerprint::of(st))?;
-    Some((c, fp))
 }
 
 /// Makes one entry match `e`; returns the fingerprint to remember for it.

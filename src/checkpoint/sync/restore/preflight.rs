@@ -2,7 +2,14 @@
 //! it needs checked to exist (and, unless staged, fetched), and the bytes below each
 //! tree weighed.
 
-use super::*;
+use std::collections::HashMap;
+
+use rayon::prelude::*;
+
+use crate::cas::file::load_chunk_list;
+use crate::cas::{load_tree, CasError, EntryContent, FileId, ObjectId, Tree, TreeId};
+use crate::checkpoint::ids::CheckpointResult;
+use crate::checkpoint::store::Store;
 
 pub(super) struct Preflight {
     pub(super) trees: HashMap<TreeId, Tree>,

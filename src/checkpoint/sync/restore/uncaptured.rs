@@ -1,7 +1,22 @@
 //! The directory cache's look for uncaptured work: what a restore over a directory
 //! would lose.
 
-use super::*;
+use std::ffi::CStr;
+use std::fs;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::path::Path;
+
+use super::context::join_rel;
+use crate::cas::file::hash_reader;
+use crate::cas::{EntryContent, TreeEntry};
+use crate::checkpoint::ids::{CheckpointError, CheckpointResult};
+use crate::checkpoint::store::Store;
+use crate::checkpoint::sync::dircache::DirCacheSet;
+use crate::checkpoint::sync::{cstr, open_dir};
+use crate::sys::dirfd::{
+    child, file_type, is_dir, list_dir, lstat_at, open_dir_at, readlink_at, Entry, Fingerprint,
+    Meta,
+};
 
 /// Paths under `dir` whose current state no capture or restore of `dir` recorded:
 /// restoring over them would lose work. New entries, and entries whose content or
