@@ -4,14 +4,16 @@
 //! command timed from the outside (as `/usr/bin/time` would see it); peers are skipped
 //! with a note when not installed.
 //!
-//! `run.rs` runs the scenarios, `report.rs` holds the report (JSON), its table and a
-//! comparison of two, `plot.rs` draws it, `workload.rs` makes the trees.
+//! `opts.rs` says what a run is asked, `run.rs` runs the scenarios, `report.rs` holds
+//! the report (JSON), its table and a comparison of two, `plot.rs` draws it,
+//! `workload.rs` makes the trees.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::Context;
 
+mod opts;
 mod plot;
 mod report;
 // What of it the bench binaries use (they take the file in with `#[path]`) is not
@@ -21,37 +23,10 @@ pub mod results;
 mod run;
 pub mod workload;
 
+pub use opts::BenchOpts;
 pub use report::Report;
 use report::{compare, table};
 use run::run;
-
-/// What to run.
-pub struct BenchOpts {
-    pub sizes: Vec<usize>,
-    /// The shape of generated trees.
-    pub shape: workload::Shape,
-    pub from: Option<PathBuf>,
-    pub changes: usize,
-    pub reps: usize,
-    pub runs: usize,
-    pub scenarios: Vec<String>,
-    pub peers: Vec<String>,
-    pub io_mb: usize,
-    pub json: bool,
-    pub out: Option<PathBuf>,
-    pub plot: Option<PathBuf>,
-    pub keep: Option<PathBuf>,
-}
-
-pub const SCENARIOS: &[&str] = &["capture", "recapture", "restore", "loop", "io"];
-pub const PEERS: &[&str] = &[
-    "git",
-    "restic",
-    "tar+zstd",
-    "rsync",
-    "ext4",
-    "fuse-overlayfs",
-];
 
 /// `casfs bench`: runs (or compares), prints the table or JSON, writes the files asked.
 pub fn main(cli: &crate::cli::args::Cli) -> anyhow::Result<()> {

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::opts::{PEERS, SCENARIOS};
 pub use super::results::Machine;
 use super::results::RunInfo;
-use super::{PEERS, SCENARIOS};
 
 /// A result file (docs/results/README.md): the run, the machine, and every sample with
 /// all its repetitions (`rows`; `results` in reports from before).

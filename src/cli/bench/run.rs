@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 
+use super::opts::{BenchOpts, PEERS, SCENARIOS};
 use super::report::{ratios, slopes, Machine, Report, Sample, Settings, Skip, Workload};
 use super::results::{shell_words, RunInfo};
 use super::workload;
-use super::{BenchOpts, PEERS, SCENARIOS};
 
 fn have(cmd: &str) -> bool {
     Command::new("sh")

@@ -2,7 +2,17 @@
 //! change, the reads noted since the last one, and what the mount records once a
 //! checkpoint names the tree.
 
-use super::*;
+use std::collections::{HashMap, HashSet};
+
+use crate::cas::TreeId;
+use crate::checkpoint::{CheckpointError, CheckpointResult, MountTag};
+use crate::fs::{SnapshotFilter, SnapshotStats};
+
+use super::state::{tree_of, Capture, OverlayMount};
+use super::upper::{
+    is_dir, mark_in_checkpoint, merge_listings, split_rel, Listings, Reuse, UpperCapture,
+};
+use super::watch;
 
 impl OverlayMount {
     /// The tree of the merged workspace, its objects stored (named by nothing until a

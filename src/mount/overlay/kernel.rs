@@ -2,7 +2,12 @@
 //! lowers, mounts detached (quickly where users hold them), a workspace's overlay
 //! directory and the generations it keeps.
 
-use super::*;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use crate::checkpoint::{mount_dir, Store};
+use crate::fs::mount_identity;
 
 /// `<store>/mounts/<key>/overlay`, absolute (overlayfs keeps the paths it was given;
 /// the store's path may be relative).

@@ -19,154 +19,35 @@ mod capture;
 mod image;
 mod kernel;
 mod retire;
+mod state;
 mod upper;
 mod watch;
 mod writers;
 
-pub(super) use kernel::cstr;
-use kernel::*;
-
-use crate::sys::Locked;
-use std::collections::{HashMap, HashSet};
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
-
-use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use crate::cas::TreeId;
-use crate::checkpoint::{
-    mount_dir, CheckpointError, CheckpointId, CheckpointResult, MountTag, Store,
-};
-use crate::fs::dirty::{DirtyStore, MountMeta};
+use crate::checkpoint::{CheckpointError, CheckpointResult, MountTag, Store};
+use crate::fs::dirty::DirtyStore;
 use crate::fs::{
     is_overlay_mount, mount_identity, mount_key, mount_objects, mount_tree, unmount_retrying,
-    MountedTree, ReadMode, SnapshotFilter, SnapshotStats, ViewOptions, WorkspaceStatus,
+    ReadMode, SnapshotStats, ViewOptions, WorkspaceStatus,
+};
+use crate::sys::Locked;
+
+pub(super) use kernel::cstr;
+use kernel::{
+    detach, detach_lowers, detach_quickly, escape, hold, mount_overlay, overlay_dir,
+    remove_generations, upper_is_empty,
 };
 pub(crate) use retire::Busy;
-use retire::Retirements;
-use upper::{
-    changes_since, is_dir, mark_in_checkpoint, merge_listings, split_rel, DirTrees, HashCache,
-    Listings, Partial, Rel, Reuse, Stamp, UpperCapture, UpperError,
-};
+pub use state::OverlayMount;
+use state::{io_err, Layers, Memo, OverlayTag};
+pub(crate) use state::{tree_of, Capture};
+use upper::{changes_since, UpperCapture};
 pub use watch::start as start_upper_watch;
-use watch::UpperWatch;
-
-/// The tag an overlay mount keeps in its mount record: a [`MountTag`] (what prune, gc
-/// and a FUSE mount read) and the generation of its layers.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct OverlayTag {
-    #[serde(flatten)]
-    tag: MountTag,
-    overlay_generation: u64,
-    /// Whether the overlay keeps its own attributes as `user.overlay.*` (a rootless
-    /// mount, made in the user's namespace) rather than `trusted.overlay.*`.
-    #[serde(default)]
-    userxattr: bool,
-}
-
-fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
-    move |e| CheckpointError::io(path, e)
-}
-
-impl From<UpperError> for CheckpointError {
-    fn from(e: UpperError) -> CheckpointError {
-        match e {
-            UpperError::Io { path, source } => CheckpointError::io(Path::new(&path), source),
-            UpperError::Refused(why) => CheckpointError::Refused(why),
-            UpperError::Cas(c) => CheckpointError::Cas(c),
-            UpperError::Invalid(why) => CheckpointError::Invalid(why),
-        }
-    }
-}
-
-/// The layers of one generation.
-struct Layers {
-    generation: u64,
-    lower_root: TreeId,
-    tag: MountTag,
-    /// The read-only view serving the lower, the tree's or (under an image) the
-    /// objects' (none once unmounted).
-    lower: Option<MountedTree>,
-    /// The overlay's `lowerdir` option (one layer, or the image and its data layer).
-    lowerdir: String,
-    /// Whether the lower's metadata is an image.
-    image: bool,
-    /// Whether the overlay at the mountpoint is this one.
-    mounted: bool,
-    /// `identity` of the overlay's root, to tell it from whatever is mounted there later.
-    id: (u64, u64),
-}
-
-impl Layers {
-    /// The overlay's device, as identified when it was mounted (none while it is not).
-    fn dev(&self) -> Option<u64> {
-        (self.mounted && self.id.0 != 0).then_some(self.id.0)
-    }
-}
-
-/// What the last checkpoint captured of the current generation's upper, and the watch
-/// that says which directories changed since: a checkpoint or `status` looks at those
-/// only.
-struct Memo {
-    generation: u64,
-    /// None where inotify is not available: the whole upper is walked.
-    watch: Option<UpperWatch>,
-    /// Every upper entry's stamp at the last checkpoint.
-    captured: Listings,
-    /// Every upper directory's tree at the last checkpoint.
-    trees: DirTrees,
-}
-
-impl Memo {
-    fn new(generation: u64, upper: &Path) -> Memo {
-        Memo {
-            generation,
-            watch: UpperWatch::start(upper),
-            captured: HashMap::new(),
-            trees: HashMap::new(),
-        }
-    }
-}
-
-/// A capture of the upper, to record as what a checkpoint holds once it is appended.
-pub(crate) struct Capture {
-    generation: u64,
-    /// The last watch event the capture covers.
-    upto: Option<u64>,
-    /// Whether every directory was visited.
-    full: bool,
-    listings: Listings,
-    /// Entries of directories looked at in part (none: not in the upper).
-    partial: Partial,
-    trees: DirTrees,
-    /// Entries left uncaptured (left out or stored in another form by the filter).
-    kept_back: Vec<Rel>,
-    /// The files it counted as hashed.
-    hashed: Vec<Stamp>,
-}
-
-/// A workspace served by overlayfs over a casfs lower.
-pub struct OverlayMount {
-    store: Arc<Store>,
-    /// Mounted by a user who is not root, in the user's namespace
-    /// ([`crate::mount::namespace`]): `userxattr`, no redirects, no image.
-    rootless: bool,
-    mountpoint: PathBuf,
-    /// `<store>/mounts/<key>/overlay`.
-    dir: PathBuf,
-    view: ViewOptions,
-    state: Mutex<Layers>,
-    /// Lock order: `state`, then `memo`; never `state` while `memo` is held.
-    memo: Mutex<Memo>,
-    cache: HashCache,
-    /// Generations replaced by restores, waiting for a quiet store to be torn down.
-    retiring: Arc<Retirements>,
-    /// Where files still open for writing are looked for ([`Self::writers_in`]): the
-    /// pid namespace's inode, 0 for every process of the host.
-    writers_pid_ns: std::sync::atomic::AtomicU64,
-}
 
 /// What an overlay mount left in the store for `mountpoint`: its lower's root, tag
 /// and generation (whose upper exists).
@@ -297,45 +178,6 @@ impl OverlayMount {
         })
     }
 
-    /// The FUSE transport of the lower's view: `io_uring` or `classic`.
-    pub(crate) fn fuse_transport(&self) -> &'static str {
-        self.layers()
-            .lower
-            .as_ref()
-            .map_or("classic", |m| m.transport())
-    }
-
-    fn layers(&self) -> MutexGuard<'_, Layers> {
-        self.state.locked()
-    }
-
-    fn memo(&self) -> MutexGuard<'_, Memo> {
-        self.memo.locked()
-    }
-
-    fn gen_dir(&self, g: u64) -> PathBuf {
-        self.dir.join(g.to_string())
-    }
-
-    /// Persists the layers' record (lower root, tag, generation) durably.
-    fn record(&self, st: &Layers) -> CheckpointResult<()> {
-        let dirty = DirtyStore::new(self.store.database().clone(), mount_key(&self.mountpoint));
-        let tag = OverlayTag {
-            tag: st.tag.clone(),
-            overlay_generation: st.generation,
-            userxattr: self.rootless,
-        };
-        let meta = MountMeta {
-            base: st.lower_root,
-            tag: serde_json::value::to_raw_value(&tag).expect("a tag serializes"),
-        };
-        let mut b = dirty.batch();
-        dirty.put_meta(&mut b, &meta);
-        dirty.commit(b)?;
-        dirty.sync()?;
-        Ok(())
-    }
-
     /// Mounts the lower layers and the overlay of `st`'s generation at the mountpoint:
     /// the tree's image over the object view when there is an image (built now if
     /// missing and `build`: a new mount, not a restore), else the tree's view.
@@ -406,45 +248,9 @@ impl OverlayMount {
         Ok(())
     }
 
-    /// The xattr prefix of overlayfs's own attributes on this mount's upper.
-    fn prefix(&self) -> &'static [u8] {
-        if self.rootless {
-            upper::USER_PREFIX
-        } else {
-            upper::TRUSTED_PREFIX
-        }
-    }
-
-    fn upper(&self, st: &Layers) -> PathBuf {
-        self.gen_dir(st.generation).join("upper")
-    }
-
-    pub fn tag(&self) -> MountTag {
-        self.layers().tag.clone()
-    }
-
     /// What changed since the last checkpoint.
     pub fn status(&self) -> WorkspaceStatus {
         self.status_with(true)
-    }
-
-    /// Files still open for writing (whose writes may have returned with no close
-    /// yet) are looked for only among the processes of pid namespace `pid_ns` (its
-    /// inode; `None`: among every process of the host). An isolated sandbox's processes
-    /// cannot leave theirs, and a look at every process of the host costs with their
-    /// number; a process outside the namespace writing through a handle it keeps open
-    /// is then captured once it closes it.
-    pub fn writers_in(&self, pid_ns: Option<u64>) {
-        self.writers_pid_ns
-            .store(pid_ns.unwrap_or(0), std::sync::atomic::Ordering::SeqCst);
-    }
-
-    fn writers_scope(&self) -> Option<u64> {
-        Some(
-            self.writers_pid_ns
-                .load(std::sync::atomic::Ordering::SeqCst),
-        )
-        .filter(|n| *n != 0)
     }
 
     /// Whether nothing changed since the last checkpoint as far as was announced: the
@@ -661,17 +467,6 @@ pub(crate) fn release_to_fuse(store: &Store, mountpoint: &Path) -> CheckpointRes
         Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
         Err(e) => Err(CheckpointError::io(&dir, e)),
-    }
-}
-
-/// The tree of checkpoint `base`, or the empty tree without one.
-pub(crate) fn tree_of(store: &Store, base: Option<CheckpointId>) -> CheckpointResult<TreeId> {
-    match base {
-        Some(b) => Ok(store.checkpoints().get(&b)?.body.root),
-        None => {
-            let empty = crate::cas::Tree::from_sorted_entries(Vec::new()).expect("empty tree");
-            Ok(crate::cas::store_tree(store.objects(), &empty)?.0)
-        }
     }
 }
 

@@ -84,7 +84,7 @@ impl Job {
     /// directory, an open file) keep it, and its lowers, until they let go.
     fn let_go(self) {
         drop(self.held);
-        super::detach_lowers(&self.dir);
+        super::kernel::detach_lowers(&self.dir);
         let (dir, lower) = (self.dir, self.lower);
         let removing = Removing::start();
         let spawned = std::thread::Builder::new()

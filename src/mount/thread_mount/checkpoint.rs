@@ -2,7 +2,16 @@
 //! the append on the head the workspace expects, and a checkpoint that landed before a
 //! crash adopted as the mount's base.
 
-use super::*;
+use std::time::Instant;
+
+use super::mounted::{empty_root, ws_err, Backend, MountCheckpoint, MountedThread};
+use crate::cas::TreeId;
+use crate::checkpoint::{
+    holder_name, CheckpointError, CheckpointId, CheckpointResult, LeaseKeeper, MountTag,
+    NewCheckpoint, Store, WriterLease,
+};
+use crate::fs::{SnapshotFilter, SnapshotStats, Workspace};
+use crate::mount::overlay::{self, OverlayMount};
 
 impl MountedThread {
     /// Checkpoints the dirty set: under the thread's writer lease, appends a checkpoint

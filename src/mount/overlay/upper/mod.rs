@@ -12,18 +12,22 @@
 //! view is the lower's trees with these applied, bottom-up: the walk visits the upper
 //! only, never the lower's other directories.
 
+mod stamp;
 mod status;
+
+pub(super) use stamp::{
+    rel_join, split_rel, DirTrees, HashCache, Hashed, Listings, Partial, Rel, Stamp, Visit,
+};
 
 pub(super) use status::{changes_since, is_dir, merge_listings};
 
 use crate::sys::Locked;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::CString;
 use std::io::{Read, Seek};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::Mutex;
 
 use crate::cas::file::{store_bytes, store_reader, StoreStats};
 use crate::cas::{
@@ -38,112 +42,6 @@ use crate::sys::xattr;
 pub(super) const TRUSTED_PREFIX: &[u8] = b"trusted.overlay.";
 /// The same for an overlay mounted with `userxattr` (in a user namespace).
 pub(super) const USER_PREFIX: &[u8] = b"user.overlay.";
-
-/// What identifies an unchanged upper file: if any differs, it is read again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(super) struct Stamp {
-    ino: u64,
-    size: u64,
-    mode: u32,
-    mtime_ns: i64,
-    ctime_ns: i64,
-    rdev: u64,
-}
-
-impl Stamp {
-    pub(super) fn of(m: &Meta) -> Stamp {
-        Stamp {
-            ino: m.ino,
-            size: m.size,
-            mode: m.mode,
-            mtime_ns: m.mtime_ns,
-            ctime_ns: m.ctime_ns,
-            rdev: m.rdev,
-        }
-    }
-}
-
-/// Files already stored from the upper, by stamp: a checkpoint after ten changes reads
-/// ten files, not every file changed since the mount.
-pub(super) type HashCache = Mutex<HashMap<Stamp, Hashed>>;
-
-/// An upper file stored at its stamp.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Hashed {
-    pub id: FileId,
-    pub size: u64,
-    /// Whether a checkpoint holds it: until one does, the read was done for the next
-    /// checkpoint (ahead of it: when a mount looks at what a killed daemon left, or by a
-    /// checkpoint that was refused), which counts the file as hashed.
-    pub in_checkpoint: bool,
-}
-
-/// A directory's path in the upper, as bytes (names need not be UTF-8), `/`-separated,
-/// empty for the root: the key of the maps below.
-pub(super) type Rel = Vec<u8>;
-
-/// `dir/name` as a [`Rel`].
-pub(super) fn rel_join(dir: &[u8], name: &[u8]) -> Rel {
-    let mut r = Vec::with_capacity(dir.len() + 1 + name.len());
-    if !dir.is_empty() {
-        r.extend_from_slice(dir);
-        r.push(b'/');
-    }
-    r.extend_from_slice(name);
-    r
-}
-
-/// `rel`'s directory and name (the root's: both empty).
-pub(super) fn split_rel(rel: &[u8]) -> (&[u8], &[u8]) {
-    match rel.iter().rposition(|b| *b == b'/') {
-        Some(i) => (&rel[..i], &rel[i + 1..]),
-        None => (&[], rel),
-    }
-}
-
-/// The stamps of an upper's entries, by directory and name.
-pub(super) type Listings = HashMap<Rel, HashMap<Vec<u8>, Stamp>>;
-
-/// Stamps of some entries of directories, by directory (none: not in the upper).
-pub(super) type Partial = HashMap<Rel, Vec<(Vec<u8>, Option<Stamp>)>>;
-
-/// The merged tree of each upper directory at a capture, by path, with the lower tree it
-/// was merged with (none: a new or opaque directory).
-pub(super) type DirTrees = HashMap<Rel, (Option<TreeId>, TreeId)>;
-
-/// What of a directory changed, and so what a capture looks at again.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Visit {
-    /// Every entry: it is new, or came in whole (moved in), or events were lost.
-    All,
-    /// These entries: they changed, or lead to what changed.
-    Names(HashSet<Vec<u8>>),
-}
-
-impl Visit {
-    /// Adds entry `name` (`None`: every entry).
-    pub(super) fn add(&mut self, name: Option<&[u8]>) {
-        match (name, &mut *self) {
-            (None, v) => *v = Visit::All,
-            (Some(n), Visit::Names(names)) => {
-                names.insert(n.to_vec());
-            }
-            (Some(_), Visit::All) => {}
-        }
-    }
-
-    /// Adds what `other` names.
-    pub(super) fn merge(&mut self, other: &Visit) {
-        match other {
-            Visit::All => *self = Visit::All,
-            Visit::Names(n) => {
-                for name in n {
-                    self.add(Some(name));
-                }
-            }
-        }
-    }
-}
 
 /// What a capture may take from the last checkpoint: the tree of every directory not in
 /// `visit`, and the entries of a directory in it that are not named, as that checkpoint

@@ -1,7 +1,13 @@
 //! An upper's status: what changed in it since the stamps the last checkpoint
 //! recorded, and listings merged from what a walk saw.
 
-use super::*;
+use std::collections::{HashMap, HashSet};
+use std::ffi::CString;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::path::Path;
+
+use super::stamp::{rel_join, split_rel, DirTrees, Listings, Partial, Rel, Stamp, Visit};
+use crate::sys::dirfd::{self, Meta};
 
 /// What of the upper changed since the last checkpoint.
 #[derive(Debug, Default)]
