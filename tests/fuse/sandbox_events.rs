@@ -41,6 +41,24 @@ fn events(
         .collect()
 }
 
+/// Writes `data` to `path` (appended, or in place of what it held) from a process of
+/// its own that opens it once, as an agent's tool would. A file written from this
+/// process would be open here while other tests' threads start programs: each child
+/// inherits the descriptor and closes it at its exec, and on the FUSE backend every
+/// close of a writer's descriptor is a flush, announced as a change of its own (so is a
+/// shell's `>>`, which closes a duplicate: a gap the docs name).
+fn write_from_a_child(path: &std::path::Path, data: &str, append: bool) {
+    let st = std::process::Command::new("python3")
+        .arg("-c")
+        .arg("import sys; f = open(sys.argv[1], sys.argv[3]); f.write(sys.argv[2]); f.close()")
+        .arg(path)
+        .arg(data)
+        .arg(if append { "a" } else { "w" })
+        .status()
+        .unwrap();
+    assert!(st.success(), "writing {}", path.display());
+}
+
 fn last_seq(s: &crate::serve::Served, key: &str) -> u64 {
     let (_, v) = call(
         s,
@@ -111,12 +129,7 @@ fn changes_to_the_base_are_told_as_the_workspace_sees_them() {
     };
 
     // A base file written: one modify (a copy-up is no event).
-    let mut f = fs::OpenOptions::new()
-        .append(true)
-        .open(root.join("a.txt"))
-        .unwrap();
-    std::io::Write::write_all(&mut f, b" more").unwrap();
-    drop(f);
+    write_from_a_child(&root.join("a.txt"), " more", true);
     assert_eq!(events(&s, &key, s0), vec![ev("modify", "a.txt", None)]);
 
     // Removed, renamed, a directory removed whole.
@@ -147,7 +160,7 @@ fn changes_to_the_base_are_told_as_the_workspace_sees_them() {
     // Made again where they were: creates.
     let s2 = last_seq(&s, &key);
     fs::create_dir(root.join("dir")).unwrap();
-    fs::write(root.join("gone.txt"), "back").unwrap();
+    write_from_a_child(&root.join("gone.txt"), "back", false);
     let got = events(&s, &key, s2);
     assert_eq!(
         got,
@@ -170,7 +183,7 @@ fn changes_to_the_base_are_told_as_the_workspace_sees_them() {
     }
     fs::rename(root.join("keep"), root.join("kept")).unwrap();
     fs::create_dir(root.join("new")).unwrap();
-    fs::write(root.join("new/f"), "f").unwrap();
+    write_from_a_child(&root.join("new/f"), "f", false);
     let got = events(&s, &key, s3);
     assert_eq!(got[0], ev("rename", "keep", Some("kept")), "{got:?}");
     assert_eq!(got[1], ev("create", "new", None), "{got:?}");
