@@ -53,7 +53,6 @@ pub fn discard_mount_state(
     if !had {
         return Ok(false);
     }
-    store.unpin_mount(&mount_key(mountpoint))?;
     let mut b = dirty.batch();
     dirty.clear_all(&mut b);
     dirty.commit(b)?;
@@ -68,7 +67,24 @@ pub fn discard_mount_state(
     if purge {
         store.database().purge_deleted(crate::fs::MOUNTS_CF)?;
     }
+    // The pins go last: the discard is done whatever the fleet says.
+    settle_pins(store, mountpoint, None);
     Ok(true)
+}
+
+/// Makes `tag` all the mount at `mountpoint` pins (`None`: nothing), once what it
+/// reads is settled. A failure is logged, not returned: the work it follows is done,
+/// and a pin left over only keeps a checkpoint from retention (the next mount, restore
+/// or checkpoint pins again).
+fn settle_pins(store: &Store, mountpoint: &Path, tag: Option<&MountTag>) {
+    let key = mount_key(mountpoint);
+    let r = match tag {
+        Some(t) => store.pin_mount(&key, t, true),
+        None => store.unpin_mount(&key),
+    };
+    if let Err(e) = r {
+        tracing::warn!("the pins of {} in the fleet: {e}", mountpoint.display());
+    }
 }
 
 impl MountedThread {
@@ -103,11 +119,10 @@ impl MountedThread {
             None => false,
         };
         let mounted = Self::mount_backend(store.clone(), mountpoint, thread, at, opts, mode)
-            .and_then(|m| {
+            .inspect(|m| {
                 // What the mount settled on (picked-up work keeps its base) is all it
                 // pins from now on.
-                store.pin_mount(&mount_key(mountpoint), &m.tag(), true)?;
-                Ok(m)
+                settle_pins(&store, mountpoint, Some(&m.tag()));
             });
         if mounted.is_err() && made {
             // A disk made for a mount that failed goes with it (it holds nothing).
@@ -406,7 +421,7 @@ impl MountedThread {
                 .map_err(ws_err)?,
             Backend::Overlay(o) => o.swap(cp.body.root, tag.clone(), force)?,
         }
-        self.store.pin_mount(&key, &tag, true)?;
+        settle_pins(&self.store, &self.mountpoint, Some(&tag));
         start_prefetch(&self.store, id);
         Ok((tag, start.elapsed().as_micros() as u64))
     }
