@@ -41,8 +41,8 @@ mod tests {
         ThreadId::new(s).unwrap()
     }
 
-    #[test]
-    fn only_holding_handles_keep_a_sandbox_from_being_destroyed() {
+    /// A store in a temporary directory of its own (which also holds the sandboxes).
+    fn temp_store() -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(
             &dir.path().join("store"),
@@ -50,6 +50,12 @@ mod tests {
             Duration::from_secs(5),
         )
         .unwrap();
+        (dir, store)
+    }
+
+    #[test]
+    fn only_holding_handles_keep_a_sandbox_from_being_destroyed() {
+        let (dir, store) = temp_store();
         let p = DirProvider::new(Arc::new(store), &dir.path().join("sb"));
         let none = Secrets::default();
         let ctx = RunContext::new(t("t"), "r1");
@@ -79,13 +85,7 @@ mod tests {
 
     #[test]
     fn what_is_attached_to_a_sandbox_goes_with_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(
-            &dir.path().join("store"),
-            crate::checkpoint::OpenMode::Create,
-            Duration::from_secs(5),
-        )
-        .unwrap();
+        let (dir, store) = temp_store();
         let p = DirProvider::new(Arc::new(store), &dir.path().join("sb")).with_max_sandboxes(1);
         let none = Secrets::default();
         let ctx = |thread: &str| RunContext::new(t(thread), "r");
